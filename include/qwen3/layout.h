@@ -1,0 +1,44 @@
+// The tensor keys, shapes and order of a Qwen3 checkpoint (../shared/docs/qwen3.md), derived from the handful
+// of sizes that determine them. Used by `synth`, the benchmarks and the tests to build real-shaped files.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "qwen3/dat.h"
+
+namespace qwen3 {
+
+struct ModelShape {
+  int64_t hidden = 0;
+  int64_t layers = 0;
+  int64_t heads = 0;
+  int64_t kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t intermediate = 0;
+  int64_t vocab = 0;
+};
+
+ModelShape qwen3_4b_shape();
+
+struct TensorSpec {
+  std::string key;             // e.g. "model.layers.0.self_attn.q_proj.weight"
+  std::vector<int64_t> shape;  // dense shape, [out, in] for matrices
+  bool quantizable = false;    // one of the seven projections or lm_head: stored as an NVFP4 pair
+};
+
+// Hugging Face state-dict order: embedding; per block q,k,v,o, q_norm, k_norm, gate, up, down, the two
+// layernorms; final norm; lm_head (when with_lm_head).
+std::vector<TensorSpec> qwen3_tensors(const ModelShape& shape, bool with_lm_head = true);
+
+// The `.dat` entries those tensors become: NVFP4 pairs (qdata [out, in/2] uint8, scale [out, in/16] e4m3)
+// for quantizable tensors when nvfp4 is set, `dense_type` for everything else.
+struct EntrySpec {
+  std::string key;
+  ElemType type;
+  std::vector<int64_t> shape;
+};
+std::vector<EntrySpec> qwen3_dat_entries(const ModelShape& shape, bool nvfp4, ElemType dense_type,
+                                         bool with_lm_head = true);
+
+}  // namespace qwen3

@@ -1,0 +1,28 @@
+// What every subcommand shares: registration, boolean flags in the original's `--flag true|false` form, and
+// logging set-up. Only src/cli knows about argv.
+#pragma once
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace qwen3::cli {
+
+// A subcommand and what to run once argv parsed cleanly; run returns the exit code.
+struct Command {
+  CLI::App* app = nullptr;
+  std::function<int()> run;
+};
+
+// `--name`, `--name true|false|1|0|yes|no`, `--name=false` all work.
+CLI::Option* add_bool_flag(CLI::App* app, const std::string& names, bool& target, const std::string& help);
+
+void setup_logging(const std::string& level);  // trace|debug|info|warn|error|off; progress goes to stderr
+
+// Registration of each command (one file each).
+Command add_inspect_command(CLI::App& app);
+
+std::string version_text();
+
+}  // namespace qwen3::cli

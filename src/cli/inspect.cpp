@@ -1,0 +1,97 @@
+#include "inspect.h"
+
+#include <fmt/format.h>
+
+#include "cli_common.h"
+
+namespace qwen3 {
+namespace {
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  return "[" + fmt::format("{}", fmt::join(shape, ", ")) + "]";
+}
+
+std::string human_bytes(uint64_t b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(b);
+  int u = 0;
+  while (v >= 1024.0 && u < 4) { v /= 1024.0; ++u; }
+  return u == 0 ? fmt::format("{} B", b) : fmt::format("{:.2f} {}", v, units[u]);
+}
+
+}  // namespace
+
+DatSummary summarize(const DatReader& reader) {
+  DatSummary s;
+  s.entry_count = reader.entries().size();
+  for (const auto& e : reader.entries()) {
+    s.payload_bytes += e.nbytes;
+    if (ends_with(e.key, kQdataSuffix)) {
+      ++s.nvfp4_pairs;
+      s.parameters += e.numel() * 2;  // two codes a byte
+    } else if (!ends_with(e.key, kScaleSuffix)) {
+      s.parameters += e.numel();
+    }
+  }
+  return s;
+}
+
+nlohmann::json inspect_json(const DatReader& reader) {
+  nlohmann::json entries = nlohmann::json::array();
+  for (const auto& e : reader.entries()) {
+    entries.push_back({{"key", e.key},
+                       {"elem_type", static_cast<uint32_t>(e.type)},
+                       {"elem_type_name", elem_type_name(e.type)},
+                       {"shape", e.shape},
+                       {"offset", e.payload_offset},
+                       {"nbytes", e.nbytes}});
+  }
+  const DatSummary s = summarize(reader);
+  return {{"entry_count", s.entry_count},
+          {"entries", std::move(entries)},
+          {"file_bytes", reader.file_size()},
+          {"payload_bytes", s.payload_bytes},
+          {"nvfp4_pairs", s.nvfp4_pairs},
+          {"parameters", s.parameters}};
+}
+
+std::string inspect_table(const DatReader& reader) {
+  size_t key_w = 3;
+  for (const auto& e : reader.entries()) key_w = std::max(key_w, e.key.size());
+  std::string out = fmt::format("{:>5}  {:<{}}  {:<16}  {:<16}  {:>12}  {:>12}\n", "#", "key", key_w, "type", "shape",
+                                "offset", "bytes");
+  size_t i = 0;
+  for (const auto& e : reader.entries()) {
+    out += fmt::format("{:>5}  {:<{}}  {:<16}  {:<16}  {:>12}  {:>12}\n", i++, e.key, key_w, elem_type_name(e.type),
+                       shape_text(e.shape), e.payload_offset, e.nbytes);
+  }
+  const DatSummary s = summarize(reader);
+  out += fmt::format("entries: {}  payload: {} ({})  file: {} bytes  nvfp4 pairs: {}  parameters: {} ({:.3f} B)\n",
+                     s.entry_count, s.payload_bytes, human_bytes(s.payload_bytes), reader.file_size(), s.nvfp4_pairs,
+                     s.parameters, static_cast<double>(s.parameters) / 1e9);
+  return out;
+}
+
+namespace cli {
+
+Command add_inspect_command(CLI::App& app) {
+  struct Options {
+    std::string file;
+    bool json = false;
+  };
+  auto opts = std::make_shared<Options>();
+  auto* sub = app.add_subcommand("inspect", "List and validate the entries of a .dat file");
+  sub->add_option("FILE", opts->file, "the .dat file")->required();
+  sub->add_flag("--json", opts->json, "print JSON instead of a table");
+  return {sub, [opts]() {
+            DatReader reader(opts->file);
+            if (opts->json)
+              fmt::print("{}\n", inspect_json(reader).dump(1));
+            else
+              fmt::print("{}", inspect_table(reader));
+            return 0;
+          }};
+}
+
+}  // namespace cli
+}  // namespace qwen3

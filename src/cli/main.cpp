@@ -1,0 +1,69 @@
+// qwen3-train: parses argv, runs one subcommand, and turns every failure into one `error: ...` line.
+// Exit codes: 0 success, 1 runtime error, 2 bad flag or value.
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
+
+#include <new>
+
+#include "cli_common.h"
+#include "qwen3/error.h"
+
+namespace {
+
+std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+int run(int argc, char** argv) {
+  using namespace qwen3::cli;
+  CLI::App app{"qwen3-train: full-parameter fine-tuning of NVFP4 Qwen3 models", "qwen3-train"};
+  app.set_version_flag("--version", version_text());
+  app.require_subcommand(1);
+  app.fallthrough();  // global flags such as --log-level may follow the subcommand
+  app.get_formatter()->column_width(38);
+  std::string log_level = "info";
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off (messages go to stderr)")
+      ->capture_default_str();
+
+  std::vector<Command> commands;
+  commands.push_back(add_inspect_command(app));
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    fmt::print(stderr, "error: {}\nRun '{} --help' for the flags.\n", e.what(),
+               argc > 1 ? std::string("qwen3-train ") + argv[1] : std::string("qwen3-train"));
+    return 2;
+  }
+  setup_logging(log_level);
+  for (auto& c : commands)
+    if (c.app->parsed()) return c.run();
+  return 2;  // unreachable: require_subcommand(1)
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const qwen3::UsageError& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    return 2;
+  } catch (const qwen3::Error& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    return 1;
+  } catch (const c10::Error& e) {
+    fmt::print(stderr, "error: {}\n", first_line(e.what_without_backtrace()));
+    return 1;
+  } catch (const std::bad_alloc&) {
+    fmt::print(stderr, "error: out of memory\n");
+    return 1;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "error: {}\n", first_line(e.what()));
+    return 1;
+  }
+}

@@ -1,0 +1,53 @@
+#include "qwen3/layout.h"
+
+namespace qwen3 {
+
+ModelShape qwen3_4b_shape() {
+  ModelShape s;
+  s.hidden = 2560;
+  s.layers = 36;
+  s.heads = 32;
+  s.kv_heads = 8;
+  s.head_dim = 128;
+  s.intermediate = 9728;
+  s.vocab = 151936;
+  return s;
+}
+
+std::vector<TensorSpec> qwen3_tensors(const ModelShape& m, bool with_lm_head) {
+  std::vector<TensorSpec> out;
+  out.push_back({"model.embed_tokens.weight", {m.vocab, m.hidden}, false});
+  const int64_t q_out = m.heads * m.head_dim, kv_out = m.kv_heads * m.head_dim;
+  for (int64_t i = 0; i < m.layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    out.push_back({p + "self_attn.q_proj.weight", {q_out, m.hidden}, true});
+    out.push_back({p + "self_attn.k_proj.weight", {kv_out, m.hidden}, true});
+    out.push_back({p + "self_attn.v_proj.weight", {kv_out, m.hidden}, true});
+    out.push_back({p + "self_attn.o_proj.weight", {m.hidden, q_out}, true});
+    out.push_back({p + "self_attn.q_norm.weight", {m.head_dim}, false});
+    out.push_back({p + "self_attn.k_norm.weight", {m.head_dim}, false});
+    out.push_back({p + "mlp.gate_proj.weight", {m.intermediate, m.hidden}, true});
+    out.push_back({p + "mlp.up_proj.weight", {m.intermediate, m.hidden}, true});
+    out.push_back({p + "mlp.down_proj.weight", {m.hidden, m.intermediate}, true});
+    out.push_back({p + "input_layernorm.weight", {m.hidden}, false});
+    out.push_back({p + "post_attention_layernorm.weight", {m.hidden}, false});
+  }
+  out.push_back({"model.norm.weight", {m.hidden}, false});
+  if (with_lm_head) out.push_back({"lm_head.weight", {m.vocab, m.hidden}, true});
+  return out;
+}
+
+std::vector<EntrySpec> qwen3_dat_entries(const ModelShape& m, bool nvfp4, ElemType dense_type, bool with_lm_head) {
+  std::vector<EntrySpec> out;
+  for (auto& t : qwen3_tensors(m, with_lm_head)) {
+    if (nvfp4 && t.quantizable) {
+      out.push_back({t.key + std::string(kQdataSuffix), ElemType::UInt8, {t.shape[0], t.shape[1] / 2}});
+      out.push_back({t.key + std::string(kScaleSuffix), ElemType::Float8E4M3, {t.shape[0], t.shape[1] / 16}});
+    } else {
+      out.push_back({t.key, dense_type, t.shape});
+    }
+  }
+  return out;
+}
+
+}  // namespace qwen3

@@ -1,0 +1,23 @@
+#include <torch/version.h>
+
+#include <string>
+
+#include "cli/cli_common.h"
+#ifdef QWEN3_WITH_CUDA_KERNELS
+#include "qwen3_kernels.h"
+#endif
+
+namespace qwen3::cli {
+
+std::string version_text() {
+  std::string s = std::string("qwen3-train ") + QWEN3_VERSION + "\nlibtorch " + TORCH_VERSION;
+#ifdef QWEN3_WITH_CUDA_KERNELS
+  s += std::string("\nCUDA kernels: built for sm ") + QWEN3_CUDA_ARCHS + "; CUDA devices visible: " +
+       std::to_string(kernels::cuda_device_count());
+#else
+  s += "\nCUDA kernels: not built (no nvcc at configure time)";
+#endif
+  return s;
+}
+
+}  // namespace qwen3::cli

@@ -1,0 +1,91 @@
+// The command line as users meet it: help, version, exit codes and one-line errors, and `inspect`.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "cli_test_util.h"
+
+namespace qwen3 {
+namespace {
+
+using test::run_cli;
+
+TEST(Cli, HelpAndVersion) {
+  auto r = run_cli("--help");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("inspect"), std::string::npos);
+  r = run_cli("inspect --help");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("--json"), std::string::npos);
+  r = run_cli("--version");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("qwen3-train 0."), std::string::npos);
+}
+
+TEST(Cli, UsageErrorsExitWithTwoAndNameTheFlag) {
+  auto r = run_cli("");
+  EXPECT_EQ(r.code, 2);
+  r = run_cli("frobnicate");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("frobnicate"), std::string::npos) << r.err;
+  r = run_cli("inspect x.dat --no-such-flag");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--no-such-flag"), std::string::npos) << r.err;
+  r = run_cli("inspect");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("FILE"), std::string::npos) << r.err;
+  r = run_cli("--log-level loud inspect x.dat");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--log-level"), std::string::npos) << r.err;
+}
+
+TEST(Cli, RuntimeErrorsAreOneLineWithExitOne) {
+  test::TempDir dir;
+  auto r = run_cli(dir.file("missing.dat"));
+  EXPECT_EQ(r.code, 2);  // not a subcommand
+  r = run_cli("inspect " + dir.file("missing.dat"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find("missing.dat"), std::string::npos);
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+
+  auto bytes = test::build_dat(test::sample_entries());
+  bytes[bytes.size() / 2] = 0xFF;  // usually breaks a header; if not, truncation below does
+  bytes.resize(bytes.size() - 3);
+  test::write_file(dir.file("bad.dat"), bytes);
+  r = run_cli("inspect " + dir.file("bad.dat"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("bad.dat"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("byte"), std::string::npos) << r.err;
+  EXPECT_TRUE(r.out.empty()) << "no partial listing on failure";
+}
+
+TEST(Cli, InspectPrintsTableAndJson) {
+  test::TempDir dir;
+  const auto entries = test::sample_entries();
+  test::write_file(dir.file("m.dat"), test::build_dat(entries));
+  auto r = run_cli("inspect " + dir.file("m.dat"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("model.layers.0.self_attn.q_proj.weight.qdata"), std::string::npos);
+  EXPECT_NE(r.out.find("float8_e4m3fn"), std::string::npos);
+  EXPECT_NE(r.out.find("nvfp4 pairs: 1"), std::string::npos) << r.out;
+
+  r = run_cli("inspect --json " + dir.file("m.dat"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["entry_count"], entries.size());
+  ASSERT_EQ(j["entries"].size(), entries.size());
+  const auto& q = j["entries"][1];
+  EXPECT_EQ(q["key"], "model.layers.0.self_attn.q_proj.weight.qdata");
+  EXPECT_EQ(q["elem_type"], 0);
+  EXPECT_EQ(q["shape"], nlohmann::json::array({4, 16}));
+  EXPECT_EQ(q["nbytes"], 64);
+  // Offsets point at the payload: the first entry's payload follows its header.
+  const auto& e0 = j["entries"][0];
+  EXPECT_EQ(e0["offset"], 1 + 1 + 25 + 1 + 1 + 1 + 1);
+  EXPECT_EQ(j["nvfp4_pairs"], 1);
+  // 8*16 embed + 4*32 unpacked codes + 16 norm + 3 counts + 1 scalar
+  EXPECT_EQ(j["parameters"], 128 + 128 + 16 + 3 + 1);
+}
+
+}  // namespace
+}  // namespace qwen3

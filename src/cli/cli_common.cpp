@@ -8,11 +8,21 @@
 namespace qwen3::cli {
 
 CLI::Option* add_bool_flag(CLI::App* app, const std::string& names, bool& target, const std::string& help) {
-  // "{true}" is the value a bare flag stands for; expected(0, 1) lets an explicit value follow after a space.
-  auto* opt = app->add_flag(names + "{true}", target, help)->expected(0, 1);
+  // A bare flag means true; expected(0, 1) lets an explicit value follow after a space, as the original took it.
+  auto* opt = app->add_flag(names, target, help)->expected(0, 1);
   opt->type_name("[BOOL]");
   opt->default_str(target ? "true" : "false");
   return opt;
+}
+
+CLI::Validator non_negative_integer() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        if (value.empty() || value.find_first_not_of("0123456789") != std::string::npos)
+          return "must be a non-negative integer, got '" + value + "'";
+        return {};
+      },
+      "UINT");
 }
 
 void setup_logging(const std::string& level) {

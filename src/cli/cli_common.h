@@ -18,10 +18,15 @@ struct Command {
 // `--name`, `--name true|false|1|0|yes|no`, `--name=false` all work.
 CLI::Option* add_bool_flag(CLI::App* app, const std::string& names, bool& target, const std::string& help);
 
+// For unsigned flags: CLI11 would otherwise wrap "-1" around to 2^64 - 1.
+CLI::Validator non_negative_integer();
+
 void setup_logging(const std::string& level);  // trace|debug|info|warn|error|off; progress goes to stderr
 
 // Registration of each command (one file each).
 Command add_inspect_command(CLI::App& app);
+Command add_synth_command(CLI::App& app);
+Command add_quantize_command(CLI::App& app);
 
 std::string version_text();
 

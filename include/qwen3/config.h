@@ -1,0 +1,46 @@
+// A Qwen3 `config.json` as the math needs it (../shared/docs/qwen3.md). Every field that changes the
+// computation is read, never assumed; unsupported values (rope_scaling, attention_bias, another activation)
+// are errors rather than silently different models.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "qwen3/layout.h"
+
+namespace qwen3 {
+
+struct Qwen3Config {
+  int64_t hidden_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;
+  int64_t head_dim = 0;
+  int64_t intermediate_size = 0;
+  int64_t vocab_size = 0;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 1e6;
+  bool tie_word_embeddings = false;
+  int64_t max_position_embeddings = 0;
+  int64_t bos_token_id = -1;
+  std::vector<int64_t> eos_token_ids;
+  std::string torch_dtype = "bfloat16";
+
+  ModelShape shape() const;
+  // Checks every rule (positive sizes, heads divide, dims multiple of 16, ...); throws Error naming the field
+  // and `origin` (a file name or preset).
+  void validate(const std::string& origin) const;
+  nlohmann::json to_json() const;
+};
+
+Qwen3Config config_from_json(const nlohmann::json& j, const std::string& origin);
+Qwen3Config load_config(const std::string& path);  // reads, parses, validates
+void save_config(const Qwen3Config& config, const std::string& path);
+
+// Presets for `synth`: "qwen3-4b" (the real Qwen3-4B-Instruct-2507 values) and "tiny" (real vocabulary, so
+// the real tokenizer works, with a small body: GQA and head_dim != hidden / heads, like the real model).
+Qwen3Config preset_config(const std::string& name);
+
+}  // namespace qwen3

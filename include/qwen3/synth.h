@@ -1,0 +1,30 @@
+// `synth`: a random Qwen3 model of any shape, written as `config.json` + `model.dat` with the real key names
+// and order, streamed tensor by tensor in row chunks (the 4B preset needs well under 1 GB of memory).
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "qwen3/config.h"
+#include "qwen3/nvfp4.h"
+
+namespace qwen3 {
+
+struct SynthOptions {
+  Qwen3Config config;
+  std::string out_dir;
+  uint64_t seed = 0;
+  bool dense = false;  // fp16 everywhere instead of NVFP4 pairs for the projections and lm_head
+  nvfp4::ScaleMode scale_mode = nvfp4::ScaleMode::rne;
+};
+
+struct SynthResult {
+  std::string dat_path;
+  std::string config_path;
+  uint64_t entries = 0;
+  uint64_t file_bytes = 0;
+  uint64_t parameters = 0;
+};
+
+SynthResult write_synthetic_model(const SynthOptions& options);
+
+}  // namespace qwen3

@@ -1,0 +1,187 @@
+#include "qwen3/config.h"
+
+#include <algorithm>
+#include <fstream>
+
+#include "qwen3/error.h"
+
+namespace qwen3 {
+namespace {
+
+using json = nlohmann::json;
+
+int64_t get_int(const json& j, const char* key, const std::string& origin, bool required, int64_t fallback) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) {
+    if (required) throw Error(origin + ": missing field \"" + key + "\"");
+    return fallback;
+  }
+  if (!it->is_number_integer()) throw Error(origin + ": field \"" + key + "\" must be an integer, got " + it->dump());
+  return it->get<int64_t>();
+}
+
+double get_number(const json& j, const char* key, const std::string& origin, double fallback) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return fallback;
+  if (!it->is_number()) throw Error(origin + ": field \"" + key + "\" must be a number, got " + it->dump());
+  return it->get<double>();
+}
+
+bool get_bool(const json& j, const char* key, const std::string& origin, bool fallback) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return fallback;
+  if (!it->is_boolean()) throw Error(origin + ": field \"" + key + "\" must be true or false, got " + it->dump());
+  return it->get<bool>();
+}
+
+}  // namespace
+
+ModelShape Qwen3Config::shape() const {
+  ModelShape s;
+  s.hidden = hidden_size;
+  s.layers = num_hidden_layers;
+  s.heads = num_attention_heads;
+  s.kv_heads = num_key_value_heads;
+  s.head_dim = head_dim;
+  s.intermediate = intermediate_size;
+  s.vocab = vocab_size;
+  return s;
+}
+
+void Qwen3Config::validate(const std::string& origin) const {
+  auto fail = [&](const std::string& what) { return Error(origin + ": " + what); };
+  const std::pair<const char*, int64_t> positive[] = {
+      {"hidden_size", hidden_size},          {"num_hidden_layers", num_hidden_layers},
+      {"num_attention_heads", num_attention_heads}, {"num_key_value_heads", num_key_value_heads},
+      {"head_dim", head_dim},                {"intermediate_size", intermediate_size},
+      {"vocab_size", vocab_size}};
+  for (auto [name, v] : positive)
+    if (v <= 0) throw fail(std::string(name) + " must be positive, got " + std::to_string(v));
+  if (num_attention_heads % num_key_value_heads != 0)
+    throw fail("num_attention_heads (" + std::to_string(num_attention_heads) +
+               ") must be a multiple of num_key_value_heads (" + std::to_string(num_key_value_heads) + ")");
+  if (head_dim % 2 != 0) throw fail("head_dim must be even for rotary embeddings, got " + std::to_string(head_dim));
+  // NVFP4 blocks run along each projection's input dimension: hidden, heads*head_dim and intermediate.
+  const std::pair<const char*, int64_t> blocked[] = {{"hidden_size", hidden_size},
+                                                     {"num_attention_heads * head_dim", num_attention_heads * head_dim},
+                                                     {"intermediate_size", intermediate_size}};
+  for (auto [name, v] : blocked)
+    if (v % 16 != 0) throw fail(std::string(name) + " (" + std::to_string(v) + ") must be a multiple of 16 for NVFP4");
+  if (!(rms_norm_eps > 0)) throw fail("rms_norm_eps must be positive");
+  if (!(rope_theta > 0)) throw fail("rope_theta must be positive");
+  for (int64_t id : eos_token_ids)
+    if (id < 0 || id >= vocab_size) throw fail("eos_token_id " + std::to_string(id) + " is outside the vocabulary");
+  if (bos_token_id >= vocab_size) throw fail("bos_token_id is outside the vocabulary");
+}
+
+json Qwen3Config::to_json() const {
+  json j = {{"architectures", {"Qwen3ForCausalLM"}},
+            {"model_type", "qwen3"},
+            {"hidden_size", hidden_size},
+            {"num_hidden_layers", num_hidden_layers},
+            {"num_attention_heads", num_attention_heads},
+            {"num_key_value_heads", num_key_value_heads},
+            {"head_dim", head_dim},
+            {"intermediate_size", intermediate_size},
+            {"vocab_size", vocab_size},
+            {"rms_norm_eps", rms_norm_eps},
+            {"rope_theta", rope_theta},
+            {"rope_scaling", nullptr},
+            {"tie_word_embeddings", tie_word_embeddings},
+            {"hidden_act", "silu"},
+            {"attention_bias", false},
+            {"max_position_embeddings", max_position_embeddings},
+            {"torch_dtype", torch_dtype}};
+  if (bos_token_id >= 0) j["bos_token_id"] = bos_token_id;
+  if (eos_token_ids.size() == 1)
+    j["eos_token_id"] = eos_token_ids[0];
+  else if (!eos_token_ids.empty())
+    j["eos_token_id"] = eos_token_ids;
+  return j;
+}
+
+Qwen3Config config_from_json(const json& j, const std::string& origin) {
+  if (!j.is_object()) throw Error(origin + ": a config must be a JSON object");
+  Qwen3Config c;
+  c.hidden_size = get_int(j, "hidden_size", origin, true, 0);
+  c.num_hidden_layers = get_int(j, "num_hidden_layers", origin, true, 0);
+  c.num_attention_heads = get_int(j, "num_attention_heads", origin, true, 0);
+  c.num_key_value_heads = get_int(j, "num_key_value_heads", origin, false, c.num_attention_heads);
+  c.head_dim = get_int(j, "head_dim", origin, false,
+                       c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0);
+  c.intermediate_size = get_int(j, "intermediate_size", origin, true, 0);
+  c.vocab_size = get_int(j, "vocab_size", origin, true, 0);
+  c.rms_norm_eps = get_number(j, "rms_norm_eps", origin, 1e-6);
+  c.rope_theta = get_number(j, "rope_theta", origin, 1e6);
+  c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", origin, false);
+  c.max_position_embeddings = get_int(j, "max_position_embeddings", origin, false, 32768);
+  c.bos_token_id = get_int(j, "bos_token_id", origin, false, -1);
+  if (auto it = j.find("eos_token_id"); it != j.end() && !it->is_null()) {
+    if (it->is_number_integer())
+      c.eos_token_ids = {it->get<int64_t>()};
+    else if (it->is_array() && std::all_of(it->begin(), it->end(), [](const json& v) { return v.is_number_integer(); }))
+      c.eos_token_ids = it->get<std::vector<int64_t>>();
+    else
+      throw Error(origin + ": field \"eos_token_id\" must be an integer or a list of integers");
+  }
+  if (auto it = j.find("torch_dtype"); it != j.end() && it->is_string()) c.torch_dtype = it->get<std::string>();
+  if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null())
+    throw Error(origin + ": rope_scaling " + it->dump() + " is not supported (only null)");
+  if (auto it = j.find("hidden_act"); it != j.end() && *it != "silu")
+    throw Error(origin + ": hidden_act " + it->dump() + " is not supported (only \"silu\")");
+  if (get_bool(j, "attention_bias", origin, false)) throw Error(origin + ": attention_bias true is not supported");
+  c.validate(origin);
+  return c;
+}
+
+Qwen3Config load_config(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw Error(path + ": cannot open config");
+  json j;
+  try {
+    j = json::parse(f);
+  } catch (const json::parse_error& e) {
+    throw Error(path + ": invalid JSON: " + e.what());
+  }
+  return config_from_json(j, path);
+}
+
+void save_config(const Qwen3Config& config, const std::string& path) {
+  std::ofstream f(path);
+  f << config.to_json().dump(2) << "\n";
+  if (!f) throw Error(path + ": cannot write config");
+}
+
+Qwen3Config preset_config(const std::string& name) {
+  Qwen3Config c;
+  c.vocab_size = 151936;
+  c.rms_norm_eps = 1e-6;
+  c.rope_theta = 5000000;
+  c.tie_word_embeddings = true;
+  c.bos_token_id = 151643;
+  c.eos_token_ids = {151645};
+  c.torch_dtype = "bfloat16";
+  if (name == "qwen3-4b") {
+    c.hidden_size = 2560;
+    c.num_hidden_layers = 36;
+    c.num_attention_heads = 32;
+    c.num_key_value_heads = 8;
+    c.head_dim = 128;
+    c.intermediate_size = 9728;
+    c.max_position_embeddings = 262144;
+  } else if (name == "tiny") {
+    c.hidden_size = 96;
+    c.num_hidden_layers = 3;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.head_dim = 32;  // != 96 / 4, as in the real model (2560 / 32 = 80 != 128)
+    c.intermediate_size = 256;
+    c.max_position_embeddings = 4096;
+  } else {
+    throw UsageError("unknown preset '" + name + "' (tiny, qwen3-4b)");
+  }
+  c.validate("preset " + name);
+  return c;
+}
+
+}  // namespace qwen3

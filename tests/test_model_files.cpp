@@ -1,0 +1,173 @@
+// config.json handling, `synth` and `quantize`: the commands that make model files.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "cli_test_util.h"
+#include "qwen3/config.h"
+#include "qwen3/dat_tensor.h"
+#include "qwen3/nvfp4.h"
+#include "qwen3/quantize_dat.h"
+#include "qwen3/synth.h"
+
+namespace qwen3 {
+namespace {
+
+using nlohmann::json;
+
+TEST(Config, PresetsMatchTheDocsAndRoundTrip) {
+  const Qwen3Config big = preset_config("qwen3-4b");
+  EXPECT_EQ(big.hidden_size, 2560);
+  EXPECT_EQ(big.head_dim, 128);
+  EXPECT_EQ(big.rope_theta, 5000000);
+  const auto tensors = qwen3_tensors(big.shape());
+  uint64_t params = 0;
+  for (const auto& t : tensors) params += t.shape.size() == 1 ? t.shape[0] : t.shape[0] * t.shape[1];
+  // 4.02 B with the tied lm_head counted once (qwen3.md); the file stores lm_head as well.
+  EXPECT_NEAR((params - 151936.0 * 2560) / 1e9, 4.02, 0.005);
+  EXPECT_EQ(qwen3_dat_entries(big.shape(), true, ElemType::Float16).size(), 652u);
+
+  const Qwen3Config tiny = preset_config("tiny");
+  EXPECT_NE(tiny.head_dim * tiny.num_attention_heads, tiny.hidden_size);
+  EXPECT_LT(tiny.num_key_value_heads, tiny.num_attention_heads);
+  const Qwen3Config back = config_from_json(tiny.to_json(), "round trip");
+  EXPECT_EQ(back.to_json(), tiny.to_json());
+}
+
+TEST(Config, InvalidConfigsNameTheField) {
+  const json good = preset_config("tiny").to_json();
+  auto expect_error = [&](json j, const char* fragment) {
+    try {
+      config_from_json(j, "c.json");
+      ADD_FAILURE() << "accepted: " << fragment;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("c.json"), std::string::npos) << e.what();
+    }
+  };
+  json j = good;
+  j.erase("hidden_size");
+  expect_error(j, "missing field \"hidden_size\"");
+  j = good;
+  j["num_key_value_heads"] = 3;
+  expect_error(j, "multiple of num_key_value_heads");
+  j = good;
+  j["intermediate_size"] = 100;
+  expect_error(j, "intermediate_size (100) must be a multiple of 16");
+  j = good;
+  j["rope_scaling"] = {{"type", "yarn"}};
+  expect_error(j, "rope_scaling");
+  j = good;
+  j["hidden_size"] = "96";
+  expect_error(j, "must be an integer");
+  j = good;
+  j["eos_token_id"] = 999999999;
+  expect_error(j, "outside the vocabulary");
+  j = good;
+  j["hidden_act"] = "gelu";
+  expect_error(j, "hidden_act");
+  EXPECT_THROW(preset_config("huge"), UsageError);
+}
+
+TEST(Synth, WritesTheRealLayoutDeterministically) {
+  test::TempDir dir;
+  SynthOptions opt;
+  opt.config = preset_config("tiny");
+  opt.out_dir = dir.file("a");
+  opt.seed = 3;
+  const SynthResult a = write_synthetic_model(opt);
+  DatReader r(a.dat_path);
+  const auto want = qwen3_dat_entries(opt.config.shape(), true, ElemType::Float16);
+  ASSERT_EQ(r.entries().size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(r.entries()[i].key, want[i].key);
+    EXPECT_EQ(r.entries()[i].type, want[i].type) << want[i].key;
+    EXPECT_EQ(r.entries()[i].shape, want[i].shape) << want[i].key;
+  }
+  EXPECT_EQ(load_config(a.config_path).to_json(), opt.config.to_json());
+
+  // Realistic scales: norms near 1, projections ~ 1/sqrt(in) after the NVFP4 round trip.
+  const at::Tensor norm = read_tensor(r, r.at("model.layers.1.input_layernorm.weight")).to(at::kFloat);
+  EXPECT_NEAR(norm.mean().item<float>(), 1.0f, 0.05f);
+  const at::Tensor codes = read_tensor(r, r.at("model.layers.0.mlp.down_proj.weight.qdata"));
+  const at::Tensor scales = read_tensor(r, r.at("model.layers.0.mlp.down_proj.weight.scale"));
+  std::vector<float> w(codes.size(0) * codes.size(1) * 2);
+  nvfp4::dequantize_rows_cpu(codes.data_ptr<uint8_t>(), scales.data_ptr<uint8_t>(), codes.size(0), codes.size(1) * 2,
+                             w.data());
+  double ss = 0;
+  for (float v : w) ss += double(v) * v;
+  EXPECT_NEAR(std::sqrt(ss / w.size()), 1.0 / std::sqrt(256.0), 0.01);
+
+  opt.out_dir = dir.file("b");
+  const SynthResult b = write_synthetic_model(opt);
+  EXPECT_EQ(test::read_file(a.dat_path), test::read_file(b.dat_path));
+  opt.out_dir = dir.file("c");
+  opt.seed = 4;
+  EXPECT_NE(test::read_file(a.dat_path), test::read_file(write_synthetic_model(opt).dat_path));
+}
+
+TEST(Quantize, DenseFileBecomesPairsAndTheRestIsCopied) {
+  test::TempDir dir;
+  SynthOptions opt;
+  opt.config = preset_config("tiny");
+  opt.config.num_hidden_layers = 1;
+  opt.out_dir = dir.file("dense");
+  opt.dense = true;
+  const SynthResult dense = write_synthetic_model(opt);
+  const std::string out = dir.file("q.dat");
+  const QuantizeReport rep = quantize_dat_file(dense.dat_path, out, nvfp4::ScaleMode::search);
+  EXPECT_EQ(rep.quantized, 8u);  // 7 projections + lm_head
+  EXPECT_EQ(rep.entries_out, rep.entries_in + 8);
+  for (const auto& f : rep.families) EXPECT_LT(f.relative(), 0.11) << f.family;
+
+  DatReader in(dense.dat_path), q(out);
+  const auto want = qwen3_dat_entries(opt.config.shape(), true, ElemType::Float16);
+  ASSERT_EQ(q.entries().size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(q.entries()[i].key, want[i].key);
+  for (const auto& e : in.entries()) {
+    if (is_quantizable_weight(e.key, e.shape.size())) {
+      const at::Tensor x = read_tensor(in, e).to(at::kFloat).contiguous();
+      std::vector<uint8_t> codes(x.numel() / 2), scales(x.numel() / 16);
+      nvfp4::quantize_rows_cpu(x.data_ptr<float>(), x.size(0), x.size(1), codes.data(), scales.data(),
+                               nvfp4::ScaleMode::search);
+      const at::Tensor got_codes = read_tensor(q, q.at(e.key + ".qdata"));
+      const at::Tensor got_scales = read_tensor(q, q.at(e.key + ".scale"));
+      EXPECT_EQ(0, std::memcmp(got_codes.data_ptr(), codes.data(), codes.size())) << e.key;
+      EXPECT_EQ(0, std::memcmp(got_scales.data_ptr(), scales.data(), scales.size())) << e.key;
+    } else {
+      EXPECT_TRUE(read_tensor(q, q.at(e.key)).equal(read_tensor(in, e))) << e.key;
+    }
+  }
+  EXPECT_THROW(quantize_dat_file(out, out, nvfp4::ScaleMode::rne), UsageError);
+}
+
+TEST(Quantize, FamilySelectionFollowsTheOriginalScript) {
+  EXPECT_EQ(quantizable_family("model.layers.3.self_attn.k_proj.weight"), "k_proj");
+  EXPECT_TRUE(is_quantizable_weight("lm_head.weight", 2));
+  EXPECT_FALSE(is_quantizable_weight("model.embed_tokens.weight", 2));
+  EXPECT_FALSE(is_quantizable_weight("model.layers.0.self_attn.q_norm.weight", 1));
+  EXPECT_FALSE(is_quantizable_weight("model.layers.0.self_attn.q_proj.bias", 1));
+}
+
+TEST(Cli, SynthAndQuantizeFlags) {
+  test::TempDir dir;
+  auto r = test::run_cli("synth --out-dir " + dir.file("x"));
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("--preset or --config"), std::string::npos) << r.err;
+  r = test::run_cli("synth --preset huge --out-dir " + dir.file("x"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--preset"), std::string::npos) << r.err;
+  r = test::run_cli("synth --preset tiny --seed -1 --out-dir " + dir.file("x"));
+  EXPECT_EQ(r.code, 2);
+  r = test::run_cli("synth --preset tiny --scale-mode best --out-dir " + dir.file("x"));
+  EXPECT_EQ(r.code, 2);
+  r = test::run_cli("synth --preset tiny --dense false --out-dir " + dir.file("m"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = test::run_cli("inspect " + dir.file("m/model.dat"));
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("nvfp4 pairs: 22"), std::string::npos) << r.out;
+  r = test::run_cli("quantize --in " + dir.file("m/model.dat") + " --out " + dir.file("m/model.dat"));
+  EXPECT_EQ(r.code, 2) << r.err;
+}
+
+}  // namespace
+}  // namespace qwen3

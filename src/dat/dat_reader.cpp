@@ -67,7 +67,7 @@ class MemorySource final : public ByteSource {
   void read_at(uint64_t offset, void* dst, uint64_t n) const override {
     if (offset > size_ || n > size_ - offset)
       throw DatError(name_ + ": read past the end at byte " + std::to_string(offset));
-    std::memcpy(dst, data_ + offset, n);
+    if (n > 0) std::memcpy(dst, data_ + offset, n);  // dst may be null for an empty payload
   }
 
  private:
@@ -79,7 +79,8 @@ class MemorySource final : public ByteSource {
 // Sequential header reading through a small window, refilled by read_at.
 class HeaderCursor {
  public:
-  explicit HeaderCursor(const ByteSource& src) : src_(src), buf_(64 * 1024) {}
+  explicit HeaderCursor(const ByteSource& src)
+      : src_(src), buf_(static_cast<size_t>(std::min<uint64_t>(64 * 1024, src.size()))) {}
 
   uint64_t pos() const { return pos_; }
   uint64_t remaining() const { return src_.size() - pos_; }
@@ -100,7 +101,7 @@ class HeaderCursor {
   }
 
   void bytes(char* dst, size_t n) {  // callers check n <= remaining()
-    if (n > buf_.size()) {
+    if (n > buf_.size()) {  // only when the window is smaller than the key
       src_.read_at(pos_, dst, n);
       pos_ += n;
       return;

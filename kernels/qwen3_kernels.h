@@ -1,5 +1,7 @@
 // Launchers of the CUDA kernels: plain C++ over raw device pointers, sizes and a stream, so nothing in
-// kernels/ depends on libtorch. Every launcher returns a cudaError_t-compatible int (0 = success).
+// kernels/ depends on libtorch. Every launcher returns a cudaError_t-compatible int (0 = success); it checks
+// its arguments, enqueues on `stream` (a cudaStream_t passed as void*, nullptr = the legacy default stream)
+// and never synchronizes. NVFP4 layout and rules: ../shared/docs/nvfp4.md; design: kernels/nvfp4_kernels.md.
 #pragma once
 #include <cstdint>
 
@@ -7,5 +9,28 @@ namespace qwen3::kernels {
 
 // Number of CUDA devices usable by this process; 0 when there is no driver or no device (never fails).
 int cuda_device_count();
+
+enum class KernelDType : int { f32 = 0, bf16 = 1, f16 = 2 };
+
+// x [rows, cols] (f32/bf16/f16, row-major, cols % 16 == 0) -> codes [rows, cols/2] (element 2j in the low
+// nibble) and E4M3 scales [rows, cols/16], byte-identical to qwen3::nvfp4::quantize_rows_cpu on the fp32 view
+// of x. search_mode: 0 = rne (s = e4m3_rne(amax/6)), 1 = search (s and its two neighbours either side).
+// nonfinite_flag_device (nullable, device memory): set to 1 if any input is inf/NaN (never cleared here); such
+// a block gets scale 0x7F (NaN) and zero codes. Any pointer alignment is accepted (16-byte-aligned x and
+// 4-byte-aligned codes take the vectorized path).
+int launch_nvfp4_quantize(const void* x, KernelDType x_type, int64_t rows, int64_t cols, uint8_t* codes,
+                          uint8_t* scales, int search_mode, int* nonfinite_flag_device, void* stream);
+
+// codes [rows, cols/2] + scales [rows, cols/16] -> out [rows, cols] in f32/bf16/f16, exact (every E2M1 x E4M3
+// product is representable in all three). Scale codes 0x7F/0xFF give NaN.
+int launch_nvfp4_dequantize(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols, void* out,
+                            KernelDType out_type, void* stream);
+
+// y [M, N] = x [M, K] · deq(W)ᵀ with W [N, K] given as codes [N, K/2] + E4M3 scales [N, K/16]; x bf16 or f16,
+// y f32/bf16/f16, fp32 accumulation on the tensor cores; deq(W) is decoded in registers, never stored.
+// K % 16 == 0; any M >= 0, N >= 0. Needs x 16-byte aligned and codes 8-byte aligned (cudaErrorInvalidValue
+// otherwise; a fresh or row-sliced contiguous tensor always is). Needs a device of compute capability >= 9.0.
+int launch_nvfp4_matmul(const void* x, KernelDType x_type, int64_t M, int64_t K, const uint8_t* codes,
+                        const uint8_t* scales, int64_t N, void* y, KernelDType y_type, void* stream);
 
 }  // namespace qwen3::kernels

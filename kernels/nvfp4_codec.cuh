@@ -1,0 +1,234 @@
+// The scalar and per-block NVFP4 rules of ../shared/docs/nvfp4.md as __host__ __device__ functions, so the
+// CUDA kernels and the host-side tests share one source of truth: the tests run these functions on the CPU
+// (no GPU needed) against qwen3::nvfp4::quantize_rows_cpu, and the kernels run the very same code.
+//
+// No libtorch, no CUDA runtime calls. Every floating-point step is written so that host and device round the
+// same way: no fused multiply-add unless written as fmaf, no fast-math, subnormals kept.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define QWEN3_HD __host__ __device__ __forceinline__
+#else
+#define QWEN3_HD inline
+#endif
+
+namespace qwen3::kernels::codec {
+
+constexpr int kBlock = 16;             // elements per E4M3 scale
+constexpr uint8_t kE4m3MaxCode = 0x7E;  // 448; 0x7F is NaN
+constexpr uint8_t kNonFiniteBlockScale = 0x7F;  // written for a block whose input is not finite (see quantize)
+
+QWEN3_HD uint32_t float_bits(float x) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(x);
+#else
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return u;
+#endif
+}
+
+QWEN3_HD float bits_to_float(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+#endif
+}
+
+QWEN3_HD bool is_finite(float x) { return (float_bits(x) & 0x7F800000u) != 0x7F800000u; }
+
+// Correctly rounded fp32 quotient a / b (IEEE division, never the fast approximate one).
+QWEN3_HD float div_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
+QWEN3_HD float recip_rn(float b) {
+#if defined(__CUDA_ARCH__)
+  return __frcp_rn(b);
+#else
+  return 1.0f / b;
+#endif
+}
+
+// E4M3FN decode: exponent 0 is subnormal (m/8 * 2^-6), only 0x7F/0xFF are NaN, max finite 448.
+QWEN3_HD float e4m3_to_float(uint8_t code) {
+  const uint32_t exponent = (code >> 3) & 0xF;
+  const uint32_t mantissa = code & 0x7;
+  float magnitude;
+  if (exponent == 0xF && mantissa == 0x7) {
+    magnitude = bits_to_float(0x7FC00000u);
+  } else if (exponent == 0) {
+    magnitude = static_cast<float>(mantissa) * 0.001953125f;  // m * 2^-9, exact
+  } else {
+    magnitude = bits_to_float(((exponent + 120u) << 23) | (mantissa << 20));  // rebias 7 -> 127
+  }
+  return (code & 0x80) ? -magnitude : magnitude;
+}
+
+// E4M3 round-to-nearest-even of a finite x >= 0, saturating at 448, subnormals kept (no lower clamp).
+QWEN3_HD uint8_t e4m3_from_float_rne(float x) {
+  if (!(x < 448.0f)) return kE4m3MaxCode;  // also catches values that would round up to the NaN code
+  if (x < 0.015625f) {  // below 2^-6: the subnormal grid is k * 2^-9, k = 0..8 (k = 8 is code 0x08 = 2^-6)
+#if defined(__CUDA_ARCH__)
+    return static_cast<uint8_t>(__float2uint_rn(x * 512.0f));
+#else
+    return static_cast<uint8_t>(std::nearbyint(x * 512.0f));  // default rounding mode: to nearest even
+#endif
+  }
+  // Normal range: keep 3 of fp32's 23 mantissa bits with round-to-nearest-even; a carry moves the exponent.
+  const uint32_t bits = float_bits(x);
+  const uint32_t rounded = (bits + 0x7FFFFu + ((bits >> 20) & 1u)) >> 20;  // (fp32 exponent << 3) | mantissa3
+  return static_cast<uint8_t>(rounded - ((127u - 7u) << 3));
+}
+
+// E2M1 magnitude 0..7 at code index: 0, 0.5, 1, 1.5, 2, 3, 4, 6.
+QWEN3_HD float e2m1_magnitude(uint32_t magnitude_code) {
+  switch (magnitude_code & 7u) {
+    case 0: return 0.0f;
+    case 1: return 0.5f;
+    case 2: return 1.0f;
+    case 3: return 1.5f;
+    case 4: return 2.0f;
+    case 5: return 3.0f;
+    case 6: return 4.0f;
+    default: return 6.0f;
+  }
+}
+
+QWEN3_HD float e2m1_to_float(uint32_t code) {
+  const float magnitude = e2m1_magnitude(code);
+  return (code & 8u) ? -magnitude : magnitude;
+}
+
+// |v| (already clamped or not: anything above 5 is code 7) to the E2M1 magnitude code, ties to the even code:
+// 0.25->0, 0.75->2 (1.0), 1.25->2, 1.75->4 (2.0), 2.5->4, 3.5->6 (4.0), 5->6. A NaN gives 0.
+QWEN3_HD uint32_t e2m1_magnitude_code(float a) {
+  return static_cast<uint32_t>(a > 0.25f) + static_cast<uint32_t>(a >= 0.75f) +
+         static_cast<uint32_t>(a > 1.25f) + static_cast<uint32_t>(a >= 1.75f) +
+         static_cast<uint32_t>(a > 2.5f) + static_cast<uint32_t>(a >= 3.5f) + static_cast<uint32_t>(a > 5.0f);
+}
+
+// RN(x / s) for an E4M3 scale s > 0, given reciprocal = RN(1 / s). One reciprocal per block instead of one
+// IEEE division per element: q = RN(x * r) is off by at most a few ulps, and one Markstein correction step
+// with the exact remainder fma(-q, s, x) lands on the correctly rounded quotient. Checked exhaustively on
+// the host for every fp32 mantissa of x and every E4M3 mantissa of s over the quotient range that can change
+// an E2M1 code (tests/gpu/test_nvfp4_kernels.cpp, DivideByScale*). Quotients far below 0.25 or above 6 may
+// differ from RN(x / s) in the last place, which cannot change the code.
+QWEN3_HD float divide_by_scale(float x, float scale, float reciprocal) {
+#if defined(__CUDA_ARCH__)
+  const float q = __fmul_rn(x, reciprocal);  // never contracted into a neighbouring add
+#else
+  const float q = x * reciprocal;
+#endif
+  const float remainder = fmaf(-q, scale, x);
+  return fmaf(remainder, reciprocal, q);
+}
+
+// One element's E2M1 code for scale s > 0: sign bit only when the magnitude is non-zero (no -0 is written).
+QWEN3_HD uint32_t e2m1_encode(float x, float scale, float reciprocal) {
+  const float v = divide_by_scale(x, scale, reciprocal);
+  const uint32_t magnitude = e2m1_magnitude_code(fabsf(v));
+  const uint32_t sign = (float_bits(v) >> 31) & (magnitude != 0u ? 1u : 0u);
+  return magnitude | (sign << 3);
+}
+
+// The default scale: e4m3_rne(amax / 6) with a correctly rounded fp32 division.
+QWEN3_HD uint8_t rne_scale_code(float amax) { return e4m3_from_float_rne(div_rn(amax, 6.0f)); }
+
+// fp32 a + b and a * b, each rounded on its own (the device compiler would otherwise contract them).
+QWEN3_HD float add_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+QWEN3_HD float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+QWEN3_HD float sub_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+
+// Squared reconstruction error of one 16-element block under scale code `scale_code`, in fp32 exactly as the
+// CPU codec (src/nvfp4/codec_cpu.cpp) computes it: d_i = |x_i| - q_i*s (the product is exact), e_i = d_i*d_i,
+// summed as the butterfly e_i + e_{i+8}, then +4, +2, +1. The order and the rounding decide ties between
+// candidates, so they are part of the byte contract. Scale 0 gives d_i = |x_i| (the all-zero block).
+QWEN3_HD float block_squared_error(const float* x, uint8_t scale_code) {
+  const float scale = e4m3_to_float(scale_code);
+  float squared[kBlock];
+  const float reciprocal = scale > 0.0f ? recip_rn(scale) : 0.0f;
+  for (int i = 0; i < kBlock; ++i) {
+    const float magnitude = fabsf(x[i]);
+    const float quantized =
+        scale > 0.0f ? e2m1_magnitude(e2m1_magnitude_code(divide_by_scale(magnitude, scale, reciprocal))) * scale
+                     : 0.0f;
+    const float difference = sub_rn(magnitude, quantized);
+    squared[i] = mul_rn(difference, difference);
+  }
+  for (int width = kBlock / 2; width >= 1; width /= 2)
+    for (int i = 0; i < width; ++i) squared[i] = add_rn(squared[i], squared[i + width]);
+  return squared[0];
+}
+
+// The search mode's choice: s0 = rne_scale_code(amax) and its two E4M3 neighbours either side (codes 0..0x7E
+// only), least squared error, ties to the smaller code.
+QWEN3_HD uint8_t search_scale_code(const float* x, float amax) {
+  const int center = rne_scale_code(amax);
+  int best_code = center;
+  float best_error = 0.0f;
+  bool have_best = false;
+  for (int code = center - 2; code <= center + 2; ++code) {
+    if (code < 0 || code > kE4m3MaxCode) continue;
+    const float error = block_squared_error(x, static_cast<uint8_t>(code));
+    if (!have_best || error < best_error) {
+      best_code = code;
+      best_error = error;
+      have_best = true;
+    }
+  }
+  return static_cast<uint8_t>(best_code);
+}
+
+// Quantizes one block of 16 fp32 values into 8 code bytes (element 2j in the low nibble of byte j) and
+// returns the scale code. Returns kNonFiniteBlockScale with all-zero codes when any input is not finite
+// (the kernels raise their non-finite flag; the CPU codec refuses such input).
+QWEN3_HD uint8_t quantize_block(const float* x, bool search, uint8_t* codes) {
+  float amax = 0.0f;
+  bool finite = true;
+  for (int i = 0; i < kBlock; ++i) {
+    finite = finite && is_finite(x[i]);
+    amax = fmaxf(amax, fabsf(x[i]));
+  }
+  for (int j = 0; j < kBlock / 2; ++j) codes[j] = 0;
+  if (!finite) return kNonFiniteBlockScale;
+  const uint8_t scale_code = search ? search_scale_code(x, amax) : rne_scale_code(amax);
+  const float scale = e4m3_to_float(scale_code);
+  if (scale == 0.0f) return scale_code;
+  const float reciprocal = recip_rn(scale);
+  for (int j = 0; j < kBlock / 2; ++j) {
+    codes[j] = static_cast<uint8_t>(e2m1_encode(x[2 * j], scale, reciprocal) |
+                                    (e2m1_encode(x[2 * j + 1], scale, reciprocal) << 4));
+  }
+  return scale_code;
+}
+
+}  // namespace qwen3::kernels::codec

@@ -1,0 +1,188 @@
+// NVFP4 quantize: f32/bf16/f16 [rows, cols] -> E2M1 codes + E4M3 scales, byte-identical to the CPU codec.
+//
+// A row-major matrix with cols % 16 == 0 is, as a flat array, just consecutive 16-element blocks; the
+// kernels never look at rows. Memory-bound, so:
+//  - rne mode: each thread reads one 16-byte vector (4 fp32 or 8 bf16/f16 elements) and a group of 4 (fp32)
+//    or 2 (16-bit) neighbouring lanes owns one block: a warp load is 512 contiguous bytes, the block's amax is
+//    two (or one) shuffles, and each thread writes its 2 (or 4) code bytes; every thread keeps UNROLL vectors
+//    in flight before it touches the first.
+//  - search mode: one thread per block runs codec::quantize_block, whose candidate errors must be summed in
+//    the CPU codec's order; it does ~5x the arithmetic of rne, where one thread per block costs nothing extra.
+// The per-element arithmetic is codec::* (nvfp4_codec.cuh), the code the host-side tests check bytewise.
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <type_traits>
+
+#include "nvfp4_codec.cuh"
+#include "nvfp4_device.cuh"
+#include "qwen3_kernels.h"
+
+namespace qwen3::kernels {
+namespace {
+
+constexpr int kRneThreads = 256;
+constexpr int kRneUnroll = 4;
+constexpr int kSearchThreads = 128;
+constexpr unsigned kFullMask = 0xFFFFFFFFu;
+
+template <typename T, bool kVectorized>
+__global__ void __launch_bounds__(kRneThreads)
+    nvfp4_quantize_rne_kernel(const T* __restrict__ x, int64_t n_vectors, uint8_t* __restrict__ codes,
+                              uint8_t* __restrict__ scales, int* __restrict__ nonfinite_flag) {
+  constexpr int kPerThread = 16 / sizeof(T);             // elements in one 16-byte vector
+  constexpr int kGroup = codec::kBlock / kPerThread;     // lanes sharing one block: 4 (fp32) or 2
+  const int64_t first_vector = static_cast<int64_t>(blockIdx.x) * kRneThreads * kRneUnroll + threadIdx.x;
+
+  float values[kRneUnroll][kPerThread];
+#pragma unroll
+  for (int u = 0; u < kRneUnroll; ++u) {
+    const int64_t v = first_vector + static_cast<int64_t>(u) * kRneThreads;
+    if (v < n_vectors) {
+      if constexpr (kVectorized) {
+        device::load16_as_float(x + v * kPerThread, values[u]);
+      } else {
+        device::load_as_float(x + v * kPerThread, kPerThread, values[u]);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kPerThread; ++i) values[u][i] = 0.0f;
+    }
+  }
+
+#pragma unroll
+  for (int u = 0; u < kRneUnroll; ++u) {
+    const int64_t v = first_vector + static_cast<int64_t>(u) * kRneThreads;
+    float amax = 0.0f;
+    int nonfinite = 0;
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      nonfinite |= codec::is_finite(values[u][i]) ? 0 : 1;
+      amax = fmaxf(amax, fabsf(values[u][i]));
+    }
+    // n_vectors is a multiple of kGroup and kGroup divides 32, so a group is wholly in range or wholly out;
+    // every lane still takes part in the shuffles.
+#pragma unroll
+    for (int offset = 1; offset < kGroup; offset <<= 1) {
+      amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, offset));
+      nonfinite |= __shfl_xor_sync(kFullMask, nonfinite, offset);
+    }
+    if (v >= n_vectors) continue;
+
+    uint32_t packed = 0;
+    uint8_t scale_code = codec::kNonFiniteBlockScale;
+    if (!nonfinite) {
+      scale_code = codec::rne_scale_code(amax);
+      const float scale = codec::e4m3_to_float(scale_code);
+      if (scale != 0.0f) {
+        const float reciprocal = codec::recip_rn(scale);
+#pragma unroll
+        for (int i = 0; i < kPerThread; ++i)
+          packed |= codec::e2m1_encode(values[u][i], scale, reciprocal) << (4 * i);  // nibble i = element i
+      }
+    }
+    uint8_t* out = codes + v * (kPerThread / 2);
+    if constexpr (kVectorized && kPerThread == 4) {
+      *reinterpret_cast<uint16_t*>(out) = static_cast<uint16_t>(packed);
+    } else if constexpr (kVectorized && kPerThread == 8) {
+      *reinterpret_cast<uint32_t*>(out) = packed;
+    } else {
+#pragma unroll
+      for (int j = 0; j < kPerThread / 2; ++j) out[j] = static_cast<uint8_t>(packed >> (8 * j));
+    }
+    if (v % kGroup == 0) {
+      scales[v / kGroup] = scale_code;
+      if (nonfinite && nonfinite_flag != nullptr) *nonfinite_flag = 1;
+    }
+  }
+}
+
+template <typename T, bool kVectorized>
+__global__ void __launch_bounds__(kSearchThreads)
+    nvfp4_quantize_search_kernel(const T* __restrict__ x, int64_t n_blocks, uint8_t* __restrict__ codes,
+                                 uint8_t* __restrict__ scales, int* __restrict__ nonfinite_flag) {
+  const int64_t block = static_cast<int64_t>(blockIdx.x) * kSearchThreads + threadIdx.x;
+  if (block >= n_blocks) return;
+  float values[codec::kBlock];
+  const T* in = x + block * codec::kBlock;
+  if constexpr (kVectorized) {
+    constexpr int kPerLoad = 16 / sizeof(T);
+#pragma unroll
+    for (int i = 0; i < codec::kBlock; i += kPerLoad) device::load16_as_float(in + i, values + i);
+  } else {
+    device::load_as_float(in, codec::kBlock, values);
+  }
+  uint8_t block_codes[codec::kBlock / 2];
+  const uint8_t scale_code = codec::quantize_block(values, /*search=*/true, block_codes);
+  uint8_t* out = codes + block * (codec::kBlock / 2);
+  if constexpr (kVectorized) {
+    uint2 word;
+    word.x = block_codes[0] | (block_codes[1] << 8) | (block_codes[2] << 16) | (uint32_t(block_codes[3]) << 24);
+    word.y = block_codes[4] | (block_codes[5] << 8) | (block_codes[6] << 16) | (uint32_t(block_codes[7]) << 24);
+    *reinterpret_cast<uint2*>(out) = word;
+  } else {
+#pragma unroll
+    for (int j = 0; j < codec::kBlock / 2; ++j) out[j] = block_codes[j];
+  }
+  scales[block] = scale_code;
+  if (scale_code == codec::kNonFiniteBlockScale && nonfinite_flag != nullptr) *nonfinite_flag = 1;
+}
+
+template <typename T>
+cudaError_t launch_typed(const T* x, int64_t n_elements, uint8_t* codes, uint8_t* scales, bool search,
+                         int* nonfinite_flag, cudaStream_t stream) {
+  // The vectorized kernels load 16 bytes at a time and store 2, 4 or 8 code bytes at once.
+  const bool vectorized = device::is_aligned(x, 16) && device::is_aligned(codes, 8);
+  if (search) {
+    const int64_t n_blocks = n_elements / codec::kBlock;
+    const dim3 grid(static_cast<unsigned>((n_blocks + kSearchThreads - 1) / kSearchThreads));
+    if (vectorized)
+      nvfp4_quantize_search_kernel<T, true><<<grid, kSearchThreads, 0, stream>>>(x, n_blocks, codes, scales,
+                                                                                 nonfinite_flag);
+    else
+      nvfp4_quantize_search_kernel<T, false><<<grid, kSearchThreads, 0, stream>>>(x, n_blocks, codes, scales,
+                                                                                  nonfinite_flag);
+  } else {
+    const int64_t n_vectors = n_elements / (16 / sizeof(T));
+    const int64_t per_cta = static_cast<int64_t>(kRneThreads) * kRneUnroll;
+    const dim3 grid(static_cast<unsigned>((n_vectors + per_cta - 1) / per_cta));
+    if (vectorized)
+      nvfp4_quantize_rne_kernel<T, true><<<grid, kRneThreads, 0, stream>>>(x, n_vectors, codes, scales,
+                                                                           nonfinite_flag);
+    else
+      nvfp4_quantize_rne_kernel<T, false><<<grid, kRneThreads, 0, stream>>>(x, n_vectors, codes, scales,
+                                                                            nonfinite_flag);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+int launch_nvfp4_quantize(const void* x, KernelDType x_type, int64_t rows, int64_t cols, uint8_t* codes,
+                          uint8_t* scales, int search_mode, int* nonfinite_flag_device, void* stream) {
+  if (rows < 0 || cols < 0 || cols % codec::kBlock != 0 || !device::valid_dtype(x_type) ||
+      (search_mode != 0 && search_mode != 1))
+    return cudaErrorInvalidValue;
+  const int64_t n_elements = rows * cols;
+  if (n_elements == 0) return cudaSuccess;
+  if (x == nullptr || codes == nullptr || scales == nullptr) return cudaErrorInvalidValue;
+  // The largest grid (search: one thread per block) must fit gridDim.x; it does for any tensor that fits in
+  // device memory, but refuse rather than wrap.
+  if ((n_elements / codec::kBlock + kSearchThreads - 1) / kSearchThreads > INT32_MAX) return cudaErrorInvalidValue;
+  const bool search = search_mode == 1;
+  cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
+  switch (x_type) {
+    case KernelDType::f32:
+      return launch_typed(static_cast<const float*>(x), n_elements, codes, scales, search, nonfinite_flag_device,
+                          cuda_stream);
+    case KernelDType::bf16:
+      return launch_typed(static_cast<const __nv_bfloat16*>(x), n_elements, codes, scales, search,
+                          nonfinite_flag_device, cuda_stream);
+    case KernelDType::f16:
+      return launch_typed(static_cast<const __half*>(x), n_elements, codes, scales, search,
+                          nonfinite_flag_device, cuda_stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace qwen3::kernels

@@ -19,6 +19,8 @@ namespace {
 constexpr uint64_t kMaxKeyBytes = 64 * 1024;
 constexpr uint64_t kMaxDims = 16;
 constexpr uint64_t kMaxDim = uint64_t{1} << 48;
+// Headers are tens of bytes and each is followed by a payload we skip, so a window refill should be small.
+constexpr uint64_t kWindowBytes = 4096;
 
 class FileSource final : public ByteSource {
  public:
@@ -80,7 +82,7 @@ class MemorySource final : public ByteSource {
 class HeaderCursor {
  public:
   explicit HeaderCursor(const ByteSource& src)
-      : src_(src), buf_(static_cast<size_t>(std::min<uint64_t>(64 * 1024, src.size()))) {}
+      : src_(src), buf_(static_cast<size_t>(std::min<uint64_t>(kWindowBytes, src.size()))) {}
 
   uint64_t pos() const { return pos_; }
   uint64_t remaining() const { return src_.size() - pos_; }

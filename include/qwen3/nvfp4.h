@@ -14,6 +14,17 @@ enum class ScaleMode {
   rne,     // s = e4m3_rne(amax / 6)
   search,  // s and its two E4M3 neighbours either side; least squared error, ties to the smaller code
 };
+// Arithmetic every implementation follows to give the same bytes (all fp32, IEEE round to nearest, no FMA):
+//   amax = max_i |x_i|;  c0 = e4m3_from_float_rne(amax / 6.0f)  (a correctly rounded fp32 division first),
+//     then c0 = 1 if c0 == 0 and amax > 0 (E4M3's range starts at 2^-9: only an all-zero block gets scale 0
+//     from the rounding; the spec's error table is measured this way);
+//   rne: the scale code is c0;
+//   search: candidates are the codes max(0, c0-2) .. min(0x7E, c0+2) in increasing order; for a candidate of
+//     value s, q_i = e2m1 value of (|x_i| / s) (or 0 when s == 0), d_i = |x_i| - q_i * s (the product is exact),
+//     e_i = d_i * d_i, err = the butterfly sum  e_i += e_{i+8} (i<8), += e_{i+4} (i<4), += e_{i+2}, += e_{i+1};
+//     the first candidate with the strictly smallest err wins;
+//   codes: c_i = e2m1_from_float(x_i / s) (x_i / s correctly rounded; all codes 0 when the scale code is 0).
+// Errors past fp32's range (|x| beyond ~1.8e19) are +inf for every candidate, so the smallest code wins there.
 ScaleMode scale_mode_from_name(std::string_view name);  // "rne" | "search"; UsageError otherwise
 const char* scale_mode_name(ScaleMode mode);
 

@@ -1,0 +1,32 @@
+// The NVFP4 linear layer used in training: the forward pass sees the weight as the canonical quantizer
+// produces it, y = x · deq(Q(W))ᵀ, and the gradient passes straight through to the master weight W:
+// dX = dY · deq(Q(W)), dW = dYᵀ · X (the straight-through estimator of ../shared/docs/nvfp4.md).
+#pragma once
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include "qwen3/nvfp4.h"
+
+namespace qwen3::nvfp4 {
+
+// x [..., in], weight [out, in] (in % 16 == 0) -> [..., out] in x's dtype. One autograd node; backward saves
+// x and the quantized weight (codes + scales, 0.5625 B per weight), never a dense copy of deq(Q(W)). On CUDA
+// with bfloat16/float16 x the product runs in the NVFP4 matmul kernel; elsewhere deq(Q(W)) is materialized
+// for the duration of one product. dW is computed in x's dtype and returned in the weight's dtype.
+at::Tensor ste_linear(const at::Tensor& x, const at::Tensor& weight, ScaleMode mode = ScaleMode::rne);
+
+// A bias-free linear layer (Qwen3 has none) holding the high-precision master weight as its parameter;
+// the model loader swaps it in for the seven projections of each block.
+class Nvfp4LinearImpl : public torch::nn::Module {
+ public:
+  explicit Nvfp4LinearImpl(const at::Tensor& master_weight, ScaleMode mode = ScaleMode::rne);
+
+  at::Tensor forward(const at::Tensor& x);
+  void pretty_print(std::ostream& stream) const override;
+
+  at::Tensor weight;  // [out_features, in_features], registered as the parameter "weight"
+  ScaleMode scale_mode;
+};
+TORCH_MODULE(Nvfp4Linear);
+
+}  // namespace qwen3::nvfp4

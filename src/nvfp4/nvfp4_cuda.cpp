@@ -1,0 +1,129 @@
+// libtorch glue to the CUDA kernels (kernels/qwen3_kernels.h). Everything CUDA is behind one guard so that
+// the CPU-only CI libtorch (Debian 1.13) never sees a CUDA header; the stubs below keep the link complete.
+#include "nvfp4/nvfp4_cuda.h"
+
+#include <ATen/ATen.h>
+
+#include "qwen3/error.h"
+#include "qwen3/nvfp4_ops.h"
+
+#if defined(QWEN3_WITH_CUDA_KERNELS) && defined(QWEN3_TORCH_HAS_CUDA)
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "qwen3_kernels.h"
+
+namespace qwen3::nvfp4 {
+namespace {
+
+kernels::KernelDType kernel_dtype(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat: return kernels::KernelDType::f32;
+    case at::kBFloat16: return kernels::KernelDType::bf16;
+    case at::kHalf: return kernels::KernelDType::f16;
+    default: throw Error(std::string("nvfp4 CUDA: unsupported dtype ") + c10::toString(dtype));
+  }
+}
+
+void* current_stream(const at::Device& device) {
+  return static_cast<void*>(c10::cuda::getCurrentCUDAStream(device.index()).stream());
+}
+
+void check_launch(int status, const char* what) {
+  if (status != 0)
+    throw Error(std::string("nvfp4 ") + what + " CUDA kernel failed: " +
+                cudaGetErrorString(static_cast<cudaError_t>(status)));
+}
+
+// One int32 per device, raised by the quantize kernel, cleared by take_nonfinite_flag. Never freed: a static
+// tensor destroyed after the CUDA context at exit would crash.
+std::mutex flag_mutex;
+at::Tensor nonfinite_flag(const at::Device& device) {
+  static auto* flags = new std::map<int, at::Tensor>();
+  const std::lock_guard<std::mutex> lock(flag_mutex);
+  at::Tensor& flag = (*flags)[device.index()];
+  if (!flag.defined()) flag = at::zeros({1}, at::TensorOptions().dtype(at::kInt).device(device));
+  return flag;
+}
+
+}  // namespace
+
+void quantize_cuda(const at::Tensor& x, ScaleMode mode, bool check_finite, const at::Tensor& codes,
+                   const at::Tensor& scales) {
+  const c10::cuda::CUDAGuard device_guard(x.device());
+  at::Tensor flag = nonfinite_flag(x.device());
+  check_launch(kernels::launch_nvfp4_quantize(x.data_ptr(), kernel_dtype(x.scalar_type()), x.size(0), x.size(1),
+                                              codes.data_ptr<uint8_t>(), scales.data_ptr<uint8_t>(),
+                                              mode == ScaleMode::search ? 1 : 0, flag.data_ptr<int>(),
+                                              current_stream(x.device())),
+               "quantize");
+  if (check_finite && take_nonfinite_flag(x.device())) {
+    // Rare and fatal: the CPU codec finds and names the first non-finite element (it throws).
+    const at::Tensor x_cpu = x.to(at::kCPU, at::kFloat).contiguous();
+    quantize(x_cpu, mode);
+    throw Error("nvfp4 quantize: non-finite value in the CUDA input");  // unreachable unless the paths disagree
+  }
+}
+
+bool take_nonfinite_flag(const at::Device& device) {
+  if (!device.is_cuda()) return false;
+  const c10::cuda::CUDAGuard device_guard(device);
+  at::Tensor flag = nonfinite_flag(device);
+  const bool raised = flag.item<int>() != 0;  // synchronizes with the current stream
+  if (raised) flag.zero_();
+  return raised;
+}
+
+at::Tensor dequantize_cuda(const at::Tensor& codes, const at::Tensor& scales, at::ScalarType dtype) {
+  const c10::cuda::CUDAGuard device_guard(codes.device());
+  at::Tensor out = at::empty({codes.size(0), codes.size(1) * 2}, codes.options().dtype(dtype));
+  check_launch(kernels::launch_nvfp4_dequantize(codes.data_ptr<uint8_t>(), scales.data_ptr<uint8_t>(),
+                                                out.size(0), out.size(1), out.data_ptr(), kernel_dtype(dtype),
+                                                current_stream(codes.device())),
+               "dequantize");
+  return out;
+}
+
+bool matmul_cuda_supports(const at::Tensor& x) {
+  return x.is_cuda() && (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf);
+}
+
+at::Tensor matmul_cuda(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales) {
+  const c10::cuda::CUDAGuard device_guard(x.device());
+  const at::Tensor x_contiguous = x.contiguous();
+  const at::Tensor codes_contiguous = codes.contiguous();
+  const at::Tensor scales_contiguous = scales.contiguous();
+  const int64_t rows = x.size(0), inner = x.size(1), out_features = codes.size(0);
+  at::Tensor y = at::empty({rows, out_features}, x.options());
+  check_launch(kernels::launch_nvfp4_matmul(x_contiguous.data_ptr(), kernel_dtype(x.scalar_type()), rows, inner,
+                                            codes_contiguous.data_ptr<uint8_t>(),
+                                            scales_contiguous.data_ptr<uint8_t>(), out_features, y.data_ptr(),
+                                            kernel_dtype(y.scalar_type()), current_stream(x.device())),
+               "matmul");
+  return y;
+}
+
+}  // namespace qwen3::nvfp4
+
+#else  // no CUDA kernels or a CPU-only libtorch: no CUDA tensor exists here
+
+namespace qwen3::nvfp4 {
+namespace {
+[[noreturn]] void no_cuda() {
+  throw Error("nvfp4: this build has no CUDA kernels (needs nvcc and a CUDA libtorch at configure time)");
+}
+}  // namespace
+
+void quantize_cuda(const at::Tensor&, ScaleMode, bool, const at::Tensor&, const at::Tensor&) { no_cuda(); }
+at::Tensor dequantize_cuda(const at::Tensor&, const at::Tensor&, at::ScalarType) { no_cuda(); }
+bool matmul_cuda_supports(const at::Tensor&) { return false; }
+at::Tensor matmul_cuda(const at::Tensor&, const at::Tensor&, const at::Tensor&) { no_cuda(); }
+bool take_nonfinite_flag(const at::Device&) { return false; }
+
+}  // namespace qwen3::nvfp4
+#endif

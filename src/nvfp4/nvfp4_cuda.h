@@ -1,0 +1,27 @@
+// The CUDA side of the nvfp4 module: libtorch tensors in, kernels/ launchers called on the current stream.
+// Compiled for real only with both the CUDA kernels and a CUDA libtorch; otherwise every function throws
+// qwen3::Error (no CUDA tensor can reach them in such a build anyway).
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include "qwen3/nvfp4.h"
+
+namespace qwen3::nvfp4 {
+
+// x: contiguous 2-D float32/bfloat16/float16 CUDA tensor; codes and scales: preallocated uint8 outputs on
+// x's device. A non-finite input raises the device's sticky flag (see take_nonfinite_flag); with
+// check_finite the flag is read at once and the input re-quantized on the CPU to name the position.
+void quantize_cuda(const at::Tensor& x, ScaleMode mode, bool check_finite, const at::Tensor& codes,
+                   const at::Tensor& scales);
+
+// codes/scales: contiguous uint8 CUDA tensors (E4M3 scales).
+at::Tensor dequantize_cuda(const at::Tensor& codes, const at::Tensor& scales, at::ScalarType dtype);
+
+// Whether matmul_cuda takes this activation (a bfloat16/float16 CUDA tensor with the kernels built).
+bool matmul_cuda_supports(const at::Tensor& x);
+
+// y [M, N] = x [M, K] · deq(W)ᵀ with W given as codes [N, K/2] and scales [N, K/16]; y in x's dtype, fp32
+// accumulation, deq(W) never written to memory.
+at::Tensor matmul_cuda(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales);
+
+}  // namespace qwen3::nvfp4

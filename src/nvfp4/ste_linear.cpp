@@ -1,0 +1,88 @@
+// The straight-through NVFP4 linear as one custom autograd function (no W + (deq(Q(W)) - W).detach() graph).
+#include "qwen3/nvfp4_linear.h"
+
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+
+#include <ostream>
+#include <string>
+
+#include "nvfp4/nvfp4_cuda.h"
+#include "qwen3/error.h"
+#include "qwen3/nvfp4_ops.h"
+
+namespace qwen3::nvfp4 {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+std::string sizes_string(const at::Tensor& t) {
+  std::string text = "[";
+  for (int64_t d = 0; d < t.dim(); ++d) text += (d ? ", " : "") + std::to_string(t.size(d));
+  return text + "]";
+}
+
+// y = x2d · deq(codes, scales)ᵀ in x2d's dtype.
+at::Tensor quantized_product(const at::Tensor& x2d, const at::Tensor& codes, const at::Tensor& scales) {
+  if (matmul_cuda_supports(x2d)) return matmul_cuda(x2d, codes, scales);
+  return x2d.mm(dequantize(codes, scales, x2d.scalar_type()).t());
+}
+
+class SteLinearFunction : public torch::autograd::Function<SteLinearFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, ScaleMode mode) {
+    const Quantized quantized = quantize(weight.detach(), mode);
+    const at::Tensor x2d = x.reshape({-1, x.size(-1)});
+    std::vector<int64_t> out_sizes(x.sizes().begin(), x.sizes().end());
+    out_sizes.back() = weight.size(0);
+    ctx->save_for_backward({x, quantized.codes, quantized.scales});
+    ctx->saved_data["weight_dtype"] = static_cast<int64_t>(weight.scalar_type());
+    // _unsafe_view: an ordinary view as the output of a custom function would be tracked as a view of a
+    // temporary and refuse later in-place use; this product has no other user.
+    return at::_unsafe_view(quantized_product(x2d, quantized.codes, quantized.scales), out_sizes);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor& codes = saved[1];
+    const at::Tensor& scales = saved[2];
+    const at::Tensor grad_y2d = grad_outputs[0].reshape({-1, codes.size(0)});
+    at::Tensor grad_x, grad_weight;
+    if (ctx->needs_input_grad(0))
+      grad_x = grad_y2d.mm(dequantize(codes, scales, grad_y2d.scalar_type())).view(x.sizes());
+    if (ctx->needs_input_grad(1)) {
+      const auto weight_dtype = static_cast<at::ScalarType>(ctx->saved_data["weight_dtype"].toInt());
+      grad_weight = grad_y2d.t().mm(x.reshape({-1, x.size(-1)})).to(weight_dtype);
+    }
+    return {grad_x, grad_weight, at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor ste_linear(const at::Tensor& x, const at::Tensor& weight, ScaleMode mode) {
+  if (weight.dim() != 2 || x.dim() < 1 || x.size(-1) != weight.size(1))
+    throw Error("nvfp4 linear: input " + sizes_string(x) + " does not match weight " + sizes_string(weight) +
+                " ([..., in] and [out, in])");
+  if (x.device() != weight.device())
+    throw Error("nvfp4 linear: input on " + x.device().str() + " but weight on " + weight.device().str());
+  return SteLinearFunction::apply(x, weight, mode);
+}
+
+Nvfp4LinearImpl::Nvfp4LinearImpl(const at::Tensor& master_weight, ScaleMode mode) : scale_mode(mode) {
+  if (master_weight.dim() != 2 || master_weight.size(1) % kBlock != 0)
+    throw Error("nvfp4 linear: weight " + sizes_string(master_weight) +
+                " must be 2-D [out, in] with in a multiple of 16");
+  weight = register_parameter("weight", master_weight.detach().clone());
+}
+
+at::Tensor Nvfp4LinearImpl::forward(const at::Tensor& x) { return ste_linear(x, weight, scale_mode); }
+
+void Nvfp4LinearImpl::pretty_print(std::ostream& stream) const {
+  stream << "qwen3::nvfp4::Nvfp4Linear(in_features=" << weight.size(1) << ", out_features=" << weight.size(0)
+         << ", scale_mode=" << scale_mode_name(scale_mode) << ")";
+}
+
+}  // namespace qwen3::nvfp4

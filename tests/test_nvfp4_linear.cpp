@@ -1,0 +1,168 @@
+// The straight-through NVFP4 linear: forward against the dequantized weight, gradients against finite
+// differences of the dequantized function (float64), against the W + (deq(Q(W)) - W).detach() formulation,
+// and dW bit for bit equal to dYᵀ·X.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/autograd.h>
+
+#include <sstream>
+
+#include "qwen3/error.h"
+#include "qwen3/nvfp4_linear.h"
+#include "qwen3/nvfp4_ops.h"
+
+namespace qwen3::nvfp4 {
+namespace {
+
+at::Tensor dequantized_weight(const at::Tensor& weight, ScaleMode mode, at::ScalarType dtype) {
+  const Quantized q = quantize(weight.detach(), mode);
+  return dequantize(q.codes, q.scales, dtype);
+}
+
+TEST(Nvfp4Linear, ForwardIsTheProductWithTheDequantizedWeight) {
+  at::manual_seed(21);
+  const at::Tensor weight = at::randn({24, 64}) * 0.05;
+  const at::Tensor x = at::randn({2, 3, 64});
+  for (ScaleMode mode : {ScaleMode::rne, ScaleMode::search}) {
+    const at::Tensor y = ste_linear(x, weight, mode);
+    ASSERT_EQ(y.sizes(), (std::vector<int64_t>{2, 3, 24}));
+    const at::Tensor expected = x.reshape({6, 64}).mm(dequantized_weight(weight, mode, at::kFloat).t()).view({2, 3, 24});
+    EXPECT_TRUE(y.equal(expected)) << scale_mode_name(mode);
+    // Not the dense product: the weight really was quantized.
+    EXPECT_FALSE(y.allclose(at::matmul(x, weight.t()), 1e-4, 1e-4));
+  }
+}
+
+TEST(Nvfp4Linear, OneNodeStraightToTheLeaves) {
+  const at::Tensor weight = (at::randn({16, 32}) * 0.1).requires_grad_(true);
+  const at::Tensor x = at::randn({5, 32}).requires_grad_(true);
+  const at::Tensor y = ste_linear(x, weight);
+  ASSERT_TRUE(y.grad_fn());
+  const auto& edges = y.grad_fn()->next_edges();
+  ASSERT_EQ(edges.size(), 2u);  // x and W; the scale mode is not a tensor
+  for (const auto& edge : edges) {
+    ASSERT_TRUE(edge.function);
+    EXPECT_NE(edge.function->name().find("AccumulateGrad"), std::string::npos) << edge.function->name();
+  }
+}
+
+TEST(Nvfp4Linear, WeightGradientIsExactlyDyTransposedTimesX) {
+  at::manual_seed(22);
+  const at::Tensor weight = (at::randn({32, 48}) * 0.05).requires_grad_(true);
+  const at::Tensor x = at::randn({4, 7, 48}).requires_grad_(true);
+  const at::Tensor grad_y = at::randn({4, 7, 32});
+  ste_linear(x, weight, ScaleMode::search).backward(grad_y);
+  EXPECT_TRUE(weight.grad().equal(grad_y.reshape({28, 32}).t().mm(x.detach().reshape({28, 48}))));
+  const at::Tensor deq = dequantized_weight(weight, ScaleMode::search, at::kFloat);
+  EXPECT_TRUE(x.grad().equal(grad_y.reshape({28, 32}).mm(deq).view({4, 7, 48})));
+}
+
+TEST(Nvfp4Linear, GradientsMatchTheDetachFormulation) {
+  at::manual_seed(23);
+  for (ScaleMode mode : {ScaleMode::rne, ScaleMode::search}) {
+    const at::Tensor weight_init = at::randn({20, 32}) * 0.02;
+    const at::Tensor x_init = at::randn({3, 6, 32});
+    const at::Tensor mix = at::randn({3, 6, 20});
+
+    const at::Tensor weight = weight_init.clone().requires_grad_(true);
+    const at::Tensor x = x_init.clone().requires_grad_(true);
+    (ste_linear(x, weight, mode) * mix).sum().backward();
+
+    const at::Tensor weight_ref = weight_init.clone().requires_grad_(true);
+    const at::Tensor x_ref = x_init.clone().requires_grad_(true);
+    const at::Tensor deq = dequantized_weight(weight_ref, mode, at::kFloat);
+    const at::Tensor weight_ste = weight_ref + (deq - weight_ref).detach();
+    (at::matmul(x_ref, weight_ste.t()) * mix).sum().backward();
+
+    EXPECT_TRUE(weight.grad().allclose(weight_ref.grad(), 1e-5, 1e-6)) << scale_mode_name(mode);
+    EXPECT_TRUE(x.grad().allclose(x_ref.grad(), 1e-5, 1e-6)) << scale_mode_name(mode);
+    EXPECT_GT(x.grad().abs().sum().item<float>(), 0.0f);
+  }
+}
+
+// The gradient the STE promises is the exact gradient of f(x, V) = sum(mix ⊙ x·Vᵀ) at V = deq(Q(W)):
+// central differences in float64 (exact up to rounding, f being bilinear).
+TEST(Nvfp4Linear, GradientsMatchFiniteDifferencesOfTheDequantizedFunction) {
+  at::manual_seed(24);
+  const at::Tensor weight = (at::randn({6, 32}, at::kDouble) * 0.1).requires_grad_(true);
+  const at::Tensor x = at::randn({2, 3, 32}, at::kDouble).requires_grad_(true);
+  const at::Tensor mix = at::randn({2, 3, 6}, at::kDouble);
+  const at::Tensor y = ste_linear(x, weight);
+  EXPECT_EQ(y.scalar_type(), at::kDouble);
+  (y * mix).sum().backward();
+
+  const at::Tensor deq = dequantized_weight(weight, ScaleMode::rne, at::kDouble);
+  auto f = [&](const at::Tensor& x_value, const at::Tensor& weight_value) {
+    return (at::matmul(x_value, weight_value.t()) * mix).sum().item<double>();
+  };
+  const double step = 1e-3;
+  const at::Tensor x_value = x.detach();
+  const at::Tensor x_flat = x_value.view(-1);
+  for (int64_t i = 0; i < x_flat.numel(); ++i) {
+    const double saved = x_flat[i].item<double>();
+    x_flat[i] = saved + step;
+    const double up = f(x_value, deq);
+    x_flat[i] = saved - step;
+    const double down = f(x_value, deq);
+    x_flat[i] = saved;
+    ASSERT_NEAR(x.grad().view(-1)[i].item<double>(), (up - down) / (2 * step), 1e-9) << "x " << i;
+  }
+  const at::Tensor deq_flat = deq.view(-1);
+  for (int64_t i = 0; i < deq_flat.numel(); ++i) {
+    const double saved = deq_flat[i].item<double>();
+    deq_flat[i] = saved + step;
+    const double up = f(x_value, deq);
+    deq_flat[i] = saved - step;
+    const double down = f(x_value, deq);
+    deq_flat[i] = saved;
+    ASSERT_NEAR(weight.grad().view(-1)[i].item<double>(), (up - down) / (2 * step), 1e-9) << "W " << i;
+  }
+}
+
+TEST(Nvfp4Linear, ReducedPrecisionActivationsKeepAnFp32MasterGradient) {
+  at::manual_seed(25);
+  const at::Tensor weight = (at::randn({16, 32}) * 0.05).requires_grad_(true);
+  const at::Tensor x = at::randn({8, 32}).to(at::kBFloat16).requires_grad_(true);
+  const at::Tensor y = ste_linear(x, weight);
+  EXPECT_EQ(y.scalar_type(), at::kBFloat16);
+  const at::Tensor grad_y = at::randn({8, 16}).to(at::kBFloat16);
+  y.backward(grad_y);
+  EXPECT_EQ(weight.grad().scalar_type(), at::kFloat);
+  EXPECT_EQ(x.grad().scalar_type(), at::kBFloat16);
+  EXPECT_TRUE(weight.grad().equal(grad_y.t().mm(x.detach()).to(at::kFloat)));
+}
+
+TEST(Nvfp4Linear, OnlyRequestedGradientsAreComputed) {
+  const at::Tensor weight = (at::randn({16, 32}) * 0.05).requires_grad_(true);
+  const at::Tensor x = at::randn({4, 32});
+  ste_linear(x, weight).sum().backward();
+  EXPECT_TRUE(weight.grad().defined());
+  EXPECT_FALSE(x.grad().defined());
+}
+
+TEST(Nvfp4Linear, ModuleWrapsTheMasterWeight) {
+  at::manual_seed(26);
+  const at::Tensor master = at::randn({16, 32}) * 0.05;
+  Nvfp4Linear layer(master, ScaleMode::search);
+  ASSERT_EQ(layer->parameters().size(), 1u);
+  EXPECT_TRUE(layer->named_parameters().contains("weight"));
+  EXPECT_TRUE(layer->weight.equal(master));
+  EXPECT_TRUE(layer->weight.requires_grad());
+  const at::Tensor x = at::randn({3, 32});
+  const at::Tensor y = layer(x);
+  EXPECT_TRUE(y.equal(ste_linear(x, master, ScaleMode::search)));
+  y.sum().backward();
+  EXPECT_TRUE(layer->weight.grad().defined());
+  std::ostringstream text;
+  text << *layer;
+  EXPECT_EQ(text.str(), "qwen3::nvfp4::Nvfp4Linear(in_features=32, out_features=16, scale_mode=search)");
+}
+
+TEST(Nvfp4Linear, MismatchedShapesAreErrors) {
+  EXPECT_THROW(ste_linear(at::randn({2, 32}), at::randn({8, 48})), Error);
+  EXPECT_THROW(ste_linear(at::randn({2, 24}), at::randn({8, 24})), Error);  // 24 is not a multiple of 16
+  EXPECT_THROW(Nvfp4Linear(at::randn({8, 24})), Error);
+}
+
+}  // namespace
+}  // namespace qwen3::nvfp4

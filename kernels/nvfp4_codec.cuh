@@ -142,8 +142,13 @@ QWEN3_HD uint32_t e2m1_encode(float x, float scale, float reciprocal) {
   return magnitude | (sign << 3);
 }
 
-// The default scale: e4m3_rne(amax / 6) with a correctly rounded fp32 division.
-QWEN3_HD uint8_t rne_scale_code(float amax) { return e4m3_from_float_rne(div_rn(amax, 6.0f)); }
+// The default scale: e4m3_rne(amax / 6) with a correctly rounded fp32 division, raised to code 1 (2^-9, the
+// bottom of E4M3's range) when it rounds to 0 but the block is not all zero (include/qwen3/nvfp4.h: only an
+// all-zero block gets scale 0).
+QWEN3_HD uint8_t rne_scale_code(float amax) {
+  const uint8_t code = e4m3_from_float_rne(div_rn(amax, 6.0f));
+  return (code == 0 && amax > 0.0f) ? uint8_t{1} : code;
+}
 
 // fp32 a + b and a * b, each rounded on its own (the device compiler would otherwise contract them).
 QWEN3_HD float add_rn(float a, float b) {
@@ -189,8 +194,8 @@ QWEN3_HD float block_squared_error(const float* x, uint8_t scale_code) {
   return squared[0];
 }
 
-// The search mode's choice: s0 = rne_scale_code(amax) and its two E4M3 neighbours either side (codes 0..0x7E
-// only), least squared error, ties to the smaller code.
+// The search mode's choice: c0 = rne_scale_code(amax) and its two E4M3 neighbours either side (codes 0..0x7E
+// only), least squared error, ties (and an all-infinite error past fp32's range) to the smaller code.
 QWEN3_HD uint8_t search_scale_code(const float* x, float amax) {
   const int center = rne_scale_code(amax);
   int best_code = center;

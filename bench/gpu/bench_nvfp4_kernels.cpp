@@ -1,0 +1,230 @@
+// GPU benchmarks of the NVFP4 kernels (Google Benchmark, cudaEvent timing, manual time):
+//  - quantize: effective bandwidth (input bytes read + codes and scales written) against a device-to-device
+//    cudaMemcpy of the input bytes on the same device (a copy moves 2x its size);
+//  - the NVFP4-weight product against cuBLAS bf16 (cublasGemmEx, fp32 compute: what torch::matmul runs) on the
+//    Qwen3-4B projection shapes, M in {1, 16, 4096}: TFLOP/s of both and the speedup.
+// Weights rotate through enough copies to exceed the L2 cache, so small-M runs measure memory, not L2.
+// Results go to docs/performance.md with the date and the device. Exits 0 with a message when there is no GPU.
+#include <benchmark/benchmark.h>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "qwen3_kernels.h"
+
+namespace {
+
+using qwen3::kernels::KernelDType;
+
+void check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(status));
+    std::exit(1);
+  }
+}
+void check(int status, const char* what) { check(static_cast<cudaError_t>(status), what); }
+
+struct DeviceMemory {
+  void* ptr = nullptr;
+  explicit DeviceMemory(size_t bytes) { check(cudaMalloc(&ptr, std::max<size_t>(bytes, 1)), "cudaMalloc"); }
+  ~DeviceMemory() { cudaFree(ptr); }
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+  template <typename T = uint8_t>
+  T* as() const { return static_cast<T*>(ptr); }
+};
+
+// Uniform values in [-scale, scale) from a fixed LCG: fast enough for 100 MB inputs, and reproducible.
+std::vector<float> host_uniform(size_t n, float scale, uint32_t seed) {
+  std::vector<float> v(n);
+  uint32_t state = seed * 2654435761u + 1;
+  for (float& x : v) {
+    state = state * 1664525u + 1013904223u;
+    x = scale * (static_cast<float>(state >> 8) * 0x1p-23f - 1.0f);
+  }
+  return v;
+}
+
+std::vector<uint16_t> to_16bit(KernelDType type, const std::vector<float>& values) {
+  std::vector<uint16_t> bits(values.size());
+  for (size_t i = 0; i < values.size(); ++i)
+    bits[i] = type == KernelDType::bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(values[i]))
+                                        : __half_as_ushort(__float2half_rn(values[i]));
+  return bits;
+}
+
+// Mean seconds per call of `launch` over enough back-to-back calls to fill ~5 ms (at least 3).
+template <typename Launch>
+double seconds_per_call(Launch&& launch) {
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "event");
+  check(cudaEventCreate(&stop), "event");
+  launch(0);  // warm-up (and cuBLAS heuristics)
+  check(cudaEventRecord(start), "record");
+  launch(1);
+  check(cudaEventRecord(stop), "record");
+  check(cudaEventSynchronize(stop), "sync");
+  float first_ms = 0.0f;
+  check(cudaEventElapsedTime(&first_ms, start, stop), "elapsed");
+  const int calls = std::clamp(static_cast<int>(5.0 / std::max(first_ms, 1e-3f)), 3, 2000);
+  check(cudaEventRecord(start), "record");
+  for (int i = 0; i < calls; ++i) launch(i);
+  check(cudaEventRecord(stop), "record");
+  check(cudaEventSynchronize(stop), "sync");
+  float total_ms = 0.0f;
+  check(cudaEventElapsedTime(&total_ms, start, stop), "elapsed");
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return total_ms * 1e-3 / calls;
+}
+
+size_t l2_bytes() {
+  int device = 0, bytes = 0;
+  check(cudaGetDevice(&device), "device");
+  check(cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, device), "L2 size");
+  return static_cast<size_t>(bytes);
+}
+
+// How many copies of a `bytes`-sized operand make a rotation 3x larger than L2.
+int rotation_copies(size_t bytes) {
+  return static_cast<int>(std::clamp<size_t>((3 * l2_bytes() + bytes - 1) / bytes, 1, 64));
+}
+
+void BM_Quantize(benchmark::State& state, KernelDType type, int mode, int64_t rows, int64_t cols) {
+  const int64_t n = rows * cols;
+  const size_t in_bytes = n * (type == KernelDType::f32 ? 4 : 2), out_bytes = n / 2 + n / 16;
+  DeviceMemory x(in_bytes), copy(in_bytes), codes(n / 2), scales(n / 16), flag(sizeof(int));
+  const std::vector<float> values = host_uniform(n, 0.05f, 3);
+  if (type == KernelDType::f32) {
+    check(cudaMemcpy(x.ptr, values.data(), in_bytes, cudaMemcpyHostToDevice), "upload");
+  } else {
+    const std::vector<uint16_t> bits = to_16bit(type, values);
+    check(cudaMemcpy(x.ptr, bits.data(), in_bytes, cudaMemcpyHostToDevice), "upload");
+  }
+  check(cudaMemset(flag.ptr, 0, sizeof(int)), "memset");
+  double quantize_s = 0.0, copy_s = 0.0;
+  for (auto _ : state) {
+    quantize_s = seconds_per_call([&](int) {
+      check(qwen3::kernels::launch_nvfp4_quantize(x.ptr, type, rows, cols, codes.as(), scales.as(), mode,
+                                                  flag.as<int>(), nullptr),
+            "quantize");
+    });
+    copy_s = seconds_per_call([&](int) {
+      check(cudaMemcpyAsync(copy.ptr, x.ptr, in_bytes, cudaMemcpyDeviceToDevice), "copy");
+    });
+    state.SetIterationTime(quantize_s);
+  }
+  const double quantize_rate = (in_bytes + out_bytes) / quantize_s, copy_rate = 2.0 * in_bytes / copy_s;
+  state.counters["GB/s"] = quantize_rate * 1e-9;
+  state.counters["copy_GB/s"] = copy_rate * 1e-9;
+  state.counters["of_copy"] = quantize_rate / copy_rate;
+}
+
+cublasHandle_t cublas() {
+  static cublasHandle_t handle = [] {
+    cublasHandle_t h;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {
+      std::fprintf(stderr, "cublasCreate failed\n");
+      std::exit(1);
+    }
+    return h;
+  }();
+  return handle;
+}
+
+void BM_Matmul(benchmark::State& state, int64_t M, int64_t N, int64_t K) {
+  const size_t code_bytes = N * K / 2, scale_bytes = N * K / 16, dense_bytes = N * K * 2;
+  const int nvfp4_copies = rotation_copies(code_bytes + scale_bytes), dense_copies = rotation_copies(dense_bytes);
+  DeviceMemory x(M * K * 2), y(M * N * 2), w_fp32(N * K * 4), flag(sizeof(int));
+  DeviceMemory codes(code_bytes * nvfp4_copies), scales(scale_bytes * nvfp4_copies), dense(dense_bytes * dense_copies);
+  {
+    const std::vector<float> w = host_uniform(N * K, 0.03f, 5);
+    check(cudaMemcpy(w_fp32.ptr, w.data(), N * K * 4, cudaMemcpyHostToDevice), "upload W");
+    const std::vector<uint16_t> xb = to_16bit(KernelDType::bf16, host_uniform(M * K, 1.0f, 6));
+    check(cudaMemcpy(x.ptr, xb.data(), M * K * 2, cudaMemcpyHostToDevice), "upload X");
+  }
+  for (int c = 0; c < nvfp4_copies; ++c)
+    check(qwen3::kernels::launch_nvfp4_quantize(w_fp32.ptr, KernelDType::f32, N, K, codes.as() + c * code_bytes,
+                                                scales.as() + c * scale_bytes, 0, flag.as<int>(), nullptr),
+          "quantize W");
+  for (int c = 0; c < dense_copies; ++c)  // cuBLAS gets exactly deq(W), in bf16
+    check(qwen3::kernels::launch_nvfp4_dequantize(codes.as(), scales.as(), N, K, dense.as() + c * dense_bytes,
+                                                  KernelDType::bf16, nullptr),
+          "dequantize W");
+  check(cudaDeviceSynchronize(), "setup");
+
+  double ours_s = 0.0, cublas_s = 0.0;
+  const float alpha = 1.0f, beta = 0.0f;
+  for (auto _ : state) {
+    ours_s = seconds_per_call([&](int i) {
+      const int c = i % nvfp4_copies;
+      check(qwen3::kernels::launch_nvfp4_matmul(x.ptr, KernelDType::bf16, M, K, codes.as() + c * code_bytes,
+                                                scales.as() + c * scale_bytes, N, y.ptr, KernelDType::bf16, nullptr),
+            "nvfp4 matmul");
+    });
+    cublas_s = seconds_per_call([&](int i) {
+      const int c = i % dense_copies;
+      // Row-major Y[M,N] = X[M,K] · Wᵀ is column-major Yᵀ[N,M] = W[K,N]ᵀ-as-stored · Xᵀ: op(A) = T on W.
+      const cublasStatus_t status = cublasGemmEx(
+          cublas(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &alpha,
+          dense.as() + c * dense_bytes, CUDA_R_16BF, static_cast<int>(K), x.ptr, CUDA_R_16BF, static_cast<int>(K),
+          &beta, y.ptr, CUDA_R_16BF, static_cast<int>(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+      if (status != CUBLAS_STATUS_SUCCESS) {
+        std::fprintf(stderr, "cublasGemmEx failed: %d\n", static_cast<int>(status));
+        std::exit(1);
+      }
+    });
+    state.SetIterationTime(ours_s);
+  }
+  const double flops = 2.0 * M * N * K;
+  state.counters["TFLOP/s"] = flops / ours_s * 1e-12;
+  state.counters["cublas_TFLOP/s"] = flops / cublas_s * 1e-12;
+  state.counters["speedup"] = cublas_s / ours_s;
+  state.counters["weight_GB/s"] = (code_bytes + scale_bytes) / ours_s * 1e-9;
+  state.counters["us"] = ours_s * 1e6;
+  state.counters["cublas_us"] = cublas_s * 1e6;
+}
+
+const char* type_name(KernelDType type) { return type == KernelDType::f32 ? "f32" : type == KernelDType::bf16 ? "bf16" : "f16"; }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (qwen3::kernels::cuda_device_count() == 0) {
+    std::printf("bench_nvfp4_kernels: no CUDA device; nothing measured\n");
+    return 0;
+  }
+  const int64_t shapes[][2] = {{4096, 2560}, {1024, 2560}, {2560, 4096}, {9728, 2560}, {2560, 9728}};
+  for (KernelDType type : {KernelDType::f32, KernelDType::bf16})
+    for (int mode : {0, 1})
+      for (const auto& nk : shapes) {
+        const std::string name = std::string("quantize/") + type_name(type) + (mode ? "/search/" : "/rne/") +
+                                 std::to_string(nk[0]) + "x" + std::to_string(nk[1]);
+        benchmark::RegisterBenchmark(name.c_str(), BM_Quantize, type, mode, nk[0], nk[1])
+            ->UseManualTime()
+            ->Iterations(3)
+            ->Unit(benchmark::kMicrosecond);
+      }
+  for (int64_t M : {1, 16, 4096})
+    for (const auto& nk : shapes) {
+      const std::string name = "matmul_bf16/M" + std::to_string(M) + "/N" + std::to_string(nk[0]) + "/K" +
+                               std::to_string(nk[1]);
+      benchmark::RegisterBenchmark(name.c_str(), BM_Matmul, M, nk[0], nk[1])
+          ->UseManualTime()
+          ->Iterations(3)
+          ->Unit(benchmark::kMicrosecond);
+    }
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,306 @@
+// NVFP4 quantize/dequantize kernels against the canonical CPU codec (qwen3::nvfp4::*_rows_cpu), byte for byte.
+// The first group runs the kernels' own per-element code (kernels/nvfp4_codec.cuh) on the host, so the
+// arithmetic is proven equal to the CPU codec on every machine, GPU or not; the rest launch the kernels and
+// skip cleanly without a device.
+#include <gtest/gtest.h>
+
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <vector>
+
+#include "gpu_test_util.h"
+#include "nvfp4_codec.cuh"
+#include "nvfp4_test_data.h"
+#include "qwen3/nvfp4.h"
+#include "qwen3_kernels.h"
+
+namespace qwen3 {
+namespace {
+
+namespace codec = kernels::codec;
+using kernels::KernelDType;
+using gpu_test::DeviceBuffer;
+
+// ---- The kernels' arithmetic on the host (no GPU needed) ----
+
+TEST(Nvfp4KernelCodec, E4m3DecodeMatchesCpuForAll256Codes) {
+  for (int code = 0; code < 256; ++code)
+    EXPECT_TRUE(gpu_test::same_float(codec::e4m3_to_float(static_cast<uint8_t>(code)),
+                                     nvfp4::e4m3_to_float(static_cast<uint8_t>(code))))
+        << "code " << code;
+}
+
+TEST(Nvfp4KernelCodec, E4m3EncodeMatchesCpu) {
+  std::vector<float> probes;
+  for (int code = 0; code < codec::kE4m3MaxCode; ++code) {  // every midpoint and its fp32 neighbours
+    const float mid = 0.5f * (codec::e4m3_to_float(static_cast<uint8_t>(code)) +
+                              codec::e4m3_to_float(static_cast<uint8_t>(code + 1)));
+    probes.insert(probes.end(), {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, INFINITY),
+                                 codec::e4m3_to_float(static_cast<uint8_t>(code))});
+  }
+  for (float v : {448.0f, 455.9f, 463.99f, 464.0f, 470.0f, 480.0f, 1e9f, FLT_MAX, 0.0f, 1e-45f, 0x1p-10f})
+    probes.push_back(v);
+  for (uint32_t bits = 0; bits < 0x43FA0000u; bits += 251) {  // a sweep of [0, 500] in fp32 bit order
+    float v;
+    std::memcpy(&v, &bits, 4);
+    probes.push_back(v);
+  }
+  for (float v : probes)
+    ASSERT_EQ(codec::e4m3_from_float_rne(v), nvfp4::e4m3_from_float_rne(v)) << "x = " << v;
+}
+
+TEST(Nvfp4KernelCodec, E2m1EncodeMatchesCpuAtEveryMidpoint) {
+  for (float mid : {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 6.0f, 7.0f, 0.0f, 1e-30f, 1e30f})
+    for (float v : {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, INFINITY)})
+      for (float sign : {1.0f, -1.0f})
+        EXPECT_EQ(codec::e2m1_encode(sign * v, 1.0f, 1.0f), nvfp4::e2m1_from_float(sign * v)) << sign * v;
+  EXPECT_EQ(codec::e2m1_encode(-0.0f, 1.0f, 1.0f), 0u);
+  EXPECT_EQ(codec::e2m1_encode(-0.1f, 1.0f, 1.0f), 0u);  // rounds to zero: no -0 code
+}
+
+// divide_by_scale replaces one IEEE division per element with a shared reciprocal and one correction step.
+// It must equal RN(x / s) for every quotient that can change a code (about 2^-4 .. 2^4): checked for every
+// E4M3 mantissa of s (8 normal ones; subnormal scales have the same mantissas), scales at both ends of the
+// range and in the middle, and a stride through all 2^23 mantissas of x over 7 binades of the quotient.
+TEST(Nvfp4KernelCodec, DivideByScaleIsCorrectlyRoundedOverTheCodeRange) {
+  int64_t checked = 0;
+  for (int mantissa = 0; mantissa < 8; ++mantissa)
+    for (int exponent : {-9, -6, -1, 0, 5, 8}) {
+      const float s = std::ldexp(1.0f + mantissa / 8.0f, exponent);
+      const float reciprocal = 1.0f / s;
+      for (int quotient_exponent = -4; quotient_exponent <= 3; ++quotient_exponent)
+        for (uint32_t x_mantissa = mantissa; x_mantissa < (1u << 23); x_mantissa += 89) {
+          const uint32_t bits = (static_cast<uint32_t>(127 + exponent + quotient_exponent) << 23) | x_mantissa;
+          float x;
+          std::memcpy(&x, &bits, 4);
+          ASSERT_EQ(gpu_test::float_bits(codec::divide_by_scale(x, s, reciprocal)), gpu_test::float_bits(x / s))
+              << "x = " << x << ", s = " << s;
+          ++checked;
+        }
+    }
+  EXPECT_GT(checked, 4000000);
+}
+
+// The whole block algorithm the kernels run, against the CPU codec, on the fp32, bf16 and f16 views.
+TEST(Nvfp4KernelCodec, HostRunOfKernelBlockCodeMatchesCpuCodec) {
+  int64_t rows = 0;
+  std::vector<float> inputs = gpu_test::blocks_to_matrix(gpu_test::adversarial_blocks(), 16, rows);
+  for (float stddev : {0.005f, 0.02f, 1.0f}) {  // plus 3 x 64 rows of Gaussian weights at typical scales
+    const std::vector<float> more = gpu_test::gaussian(64 * 256, stddev, static_cast<uint32_t>(stddev * 1000));
+    inputs.insert(inputs.end(), more.begin(), more.end());
+    rows += 64;
+  }
+  for (KernelDType type : {KernelDType::f32, KernelDType::bf16, KernelDType::f16}) {
+    std::vector<float> view = inputs;
+    if (type != KernelDType::f32) gpu_test::to_16bit(type, inputs, view);
+    const int64_t cols = 256, n_blocks = rows * cols / 16;
+    for (bool search : {false, true}) {
+      std::vector<uint8_t> cpu_codes(n_blocks * 8), cpu_scales(n_blocks);
+      nvfp4::quantize_rows_cpu(view.data(), rows, cols, cpu_codes.data(), cpu_scales.data(),
+                               search ? nvfp4::ScaleMode::search : nvfp4::ScaleMode::rne);
+      for (int64_t b = 0; b < n_blocks; ++b) {
+        uint8_t codes[8];
+        const uint8_t scale = codec::quantize_block(view.data() + b * 16, search, codes);
+        ASSERT_EQ(scale, cpu_scales[b]) << gpu_test::dtype_name(type) << " search=" << search << " block " << b;
+        for (int j = 0; j < 8; ++j)
+          ASSERT_EQ(codes[j], cpu_codes[b * 8 + j]) << gpu_test::dtype_name(type) << " block " << b << " byte " << j;
+      }
+    }
+  }
+}
+
+// ---- Launcher argument checks (no GPU needed: they return before touching the device) ----
+
+TEST(Nvfp4KernelLaunch, RejectsBadArgumentsWithoutLaunching) {
+  uint8_t dummy[64] = {};
+  EXPECT_EQ(kernels::launch_nvfp4_quantize(dummy, KernelDType::f32, 1, 24, dummy, dummy, 0, nullptr, nullptr),
+            static_cast<int>(cudaErrorInvalidValue));  // cols % 16 != 0
+  EXPECT_EQ(kernels::launch_nvfp4_quantize(dummy, KernelDType::f32, 1, 16, dummy, dummy, 2, nullptr, nullptr),
+            static_cast<int>(cudaErrorInvalidValue));  // unknown mode
+  EXPECT_EQ(kernels::launch_nvfp4_quantize(nullptr, KernelDType::f32, 0, 16, nullptr, nullptr, 0, nullptr, nullptr),
+            0);  // empty: nothing to do
+  EXPECT_EQ(kernels::launch_nvfp4_dequantize(dummy, dummy, 2, 40, dummy, KernelDType::bf16, nullptr),
+            static_cast<int>(cudaErrorInvalidValue));
+  EXPECT_EQ(kernels::launch_nvfp4_matmul(dummy, KernelDType::bf16, 1, 40, dummy, dummy, 8, dummy, KernelDType::f32,
+                                         nullptr),
+            static_cast<int>(cudaErrorInvalidValue));  // K % 16 != 0
+  EXPECT_EQ(kernels::launch_nvfp4_matmul(dummy, KernelDType::f32, 1, 16, dummy, dummy, 8, dummy, KernelDType::f32,
+                                         nullptr),
+            static_cast<int>(cudaErrorInvalidValue));  // X must be bf16 or f16
+  alignas(16) uint8_t aligned[64] = {};
+  EXPECT_EQ(kernels::launch_nvfp4_matmul(aligned + 2, KernelDType::bf16, 1, 16, aligned, aligned, 8, aligned,
+                                         KernelDType::f32, nullptr),
+            static_cast<int>(cudaErrorInvalidValue));  // X not 16-byte aligned
+  EXPECT_EQ(kernels::launch_nvfp4_matmul(aligned, KernelDType::bf16, 0, 16, aligned, aligned, 8, aligned,
+                                         KernelDType::f32, nullptr),
+            0);  // M = 0
+}
+
+// ---- Quantize on the device ----
+
+// Quantizes `values` (fp32, rounded to `type` first when 16-bit) on the device and compares every byte with
+// the CPU codec run on the fp32 view. misaligned: x and codes start one element / one byte off alignment,
+// which selects the scalar kernels.
+void expect_quantize_matches_cpu(const std::vector<float>& values, int64_t rows, int64_t cols, KernelDType type,
+                                 bool search, bool misaligned) {
+  std::vector<float> view = values;
+  std::vector<uint16_t> bits16;
+  if (type != KernelDType::f32) bits16 = gpu_test::to_16bit(type, values, view);
+  const int64_t n = rows * cols, n_blocks = n / 16;
+  std::vector<uint8_t> cpu_codes(n / 2), cpu_scales(n_blocks);
+  nvfp4::quantize_rows_cpu(view.data(), rows, cols, cpu_codes.data(), cpu_scales.data(),
+                           search ? nvfp4::ScaleMode::search : nvfp4::ScaleMode::rne);
+
+  const size_t element = type == KernelDType::f32 ? 4 : 2;
+  const size_t x_offset = misaligned ? element : 0, codes_offset = misaligned ? 1 : 0;
+  DeviceBuffer x(n * element), codes(n / 2), scales(n_blocks), flag(sizeof(int));
+  ASSERT_TRUE(x.ok() && codes.ok() && scales.ok() && flag.ok());
+  if (type == KernelDType::f32) gpu_test::upload(view, x.at(x_offset));
+  else gpu_test::upload(bits16, x.at(x_offset));
+  QWEN3_CUDA_OK(cudaMemset(flag.at(), 0, sizeof(int)));
+  QWEN3_CUDA_OK(cudaMemset(codes.at(), 0xAB, n / 2 + DeviceBuffer::kSlack));  // catch unwritten bytes
+  ASSERT_EQ(kernels::launch_nvfp4_quantize(x.at(x_offset), type, rows, cols, codes.at(codes_offset), scales.at(),
+                                           search ? 1 : 0, reinterpret_cast<int*>(flag.at()), nullptr),
+            0);
+  std::vector<uint8_t> gpu_codes(n / 2), gpu_scales(n_blocks);
+  std::vector<int> gpu_flag(1);
+  gpu_test::download(codes.at(codes_offset), gpu_codes);
+  gpu_test::download(scales.at(), gpu_scales);
+  gpu_test::download(flag.at(), gpu_flag);
+  EXPECT_EQ(gpu_flag[0], 0);
+  const std::string where = std::string(gpu_test::dtype_name(type)) + (search ? " search" : " rne") +
+                            (misaligned ? " misaligned" : "") + " [" + std::to_string(rows) + "x" +
+                            std::to_string(cols) + "]";
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    bool same = gpu_scales[b] == cpu_scales[b];
+    for (int j = 0; j < 8; ++j) same = same && gpu_codes[b * 8 + j] == cpu_codes[b * 8 + j];
+    if (!same) {
+      std::ostringstream block;
+      for (int i = 0; i < 16; ++i) block << view[b * 16 + i] << " ";
+      FAIL() << where << ": block " << b << " scale gpu " << int(gpu_scales[b]) << " cpu " << int(cpu_scales[b])
+             << "; input " << block.str();
+    }
+  }
+}
+
+class QuantizeKernel : public ::testing::TestWithParam<std::tuple<KernelDType, bool>> {};
+
+TEST_P(QuantizeKernel, AdversarialBlocksMatchCpuBytes) {
+  QWEN3_REQUIRE_GPU();
+  const auto [type, search] = GetParam();
+  int64_t rows = 0;
+  const std::vector<float> matrix = gpu_test::blocks_to_matrix(gpu_test::adversarial_blocks(), 16, rows);
+  for (bool misaligned : {false, true}) expect_quantize_matches_cpu(matrix, rows, 256, type, search, misaligned);
+}
+
+TEST_P(QuantizeKernel, RandomMatricesMatchCpuBytes) {
+  QWEN3_REQUIRE_GPU();
+  const auto [type, search] = GetParam();
+  // Shapes whose vector counts leave partial CTAs and partial unroll steps; one Qwen3-sized row block.
+  const std::pair<int64_t, int64_t> shapes[] = {{1, 16}, {3, 48}, {7, 2560}, {129, 1040}, {256, 9728}};
+  uint32_t seed = 1;
+  for (const auto& [rows, cols] : shapes) {
+    for (float stddev : {0.005f, 1.0f}) {
+      const std::vector<float> values = gpu_test::gaussian(rows * cols, stddev, seed++);
+      expect_quantize_matches_cpu(values, rows, cols, type, search, /*misaligned=*/false);
+      if (rows * cols <= 8192) expect_quantize_matches_cpu(values, rows, cols, type, search, /*misaligned=*/true);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypesAndModes, QuantizeKernel,
+                         ::testing::Combine(::testing::Values(KernelDType::f32, KernelDType::bf16, KernelDType::f16),
+                                            ::testing::Bool()));
+
+TEST(QuantizeKernelNonFinite, RaisesFlagAndMarksOnlyTheBadBlocks) {
+  QWEN3_REQUIRE_GPU();
+  const int64_t rows = 4, cols = 64;
+  std::vector<float> values = gpu_test::gaussian(rows * cols, 1.0f, 99);
+  const int64_t bad[] = {1 * cols + 17, 2 * cols + 40, 3 * cols + 63};
+  values[bad[0]] = INFINITY;
+  values[bad[1]] = NAN;
+  values[bad[2]] = -INFINITY;
+  for (KernelDType type : {KernelDType::f32, KernelDType::bf16, KernelDType::f16})
+    for (int mode : {0, 1}) {
+      std::vector<float> view = values;
+      std::vector<uint16_t> bits16(values.size());
+      if (type != KernelDType::f32)
+        for (size_t i = 0; i < values.size(); ++i) {
+          bits16[i] = gpu_test::to_bits(type, values[i]);
+          view[i] = gpu_test::from_bits(type, bits16[i]);
+        }
+      std::vector<float> finite = view;  // the CPU codec refuses non-finite input: zero the bad blocks
+      for (int64_t i : bad)
+        for (int64_t j = i / 16 * 16; j < i / 16 * 16 + 16; ++j) finite[j] = 0.0f;
+      std::vector<uint8_t> cpu_codes(rows * cols / 2), cpu_scales(rows * cols / 16);
+      nvfp4::quantize_rows_cpu(finite.data(), rows, cols, cpu_codes.data(), cpu_scales.data(),
+                               mode ? nvfp4::ScaleMode::search : nvfp4::ScaleMode::rne);
+      DeviceBuffer x(values.size() * 4), codes(rows * cols / 2), scales(rows * cols / 16), flag(sizeof(int));
+      ASSERT_TRUE(x.ok() && codes.ok() && scales.ok() && flag.ok());
+      if (type == KernelDType::f32) gpu_test::upload(view, x.at());
+      else gpu_test::upload(bits16, x.at());
+      QWEN3_CUDA_OK(cudaMemset(flag.at(), 0, sizeof(int)));
+      ASSERT_EQ(kernels::launch_nvfp4_quantize(x.at(), type, rows, cols, codes.at(), scales.at(), mode,
+                                               reinterpret_cast<int*>(flag.at()), nullptr),
+                0);
+      std::vector<uint8_t> gpu_codes(rows * cols / 2), gpu_scales(rows * cols / 16);
+      std::vector<int> gpu_flag(1);
+      gpu_test::download(codes.at(), gpu_codes);
+      gpu_test::download(scales.at(), gpu_scales);
+      gpu_test::download(flag.at(), gpu_flag);
+      EXPECT_EQ(gpu_flag[0], 1) << gpu_test::dtype_name(type) << " mode " << mode;
+      for (int64_t b = 0; b < rows * cols / 16; ++b) {
+        const bool is_bad = b == bad[0] / 16 || b == bad[1] / 16 || b == bad[2] / 16;
+        EXPECT_EQ(gpu_scales[b], is_bad ? codec::kNonFiniteBlockScale : cpu_scales[b]) << "block " << b;
+        for (int j = 0; j < 8; ++j)
+          EXPECT_EQ(gpu_codes[b * 8 + j], is_bad ? 0 : cpu_codes[b * 8 + j]) << "block " << b << " byte " << j;
+      }
+    }
+}
+
+// ---- Dequantize on the device ----
+
+TEST(DequantizeKernel, MatchesCpuExactlyForEveryScaleCodeAndOutputType) {
+  QWEN3_REQUIRE_GPU();
+  const int64_t rows = 8, cols = 640;  // 320 blocks: every one of the 256 scale codes, NaN codes included
+  std::mt19937 rng(5);
+  std::vector<uint8_t> codes(rows * cols / 2), scales(rows * cols / 16);
+  for (uint8_t& c : codes) c = static_cast<uint8_t>(rng());
+  for (size_t b = 0; b < scales.size(); ++b) scales[b] = static_cast<uint8_t>(b < 256 ? b : rng());
+  std::vector<float> cpu(rows * cols);
+  nvfp4::dequantize_rows_cpu(codes.data(), scales.data(), rows, cols, cpu.data());
+
+  DeviceBuffer codes_d(codes.size()), scales_d(scales.size()), out(rows * cols * 4);
+  ASSERT_TRUE(codes_d.ok() && scales_d.ok() && out.ok());
+  for (bool misaligned : {false, true}) {
+    const size_t codes_offset = misaligned ? 1 : 0;
+    gpu_test::upload(codes, codes_d.at(codes_offset));
+    gpu_test::upload(scales, scales_d.at());
+    for (KernelDType type : {KernelDType::f32, KernelDType::bf16, KernelDType::f16}) {
+      const size_t out_offset = misaligned ? 2 : 0;
+      ASSERT_EQ(kernels::launch_nvfp4_dequantize(codes_d.at(codes_offset), scales_d.at(), rows, cols,
+                                                 out.at(out_offset), type, nullptr),
+                0);
+      if (type == KernelDType::f32) {
+        std::vector<float> gpu(rows * cols);
+        gpu_test::download(out.at(out_offset), gpu);
+        for (int64_t i = 0; i < rows * cols; ++i)
+          ASSERT_TRUE(gpu_test::same_float(gpu[i], cpu[i])) << "f32 element " << i << ": " << gpu[i] << " vs " << cpu[i];
+      } else {
+        std::vector<uint16_t> gpu(rows * cols);
+        gpu_test::download(out.at(out_offset), gpu);
+        for (int64_t i = 0; i < rows * cols; ++i) {
+          const float got = gpu_test::from_bits(type, gpu[i]);
+          ASSERT_TRUE(gpu_test::same_float(got, cpu[i]))  // exact: the conversion must lose nothing
+              << gpu_test::dtype_name(type) << " element " << i << ": " << got << " vs " << cpu[i];
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace qwen3

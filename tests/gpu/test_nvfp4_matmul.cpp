@@ -128,7 +128,8 @@ TEST(MatmulKernel, ExactWhenEveryPartialSumIsRepresentable) {
   // one block; K = 2560 and 4096 with few output tiles take the split-K cluster path.
   const int64_t shapes[][3] = {{1, 8, 16},     {1, 72, 48},      {17, 72, 48},    {16, 128, 64},
                                {2, 136, 80},   {33, 200, 80},    {128, 128, 128}, {130, 136, 272},
-                               {300, 264, 1040}, {5, 1024, 2560}, {64, 256, 4096}, {1, 9, 32}};
+                               {300, 264, 1040}, {5, 1024, 2560}, {64, 256, 4096}, {1, 9, 32},
+                               {2048, 2176, 320}};  // the last: enough tiles for no split, 5 k tiles
   uint32_t seed = 11;
   for (const auto& shape : shapes) {
     const Problem p = exact_problem(shape[0], shape[1], shape[2], seed++);

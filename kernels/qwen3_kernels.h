@@ -22,7 +22,8 @@ int launch_nvfp4_quantize(const void* x, KernelDType x_type, int64_t rows, int64
                           uint8_t* scales, int search_mode, int* nonfinite_flag_device, void* stream);
 
 // codes [rows, cols/2] + scales [rows, cols/16] -> out [rows, cols] in f32/bf16/f16, exact (every E2M1 x E4M3
-// product is representable in all three). Scale codes 0x7F/0xFF give NaN.
+// product is representable in all three). Scale codes 0x7F/0xFF give NaN. `out` needs only its element
+// alignment (16-byte-aligned out and 8-byte-aligned codes take the vectorized path).
 int launch_nvfp4_dequantize(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols, void* out,
                             KernelDType out_type, void* stream);
 

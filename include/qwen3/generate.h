@@ -1,0 +1,48 @@
+// Autoregressive generation with a KV cache, and the next-token loss used by `eval`.
+#pragma once
+#include <ATen/core/Generator.h>
+
+#include <functional>
+#include <vector>
+
+#include "qwen3/model.h"
+
+namespace qwen3 {
+
+struct SamplingOptions {
+  double temperature = 0.0;  // 0: greedy
+  int64_t top_k = 0;         // 0: no top-k cut
+  double top_p = 1.0;        // 1: no nucleus cut; the most likely token is always kept
+  uint64_t seed = 0;
+};
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplingOptions& options);
+  // logits: [V] (any dtype/device). Returns the chosen id.
+  int64_t next(const at::Tensor& logits);
+
+ private:
+  SamplingOptions opt_;
+  at::Generator gen_;
+};
+
+struct GenerateOptions {
+  int64_t max_new_tokens = 128;
+  SamplingOptions sampling;
+  std::vector<int64_t> stop_ids;  // generation ends after emitting one of these (it is returned too)
+  int64_t prefill_chunk = 512;    // prompt tokens per forward pass while filling the cache
+};
+
+// Generates after `prompt`; calls on_token for each new id as soon as it is chosen. Returns the new ids.
+std::vector<int64_t> generate(Qwen3Model& model, const std::vector<int64_t>& prompt, const GenerateOptions& options,
+                              const std::function<void(int64_t)>& on_token = {});
+
+struct SequenceLoss {
+  int64_t tokens = 0;  // predicted tokens (length - 1)
+  double loss = 0.0;   // mean next-token cross-entropy over them
+};
+// Next-token cross-entropy of one sequence, in the model's dtype with fp32 logits, without autograd.
+SequenceLoss sequence_loss(Qwen3Model& model, const std::vector<int64_t>& ids);
+
+}  // namespace qwen3

@@ -1,0 +1,77 @@
+// The Qwen3 causal LM as ../shared/docs/qwen3.md computes it. The model knows nothing of quantization: its
+// projection weights are plain [out, in] tensors and every projection goes through `ProjectionOp`, which the
+// loader or the trainer sets (a dense product for evaluation, the NVFP4 straight-through linear for training).
+#pragma once
+#include <torch/nn/module.h>
+
+#include <functional>
+#include <vector>
+
+#include "qwen3/config.h"
+
+namespace qwen3 {
+
+// y = x · wᵀ for x [..., in], w [out, in].
+using ProjectionOp = std::function<at::Tensor(const at::Tensor& x, const at::Tensor& weight)>;
+at::Tensor dense_projection(const at::Tensor& x, const at::Tensor& weight);
+
+// Post-RoPE keys and values per layer, unexpanded [B, kv_heads, capacity, head_dim]; `length` positions used.
+struct KVCache {
+  std::vector<at::Tensor> keys, values;
+  int64_t length = 0;
+  int64_t capacity() const { return keys.empty() ? 0 : keys[0].size(2); }
+};
+
+struct Qwen3Block {
+  at::Tensor q_proj, k_proj, v_proj, o_proj, q_norm, k_norm, gate_proj, up_proj, down_proj, input_layernorm,
+      post_attention_layernorm;
+};
+
+class Qwen3Model : public torch::nn::Module {
+ public:
+  // Parameters are allocated uninitialized in `dtype` on `device`; load_weights fills them.
+  Qwen3Model(const Qwen3Config& config, at::ScalarType dtype, at::Device device, bool separate_lm_head);
+
+  const Qwen3Config& config() const { return config_; }
+  at::ScalarType dtype() const { return dtype_; }
+  at::Device device() const { return device_; }
+
+  // Final hidden states [B, T, H] (after the final norm) for ids [B, T] at positions offset .. offset+T-1.
+  // With a cache, the new keys/values are appended at `cache->length` (which is then the offset) and the
+  // attention covers the cached prefix with the offset causal mask.
+  at::Tensor hidden_states(const at::Tensor& ids, KVCache* cache = nullptr);
+  at::Tensor logits(const at::Tensor& hidden);  // [.., H] -> [.., V] in fp32
+  at::Tensor forward(const at::Tensor& ids, KVCache* cache = nullptr) { return logits(hidden_states(ids, cache)); }
+
+  KVCache make_cache(int64_t batch, int64_t capacity) const;
+
+  // Every named tensor in file order (the keys of qwen3.md), for loading, saving and the optimizer.
+  std::vector<std::pair<std::string, at::Tensor>> named_weights() const;
+  bool has_separate_lm_head() const { return lm_head_.defined(); }
+
+  void set_projection_op(ProjectionOp op) { project_ = std::move(op); }
+
+  at::Tensor embed_tokens, final_norm;
+  std::vector<Qwen3Block> blocks;
+
+ private:
+  at::Tensor block_forward(const Qwen3Block& b, at::Tensor x, const at::Tensor& cos, const at::Tensor& sin,
+                           KVCache* cache, int64_t layer, int64_t offset);
+  at::Tensor rmsnorm(const at::Tensor& x, const at::Tensor& weight) const;
+
+  Qwen3Config config_;
+  at::ScalarType dtype_;
+  at::Device device_;
+  at::Tensor lm_head_;  // undefined when tied to embed_tokens
+  ProjectionOp project_ = dense_projection;
+};
+
+// Rotary embedding tables [T, head_dim] (fp32) for positions offset .. offset+T-1.
+std::pair<at::Tensor, at::Tensor> rope_tables(int64_t head_dim, double theta, int64_t offset, int64_t length,
+                                              at::Device device);
+
+// softmax(q kᵀ / sqrt(d) + mask) v with GQA: q [B, nh, T, d], k/v [B, nkv, S, d], query i sees keys
+// j <= (S - T) + i. libtorch 2.x uses scaled_dot_product_attention; 1.13 the same math by hand.
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+
+}  // namespace qwen3

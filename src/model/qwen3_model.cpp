@@ -1,0 +1,166 @@
+#include "qwen3/model.h"
+
+#include <ATen/ATen.h>
+#include <torch/version.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace qwen3 {
+
+at::Tensor dense_projection(const at::Tensor& x, const at::Tensor& weight) { return at::linear(x, weight); }
+
+Qwen3Model::Qwen3Model(const Qwen3Config& config, at::ScalarType dtype, at::Device device, bool separate_lm_head)
+    : config_(config), dtype_(dtype), device_(device) {
+  config_.validate("model config");
+  const auto opts = at::TensorOptions().dtype(dtype).device(device);
+  const ModelShape s = config.shape();
+  auto param = [&](const std::string& name, std::vector<int64_t> shape) {
+    // Module parameter names may not contain '.', so they are registered with '_' and named_weights() gives
+    // the file keys.
+    std::string reg = name;
+    std::replace(reg.begin(), reg.end(), '.', '_');
+    return register_parameter(reg, at::empty(shape, opts));
+  };
+  embed_tokens = param("model.embed_tokens.weight", {s.vocab, s.hidden});
+  const int64_t q_out = s.heads * s.head_dim, kv_out = s.kv_heads * s.head_dim;
+  for (int64_t i = 0; i < s.layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    Qwen3Block b;
+    b.q_proj = param(p + "self_attn.q_proj.weight", {q_out, s.hidden});
+    b.k_proj = param(p + "self_attn.k_proj.weight", {kv_out, s.hidden});
+    b.v_proj = param(p + "self_attn.v_proj.weight", {kv_out, s.hidden});
+    b.o_proj = param(p + "self_attn.o_proj.weight", {s.hidden, q_out});
+    b.q_norm = param(p + "self_attn.q_norm.weight", {s.head_dim});
+    b.k_norm = param(p + "self_attn.k_norm.weight", {s.head_dim});
+    b.gate_proj = param(p + "mlp.gate_proj.weight", {s.intermediate, s.hidden});
+    b.up_proj = param(p + "mlp.up_proj.weight", {s.intermediate, s.hidden});
+    b.down_proj = param(p + "mlp.down_proj.weight", {s.hidden, s.intermediate});
+    b.input_layernorm = param(p + "input_layernorm.weight", {s.hidden});
+    b.post_attention_layernorm = param(p + "post_attention_layernorm.weight", {s.hidden});
+    blocks.push_back(b);
+  }
+  final_norm = param("model.norm.weight", {s.hidden});
+  if (separate_lm_head) lm_head_ = param("lm_head.weight", {s.vocab, s.hidden});
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Qwen3Model::named_weights() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  const auto specs = qwen3_tensors(config_.shape(), has_separate_lm_head());
+  out.reserve(specs.size());
+  out.emplace_back(specs[0].key, embed_tokens);
+  size_t k = 1;
+  for (const auto& b : blocks)
+    for (const at::Tensor* t : {&b.q_proj, &b.k_proj, &b.v_proj, &b.o_proj, &b.q_norm, &b.k_norm, &b.gate_proj,
+                                &b.up_proj, &b.down_proj, &b.input_layernorm, &b.post_attention_layernorm})
+      out.emplace_back(specs[k++].key, *t);
+  out.emplace_back(specs[k++].key, final_norm);
+  if (has_separate_lm_head()) out.emplace_back(specs[k].key, lm_head_);
+  return out;
+}
+
+at::Tensor Qwen3Model::rmsnorm(const at::Tensor& x, const at::Tensor& weight) const {
+  const at::Tensor xf = x.to(at::kFloat);
+  const at::Tensor normed = xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + config_.rms_norm_eps);
+  return weight * normed.to(x.scalar_type());
+}
+
+std::pair<at::Tensor, at::Tensor> rope_tables(int64_t head_dim, double theta, int64_t offset, int64_t length,
+                                              at::Device device) {
+  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+  // inv_freq[i] = 1 / theta^(2i/d), every step in fp32 exactly as the HF reference computes it, so the
+  // angles agree bit for bit.
+  const at::Tensor exponent = at::arange(0, head_dim, 2, f32.dtype(at::kLong)).to(at::kFloat) / static_cast<float>(head_dim);
+  const at::Tensor inv_freq = at::pow(theta, exponent).reciprocal();
+  const at::Tensor pos = at::arange(offset, offset + length, f32);
+  const at::Tensor angles = at::outer(pos, inv_freq);
+  const at::Tensor emb = at::cat({angles, angles}, -1);
+  return {emb.cos(), emb.sin()};
+}
+
+namespace {
+
+at::Tensor rotate_half(const at::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+// x [B, heads, T, d]; cos/sin [T, d] fp32, applied in x's dtype as HF does.
+at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const auto c = cos.to(x.scalar_type()), s = sin.to(x.scalar_type());
+  return x * c + rotate_half(x) * s;
+}
+
+}  // namespace
+
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  const int64_t groups = q.size(1) / k.size(1);
+  const at::Tensor ke = groups == 1 ? k : k.repeat_interleave(groups, 1);
+  const at::Tensor ve = groups == 1 ? v : v.repeat_interleave(groups, 1);
+  const int64_t T = q.size(2), S = k.size(2);
+  // Query i is at absolute position (S - T) + i and sees keys j <= (S - T) + i.
+  const auto idx = at::TensorOptions().dtype(at::kLong).device(q.device());
+  const at::Tensor allowed = at::arange(S, idx).unsqueeze(0) <= (at::arange(T, idx) + (S - T)).unsqueeze(1);
+#if TORCH_VERSION_MAJOR >= 2
+  if (T == S) return at::scaled_dot_product_attention(q, ke, ve, {}, 0.0, /*is_causal=*/true);
+  return at::scaled_dot_product_attention(q, ke, ve, allowed, 0.0, false);
+#else
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+  at::Tensor scores = at::matmul(q, ke.transpose(-2, -1)).to(at::kFloat) * scale;
+  scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity());
+  return at::matmul(at::softmax(scores, -1).to(q.scalar_type()), ve);
+#endif
+}
+
+at::Tensor Qwen3Model::block_forward(const Qwen3Block& b, at::Tensor x, const at::Tensor& cos, const at::Tensor& sin,
+                                     KVCache* cache, int64_t layer, int64_t offset) {
+  const int64_t B = x.size(0), T = x.size(1);
+  const int64_t nh = config_.num_attention_heads, nkv = config_.num_key_value_heads, hd = config_.head_dim;
+  const at::Tensor h = rmsnorm(x, b.input_layernorm);
+  at::Tensor q = rmsnorm(project_(h, b.q_proj).view({B, T, nh, hd}), b.q_norm).transpose(1, 2);
+  at::Tensor k = rmsnorm(project_(h, b.k_proj).view({B, T, nkv, hd}), b.k_norm).transpose(1, 2);
+  at::Tensor v = project_(h, b.v_proj).view({B, T, nkv, hd}).transpose(1, 2);
+  q = apply_rope(q, cos, sin);
+  k = apply_rope(k, cos, sin);
+  if (cache) {
+    cache->keys[layer].narrow(2, offset, T).copy_(k);
+    cache->values[layer].narrow(2, offset, T).copy_(v);
+    k = cache->keys[layer].narrow(2, 0, offset + T);
+    v = cache->values[layer].narrow(2, 0, offset + T);
+  }
+  const at::Tensor attn = causal_attention(q, k, v).transpose(1, 2).reshape({B, T, nh * hd});
+  x = x + project_(attn, b.o_proj);
+  const at::Tensor h2 = rmsnorm(x, b.post_attention_layernorm);
+  return x + project_(at::silu(project_(h2, b.gate_proj)) * project_(h2, b.up_proj), b.down_proj);
+}
+
+at::Tensor Qwen3Model::hidden_states(const at::Tensor& ids, KVCache* cache) {
+  const int64_t T = ids.size(1);
+  const int64_t offset = cache ? cache->length : 0;
+  if (cache && offset + T > cache->capacity())
+    throw Error("KV cache holds " + std::to_string(cache->capacity()) + " positions; " +
+                std::to_string(offset + T) + " needed");
+  const auto [cos, sin] = rope_tables(config_.head_dim, config_.rope_theta, offset, T, device_);
+  at::Tensor x = at::embedding(embed_tokens, ids.to(device_));
+  for (size_t i = 0; i < blocks.size(); ++i) x = block_forward(blocks[i], x, cos, sin, cache, i, offset);
+  if (cache) cache->length += T;
+  return rmsnorm(x, final_norm);
+}
+
+at::Tensor Qwen3Model::logits(const at::Tensor& hidden) {
+  const at::Tensor& head = lm_head_.defined() ? lm_head_ : embed_tokens;
+  return at::linear(hidden, head).to(at::kFloat);
+}
+
+KVCache Qwen3Model::make_cache(int64_t batch, int64_t capacity) const {
+  KVCache c;
+  const auto opts = at::TensorOptions().dtype(dtype_).device(device_);
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    c.keys.push_back(at::zeros({batch, config_.num_key_value_heads, capacity, config_.head_dim}, opts));
+    c.values.push_back(at::zeros({batch, config_.num_key_value_heads, capacity, config_.head_dim}, opts));
+  }
+  return c;
+}
+
+}  // namespace qwen3

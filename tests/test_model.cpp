@@ -1,0 +1,262 @@
+// The Qwen3 forward against a deliberately plain float64 reference written from qwen3.md (loops over tokens,
+// heads and features, no shared code with src/model), plus the KV cache, chunked prefill, sampling and loading.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <cmath>
+#include <set>
+
+#include "dat_test_util.h"
+#include "qwen3/dat_tensor.h"
+#include "qwen3/generate.h"
+#include "qwen3/model.h"
+#include "qwen3/model_loader.h"
+#include "qwen3/nvfp4_ops.h"
+#include "qwen3/synth.h"
+
+namespace qwen3 {
+namespace {
+
+Qwen3Config tiny_config(bool tied) {
+  Qwen3Config c;
+  c.hidden_size = 48;
+  c.num_hidden_layers = 3;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 16;  // != 48 / 4
+  c.intermediate_size = 64;
+  c.vocab_size = 97;
+  c.rms_norm_eps = 1e-6;
+  c.rope_theta = 10000;
+  c.tie_word_embeddings = tied;
+  c.eos_token_ids = {3};
+  return c;
+}
+
+void randomize(Qwen3Model& m, uint64_t seed, double scale = 1.0) {
+  torch::NoGradGuard g;
+  at::manual_seed(seed);
+  for (auto& [key, t] : m.named_weights()) {
+    if (t.dim() == 1)
+      t.normal_(1.0, 0.1);
+    else
+      t.normal_(0.0, scale / std::sqrt(static_cast<double>(t.size(1))));
+  }
+}
+
+using Vec = std::vector<double>;
+Vec row(const at::Tensor& w, int64_t r) {  // one row of a 2-D float64 tensor
+  const at::Tensor c = w.to(at::kDouble).contiguous();
+  return Vec(c.data_ptr<double>() + r * c.size(1), c.data_ptr<double>() + (r + 1) * c.size(1));
+}
+Vec matvec(const at::Tensor& w, const Vec& x) {  // w [out, in]
+  Vec y(w.size(0));
+  for (int64_t o = 0; o < w.size(0); ++o) {
+    const Vec wr = row(w, o);
+    double s = 0;
+    for (size_t i = 0; i < x.size(); ++i) s += wr[i] * x[i];
+    y[o] = s;
+  }
+  return y;
+}
+Vec rmsnorm(const Vec& x, const at::Tensor& w, double eps) {
+  double ms = 0;
+  for (double v : x) ms += v * v;
+  ms /= x.size();
+  const at::Tensor wd = w.to(at::kDouble).contiguous();
+  Vec y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = x[i] / std::sqrt(ms + eps) * wd.data_ptr<double>()[i];
+  return y;
+}
+void rope(double* v, int64_t d, int64_t pos, double theta) {  // rotate-half form, on one head
+  Vec out(d);
+  for (int64_t i = 0; i < d / 2; ++i) {
+    const double angle = pos * std::pow(theta, -2.0 * i / d);
+    out[i] = v[i] * std::cos(angle) - v[i + d / 2] * std::sin(angle);
+    out[i + d / 2] = v[i + d / 2] * std::cos(angle) + v[i] * std::sin(angle);
+  }
+  std::copy(out.begin(), out.end(), v);
+}
+
+// Logits [T, V] of one sequence.
+std::vector<Vec> reference_logits(Qwen3Model& m, const std::vector<int64_t>& ids) {
+  const Qwen3Config& c = m.config();
+  const int64_t T = ids.size(), nh = c.num_attention_heads, nkv = c.num_key_value_heads, d = c.head_dim;
+  std::vector<Vec> x(T);
+  for (int64_t t = 0; t < T; ++t) x[t] = row(m.embed_tokens, ids[t]);
+  for (const auto& b : m.blocks) {
+    std::vector<Vec> q(T), k(T), v(T);
+    for (int64_t t = 0; t < T; ++t) {
+      const Vec h = rmsnorm(x[t], b.input_layernorm, c.rms_norm_eps);
+      q[t] = matvec(b.q_proj, h), k[t] = matvec(b.k_proj, h), v[t] = matvec(b.v_proj, h);
+      for (int64_t hq = 0; hq < nh; ++hq) {
+        Vec head(q[t].begin() + hq * d, q[t].begin() + (hq + 1) * d);
+        head = rmsnorm(head, b.q_norm, c.rms_norm_eps);
+        rope(head.data(), d, t, c.rope_theta);
+        std::copy(head.begin(), head.end(), q[t].begin() + hq * d);
+      }
+      for (int64_t hk = 0; hk < nkv; ++hk) {
+        Vec head(k[t].begin() + hk * d, k[t].begin() + (hk + 1) * d);
+        head = rmsnorm(head, b.k_norm, c.rms_norm_eps);
+        rope(head.data(), d, t, c.rope_theta);
+        std::copy(head.begin(), head.end(), k[t].begin() + hk * d);
+      }
+    }
+    for (int64_t t = 0; t < T; ++t) {
+      Vec attn(nh * d, 0.0);
+      for (int64_t hq = 0; hq < nh; ++hq) {
+        const int64_t hk = hq / (nh / nkv);
+        Vec score(t + 1);
+        double mx = -1e300;
+        for (int64_t s = 0; s <= t; ++s) {
+          double dot = 0;
+          for (int64_t i = 0; i < d; ++i) dot += q[t][hq * d + i] * k[s][hk * d + i];
+          score[s] = dot / std::sqrt(static_cast<double>(d));
+          mx = std::max(mx, score[s]);
+        }
+        double z = 0;
+        for (auto& sc : score) z += (sc = std::exp(sc - mx));
+        for (int64_t s = 0; s <= t; ++s)
+          for (int64_t i = 0; i < d; ++i) attn[hq * d + i] += score[s] / z * v[s][hk * d + i];
+      }
+      const Vec o = matvec(b.o_proj, attn);
+      for (size_t i = 0; i < o.size(); ++i) x[t][i] += o[i];
+      const Vec h = rmsnorm(x[t], b.post_attention_layernorm, c.rms_norm_eps);
+      const Vec g = matvec(b.gate_proj, h), u = matvec(b.up_proj, h);
+      Vec act(g.size());
+      for (size_t i = 0; i < g.size(); ++i) act[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
+      const Vec down = matvec(b.down_proj, act);
+      for (size_t i = 0; i < down.size(); ++i) x[t][i] += down[i];
+    }
+  }
+  const at::Tensor head = m.has_separate_lm_head() ? m.named_weights().back().second : m.embed_tokens;
+  std::vector<Vec> out(T);
+  for (int64_t t = 0; t < T; ++t) out[t] = matvec(head, rmsnorm(x[t], m.final_norm, c.rms_norm_eps));
+  return out;
+}
+
+double max_rel_diff(const at::Tensor& got, const std::vector<Vec>& want) {
+  double num = 0, den = 0;
+  for (size_t t = 0; t < want.size(); ++t)
+    for (size_t j = 0; j < want[t].size(); ++j) {
+      const double g = got[t][j].item<double>();
+      num = std::max(num, std::abs(g - want[t][j]));
+      den = std::max(den, std::abs(want[t][j]));
+    }
+  return num / den;
+}
+
+TEST(Model, LogitsMatchThePlainReference) {
+  for (bool tied : {false, true}) {
+    Qwen3Model m(tiny_config(tied), at::kDouble, at::kCPU, /*separate_lm_head=*/!tied);
+    randomize(m, 11);
+    const std::vector<int64_t> ids = {5, 17, 42, 42, 96, 0, 63, 8, 31};
+    torch::NoGradGuard g;
+    const at::Tensor logits = m.forward(at::tensor(ids, at::kLong).unsqueeze(0))[0];
+    EXPECT_LT(max_rel_diff(logits, reference_logits(m, ids)), 1e-5) << "tied=" << tied;
+  }
+}
+
+TEST(Model, ChunkedPrefillEqualsOneShotAndCachedDecodingEqualsRecompute) {
+  Qwen3Model m(tiny_config(false), at::kFloat, at::kCPU, true);
+  randomize(m, 5, 3.0);
+  torch::NoGradGuard g;
+  const std::vector<int64_t> prompt = {1, 9, 27, 81, 50, 2, 77, 13, 64, 12, 40};
+  const at::Tensor ids = at::tensor(prompt, at::kLong).unsqueeze(0);
+  const at::Tensor full = m.forward(ids);
+  KVCache cache = m.make_cache(1, 32);
+  std::vector<at::Tensor> parts;
+  for (int64_t s = 0; s < ids.size(1); s += 4) parts.push_back(m.forward(ids.narrow(1, s, std::min<int64_t>(4, ids.size(1) - s)), &cache));
+  EXPECT_TRUE(at::allclose(at::cat(parts, 1), full, 1e-4, 1e-5));
+
+  GenerateOptions opt;
+  opt.max_new_tokens = 12;
+  opt.prefill_chunk = 3;
+  const auto cached = generate(m, prompt, opt);
+  std::vector<int64_t> seq = prompt, recomputed;
+  for (int i = 0; i < 12; ++i) {
+    const at::Tensor l = m.forward(at::tensor(seq, at::kLong).unsqueeze(0))[0][-1];
+    recomputed.push_back(l.argmax().item<int64_t>());
+    seq.push_back(recomputed.back());
+  }
+  EXPECT_EQ(cached, recomputed);
+}
+
+TEST(Model, GenerationStopsAtStopIdsAndRejectsBadIds) {
+  Qwen3Model m(tiny_config(true), at::kFloat, at::kCPU, false);
+  randomize(m, 2, 3.0);
+  GenerateOptions opt;
+  opt.max_new_tokens = 20;
+  const auto free_run = generate(m, {4, 5, 6}, opt);
+  ASSERT_EQ(free_run.size(), 20u);
+  opt.stop_ids = {free_run[2]};
+  const auto stopped = generate(m, {4, 5, 6}, opt);
+  EXPECT_EQ(stopped.back(), free_run[2]);
+  EXPECT_LE(stopped.size(), 3u);
+  EXPECT_THROW(generate(m, {4, 500}, opt), Error);
+  EXPECT_THROW(sequence_loss(m, {4}), Error);
+}
+
+TEST(Sampler, GreedyTopKTopPAndSeeds) {
+  const at::Tensor logits = at::tensor({1.0f, 5.0f, 2.0f, 4.9f});
+  EXPECT_EQ(Sampler({}).next(logits), 1);
+  SamplingOptions top1;
+  top1.temperature = 1.0, top1.top_k = 1;
+  EXPECT_EQ(Sampler(top1).next(logits), 1);
+  // The top token alone holds more than p: it must be chosen, not nothing.
+  const at::Tensor peaked = at::tensor({0.0f, 10.0f, 0.0f, 0.0f});
+  SamplingOptions nucleus;
+  nucleus.temperature = 1.0, nucleus.top_p = 0.5;
+  Sampler s(nucleus);
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(s.next(peaked), 1);
+  // top-p 0.9 over {5.0, 4.9} (≈ 0.47 each, rest ≈ 0.06): only ids 1 and 3 can appear.
+  nucleus.top_p = 0.9;
+  Sampler s2(nucleus);
+  std::set<int64_t> seen;
+  for (int i = 0; i < 200; ++i) seen.insert(s2.next(logits));
+  EXPECT_EQ(seen, (std::set<int64_t>{1, 3}));
+  SamplingOptions warm;
+  warm.temperature = 2.0, warm.seed = 9;
+  Sampler a(warm), b(warm);
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(a.next(logits), b.next(logits));
+  SamplingOptions bad;
+  bad.top_p = 0;
+  EXPECT_THROW(Sampler{bad}, UsageError);
+}
+
+TEST(ModelLoader, LoadsNvfp4AndDenseFilesAndListsProblems) {
+  test::TempDir dir;
+  SynthOptions opt;
+  opt.config = preset_config("tiny");
+  opt.config.num_hidden_layers = 2;
+  opt.out_dir = dir.file("m");
+  const SynthResult r = write_synthetic_model(opt);
+  DatReader reader(r.dat_path);
+  auto model = load_model(reader, opt.config, at::kFloat, at::kCPU);
+  EXPECT_TRUE(model->has_separate_lm_head());
+  const at::Tensor q = model->blocks[1].q_proj;
+  const at::Tensor want = nvfp4::dequantize(read_tensor(reader, reader.at("model.layers.1.self_attn.q_proj.weight.qdata")),
+                                            read_tensor(reader, reader.at("model.layers.1.self_attn.q_proj.weight.scale")), at::kFloat);
+  EXPECT_TRUE(q.equal(want));
+  EXPECT_TRUE(model->final_norm.equal(read_tensor(reader, reader.at("model.norm.weight")).to(at::kFloat)));
+  const auto loss = sequence_loss(*model, {9707, 4337, 13, 151645});
+  EXPECT_EQ(loss.tokens, 3);
+  EXPECT_TRUE(std::isfinite(loss.loss));
+
+  Qwen3Config wrong = opt.config;
+  wrong.num_hidden_layers = 3;
+  wrong.intermediate_size = 512;
+  try {
+    load_model(reader, wrong, at::kFloat, at::kCPU);
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("missing 'model.layers.2.self_attn.q_proj.weight'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("'model.layers.0.mlp.gate_proj.weight' is [256, 96] in the file, the config needs [512, 96]"),
+              std::string::npos) << msg;
+  }
+}
+
+}  // namespace
+}  // namespace qwen3

@@ -12,6 +12,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <string>
@@ -89,14 +90,26 @@ at::Tensor dequantize_cuda(const at::Tensor& codes, const at::Tensor& scales, at
   return out;
 }
 
+// The matmul kernel needs compute capability 9.0 or newer; older devices take the dequantize + mm path.
 bool matmul_cuda_supports(const at::Tensor& x) {
-  return x.is_cuda() && (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf);
+  if (!x.is_cuda() || (x.scalar_type() != at::kBFloat16 && x.scalar_type() != at::kHalf)) return false;
+  int major = 0;
+  return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, x.device().index()) == cudaSuccess &&
+         major >= 9;
+}
+
+// A contiguous tensor whose data starts on an `alignment`-byte boundary (a slice of a larger tensor may not).
+at::Tensor aligned_contiguous(const at::Tensor& t, uintptr_t alignment) {
+  at::Tensor contiguous = t.contiguous();
+  if (reinterpret_cast<uintptr_t>(contiguous.data_ptr()) % alignment != 0) contiguous = contiguous.clone();
+  return contiguous;
 }
 
 at::Tensor matmul_cuda(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales) {
   const c10::cuda::CUDAGuard device_guard(x.device());
-  const at::Tensor x_contiguous = x.contiguous();
-  const at::Tensor codes_contiguous = codes.contiguous();
+  // The kernel's vector loads need x 16-byte and codes 8-byte aligned.
+  const at::Tensor x_contiguous = aligned_contiguous(x, 16);
+  const at::Tensor codes_contiguous = aligned_contiguous(codes, 8);
   const at::Tensor scales_contiguous = scales.contiguous();
   const int64_t rows = x.size(0), inner = x.size(1), out_features = codes.size(0);
   at::Tensor y = at::empty({rows, out_features}, x.options());

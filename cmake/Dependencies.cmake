@@ -6,6 +6,10 @@ add_library(qwen3_torch INTERFACE)
 target_link_libraries(qwen3_torch INTERFACE ${TORCH_LIBRARIES})
 target_include_directories(qwen3_torch SYSTEM INTERFACE ${TORCH_INCLUDE_DIRS})
 message(STATUS "libtorch ${Torch_VERSION} from ${TORCH_INSTALL_PREFIX}")
+# ATen's at::parallel_for is an inline OpenMP loop: without -fopenmp in our own translation units it runs
+# on one thread, whatever at::set_num_threads says.
+find_package(OpenMP REQUIRED COMPONENTS CXX)
+target_link_libraries(qwen3_torch INTERFACE OpenMP::OpenMP_CXX)
 
 add_library(qwen3_json INTERFACE)
 add_library(qwen3_cli11 INTERFACE)
@@ -34,3 +38,13 @@ else()
   set(QWEN3_TORCH_HAS_CUDA OFF)
 endif()
 message(STATUS "libtorch with CUDA: ${QWEN3_TORCH_HAS_CUDA}")
+
+# The tokenizer's regex (PCRE2, 8-bit code units) and NFC (libutf8proc): Debian's libpcre2-dev and
+# libutf8proc-dev, or any install that find_path/find_library can see (CMAKE_PREFIX_PATH).
+find_path(QWEN3_PCRE2_INCLUDE pcre2.h REQUIRED)
+find_library(QWEN3_PCRE2_LIBRARY pcre2-8 REQUIRED)
+find_path(QWEN3_UTF8PROC_INCLUDE utf8proc.h REQUIRED)
+find_library(QWEN3_UTF8PROC_LIBRARY utf8proc REQUIRED)
+add_library(qwen3_text INTERFACE)
+target_include_directories(qwen3_text SYSTEM INTERFACE ${QWEN3_PCRE2_INCLUDE} ${QWEN3_UTF8PROC_INCLUDE})
+target_link_libraries(qwen3_text INTERFACE ${QWEN3_PCRE2_LIBRARY} ${QWEN3_UTF8PROC_LIBRARY})

@@ -27,6 +27,8 @@ int run(int argc, char** argv) {
   commands.push_back(add_synth_command(app));
   commands.push_back(add_quantize_command(app));
   commands.push_back(add_inspect_command(app));
+  commands.push_back(add_generate_command(app));
+  commands.push_back(add_eval_command(app));
 
   try {
     app.parse(argc, argv);

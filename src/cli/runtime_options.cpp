@@ -1,0 +1,53 @@
+#include "runtime_options.h"
+
+#include <ATen/Context.h>
+
+#include "qwen3/error.h"
+
+namespace qwen3::cli {
+
+void add_runtime_options(CLI::App* sub, RuntimeOptions& o) {
+  sub->add_option("--device", o.device, "cpu or cuda (cuda:N for another GPU)")->capture_default_str();
+  sub->add_option("--dtype", o.dtype, "weights and activations: auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16, float16")
+      ->check(CLI::IsMember({"auto", "float32", "bfloat16", "float16"}))
+      ->capture_default_str();
+}
+
+c10::Device resolve_device(const std::string& name) {
+  c10::Device device(c10::kCPU);
+  try {
+    device = c10::Device(name);
+  } catch (const c10::Error&) {
+    throw UsageError("--device: '" + name + "' is not a device (cpu, cuda, cuda:N)");
+  }
+  if (device.is_cuda() && !at::hasCUDA())
+    throw Error("--device " + name + ": this build's libtorch has no CUDA support or no GPU is visible");
+  if (!device.is_cpu() && !device.is_cuda()) throw UsageError("--device: only cpu and cuda are supported");
+  return device;
+}
+
+c10::ScalarType resolve_dtype(const std::string& name, const c10::Device& device) {
+  if (name == "auto") return device.is_cuda() ? c10::kBFloat16 : c10::kFloat;
+  if (name == "float32") return c10::kFloat;
+  if (name == "bfloat16") return c10::kBFloat16;
+  if (name == "float16") return c10::kHalf;
+  throw UsageError("--dtype: unknown '" + name + "'");
+}
+
+std::vector<int64_t> parse_token_ids(const std::string& text, const std::string& where) {
+  std::vector<int64_t> ids;
+  size_t pos = 0;
+  while (true) {
+    pos = text.find_first_not_of(" \t\r", pos);
+    if (pos == std::string::npos) break;
+    const size_t end = std::min(text.find_first_of(" \t\r", pos), text.size());
+    const std::string tok = text.substr(pos, end - pos);
+    if (tok.find_first_not_of("0123456789") != std::string::npos || tok.size() > 12)
+      throw Error(where + ": '" + tok + "' is not a token id");
+    ids.push_back(std::stoll(tok));
+    pos = end;
+  }
+  return ids;
+}
+
+}  // namespace qwen3::cli

@@ -162,12 +162,14 @@ Qwen3Config preset_config(const std::string& name) {
   c.eos_token_ids = {151645};
   c.torch_dtype = "bfloat16";
   if (name == "qwen3-4b") {
-    c.hidden_size = 2560;
-    c.num_hidden_layers = 36;
-    c.num_attention_heads = 32;
-    c.num_key_value_heads = 8;
-    c.head_dim = 128;
-    c.intermediate_size = 9728;
+    const ModelShape s = qwen3_4b_shape();
+    c.hidden_size = s.hidden;
+    c.num_hidden_layers = s.layers;
+    c.num_attention_heads = s.heads;
+    c.num_key_value_heads = s.kv_heads;
+    c.head_dim = s.head_dim;
+    c.intermediate_size = s.intermediate;
+    c.vocab_size = s.vocab;
     c.max_position_embeddings = 262144;
   } else if (name == "tiny") {
     c.hidden_size = 96;

@@ -26,8 +26,11 @@ class ReplyPrinter {
  public:
   explicit ReplyPrinter(const Tokenizer* tok) : tok_(tok) {}
   void add(int64_t id) {
-    ids_.push_back(static_cast<TokenId>(id));
     if (!tok_) return;
+    // The model's vocabulary is padded past the tokenizer's (151936 vs 151669 for Qwen3): an id that names no
+    // token has no text, as in the HF decoder. It still shows in --print-ids.
+    if (id < 0 || static_cast<size_t>(id) >= tok_->vocab_size()) return;
+    ids_.push_back(static_cast<TokenId>(id));
     const std::string text = tok_->decode(ids_, /*skip_special=*/true);
     size_t stable = text.size();
     if (ends_with(text, "\xEF\xBF\xBD")) stable -= 3;  // U+FFFD: maybe half a character so far

@@ -1,0 +1,106 @@
+// `generate` and `eval` end to end on a synth model through the real binary.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <sstream>
+
+#include "cli_test_util.h"
+
+namespace qwen3 {
+namespace {
+
+using test::run_cli;
+
+// One tiny synth model shared by the tests of this file (writing it takes about a second).
+class ModelCli : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new test::TempDir();
+    const auto r = run_cli("synth --preset tiny --seed 1 --out-dir " + dir_->file("m"));
+    ASSERT_EQ(r.code, 0) << r.err;
+  }
+  static void TearDownTestSuite() { delete dir_; }
+  static std::string model_flags() {
+    return "--weights " + dir_->file("m/model.dat") + " --config " + dir_->file("m/config.json");
+  }
+  static std::string tiny_tokenizer() { return std::string(QWEN3_SOURCE_DIR) + "/tests/data/tiny_tokenizer.json"; }
+  static test::TempDir* dir_;
+};
+test::TempDir* ModelCli::dir_ = nullptr;
+
+std::vector<int64_t> ids_of_line(const std::string& line) {
+  std::istringstream in(line);
+  std::vector<int64_t> ids;
+  for (int64_t v; in >> v;) ids.push_back(v);
+  return ids;
+}
+
+TEST_F(ModelCli, GenerateFromIdsWithoutATokenizer) {
+  const std::string base = "generate " + model_flags() + " --prompt-ids '9707 4337 13' --print-ids --ignore-eos";
+  auto r = run_cli(base + " --max-new-tokens 6");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(ids_of_line(r.out).size(), 6u) << r.out;
+  // Sampling is reproducible from the seed.
+  const auto a = run_cli(base + " --max-new-tokens 6 --temperature 0.9 --top-k 50 --top-p 0.9 --seed 4");
+  const auto b = run_cli(base + " --max-new-tokens 6 --temperature 0.9 --top-k 50 --top-p 0.9 --seed 4");
+  ASSERT_EQ(a.code, 0) << a.err;
+  EXPECT_EQ(a.out, b.out);
+}
+
+TEST_F(ModelCli, GenerateChecksItsFlags) {
+  auto r = run_cli("generate " + model_flags() + " --prompt hello");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--tokenizer"), std::string::npos) << r.err;
+  r = run_cli("generate " + model_flags() + " --prompt-ids '1 2' --prompt hi --tokenizer " + tiny_tokenizer());
+  EXPECT_EQ(r.code, 2);
+  r = run_cli("generate " + model_flags() + " --prompt-ids '1 x' --print-ids");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("'x' is not a token id"), std::string::npos) << r.err;
+  r = run_cli("generate " + model_flags() + " --prompt-ids '1 999999' --print-ids");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("outside the vocabulary"), std::string::npos) << r.err;
+  r = run_cli("generate " + model_flags() + " --prompt-ids 1 --print-ids --top-p 0");
+  EXPECT_EQ(r.code, 2);
+}
+
+TEST_F(ModelCli, GenerateChatPromptAndExpect) {
+  const std::string base = "generate " + model_flags() + " --tokenizer " + tiny_tokenizer() +
+                           " --prompt 'hello world' --max-new-tokens 4";
+  auto r = run_cli(base + " --expect '.*'");
+  EXPECT_EQ(r.code, 0) << r.err;
+  r = run_cli(base + " --expect 'this reply cannot appear from four tokens of a tiny vocabulary'");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("does not match --expect"), std::string::npos) << r.err;
+  r = run_cli(base + " --expect '('");
+  EXPECT_EQ(r.code, 2);
+}
+
+TEST_F(ModelCli, EvalPrintsPerSequenceAndTokenWeightedMean) {
+  const std::string ids = dir_->file("ids.txt");
+  std::ofstream(ids) << "# comment\n9707 4337 13 151645\n\n1 2 3 4 5 6 7 8\n";
+  auto r = run_cli("eval " + model_flags() + " --token-ids-file " + ids + " --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["sequences"].size(), 2u);
+  EXPECT_EQ(j["sequences"][0]["tokens"], 3);
+  EXPECT_EQ(j["sequences"][1]["tokens"], 7);
+  const double l0 = j["sequences"][0]["loss"], l1 = j["sequences"][1]["loss"];
+  EXPECT_NEAR(j["mean_loss"].get<double>(), (3 * l0 + 7 * l1) / 10, 1e-9);
+  // A random model over 151936 tokens is close to uniform: loss near ln(151936) = 11.93.
+  EXPECT_NEAR(l1, 11.93, 1.5);
+
+  std::ofstream(ids) << "1 2 3\n4 five 6\n";
+  r = run_cli("eval " + model_flags() + " --token-ids-file " + ids);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("ids.txt:2"), std::string::npos) << r.err;
+
+  const std::string tsv = dir_->file("pairs.tsv");
+  std::ofstream(tsv) << "hello\tworld\nplain text line\n";
+  r = run_cli("eval " + model_flags() + " --data " + tsv + " --tokenizer " + tiny_tokenizer());
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("mean loss"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace qwen3

@@ -1,0 +1,254 @@
+// Encoding and decoding (the file is read in tokenizer_json.cpp).
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "qwen3/error.h"
+#include "tokenizer_impl.h"
+#include "unicode_text.h"
+
+namespace qwen3 {
+namespace tok {
+namespace {
+
+// Start of the code point that ends at `end` (text is well-formed UTF-8, end > 0).
+size_t previous_code_point_start(std::string_view text, size_t end) {
+  size_t i = end - 1;
+  while (i > 0 && (static_cast<unsigned char>(text[i]) & 0xC0) == 0x80) --i;
+  return i;
+}
+
+// What single_word calls a word character (Rust's char::is_alphanumeric, or '_').
+bool is_word_char(char32_t cp) {
+  if (cp == '_') return true;
+  const auto c = unicode::classify(cp);
+  return c == unicode::CharClass::kLetter || c == unicode::CharClass::kNumber;
+}
+
+}  // namespace
+
+void AddedTokenMatcher::build(std::vector<std::pair<std::string, const AddedToken*>> contents) {
+  std::stable_sort(contents.begin(), contents.end(),
+                   [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+  entries_ = std::move(contents);
+  first_byte_.fill(false);
+  for (const auto& e : entries_) first_byte_[static_cast<unsigned char>(e.first[0])] = true;
+  only_first_byte_ = -1;
+  if (std::count(first_byte_.begin(), first_byte_.end(), true) == 1)
+    only_first_byte_ = static_cast<unsigned char>(entries_.front().first[0]);
+}
+
+bool AddedTokenMatcher::find(std::string_view text, size_t from, Match& match) const {
+  if (entries_.empty()) return false;
+  for (size_t i = from; i < text.size(); ++i) {
+    if (only_first_byte_ >= 0) {
+      const void* hit = std::memchr(text.data() + i, only_first_byte_, text.size() - i);
+      if (!hit) return false;
+      i = static_cast<const char*>(hit) - text.data();
+    } else if (!first_byte_[static_cast<unsigned char>(text[i])]) {
+      continue;
+    }
+    for (const auto& [content, token] : entries_) {
+      if (text.compare(i, content.size(), content) != 0) continue;
+      const size_t end = i + content.size();
+      if (token->single_word) {
+        size_t after = end;
+        const bool word_before = i > 0 && [&] {
+          size_t p = previous_code_point_start(text, i);
+          return is_word_char(unicode::next_code_point(text, p));
+        }();
+        const bool word_after = end < text.size() && is_word_char(unicode::next_code_point(text, after));
+        // Like the references' leftmost-longest search, a rejected match is skipped as a whole.
+        if (word_before || word_after) {
+          i = end - 1;
+          break;
+        }
+      }
+      match = {i, end, token};
+      return true;
+    }
+  }
+  return false;
+}
+
+namespace {
+
+// Calls `plain(segment)` for the text between added tokens and `added(id)` for each token, in order.
+// lstrip/rstrip widen a match over the whitespace beside it (not into an earlier match).
+template <typename Plain, typename Added>
+void split_added(std::string_view text, const AddedTokenMatcher& matcher, Plain&& plain, Added&& added) {
+  size_t done = 0;
+  AddedTokenMatcher::Match m;
+  while (matcher.find(text, done, m)) {
+    size_t begin = m.begin, end = m.end;
+    if (m.token->lstrip) {
+      while (begin > done) {
+        size_t p = previous_code_point_start(text, begin);
+        const size_t start = p;
+        if (!unicode::is_white_space(unicode::next_code_point(text, p))) break;
+        begin = start;
+      }
+    }
+    if (m.token->rstrip) {
+      while (end < text.size()) {
+        size_t p = end;
+        if (!unicode::is_white_space(unicode::next_code_point(text, p))) break;
+        end = p;
+      }
+    }
+    if (begin > done) plain(text.substr(done, begin - done));
+    added(m.token->id);
+    done = end;
+  }
+  if (done < text.size()) plain(text.substr(done));
+}
+
+}  // namespace
+}  // namespace tok
+
+namespace {
+
+// Pre-tokenizes text that holds no added token and merges each piece.
+void encode_plain(const Tokenizer::Impl& t, std::string_view text, tok::WordCache* cache, std::vector<TokenId>& out) {
+  thread_local std::vector<tok::Piece> pieces;
+  pieces.clear();
+  switch (t.pre_tokenizer) {
+    case tok::PreTokenizerKind::kQwen2Scanner:
+      tok::split_qwen2(text, pieces);
+      break;
+    case tok::PreTokenizerKind::kRegex:
+      t.regex->split(text, pieces);
+      break;
+    case tok::PreTokenizerKind::kWhole:
+      pieces.push_back({0, static_cast<uint32_t>(text.size())});
+      break;
+  }
+  for (const tok::Piece& piece : pieces) {
+    const std::string_view word = text.substr(piece.begin, piece.end - piece.begin);
+    if (word.size() == 1) {
+      out.push_back(t.byte_ids[static_cast<unsigned char>(word[0])]);
+      continue;
+    }
+    if (t.ignore_merges) {  // a word that is a token as a whole is taken as is
+      const auto it = t.bytes_to_id.find(std::string(word));
+      if (it != t.bytes_to_id.end()) {
+        out.push_back(it->second);
+        continue;
+      }
+    }
+    // Like the JS reference, words of 256 bytes and more are not cached: they are rare and would crowd it.
+    if (!cache || word.size() >= 256) {
+      tok::merge_word(word, t.byte_ids, t.merges, out);
+      continue;
+    }
+    const uint64_t hash = tok::WordCache::hash(word);
+    if (cache->find(word, hash, out)) continue;
+    const size_t first = out.size();
+    tok::merge_word(word, t.byte_ids, t.merges, out);
+    cache->insert(word, hash, out.data() + first, out.size() - first);
+  }
+}
+
+// A segment between raw-matched added tokens: NFC, then the normalized added tokens, then the rest.
+void encode_segment(const Tokenizer::Impl& t, std::string_view segment, tok::WordCache* cache,
+                    std::vector<TokenId>& out) {
+  std::string normalized;  // allocated only in the rare case that NFC changes something
+  std::string_view text = segment;
+  if (t.nfc && unicode::nfc_if_changed(segment, normalized)) text = normalized;
+  if (t.normalized_matcher.empty()) {
+    encode_plain(t, text, cache, out);
+    return;
+  }
+  tok::split_added(
+      text, t.normalized_matcher, [&](std::string_view plain) { encode_plain(t, plain, cache, out); },
+      [&](TokenId id) { out.push_back(id); });
+}
+
+}  // namespace
+
+Tokenizer::Tokenizer(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
+
+Tokenizer Tokenizer::from_json_text(std::string_view json_text, const std::string& source_name) {
+  return Tokenizer(load_tokenizer_json(json_text, source_name));
+}
+
+Tokenizer Tokenizer::from_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error("tokenizer " + path + ": cannot open the file (" + std::strerror(errno) + ")");
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw Error("tokenizer " + path + ": cannot read the file");
+  return from_json_text(text.str(), path);
+}
+
+std::vector<TokenId> Tokenizer::encode(std::string_view text) const {
+  const Impl& t = *impl_;
+  if (const size_t bad = unicode::first_invalid_utf8(text); bad != std::string_view::npos)
+    throw Error("cannot tokenize: the text is not valid UTF-8 (byte " + std::to_string(bad) + ")");
+  if (text.size() > UINT32_MAX) throw Error("cannot tokenize: text of 4 GiB or more");
+  std::vector<TokenId> out;
+  out.reserve(text.size() / 3 + 4);
+  // One lock per call, not per word; a thread that finds the cache busy goes without.
+  std::unique_lock<std::mutex> lock(t.cache_mutex, std::try_to_lock);
+  tok::WordCache* cache = lock.owns_lock() ? &t.cache : nullptr;
+  tok::split_added(
+      text, t.raw_matcher, [&](std::string_view plain) { encode_segment(t, plain, cache, out); },
+      [&](TokenId id) { out.push_back(id); });
+  return out;
+}
+
+std::string Tokenizer::decode(const std::vector<TokenId>& ids, bool skip_special) const {
+  return decode(ids.data(), ids.size(), skip_special);
+}
+
+std::string Tokenizer::decode(const TokenId* ids, size_t count, bool skip_special) const {
+  const Impl& t = *impl_;
+  std::string out, pending;  // pending: bytes of vocabulary tokens, turned into text at once
+  for (size_t i = 0; i < count; ++i) {
+    const TokenId id = ids[i];
+    if (id < 0 || size_t(id) >= t.token_kind.size() || t.token_kind[id] == 0)
+      throw Error("cannot decode: token id " + std::to_string(id) + " is not in the vocabulary of " + t.source);
+    const std::string_view bytes(t.token_bytes.data() + t.token_offset[id], t.token_offset[id + 1] - t.token_offset[id]);
+    if (t.token_kind[id] == 1) {
+      pending.append(bytes);
+      continue;
+    }
+    if (skip_special && t.token_kind[id] == 3) continue;
+    // Added tokens are text already; the JS reference converts the bytes before one on their own.
+    out += unicode::lossy(pending);
+    pending.clear();
+    out.append(bytes);
+  }
+  out += unicode::lossy(pending);
+  return out;
+}
+
+std::optional<TokenId> Tokenizer::token_to_id(std::string_view token) const {
+  for (const AddedToken& a : impl_->added)
+    if (a.content == token) return a.id;
+  const auto it = impl_->spelled_to_id.find(std::string(token));
+  if (it == impl_->spelled_to_id.end()) return std::nullopt;
+  return it->second;
+}
+
+TokenId Tokenizer::added_token_id(std::string_view content) const {
+  for (const AddedToken& a : impl_->added)
+    if (a.content == content) return a.id;
+  throw Error("tokenizer " + impl_->source + " has no added token " + std::string(content));
+}
+
+const std::vector<AddedToken>& Tokenizer::added_tokens() const { return impl_->added; }
+size_t Tokenizer::vocab_size() const { return impl_->token_kind.size(); }
+size_t Tokenizer::merge_count() const { return impl_->merge_count; }
+
+std::string nfc_normalize(std::string_view text) {
+  if (const size_t bad = unicode::first_invalid_utf8(text); bad != std::string_view::npos)
+    throw Error("cannot normalize: the text is not valid UTF-8 (byte " + std::to_string(bad) + ")");
+  std::string out;
+  return unicode::nfc_if_changed(text, out) ? out : std::string(text);
+}
+
+std::string utf8_lossy(std::string_view bytes) { return unicode::lossy(bytes); }
+
+}  // namespace qwen3

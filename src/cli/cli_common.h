@@ -27,6 +27,7 @@ void setup_logging(const std::string& level);  // trace|debug|info|warn|error|of
 Command add_inspect_command(CLI::App& app);
 Command add_synth_command(CLI::App& app);
 Command add_quantize_command(CLI::App& app);
+Command add_tokenize_command(CLI::App& app);
 Command add_generate_command(CLI::App& app);
 Command add_eval_command(CLI::App& app);
 

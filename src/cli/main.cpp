@@ -27,6 +27,7 @@ int run(int argc, char** argv) {
   commands.push_back(add_synth_command(app));
   commands.push_back(add_quantize_command(app));
   commands.push_back(add_inspect_command(app));
+  commands.push_back(add_tokenize_command(app));
   commands.push_back(add_generate_command(app));
   commands.push_back(add_eval_command(app));
 

@@ -1,0 +1,131 @@
+// `tokenize`: text to token ids with a model's tokenizer.json, or ids back to text with --decode.
+//   --text STR  one input (its newlines are part of it); with --decode, each line of it is one input
+//   --file F    one input per line (a trailing \r is dropped, so CRLF files read as expected)
+// Prints one line per input: space-separated ids, or the decoded text; --json prints [[ids...], ...] or
+// ["text", ...] instead.
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "cli_common.h"
+#include "qwen3/error.h"
+#include "qwen3/tokenizer.h"
+
+namespace qwen3::cli {
+namespace {
+
+struct Input {
+  std::string text;
+  std::string where;  // for messages: "--text" or "FILE:LINE"
+};
+
+std::vector<Input> split_lines(const std::string& all, const std::string& source, bool name_lines) {
+  std::vector<Input> inputs;
+  size_t start = 0, line = 1;
+  while (start < all.size()) {
+    size_t end = all.find('\n', start);
+    if (end == std::string::npos) end = all.size();
+    std::string text = all.substr(start, end - start);
+    if (!text.empty() && text.back() == '\r') text.pop_back();
+    inputs.push_back({std::move(text), name_lines ? fmt::format("{}:{}", source, line) : source});
+    start = end + 1;
+    ++line;
+  }
+  return inputs;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(fmt::format("tokenize: cannot open {} ({})", path, std::strerror(errno)));
+  std::ostringstream all;
+  all << in.rdbuf();
+  if (in.bad()) throw Error(fmt::format("tokenize: cannot read {}", path));
+  return all.str();
+}
+
+// A line of space-separated ids. A bad id in --text is a bad flag value (exit 2); in a file, bad data (exit 1).
+std::vector<TokenId> parse_ids(const Input& input, bool from_flag) {
+  std::vector<TokenId> ids;
+  std::istringstream words(input.text);
+  std::string word;
+  while (words >> word) {
+    size_t used = 0;
+    long long value = -1;
+    try {
+      value = std::stoll(word, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != word.size() || value < 0 || value > INT32_MAX) {
+      const std::string message = fmt::format("tokenize --decode: {}: \"{}\" is not a token id", input.where, word);
+      if (from_flag) throw UsageError(message);
+      throw Error(message);
+    }
+    ids.push_back(static_cast<TokenId>(value));
+  }
+  return ids;
+}
+
+}  // namespace
+
+Command add_tokenize_command(CLI::App& app) {
+  struct Options {
+    std::string tokenizer, text, file;
+    bool json = false, decode = false;
+  };
+  auto o = std::make_shared<Options>();
+  auto* sub = app.add_subcommand("tokenize", "Turn text into token ids, or ids into text (--decode)");
+  sub->add_option("--tokenizer", o->tokenizer, "the model's tokenizer.json")->required();
+  auto* text = sub->add_option("--text", o->text, "one input (newlines are part of it; --decode: a line of ids each)");
+  auto* file = sub->add_option("--file", o->file, "a file of inputs, one a line");
+  text->excludes(file);
+  add_bool_flag(sub, "--json", o->json, "print [[ids...], ...] (with --decode: [\"text\", ...])");
+  add_bool_flag(sub, "--decode", o->decode, "read lines of space-separated ids and print their text");
+  return {sub, [o, text, file]() {
+            if (text->count() == 0 && file->count() == 0) throw UsageError("tokenize: give --text or --file");
+            const bool from_flag = text->count() > 0;
+            std::vector<Input> inputs;
+            if (!from_flag)
+              inputs = split_lines(read_file(o->file), o->file, true);
+            else if (o->decode)
+              inputs = split_lines(o->text, "--text", false);
+            else
+              inputs.push_back({o->text, "--text"});
+            const Tokenizer tokenizer = Tokenizer::from_file(o->tokenizer);
+
+            nlohmann::json all = nlohmann::json::array();
+            std::string out;
+            for (const Input& input : inputs) {
+              if (o->decode) {
+                const std::string decoded = tokenizer.decode(parse_ids(input, from_flag));
+                if (o->json) all.push_back(decoded);
+                else out += decoded + "\n";
+                continue;
+              }
+              std::vector<TokenId> ids;
+              try {
+                ids = tokenizer.encode(input.text);
+              } catch (const UsageError&) {
+                throw;
+              } catch (const Error& e) {
+                throw Error(fmt::format("{}: {}", input.where, e.what()));
+              }
+              if (o->json) all.push_back(ids);
+              else out += fmt::format("{}\n", fmt::join(ids, " "));
+              if (out.size() > (1u << 20)) {  // stream large files instead of holding all of the output
+                std::fwrite(out.data(), 1, out.size(), stdout);
+                out.clear();
+              }
+            }
+            // Invalid UTF-8 from --decode is already U+FFFD, so dump() cannot throw on it.
+            if (o->json) out = all.dump() + "\n";
+            std::fwrite(out.data(), 1, out.size(), stdout);
+            return 0;
+          }};
+}
+
+}  // namespace qwen3::cli

@@ -1,0 +1,46 @@
+// Training checkpoints: a directory `step-NNNNNNNN/` holding `checkpoint.json` (magic, format version, model
+// hash, counters, flags that must match on resume) and `tensors.dat` (master weights, optimizer state, RNG
+// states, in the project's own .dat container). Written to a temporary directory beside it, fsynced, then
+// renamed: a crash or kill -9 at any moment leaves the previous checkpoints intact and never a partial one
+// under a `step-*` name.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+namespace qwen3 {
+
+constexpr const char* kCheckpointMagic = "qwen3-train-checkpoint";
+constexpr int kCheckpointFormatVersion = 1;
+
+struct CheckpointState {
+  int64_t step = 0;            // optimizer steps completed (including skipped ones)
+  int64_t optimizer_steps = 0; // steps the optimizer applied
+  int64_t skipped_steps = 0;
+  std::string model_hash;      // ties the checkpoint to its input .dat + config
+  nlohmann::json flags;        // training flags that must agree on resume (dtypes, trainable set, ...)
+  nlohmann::json extra;        // anything else worth keeping (loss history tail, timing)
+  std::vector<std::pair<std::string, at::Tensor>> tensors;  // CPU or device tensors; saved as they are
+};
+
+// Writes `dir/step-<step>/` atomically and removes all but the newest `keep` complete checkpoints (keep <= 0:
+// keep all). Returns the checkpoint's path.
+std::string save_checkpoint(const std::string& dir, const CheckpointState& state, int keep);
+
+// The newest complete checkpoint in `dir`, if any.
+std::optional<std::string> latest_checkpoint(const std::string& dir);
+
+// Reads a checkpoint directory; tensors come back as CPU tensors in their saved dtypes. Throws Error naming the
+// path for a missing/corrupt file, a wrong magic or an unknown format version.
+CheckpointState load_checkpoint(const std::string& path);
+
+// FNV-1a 64 of a string, as 16 hex digits: stable across builds and machines.
+std::string stable_hash(const std::string& text);
+
+}  // namespace qwen3

@@ -1,0 +1,134 @@
+#include "qwen3/checkpoint.h"
+
+#include <ATen/ATen.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "qwen3/dat.h"
+#include "qwen3/dat_tensor.h"
+
+namespace qwen3 {
+namespace fs = std::filesystem;
+namespace {
+
+void fsync_path(const fs::path& p, bool directory) {
+  const int fd = ::open(p.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
+  if (fd < 0) throw Error(p.string() + ": cannot open to sync");
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) throw Error(p.string() + ": fsync failed");
+}
+
+bool is_step_dir(const fs::directory_entry& e) {
+  const std::string name = e.path().filename().string();
+  return e.is_directory() && name.rfind("step-", 0) == 0 && name.size() == 13 &&
+         name.find_first_not_of("0123456789", 5) == std::string::npos;
+}
+
+std::vector<fs::path> complete_checkpoints(const std::string& dir) {
+  std::vector<fs::path> out;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return out;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (is_step_dir(e) && fs::exists(e.path() / "checkpoint.json")) out.push_back(e.path());
+  std::sort(out.begin(), out.end());  // zero-padded step numbers sort by step
+  return out;
+}
+
+}  // namespace
+
+std::string stable_hash(const std::string& text) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return fmt::format("{:016x}", h);
+}
+
+std::string save_checkpoint(const std::string& dir, const CheckpointState& state, int keep) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw Error(dir + ": cannot create checkpoint directory: " + ec.message());
+  const std::string name = fmt::format("step-{:08d}", state.step);
+  const fs::path final_path = fs::path(dir) / name;
+  std::string tmpl = (fs::path(dir) / ("." + name + ".tmp-XXXXXX")).string();
+  if (!::mkdtemp(tmpl.data())) throw Error(dir + ": cannot create a temporary checkpoint directory");
+  const fs::path tmp = tmpl;
+  try {
+    {
+      DatWriter w((tmp / "tensors.dat").string(), state.tensors.size());
+      for (const auto& [key, t] : state.tensors) write_tensor(w, key, t);
+      w.commit();  // fsyncs the file
+    }
+    nlohmann::json meta = {{"magic", kCheckpointMagic},
+                           {"format_version", kCheckpointFormatVersion},
+                           {"step", state.step},
+                           {"optimizer_steps", state.optimizer_steps},
+                           {"skipped_steps", state.skipped_steps},
+                           {"model_hash", state.model_hash},
+                           {"flags", state.flags},
+                           {"extra", state.extra}};
+    {
+      std::ofstream f(tmp / "checkpoint.json");
+      f << meta.dump(2) << "\n";
+      f.flush();
+      if (!f) throw Error((tmp / "checkpoint.json").string() + ": write failed");
+    }
+    fsync_path(tmp / "checkpoint.json", false);
+    fsync_path(tmp, true);
+    if (fs::exists(final_path)) fs::remove_all(final_path);  // a re-save of the same step replaces it
+    fs::rename(tmp, final_path);
+    fsync_path(dir, true);
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  if (keep > 0) {
+    auto all = complete_checkpoints(dir);
+    for (size_t i = 0; i + keep < all.size(); ++i) fs::remove_all(all[i], ec);
+  }
+  return final_path.string();
+}
+
+std::optional<std::string> latest_checkpoint(const std::string& dir) {
+  const auto all = complete_checkpoints(dir);
+  if (all.empty()) return std::nullopt;
+  return all.back().string();
+}
+
+CheckpointState load_checkpoint(const std::string& path) {
+  const fs::path p(path);
+  std::ifstream f(p / "checkpoint.json");
+  if (!f) throw Error(path + ": not a checkpoint (no checkpoint.json)");
+  nlohmann::json meta;
+  try {
+    meta = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error((p / "checkpoint.json").string() + ": invalid JSON: " + e.what());
+  }
+  if (meta.value("magic", "") != kCheckpointMagic) throw Error(path + ": not a qwen3-train checkpoint (wrong magic)");
+  if (meta.value("format_version", -1) != kCheckpointFormatVersion)
+    throw Error(path + ": checkpoint format version " + meta.value("format_version", nlohmann::json()).dump() +
+                " is not supported (this build reads version " + std::to_string(kCheckpointFormatVersion) + ")");
+  CheckpointState s;
+  try {
+    s.step = meta.at("step").get<int64_t>();
+    s.optimizer_steps = meta.at("optimizer_steps").get<int64_t>();
+    s.skipped_steps = meta.at("skipped_steps").get<int64_t>();
+    s.model_hash = meta.at("model_hash").get<std::string>();
+    s.flags = meta.at("flags");
+    s.extra = meta.value("extra", nlohmann::json::object());
+  } catch (const nlohmann::json::exception& e) {
+    throw Error((p / "checkpoint.json").string() + ": " + e.what());
+  }
+  DatReader r((p / "tensors.dat").string());
+  for (const auto& e : r.entries()) s.tensors.emplace_back(e.key, read_tensor(r, e));
+  return s;
+}
+
+}  // namespace qwen3

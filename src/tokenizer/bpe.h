@@ -31,7 +31,7 @@ class MergeTable {
     TokenId merged = -1;
   };
   void reserve(size_t merges);
-  // A pair given twice keeps the later rank, as the references' maps do.
+  // A pair given twice keeps the later rank, as the JS reference's map does.
   void insert(TokenId left, TokenId right, uint32_t rank, TokenId merged);
   const Entry* find(TokenId left, TokenId right) const {
     if (slots_.empty()) return nullptr;

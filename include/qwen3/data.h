@@ -1,0 +1,85 @@
+// Training data (docs/data.md): TSV `prompt<TAB>target` pairs or plain text lines → token samples of at most
+// seq_len + 1 tokens → padded or packed batches in an order fixed by (seed, epoch). The whole file is read and
+// tokenized once, at construction; every batch is then a pure function of (epoch, index), so resuming needs
+// no data-loader state beyond the step counter.
+#pragma once
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "qwen3/tokenizer.h"
+
+namespace qwen3 {
+
+enum class DataFormat { auto_detect, tsv, text };  // --data-format auto|tsv|text
+enum class SampleMode { random, sequential };      // --sample-mode random|sequential
+
+// Flag spellings (what --help lists): "auto", "tsv", "text"; "random", "sequential". parse_* throw UsageError.
+DataFormat parse_data_format(const std::string& name);
+SampleMode parse_sample_mode(const std::string& name);
+const char* to_string(DataFormat format);
+const char* to_string(SampleMode mode);
+
+struct DataOptions {
+  std::string path;
+  DataFormat format = DataFormat::auto_detect;
+  std::optional<std::string> system;  // TSV only: the system prompt of every pair
+  int64_t seq_len = 256;              // input positions per row
+  int64_t batch_size = 1;             // rows per batch
+  bool pack = false;                  // rows of exactly seq_len tokens cut from the concatenated samples
+  SampleMode sample_mode = SampleMode::random;
+  uint64_t seed = 0;
+  bool strict = false;                // a bad line is a fatal Error instead of a skipped, counted one
+  int64_t max_bad_line_warnings = 20;  // one warning per bad line up to this many, then a summary
+};
+
+struct DataStats {
+  int64_t lines = 0;        // physical lines in the file
+  int64_t ignored = 0;      // empty lines and `#` comments (not bad)
+  int64_t samples = 0;      // token sequences that batches draw from (a long text line gives several)
+  int64_t skipped = 0;      // bad lines left out (always 0 with strict)
+  int64_t tokens = 0;       // tokens kept, each line's once (after truncation)
+  int64_t loss_tokens = 0;  // targets that carry loss, summed over the samples (one padded epoch)
+  int64_t truncated = 0;    // TSV pairs whose prompt lost tokens on the left to fit seq_len
+  int64_t split_lines = 0;  // text lines cut into more than one window
+};
+
+struct Batch {
+  at::Tensor input_ids;   // int64 [B, T], T <= seq_len; padded with pad_id()
+  at::Tensor target_ids;  // int64 [B, T]: the next token of each input position, -100 where no loss
+  int64_t loss_tokens = 0;  // targets != -100
+  int64_t tokens = 0;       // input positions that are not padding
+};
+
+class TrainingData {
+ public:
+  // Reads and tokenizes the whole file, logs a summary (and the warnings for bad or truncated lines).
+  // Throws qwen3::Error for an unreadable file, a bad line with `strict`, or a file without a single sample;
+  // qwen3::UsageError for seq_len < 1 or batch_size < 1.
+  TrainingData(const Tokenizer& tok, DataOptions opt);
+  ~TrainingData();
+  TrainingData(TrainingData&&) noexcept;
+  TrainingData& operator=(TrainingData&&) noexcept;
+
+  const DataStats& stats() const;
+  const DataOptions& options() const;
+  DataFormat format() const;  // the format used: auto_detect resolved to tsv or text
+  TokenId pad_id() const;     // <|endoftext|> when the tokenizer has it, else 0
+  // Rows per epoch: samples (padded) or ceil((stream tokens - 1) / seq_len) (packed).
+  int64_t rows_per_epoch() const;
+  // ceil(rows_per_epoch / batch_size): the last batch of an epoch may have fewer rows.
+  int64_t batches_per_epoch() const;
+  // Deterministic from (seed, epoch, index); safe to call from several threads. Throws qwen3::Error when
+  // epoch < 0 or index is outside [0, batches_per_epoch()).
+  Batch batch(int64_t epoch, int64_t index) const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace qwen3

@@ -1,0 +1,39 @@
+// One line of a training file → one tokenized sample, or the reason it is ignored or bad (docs/data.md).
+// Pure functions of the line, so the loader can run them on many lines in parallel.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "qwen3/tokenizer.h"
+
+namespace qwen3::data {
+
+enum class LineKind { ignored, sample, bad };
+
+struct LineSample {
+  LineKind kind = LineKind::ignored;
+  std::vector<TokenId> ids;
+  std::vector<uint8_t> loss_mask;  // 1 where the token is a target that carries loss; same length as ids
+  bool prompt_truncated = false;   // TSV: prompt tokens were dropped on the left to fit seq_len + 1
+  std::string reason;              // why a bad line is bad
+};
+
+// Strips ASCII whitespace (space, \t, \n, \v, \f, \r) from both ends; other Unicode spaces stay.
+std::string_view trim_ascii_space(std::string_view text);
+
+// Empty after trimming, or its first non-space character is '#'.
+bool is_blank_or_comment(std::string_view line);
+
+// `line` is a physical line without its "\n" (a trailing "\r" is trimmed like any space).
+// TSV: split at the first TAB of the raw line, each side trimmed, rendered with the chat format; a sample
+// longer than seq_len + 1 tokens keeps its target and closing <|im_end|> and loses the trailing newline,
+// then prompt tokens from the left.
+LineSample tsv_line_sample(const Tokenizer& tokenizer, std::string_view line,
+                           const std::optional<std::string>& system, int64_t seq_len);
+// Text: the trimmed line, every token a target except the first (nothing precedes it).
+LineSample text_line_sample(const Tokenizer& tokenizer, std::string_view line);
+
+}  // namespace qwen3::data

@@ -1,0 +1,101 @@
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "data/sample_order.h"
+#include "data/training_data_impl.h"
+#include "qwen3/data.h"
+#include "qwen3/error.h"
+
+namespace qwen3 {
+
+DataFormat parse_data_format(const std::string& name) {
+  if (name == "auto") return DataFormat::auto_detect;
+  if (name == "tsv") return DataFormat::tsv;
+  if (name == "text") return DataFormat::text;
+  throw UsageError(fmt::format("unknown data format '{}' (auto, tsv or text)", name));
+}
+
+SampleMode parse_sample_mode(const std::string& name) {
+  if (name == "random") return SampleMode::random;
+  if (name == "sequential") return SampleMode::sequential;
+  throw UsageError(fmt::format("unknown sample mode '{}' (random or sequential)", name));
+}
+
+const char* to_string(DataFormat format) {
+  switch (format) {
+    case DataFormat::auto_detect: return "auto";
+    case DataFormat::tsv: return "tsv";
+    case DataFormat::text: return "text";
+  }
+  return "?";
+}
+
+const char* to_string(SampleMode mode) { return mode == SampleMode::random ? "random" : "sequential"; }
+
+TrainingData::TrainingData(const Tokenizer& tok, DataOptions opt) : impl_(std::make_unique<Impl>()) {
+  if (opt.seq_len < 1) throw UsageError(fmt::format("seq_len must be at least 1, not {}", opt.seq_len));
+  if (opt.batch_size < 1) throw UsageError(fmt::format("batch_size must be at least 1, not {}", opt.batch_size));
+  Impl& d = *impl_;
+  d.options = std::move(opt);
+  // Qwen3's pad token; padding never carries loss and, at the end of a causal row, is never attended to.
+  d.pad_id = tok.token_to_id("<|endoftext|>").value_or(0);
+  load_training_data(tok, d);
+
+  d.stream_tokens = 0;
+  for (const SampleSpan& s : d.samples) d.stream_tokens += s.length;
+  const int64_t seq_len = d.options.seq_len;
+  // Packed rows overlap by one token (a row's last target is the next row's first input); the tail is a row too.
+  d.rows_per_epoch = d.options.pack ? (d.stream_tokens - 1 + seq_len - 1) / seq_len : d.stats.samples;
+
+  const DataStats& s = d.stats;
+  spdlog::info("data: {} ({}): {} lines, {} samples, {} tokens, {} loss tokens, {} skipped, {} truncated, {} split",
+               d.options.path, to_string(d.format), s.lines, s.samples, s.tokens, s.loss_tokens, s.skipped,
+               s.truncated, s.split_lines);
+  spdlog::info("data: {} {} rows of <= {} tokens -> {} batches of <= {} per epoch, {} order", rows_per_epoch(),
+               d.options.pack ? "packed" : "padded", seq_len, batches_per_epoch(), d.options.batch_size,
+               to_string(d.options.sample_mode));
+}
+
+TrainingData::~TrainingData() = default;
+TrainingData::TrainingData(TrainingData&&) noexcept = default;
+TrainingData& TrainingData::operator=(TrainingData&&) noexcept = default;
+
+const DataStats& TrainingData::stats() const { return impl_->stats; }
+const DataOptions& TrainingData::options() const { return impl_->options; }
+DataFormat TrainingData::format() const { return impl_->format; }
+TokenId TrainingData::pad_id() const { return impl_->pad_id; }
+int64_t TrainingData::rows_per_epoch() const { return impl_->rows_per_epoch; }
+
+int64_t TrainingData::batches_per_epoch() const {
+  return (impl_->rows_per_epoch + impl_->options.batch_size - 1) / impl_->options.batch_size;
+}
+
+Batch TrainingData::batch(int64_t epoch, int64_t index) const {
+  if (epoch < 0) throw Error(fmt::format("data: epoch {} is negative", epoch));
+  if (index < 0 || index >= batches_per_epoch())
+    throw Error(fmt::format("data: batch {} is outside [0, {}) of '{}'", index, batches_per_epoch(),
+                            impl_->options.path));
+  const std::shared_ptr<const EpochOrder> order = impl_->epoch_order(epoch);
+  return impl_->options.pack ? impl_->packed_batch(*order, index) : impl_->padded_batch(*order, index);
+}
+
+std::shared_ptr<const EpochOrder> TrainingData::Impl::epoch_order(int64_t epoch) const {
+  {
+    std::lock_guard<std::mutex> lock(cache_mutex_);
+    if (cached_order_ && cached_order_->epoch == epoch) return cached_order_;
+  }
+  // Computed outside the lock: two threads may both compute the same order, which is only wasted work.
+  auto fresh = std::make_shared<EpochOrder>();
+  fresh->epoch = epoch;
+  fresh->order = data::sample_order(stats.samples, options.sample_mode, options.seed, epoch);
+  if (options.pack) {
+    fresh->stream_begin.resize(fresh->order.size() + 1, 0);
+    for (size_t k = 0; k < fresh->order.size(); ++k)
+      fresh->stream_begin[k + 1] = fresh->stream_begin[k] + samples[static_cast<size_t>(fresh->order[k])].length;
+  }
+  std::lock_guard<std::mutex> lock(cache_mutex_);
+  cached_order_ = fresh;
+  return fresh;
+}
+
+}  // namespace qwen3

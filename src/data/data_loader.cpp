@@ -40,7 +40,7 @@ data::LineSample line_sample(const Tokenizer& tokenizer, const std::string& line
   try {
     return format == DataFormat::tsv ? data::tsv_line_sample(tokenizer, line, opt.system, opt.seq_len)
                                      : data::text_line_sample(tokenizer, line);
-  } catch (const std::exception& e) {  // whatever the tokenizer refuses is this line's problem, not the run's
+  } catch (const Error& e) {  // what the tokenizer refuses is this line's problem, not the run's
     data::LineSample s;
     s.kind = data::LineKind::bad;
     s.reason = e.what();

@@ -41,7 +41,6 @@ TrainingData::TrainingData(const Tokenizer& tok, DataOptions opt) : impl_(std::m
   d.pad_id = tok.token_to_id("<|endoftext|>").value_or(0);
   load_training_data(tok, d);
 
-  d.stream_tokens = 0;
   for (const SampleSpan& s : d.samples) d.stream_tokens += s.length;
   const int64_t seq_len = d.options.seq_len;
   // Packed rows overlap by one token (a row's last target is the next row's first input); the tail is a row too.

@@ -69,11 +69,15 @@ class ByteSource {
 std::unique_ptr<ByteSource> open_file_source(const std::string& path);
 std::unique_ptr<ByteSource> memory_source(std::string name, const void* data, size_t size);
 
+// Model files must also satisfy the NVFP4 pair rules; the project's own containers (checkpoints) use the
+// format for arbitrary names and skip them.
+enum class DatRules { model_file, container_only };
+
 class DatReader {
  public:
   // Indexes the file (headers only) and validates it: every rule of dat-format.md "What readers must do".
-  explicit DatReader(const std::string& path);
-  explicit DatReader(std::unique_ptr<ByteSource> source);
+  explicit DatReader(const std::string& path, DatRules rules = DatRules::model_file);
+  explicit DatReader(std::unique_ptr<ByteSource> source, DatRules rules = DatRules::model_file);
   ~DatReader();
   DatReader(DatReader&&) noexcept;
   DatReader& operator=(DatReader&&) noexcept;

@@ -30,6 +30,7 @@ Command add_quantize_command(CLI::App& app);
 Command add_tokenize_command(CLI::App& app);
 Command add_generate_command(CLI::App& app);
 Command add_eval_command(CLI::App& app);
+Command add_train_command(CLI::App& app);
 
 std::string version_text();
 

@@ -203,9 +203,9 @@ std::unique_ptr<ByteSource> memory_source(std::string name, const void* data, si
   return std::make_unique<MemorySource>(std::move(name), data, size);
 }
 
-DatReader::DatReader(const std::string& path) : DatReader(open_file_source(path)) {}
+DatReader::DatReader(const std::string& path, DatRules rules) : DatReader(open_file_source(path), rules) {}
 
-DatReader::DatReader(std::unique_ptr<ByteSource> source) : source_(std::move(source)) {
+DatReader::DatReader(std::unique_ptr<ByteSource> source, DatRules rules) : source_(std::move(source)) {
   entries_ = parse_index(*source_);
   index_.reserve(entries_.size());
   for (size_t i = 0; i < entries_.size(); ++i) {
@@ -216,7 +216,7 @@ DatReader::DatReader(std::unique_ptr<ByteSource> source) : source_(std::move(sou
                      std::to_string(first.header_offset) + ")");
     }
   }
-  validate_nvfp4_pairs(entries_, source_->name());
+  if (rules == DatRules::model_file) validate_nvfp4_pairs(entries_, source_->name());
 }
 
 DatReader::~DatReader() = default;

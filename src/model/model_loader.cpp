@@ -45,8 +45,10 @@ at::Tensor read_weight(const DatReader& reader, const std::string& key, at::Scal
 }
 
 std::shared_ptr<Qwen3Model> load_model(const DatReader& reader, const Qwen3Config& config, at::ScalarType dtype,
-                                       at::Device device) {
-  const bool separate_head = file_has_lm_head(reader);
+                                       at::Device device, bool tie_head) {
+  if (tie_head && !config.tie_word_embeddings)
+    throw Error("cannot tie lm_head to the embedding: the config has tie_word_embeddings false");
+  const bool separate_head = file_has_lm_head(reader) && !tie_head;
   if (!separate_head && !config.tie_word_embeddings)
     throw Error(reader.path() + ": no lm_head in the file and the config does not tie it to the embedding");
   // Check every key and shape before allocating the model, and report all problems at once.

@@ -126,7 +126,7 @@ CheckpointState load_checkpoint(const std::string& path) {
   } catch (const nlohmann::json::exception& e) {
     throw Error((p / "checkpoint.json").string() + ": " + e.what());
   }
-  DatReader r((p / "tensors.dat").string());
+  DatReader r((p / "tensors.dat").string(), DatRules::container_only);
   for (const auto& e : r.entries()) s.tensors.emplace_back(e.key, read_tensor(r, e));
   return s;
 }

@@ -1,0 +1,58 @@
+// The training loop (`qwen3-train train`): data → STE forward → loss → backward → clip → AdamW, with progress
+// lines, JSONL metrics, atomic checkpoints, exact resume, signal handling, and an export at the end.
+#pragma once
+#include <atomic>
+#include <optional>
+#include <string>
+
+#include "qwen3/data.h"
+#include "qwen3/nvfp4.h"
+#include "qwen3/optim.h"
+
+namespace qwen3 {
+
+struct TrainOptions {
+  std::string weights, config, tokenizer;
+  DataOptions data;  // path = --train-data
+  int64_t steps = 0;            // total optimizer steps; 0: from epochs
+  int64_t epochs = 0;           // with steps == 0: epochs × steps_per_epoch
+  int64_t steps_per_epoch = 0;  // 0: one pass over the data per epoch
+  LrSchedule schedule;          // lr, kind, warmup, min_lr (total_steps is filled in)
+  AdamWOptions adamw;
+  std::string master_dtype = "float32";  // float32 | bfloat16
+  double grad_clip = 1.0;                // 0: off
+  std::string loss = "ce";               // ce | scalar
+  int64_t train_last_layers = 0;         // <= 0: every parameter
+  bool freeze_embeddings = false;
+  bool train_lm_head = false;
+  bool decay_norms_and_embeddings = false;
+  nvfp4::ScaleMode scale_mode = nvfp4::ScaleMode::rne;
+  std::string device = "cpu";
+  int64_t log_every = 1;
+  std::string metrics_jsonl;
+  std::string eval_data;
+  int64_t eval_every = 0;
+  std::string checkpoint_dir;
+  int64_t save_every_steps = 0;  // 0: only at the end (and on a signal)
+  int64_t keep_checkpoints = 2;
+  bool resume = false;
+  int64_t max_skipped_steps = 10;
+  std::string output_dat;
+};
+
+struct TrainSummary {
+  int64_t steps_done = 0;        // steps run in this invocation
+  int64_t final_step = 0;        // global step count at the end
+  int64_t skipped_steps = 0;
+  double first_loss = 0, last_loss = 0;
+  double mean_step_ms = 0;
+  double tokens_per_second = 0;
+  int stop_signal = 0;           // SIGINT/SIGTERM that ended training early, else 0
+  std::string last_checkpoint;
+  std::string exported;
+};
+
+// `stop_signal` is polled after every step (set it from a signal handler); 0 = keep going.
+TrainSummary run_training(const TrainOptions& options, const std::atomic<int>* stop_signal = nullptr);
+
+}  // namespace qwen3

@@ -1,0 +1,133 @@
+// `train`: every flag of the trainer, with the original tool's names as aliases (docs/cli.md lists them).
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <csignal>
+
+#include "qwen3/error.h"
+#include "qwen3/trainer.h"
+#include "runtime_options.h"
+
+namespace qwen3::cli {
+namespace {
+
+std::atomic<int> g_stop_signal{0};
+
+extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
+
+struct TrainFlags {
+  TrainOptions o;
+  std::string model_dir, data_format = "auto", sample_mode = "random", moments = "float32", scale_mode = "rne",
+              compute_dtype = "auto", system;
+};
+
+void resolve(TrainFlags& f) {
+  TrainOptions& o = f.o;
+  if (!f.model_dir.empty()) {  // the original's --model-dir: the folder holding config.json and tokenizer.json
+    if (o.config.empty()) o.config = f.model_dir + "/config.json";
+    if (o.tokenizer.empty()) o.tokenizer = f.model_dir + "/tokenizer.json";
+  }
+  for (auto [name, value] : {std::pair{"--weights", &o.weights}, {"--config", &o.config}, {"--tokenizer", &o.tokenizer},
+                             {"--train-data", &o.data.path}})
+    if (value->empty()) throw UsageError(std::string("train: ") + name + " is required");
+  if (o.steps <= 0 && o.epochs <= 0) throw UsageError("train: give --steps or --epochs");
+  if (f.compute_dtype != "auto" && f.compute_dtype != o.master_dtype)
+    throw UsageError("--compute-dtype " + f.compute_dtype + ": this version computes in the master dtype (" +
+                     o.master_dtype + ")");
+  o.data.format = parse_data_format(f.data_format);
+  o.data.sample_mode = parse_sample_mode(f.sample_mode);
+  if (!f.system.empty()) o.data.system = f.system;
+  o.adamw.moments = moment_storage_from_name(f.moments);
+  o.adamw.seed = o.data.seed;
+  o.scale_mode = nvfp4::scale_mode_from_name(f.scale_mode);
+  resolve_device(o.device);
+}
+
+}  // namespace
+
+Command add_train_command(CLI::App& app) {
+  auto f = std::make_shared<TrainFlags>();
+  TrainOptions& o = f->o;
+  auto* sub = app.add_subcommand("train", "Fine-tune all (or the last N layers') parameters of an NVFP4 model");
+  auto group = [&](const char* name) { return sub->add_option_group(name); };
+
+  auto* files = group("Files");
+  files->add_option("--weights,--weight,--input-dat", o.weights, "input model .dat");
+  files->add_option("--config", o.config, "config.json");
+  files->add_option("--tokenizer", o.tokenizer, "tokenizer.json");
+  files->add_option("--model-dir", f->model_dir, "folder with config.json and tokenizer.json (fills those flags)");
+  files->add_option("--train-data", o.data.path, "TSV prompt<TAB>target pairs or text lines");
+  files->add_option("--output-dat", o.output_dat, "export the trained model to this new .dat at the end");
+  files->add_option("--metrics-jsonl", o.metrics_jsonl, "append one JSON object per step");
+  files->add_option("--eval-data", o.eval_data, "held-out data for --eval-every");
+
+  auto* data = group("Data");
+  data->add_option("--data-format", f->data_format, "auto, tsv or text")->capture_default_str();
+  data->add_option("--system", f->system, "system prompt for TSV pairs");
+  data->add_option("--seq-len", o.data.seq_len, "tokens per row")->check(CLI::PositiveNumber)->capture_default_str();
+  data->add_option("--batch-size", o.data.batch_size, "rows per step")->check(CLI::PositiveNumber)->capture_default_str();
+  add_bool_flag(data, "--pack", o.data.pack, "pack samples into full rows instead of padding");
+  data->add_option("--sample-mode", f->sample_mode, "random or sequential")->capture_default_str();
+  data->add_option("--seed", o.data.seed, "data order and stochastic rounding")->check(non_negative_integer())->capture_default_str();
+  add_bool_flag(data, "--strict-data", o.data.strict, "a bad data line is fatal instead of skipped");
+
+  auto* sched = group("Steps and schedule");
+  sched->add_option("--steps", o.steps, "optimizer steps (or use --epochs)")->check(CLI::NonNegativeNumber);
+  sched->add_option("--epochs", o.epochs, "passes over the data")->check(CLI::NonNegativeNumber);
+  sched->add_option("--steps-per-epoch", o.steps_per_epoch, "steps per epoch (0: the whole data)")->check(CLI::NonNegativeNumber);
+  sched->add_option("--lr", o.schedule.lr, "peak learning rate")->check(CLI::NonNegativeNumber)->capture_default_str();
+  sched->add_option("--lr-schedule", o.schedule.kind, "constant, cosine or linear")
+      ->check(CLI::IsMember({"constant", "cosine", "linear"}))->capture_default_str();
+  sched->add_option("--warmup-steps", o.schedule.warmup_steps, "linear warm-up steps")->check(CLI::NonNegativeNumber)->capture_default_str();
+  sched->add_option("--min-lr", o.schedule.min_lr, "final learning rate of cosine/linear")->check(CLI::NonNegativeNumber)->capture_default_str();
+
+  auto* optim = group("Optimizer");
+  optim->add_option("--beta1", o.adamw.beta1, "AdamW beta1")->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  optim->add_option("--beta2", o.adamw.beta2, "AdamW beta2")->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  optim->add_option("--eps", o.adamw.eps, "AdamW epsilon")->check(CLI::PositiveNumber)->capture_default_str();
+  optim->add_option("--weight-decay", o.adamw.weight_decay, "decoupled weight decay (projections only unless asked)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  add_bool_flag(optim, "--decay-norms-and-embeddings", o.decay_norms_and_embeddings, "apply weight decay to norms and the embedding too");
+  optim->add_option("--master-dtype", o.master_dtype, "float32 or bfloat16 (stochastic rounding)")
+      ->check(CLI::IsMember({"float32", "bfloat16"}))->capture_default_str();
+  optim->add_option("--compute-dtype", f->compute_dtype, "must equal the master dtype in this version")->capture_default_str();
+  optim->add_option("--optimizer-state-mode", f->moments, "moment storage: float32, bfloat16, int8 or nvfp4")->capture_default_str();
+  optim->add_option("--optimizer-step-chunk-rows,--step-chunk-rows", o.adamw.step_chunk_rows,
+                    "rows per optimizer piece (0: whole tensors)")->check(CLI::NonNegativeNumber)->capture_default_str();
+  optim->add_option("--grad-clip", o.grad_clip, "global gradient norm limit (0: off)")->check(CLI::NonNegativeNumber)->capture_default_str();
+  optim->add_option("--max-skipped-steps", o.max_skipped_steps, "abort (with a checkpoint) after this many non-finite steps")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+
+  auto* what = group("What trains");
+  what->add_option("--loss,--loss-mode", o.loss, "ce (next-token cross-entropy) or scalar (the original's L1)")
+      ->check(CLI::IsMember({"ce", "scalar"}))->capture_default_str();
+  what->add_option("--train-last-layers", o.train_last_layers, "train only the last N blocks (<= 0: everything)")->capture_default_str();
+  add_bool_flag(what, "--freeze-embeddings", o.freeze_embeddings, "keep the embedding fixed");
+  add_bool_flag(what, "--train-lm-head", o.train_lm_head, "with --train-last-layers: also train an untied lm_head (dense; re-quantized at export)");
+  what->add_option("--scale-mode", f->scale_mode, "NVFP4 scale choice in the forward and export: rne or search")->capture_default_str();
+
+  auto* run = group("Run");
+  run->add_option("--device", o.device, "cpu or cuda")->capture_default_str();
+  run->add_option("--log-every", o.log_every, "progress line every N steps")->check(CLI::NonNegativeNumber)->capture_default_str();
+  run->add_option("--checkpoint-dir", o.checkpoint_dir, "where checkpoints go (step-NNNNNNNN/)");
+  run->add_option("--save-every-steps", o.save_every_steps, "checkpoint every K steps (0: at the end only)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  run->add_option("--keep-checkpoints", o.keep_checkpoints, "newest checkpoints kept (0: all)")->check(CLI::NonNegativeNumber)->capture_default_str();
+  add_bool_flag(run, "--resume", o.resume, "continue from the newest checkpoint in --checkpoint-dir");
+  run->add_option("--eval-every", o.eval_every, "evaluate --eval-data every K steps")->check(CLI::NonNegativeNumber);
+
+  return {sub, [f]() {
+            resolve(*f);
+            g_stop_signal.store(0);
+            std::signal(SIGINT, on_stop_signal);
+            std::signal(SIGTERM, on_stop_signal);
+            const TrainSummary s = run_training(f->o, &g_stop_signal);
+            fmt::print("trained {} steps (now at step {}, {} skipped): loss {:.4f} -> {:.4f}, {:.0f} ms/step, {:.0f} tok/s{}{}\n",
+                       s.steps_done, s.final_step, s.skipped_steps, s.first_loss, s.last_loss, s.mean_step_ms,
+                       s.tokens_per_second, s.last_checkpoint.empty() ? "" : ", checkpoint " + s.last_checkpoint,
+                       s.exported.empty() ? "" : ", exported " + s.exported);
+            return s.stop_signal ? 128 + s.stop_signal : 0;
+          }};
+}
+
+}  // namespace qwen3::cli

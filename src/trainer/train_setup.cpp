@@ -1,0 +1,106 @@
+#include "train_setup.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+namespace qwen3::train_detail {
+
+TrainableSet select_trainable(Qwen3Model& model, const TrainOptions& opt) {
+  TrainableSet set;
+  const int64_t layers = static_cast<int64_t>(model.blocks.size());
+  const bool all = opt.train_last_layers <= 0;
+  if (!all && opt.train_last_layers > layers)
+    throw UsageError("--train-last-layers " + std::to_string(opt.train_last_layers) + " exceeds the model's " +
+                     std::to_string(layers) + " layers");
+  const int64_t first_trained_layer = all ? 0 : layers - opt.train_last_layers;
+  for (auto& [key, t] : model.named_weights()) {
+    set.total_parameters += t.numel();
+    bool train;
+    if (key == "model.embed_tokens.weight") {
+      train = all && !opt.freeze_embeddings;
+    } else if (key == "lm_head.weight") {  // only untied models have one here
+      train = all || opt.train_lm_head;
+    } else if (key == "model.norm.weight") {
+      train = true;  // it sits after every block, so it trains with any of them
+    } else {
+      const int64_t layer = std::stoll(key.substr(std::string("model.layers.").size()));
+      train = layer >= first_trained_layer;
+    }
+    t.requires_grad_(train);
+    if (!train) continue;
+    set.trainable_parameters += t.numel();
+    const bool is_matrix_projection = t.dim() == 2 && key != "model.embed_tokens.weight";
+    set.params.push_back({key, t, is_matrix_projection || opt.decay_norms_and_embeddings});
+  }
+  if (set.params.empty()) throw UsageError("no parameter is trainable with these flags");
+  return set;
+}
+
+at::Tensor compute_loss(Qwen3Model& model, const Batch& batch, const std::string& kind) {
+  const at::Tensor inputs = batch.input_ids.to(model.device());
+  const at::Tensor targets = batch.target_ids.to(model.device());
+  const at::Tensor hidden = model.hidden_states(inputs);
+  if (kind == "ce") {
+    const at::Tensor logits = model.logits(hidden);  // fp32
+    return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}), {},
+                                  at::Reduction::Mean, -100);
+  }
+  // scalar: L1 distance of each position's final hidden state to its target token's embedding.
+  const at::Tensor mask = targets.ne(-100);
+  const at::Tensor want = at::embedding(model.embed_tokens.detach(), targets.clamp_min(0));
+  const at::Tensor per_position = (hidden.to(at::kFloat) - want.to(at::kFloat)).abs().mean(-1);
+  return per_position.masked_select(mask).mean();
+}
+
+double evaluate(Qwen3Model& model, const TrainingData& data) {
+  torch::NoGradGuard no_grad;
+  double sum = 0;
+  int64_t count = 0;
+  for (int64_t i = 0; i < data.batches_per_epoch(); ++i) {
+    const Batch b = data.batch(0, i);
+    if (b.loss_tokens == 0) continue;
+    sum += compute_loss(model, b, "ce").item<double>() * b.loss_tokens;
+    count += b.loss_tokens;
+  }
+  return count ? sum / count : 0.0;
+}
+
+std::string model_hash(const Qwen3Config& config, const DatReader& reader) {
+  std::string text = config.to_json().dump();
+  for (const auto& e : reader.entries())
+    text += fmt::format("|{}:{}:{}", e.key, static_cast<uint32_t>(e.type), fmt::join(e.shape, "x"));
+  return stable_hash(text);
+}
+
+nlohmann::json resume_flags(const TrainOptions& o) {
+  return {{"master_dtype", o.master_dtype},
+          {"optimizer_state_mode", static_cast<int>(o.adamw.moments)},
+          {"train_last_layers", o.train_last_layers},
+          {"freeze_embeddings", o.freeze_embeddings},
+          {"train_lm_head", o.train_lm_head},
+          {"loss", o.loss},
+          {"scale_mode", nvfp4::scale_mode_name(o.scale_mode)},
+          {"seed", o.data.seed},
+          {"seq_len", o.data.seq_len},
+          {"batch_size", o.data.batch_size},
+          {"pack", o.data.pack},
+          {"sample_mode", to_string(o.data.sample_mode)}};
+}
+
+std::string format_duration(double s) {
+  if (!(s >= 0) || s > 1e8) return "?";
+  const auto t = static_cast<int64_t>(s + 0.5);
+  if (t >= 3600) return fmt::format("{}h{:02d}m", t / 3600, (t % 3600) / 60);
+  if (t >= 60) return fmt::format("{}m{:02d}s", t / 60, t % 60);
+  return fmt::format("{}s", t);
+}
+
+std::string format_count(double n) {
+  if (n >= 1e9) return fmt::format("{:.1f}G", n / 1e9);
+  if (n >= 1e6) return fmt::format("{:.1f}M", n / 1e6);
+  if (n >= 1e3) return fmt::format("{:.1f}k", n / 1e3);
+  return fmt::format("{:.0f}", n);
+}
+
+}  // namespace qwen3::train_detail

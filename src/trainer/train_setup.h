@@ -1,0 +1,36 @@
+// Pieces of the trainer that are not the loop: which tensors train, the loss, identities for resume checks.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include "qwen3/data.h"
+#include "qwen3/dat.h"
+#include "qwen3/model.h"
+#include "qwen3/optim.h"
+#include "qwen3/checkpoint.h"
+#include "qwen3/trainer.h"
+
+namespace qwen3::train_detail {
+
+struct TrainableSet {
+  std::vector<OptimParam> params;  // requires_grad set; everything else frozen (no grad buffer, no state)
+  int64_t trainable_parameters = 0;
+  int64_t total_parameters = 0;
+};
+TrainableSet select_trainable(Qwen3Model& model, const TrainOptions& opt);
+
+// Mean loss over the batch's loss tokens: "ce" = next-token cross-entropy on fp32 logits; "scalar" = the
+// original's L1 between the final hidden states and the (detached) embeddings of the target tokens.
+at::Tensor compute_loss(Qwen3Model& model, const Batch& batch, const std::string& kind);
+
+// Token-weighted mean cross-entropy over every batch of `data`, without gradients.
+double evaluate(Qwen3Model& model, const TrainingData& data);
+
+// Ties a checkpoint to its input: the config and the file's keys, types and shapes.
+std::string model_hash(const Qwen3Config& config, const DatReader& reader);
+// Flags that must agree between a checkpoint and a resumed run.
+nlohmann::json resume_flags(const TrainOptions& opt);
+
+std::string format_duration(double seconds);  // "3m20s", "1h05m", "12s"
+std::string format_count(double n);           // "9.9k", "1.2M"
+
+}  // namespace qwen3::train_detail

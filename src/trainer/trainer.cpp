@@ -1,0 +1,228 @@
+#include "qwen3/trainer.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <cmath>
+#include <fstream>
+
+#include "qwen3/checkpoint.h"
+#include "qwen3/exporter.h"
+#include "qwen3/model_loader.h"
+#include "qwen3/nvfp4_linear.h"
+#include "qwen3/nvfp4_ops.h"
+#include "train_setup.h"
+
+namespace qwen3 {
+namespace {
+
+using namespace train_detail;
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kMasterPrefix = "master/";
+constexpr const char* kOptimPrefix = "optim/";
+constexpr const char* kRngKey = "rng/stochastic_rounding";
+
+at::ScalarType master_scalar_type(const std::string& name) {
+  if (name == "float32") return at::kFloat;
+  if (name == "bfloat16") return at::kBFloat16;
+  throw UsageError("--master-dtype: '" + name + "' (float32 or bfloat16)");
+}
+
+int64_t total_steps(const TrainOptions& o, const TrainingData& data) {
+  if (o.steps > 0) return o.steps;
+  const int64_t per_epoch = o.steps_per_epoch > 0 ? o.steps_per_epoch : data.batches_per_epoch();
+  return std::max<int64_t>(1, o.epochs) * per_epoch;
+}
+
+CheckpointState make_checkpoint(const TrainableSet& set, const AdamW& opt, int64_t step, int64_t skipped,
+                                const std::string& hash, const TrainOptions& o) {
+  CheckpointState s;
+  s.step = step;
+  s.optimizer_steps = opt.step_count();
+  s.skipped_steps = skipped;
+  s.model_hash = hash;
+  s.flags = resume_flags(o);
+  for (const auto& p : set.params) s.tensors.emplace_back(kMasterPrefix + p.name, p.param.detach());
+  for (auto& [name, t] : opt.state_tensors()) s.tensors.emplace_back(kOptimPrefix + name, t);
+  s.tensors.emplace_back(kRngKey, opt.rng_state());
+  return s;
+}
+
+void restore_checkpoint(const CheckpointState& s, TrainableSet& set, AdamW& opt, const std::string& hash,
+                        const TrainOptions& o, const std::string& path) {
+  if (s.model_hash != hash)
+    throw Error(path + ": this checkpoint belongs to another model (config or weight file differ)");
+  const nlohmann::json now = resume_flags(o);
+  std::string diff;
+  for (auto& [k, v] : now.items())
+    if (!s.flags.contains(k) || s.flags.at(k) != v)
+      diff += fmt::format(" {} (checkpoint {}, now {})", k, s.flags.value(k, nlohmann::json()).dump(), v.dump());
+  if (!diff.empty()) throw Error(path + ": flags differ from the checkpoint's:" + diff);
+  std::map<std::string, at::Tensor> by_name(s.tensors.begin(), s.tensors.end());
+  torch::NoGradGuard no_grad;
+  for (auto& p : set.params) {
+    auto it = by_name.find(kMasterPrefix + p.name);
+    if (it == by_name.end()) throw Error(path + ": no master weight for '" + p.name + "'");
+    p.param.copy_(it->second);
+  }
+  std::vector<std::pair<std::string, at::Tensor>> optim;
+  for (const auto& [name, t] : s.tensors)
+    if (name.rfind(kOptimPrefix, 0) == 0) optim.emplace_back(name.substr(std::strlen(kOptimPrefix)), t);
+  opt.load_state_tensors(optim, s.optimizer_steps);
+  auto rng = by_name.find(kRngKey);
+  if (rng == by_name.end()) throw Error(path + ": no random-number state");
+  opt.set_rng_state(rng->second);
+}
+
+}  // namespace
+
+TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_signal) {
+  const auto t_start = Clock::now();
+  const Qwen3Config config = load_config(o.config);
+  const Tokenizer tok = Tokenizer::from_file(o.tokenizer);
+  TrainingData data(tok, o.data);
+  std::optional<TrainingData> eval_data;
+  if (!o.eval_data.empty()) {
+    DataOptions eo = o.data;
+    eo.path = o.eval_data;
+    eo.sample_mode = SampleMode::sequential;
+    eval_data.emplace(tok, eo);
+  }
+  const c10::Device device(o.device);
+  const at::ScalarType master = master_scalar_type(o.master_dtype);
+  DatReader reader(o.weights);
+  const std::string hash = model_hash(config, reader);
+  // A tied config trains one tensor for the embedding and the head, as HF does (see model_loader.h).
+  auto model = load_model(reader, config, master, device, /*tie_head=*/config.tie_word_embeddings);
+  const nvfp4::ScaleMode mode = o.scale_mode;
+  model->set_projection_op([mode](const at::Tensor& x, const at::Tensor& w) { return nvfp4::ste_linear(x, w, mode); });
+  TrainableSet set = select_trainable(*model, o);
+  AdamW opt(set.params, o.adamw);
+
+  const int64_t steps = total_steps(o, data);
+  LrSchedule schedule = o.schedule;
+  schedule.total_steps = steps;
+  int64_t step = 0, skipped = 0;
+  std::string last_checkpoint;
+  if (o.resume) {
+    if (o.checkpoint_dir.empty()) throw UsageError("--resume needs --checkpoint-dir");
+    if (auto path = latest_checkpoint(o.checkpoint_dir)) {
+      const CheckpointState s = load_checkpoint(*path);
+      restore_checkpoint(s, set, opt, hash, o, *path);
+      step = s.step;
+      skipped = s.skipped_steps;
+      last_checkpoint = *path;
+      spdlog::info("resumed from {} at step {}", *path, step);
+    } else {
+      spdlog::warn("--resume: no checkpoint in {}; starting from the weights", o.checkpoint_dir);
+    }
+  }
+
+  const DataStats& ds = data.stats();
+  spdlog::info("model: {} layers, hidden {}, vocab {}; parameters {:.3f} B trainable of {:.3f} B ({} tensors)",
+               config.num_hidden_layers, config.hidden_size, config.vocab_size, set.trainable_parameters / 1e9,
+               set.total_parameters / 1e9, set.params.size());
+  spdlog::info("device {}, master {}, moments {:.1f} MiB, scale mode {}, loss {}", device.str(), o.master_dtype,
+               opt.state_bytes() / 1048576.0, nvfp4::scale_mode_name(mode), o.loss);
+  spdlog::info("data: {} samples, {} tokens ({} with loss), {} skipped lines; {} batches/epoch; {} steps",
+               ds.samples, ds.tokens, ds.loss_tokens, ds.skipped, data.batches_per_epoch(), steps);
+
+  std::ofstream metrics;
+  if (!o.metrics_jsonl.empty()) {
+    metrics.open(o.metrics_jsonl, std::ios::app);
+    if (!metrics) throw Error(o.metrics_jsonl + ": cannot open for writing");
+  }
+  const int64_t per_epoch = o.steps_per_epoch > 0 ? o.steps_per_epoch : data.batches_per_epoch();
+  auto save = [&](int64_t at_step) {
+    if (o.checkpoint_dir.empty()) return;
+    last_checkpoint = save_checkpoint(o.checkpoint_dir, make_checkpoint(set, opt, at_step, skipped, hash, o),
+                                      static_cast<int>(o.keep_checkpoints));
+    spdlog::info("checkpoint: {}", last_checkpoint);
+  };
+
+  TrainSummary sum;
+  double total_ms = 0, total_tokens = 0;
+  const auto t_loop = Clock::now();
+  spdlog::info("setup took {:.1f} s", std::chrono::duration<double>(t_loop - t_start).count());
+  for (; step < steps; ++step) {
+    const auto t0 = Clock::now();
+    const int64_t epoch = step / per_epoch;
+    const Batch batch = data.batch(epoch, (step % per_epoch) % data.batches_per_epoch());
+    const double lr = schedule.at(step);
+    const at::Tensor loss = compute_loss(*model, batch, o.loss);
+    loss.backward();
+    const double loss_value = loss.item<double>();
+    const double norm = clip_grad_norm(set.params, o.grad_clip);
+    const bool bad = !std::isfinite(loss_value) || !std::isfinite(norm) || nvfp4::take_nonfinite_flag(device);
+    if (bad) {
+      ++skipped;
+      spdlog::warn("step {}: non-finite {} ({}); step skipped ({} so far)", step + 1,
+                   std::isfinite(loss_value) ? "gradient" : "loss", std::isfinite(loss_value) ? norm : loss_value,
+                   skipped);
+    } else {
+      opt.step(lr);
+    }
+    for (auto& p : set.params) p.param.mutable_grad() = at::Tensor();  // free the gradients between steps
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    total_ms += ms;
+    total_tokens += batch.tokens;
+    ++sum.steps_done;
+    if (sum.steps_done == 1) sum.first_loss = loss_value;
+    sum.last_loss = loss_value;
+    std::optional<double> eval_loss;
+    if (eval_data && o.eval_every > 0 && (step + 1) % o.eval_every == 0) eval_loss = evaluate(*model, *eval_data);
+    if (o.log_every > 0 && ((step + 1) % o.log_every == 0 || step + 1 == steps)) {
+      const double eta = total_ms / sum.steps_done * (steps - step - 1) / 1000.0;
+      spdlog::info("step {}/{} | loss {:.4f} | norm {:.2f} | lr {:.1e} | {:.0f} ms | {} tok/s | eta {}{}", step + 1,
+                   steps, loss_value, norm, lr, ms, format_count(batch.tokens / (ms / 1000.0)), format_duration(eta),
+                   eval_loss ? fmt::format(" | eval {:.4f}", *eval_loss) : "");
+    }
+    if (metrics.is_open()) {
+      nlohmann::json m = {{"step", step + 1}, {"loss", loss_value}, {"grad_norm", norm}, {"lr", lr},
+                          {"step_ms", ms}, {"tokens", batch.tokens}, {"tok_per_s", batch.tokens / (ms / 1000.0)},
+                          {"skipped", bad}};
+      if (eval_loss) m["eval_loss"] = *eval_loss;
+      metrics << m.dump() << "\n" << std::flush;
+    }
+    if (skipped > o.max_skipped_steps) {
+      save(step + 1);
+      throw Error(fmt::format("{} steps skipped for non-finite values (limit --max-skipped-steps {}); {}", skipped,
+                              o.max_skipped_steps, last_checkpoint.empty() ? "no checkpoint directory given"
+                                                                           : "state saved to " + last_checkpoint));
+    }
+    if (o.save_every_steps > 0 && (step + 1) % o.save_every_steps == 0 && step + 1 < steps) save(step + 1);
+    if (stop_signal && stop_signal->load() != 0) {
+      sum.stop_signal = stop_signal->load();
+      spdlog::warn("signal {}: stopping after step {}", sum.stop_signal, step + 1);
+      ++step;
+      break;
+    }
+  }
+  save(step);
+  sum.final_step = step;
+  sum.skipped_steps = skipped;
+  sum.mean_step_ms = sum.steps_done ? total_ms / sum.steps_done : 0;
+  sum.tokens_per_second = total_ms > 0 ? total_tokens / (total_ms / 1000.0) : 0;
+  sum.last_checkpoint = last_checkpoint;
+  if (!o.output_dat.empty() && sum.stop_signal == 0) {
+    std::vector<std::pair<std::string, at::Tensor>> trained;
+    for (const auto& p : set.params) {
+      trained.emplace_back(p.name, p.param.detach());
+      // The file's own lm_head of a tied model is the quantized embedding: keep it so.
+      if (p.name == "model.embed_tokens.weight" && !model->has_separate_lm_head() && file_has_lm_head(reader))
+        trained.emplace_back("lm_head.weight", p.param.detach());
+    }
+    const ExportReport rep = export_dat(o.weights, o.output_dat, trained, mode);
+    spdlog::info("exported {}: {} entries ({} rewritten, {} copied)", o.output_dat, rep.entries, rep.rewritten,
+                 rep.copied);
+    sum.exported = o.output_dat;
+  }
+  return sum;
+}
+
+}  // namespace qwen3

@@ -1,0 +1,108 @@
+// The optimizer module: decoupled AdamW over master weights with compressed moment storage, a step that works
+// in row chunks, global-norm gradient clipping, learning-rate schedules and stochastic rounding to bfloat16.
+// Design, encodings and measured error: docs/optim.md.
+#pragma once
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace qwen3 {
+
+// How the two AdamW moments are stored between steps (--optimizer-state-mode). The arithmetic is fp32 in
+// every mode; the compressed modes round with stochastic rounding (docs/optim.md says why).
+enum class MomentStorage {
+  float32,   // 8 bytes a parameter
+  bfloat16,  // 4
+  int8,      // m: int8 linear codes, v: uint8 log2 codes; one fp32 scale per 64-element block of a row: 2.125
+  nvfp4,     // m and sqrt(v): the project's NVFP4 (E2M1 + E4M3 scale per 16 elements of a row) over an fp32 scale
+             // per row: 1.125 + 8 / columns
+};
+MomentStorage moment_storage_from_name(std::string_view name);  // UsageError for an unknown name
+const char* moment_storage_name(MomentStorage storage);
+
+struct AdamWOptions {
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  MomentStorage moments = MomentStorage::float32;
+  int64_t step_chunk_rows = 0;  // 0: a whole tensor at once; R > 0: at most R rows (dim 0) per piece
+  uint64_t seed = 0;            // the stochastic-rounding stream (bf16 masters, compressed moments)
+};
+
+// `param` is the master weight itself (float32 or bfloat16, contiguous); backward fills its .grad().
+// `decay`: whether weight decay applies (the trainer passes false for norms and the embedding).
+struct OptimParam {
+  std::string name;
+  at::Tensor param;
+  bool decay = true;
+};
+
+// Bytes of moment state (both moments and their scales) that a parameter of this shape takes.
+uint64_t moment_state_bytes(at::IntArrayRef shape, MomentStorage storage);
+
+class AdamW {
+ public:
+  // Validates the options and the parameters and allocates all state now, on each parameter's device.
+  AdamW(std::vector<OptimParam> params, AdamWOptions options);
+  ~AdamW();
+  AdamW(AdamW&&) noexcept;
+  AdamW& operator=(AdamW&&) noexcept;
+
+  // One update of every parameter that has a gradient (torch.optim.AdamW semantics, bias-corrected), then the
+  // step count is the number of steps taken. Enqueues tensor work only: no host synchronization.
+  void step(double lr);
+
+  int64_t step_count() const { return step_count_; }
+  uint64_t state_bytes() const;
+  const AdamWOptions& options() const { return options_; }
+  const std::vector<OptimParam>& params() const { return params_; }
+
+  // Every state tensor by a stable name: "<param>.exp_avg", "<param>.exp_avg_sq", for int8/nvfp4
+  // "<param>.exp_avg.scale", "<param>.exp_avg_sq.scale", and for nvfp4 "<param>.exp_avg.row_scale",
+  // "<param>.exp_avg_sq.row_scale". The tensors are the live state (not copies).
+  std::vector<std::pair<std::string, at::Tensor>> state_tensors() const;
+  // Copies saved tensors (any device) into the state; the names, shapes and dtypes must be exactly those of
+  // state_tensors(), otherwise an Error names the first mismatch and nothing is changed.
+  void load_state_tensors(const std::vector<std::pair<std::string, at::Tensor>>& tensors, int64_t step_count);
+
+  // The stochastic-rounding stream is counter based (a hash of seed, step, parameter and element index), so
+  // its whole state is the seed: an int64 CPU tensor of one element. Save it with step_count() to resume.
+  at::Tensor rng_state() const;
+  void set_rng_state(const at::Tensor& state);
+
+  struct ParamState;  // per-parameter moments (src/optim)
+
+ private:
+  std::vector<OptimParam> params_;
+  AdamWOptions options_;
+  std::vector<ParamState> states_;
+  int64_t step_count_ = 0;
+};
+
+// Global L2 norm of all gradients (computed in fp32, one host synchronization at the end). If max_norm > 0 and
+// the norm exceeds it, every gradient is scaled by max_norm / (norm + 1e-6). Returns the norm before clipping;
+// a non-finite norm is returned as it is and the gradients are left untouched (the caller skips the step).
+// Parameters without a gradient are ignored.
+double clip_grad_norm(const std::vector<OptimParam>& params, double max_norm);
+
+// Learning rate of step `step` (0-based): linear warmup lr * (step + 1) / warmup_steps over the first
+// warmup_steps steps, then constant, or cosine / linear decay from lr to min_lr reached at step total_steps
+// (and held after). Bad values are a UsageError.
+struct LrSchedule {
+  std::string kind = "constant";  // constant | cosine | linear
+  double lr = 1e-5;
+  int64_t warmup_steps = 0;
+  int64_t total_steps = 1;
+  double min_lr = 0.0;
+  double at(int64_t step) const;
+  void validate() const;
+};
+
+// fp32 (or any float dtype, viewed as fp32) -> bf16 with stochastic rounding: rounds up with probability equal
+// to the distance from the lower bf16 neighbour over the ulp, so E[result] = x. `gen` must be of x's device.
+at::Tensor to_bfloat16_stochastic(const at::Tensor& x, at::Generator& gen);
+
+}  // namespace qwen3

@@ -1,0 +1,214 @@
+// AdamW over master weights, the moments in any MomentStorage, one row chunk at a time.
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <map>
+#include <set>
+#include <string>
+
+#include "optim/counter_random.h"
+#include "optim/moment_codec.h"
+#include "qwen3/error.h"
+#include "qwen3/optim.h"
+
+namespace qwen3 {
+namespace {
+
+using optim_detail::RandomStream;
+
+constexpr const char* kExpAvg = ".exp_avg";
+constexpr const char* kExpAvgSq = ".exp_avg_sq";
+constexpr const char* kScale = ".scale";
+constexpr const char* kRowScale = ".row_scale";
+
+std::string describe(const at::Tensor& t) {
+  std::string text = std::string(c10::toString(t.scalar_type())) + " [";
+  for (int64_t d = 0; d < t.dim(); ++d) text += (d ? ", " : "") + std::to_string(t.size(d));
+  return text + "]";
+}
+
+void validate(const AdamWOptions& o) {
+  if (!(o.beta1 >= 0 && o.beta1 < 1)) throw UsageError("AdamW: beta1 must be in [0, 1), got " + std::to_string(o.beta1));
+  if (!(o.beta2 >= 0 && o.beta2 < 1)) throw UsageError("AdamW: beta2 must be in [0, 1), got " + std::to_string(o.beta2));
+  if (!(o.eps > 0 && std::isfinite(o.eps))) throw UsageError("AdamW: eps must be positive, got " + std::to_string(o.eps));
+  if (!(o.weight_decay >= 0 && std::isfinite(o.weight_decay)))
+    throw UsageError("AdamW: weight decay must be >= 0, got " + std::to_string(o.weight_decay));
+  if (o.step_chunk_rows < 0)
+    throw UsageError("AdamW: step chunk rows must be >= 0 (0: whole tensors), got " + std::to_string(o.step_chunk_rows));
+}
+
+void validate(const std::vector<OptimParam>& params) {
+  std::set<std::string> names;
+  for (const OptimParam& p : params) {
+    if (p.name.empty()) throw Error("AdamW: a parameter has no name");
+    if (!names.insert(p.name).second) throw Error("AdamW: parameter name '" + p.name + "' appears twice");
+    if (!p.param.defined()) throw Error("AdamW: parameter '" + p.name + "' is an undefined tensor");
+    const at::ScalarType dtype = p.param.scalar_type();
+    if (dtype != at::kFloat && dtype != at::kBFloat16)
+      throw Error("AdamW: master weight '" + p.name + "' is " + describe(p.param) + "; float32 or bfloat16 expected");
+    if (!p.param.is_contiguous()) throw Error("AdamW: master weight '" + p.name + "' is not contiguous");
+  }
+}
+
+// Named state tensors of one parameter, in a fixed order.
+std::vector<std::pair<std::string, at::Tensor>> named_state(const std::string& name, const AdamW::ParamState& s) {
+  std::vector<std::pair<std::string, at::Tensor>> out{{name + kExpAvg, s.exp_avg}};
+  if (s.exp_avg_scale.defined()) out.emplace_back(name + kExpAvg + kScale, s.exp_avg_scale);
+  if (s.exp_avg_row_scale.defined()) out.emplace_back(name + kExpAvg + kRowScale, s.exp_avg_row_scale);
+  out.emplace_back(name + kExpAvgSq, s.exp_avg_sq);
+  if (s.exp_avg_sq_scale.defined()) out.emplace_back(name + kExpAvgSq + kScale, s.exp_avg_sq_scale);
+  if (s.exp_avg_sq_row_scale.defined()) out.emplace_back(name + kExpAvgSq + kRowScale, s.exp_avg_sq_row_scale);
+  return out;
+}
+
+}  // namespace
+
+MomentStorage moment_storage_from_name(std::string_view name) {
+  if (name == "float32") return MomentStorage::float32;
+  if (name == "bfloat16") return MomentStorage::bfloat16;
+  if (name == "int8") return MomentStorage::int8;
+  if (name == "nvfp4") return MomentStorage::nvfp4;
+  throw UsageError("unknown optimizer state mode '" + std::string(name) + "' (float32, bfloat16, int8 or nvfp4)");
+}
+
+const char* moment_storage_name(MomentStorage storage) {
+  switch (storage) {
+    case MomentStorage::float32: return "float32";
+    case MomentStorage::bfloat16: return "bfloat16";
+    case MomentStorage::int8: return "int8";
+    case MomentStorage::nvfp4: return "nvfp4";
+  }
+  return "?";
+}
+
+uint64_t moment_state_bytes(at::IntArrayRef shape, MomentStorage storage) {
+  const uint64_t rows = optim_detail::matrix_rows(shape), cols = optim_detail::matrix_cols(shape);
+  const uint64_t block = optim_detail::moment_block(storage);
+  const uint64_t stored = rows * ((cols + block - 1) / block * block);
+  switch (storage) {
+    case MomentStorage::float32: return 2 * 4 * stored;
+    case MomentStorage::bfloat16: return 2 * 2 * stored;
+    case MomentStorage::int8: return 2 * (stored + 4 * (stored / block));  // codes + one fp32 scale a block
+    case MomentStorage::nvfp4:  // two codes a byte, an E4M3 scale a block, an fp32 scale a row
+      return 2 * (stored / 2 + stored / block + 4 * rows);
+  }
+  return 0;
+}
+
+AdamW::AdamW(std::vector<OptimParam> params, AdamWOptions options)
+    : params_(std::move(params)), options_(options) {
+  validate(options_);
+  validate(params_);
+  states_.reserve(params_.size());
+  for (const OptimParam& p : params_)
+    states_.push_back(optim_detail::allocate_moments(options_.moments, p.param.sizes(), p.param.device()));
+}
+
+AdamW::~AdamW() = default;
+AdamW::AdamW(AdamW&&) noexcept = default;
+AdamW& AdamW::operator=(AdamW&&) noexcept = default;
+
+void AdamW::step(double lr) {
+  at::NoGradGuard no_grad;
+  ++step_count_;
+  const AdamWOptions& o = options_;
+  const MomentStorage storage = o.moments;
+  // Host scalars only: nothing here waits for the device.
+  const double bias_correction1 = 1.0 - std::pow(o.beta1, static_cast<double>(step_count_));
+  const double bias_correction2_sqrt = std::sqrt(1.0 - std::pow(o.beta2, static_cast<double>(step_count_)));
+  const double step_size = lr / bias_correction1;
+  const double decay_factor = 1.0 - lr * o.weight_decay;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const OptimParam& p = params_[i];
+    const at::Tensor& grad = p.param.grad();
+    if (!grad.defined()) continue;  // as torch.optim: no gradient, no update (the moments keep their values)
+    if (!grad.sizes().equals(p.param.sizes()))
+      throw Error("AdamW: gradient of '" + p.name + "' is " + describe(grad) + ", the parameter " + describe(p.param));
+    ParamState& s = states_[i];
+    const int64_t index = static_cast<int64_t>(i);
+    const uint64_t master_key = optim_detail::stream_key(o.seed, step_count_, index, RandomStream::master);
+    const uint64_t exp_avg_key = optim_detail::stream_key(o.seed, step_count_, index, RandomStream::exp_avg);
+    const uint64_t exp_avg_sq_key = optim_detail::stream_key(o.seed, step_count_, index, RandomStream::exp_avg_sq);
+    const at::Tensor master = p.param.view({s.rows, s.cols});
+    const at::Tensor grad_rows = grad.reshape({s.rows, s.cols});
+    const bool bf16_master = master.scalar_type() == at::kBFloat16;
+    const bool decay = p.decay && o.weight_decay != 0.0;
+    const int64_t chunk = o.step_chunk_rows > 0 ? o.step_chunk_rows : s.rows;
+    for (int64_t first = 0; first < s.rows; first += chunk) {
+      const int64_t count = std::min(chunk, s.rows - first);
+      at::Tensor g = grad_rows.narrow(0, first, count).to(at::kFloat);
+      if (s.stored_cols != s.cols) g = at::constant_pad_nd(g, {0, s.stored_cols - s.cols}, 0);
+      at::Tensor m = optim_detail::load_exp_avg(s, storage, first, count);
+      at::Tensor v = optim_detail::load_exp_avg_sq(s, storage, first, count);
+      m.mul_(o.beta1).add_(g, 1.0 - o.beta1);
+      v.mul_(o.beta2).addcmul_(g, g, 1.0 - o.beta2);
+      optim_detail::store_exp_avg(s, storage, first, m, exp_avg_key);
+      optim_detail::store_exp_avg_sq(s, storage, first, v, exp_avg_sq_key);
+      // This step uses the fresh fp32 moments; only the next step sees their rounded storage.
+      const at::Tensor m_cols = m.narrow(1, 0, s.cols);
+      const at::Tensor denom = v.narrow(1, 0, s.cols).sqrt().div_(bias_correction2_sqrt).add_(o.eps);
+      at::Tensor target = master.narrow(0, first, count);
+      at::Tensor updated = bf16_master ? target.to(at::kFloat) : target;
+      if (decay) updated.mul_(decay_factor);
+      updated.addcdiv_(m_cols, denom, -step_size);
+      if (bf16_master)
+        target.copy_(optim_detail::bfloat16_stochastic_from_bits(
+            updated, optim_detail::random_bits(master_key, first * s.cols, count, s.cols, updated.device())));
+    }
+  }
+}
+
+uint64_t AdamW::state_bytes() const {
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < params_.size(); ++i)
+    for (const auto& named : named_state(params_[i].name, states_[i]))
+      bytes += static_cast<uint64_t>(named.second.numel()) * named.second.element_size();
+  return bytes;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> AdamW::state_tensors() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (size_t i = 0; i < params_.size(); ++i)
+    for (auto& named : named_state(params_[i].name, states_[i])) out.push_back(std::move(named));
+  return out;
+}
+
+void AdamW::load_state_tensors(const std::vector<std::pair<std::string, at::Tensor>>& tensors, int64_t step_count) {
+  if (step_count < 0) throw Error("AdamW: saved step count " + std::to_string(step_count) + " is negative");
+  std::map<std::string, at::Tensor> saved;
+  for (const auto& [name, tensor] : tensors)
+    if (!saved.emplace(name, tensor).second) throw Error("AdamW: saved optimizer state '" + name + "' appears twice");
+  const auto live = state_tensors();
+  for (const auto& [name, tensor] : live) {
+    const auto found = saved.find(name);
+    if (found == saved.end())
+      throw Error("AdamW: saved optimizer state lacks '" + name + "' (" + moment_storage_name(options_.moments) +
+                  " moments; was it saved with another --optimizer-state-mode or model?)");
+    if (found->second.scalar_type() != tensor.scalar_type() || !found->second.sizes().equals(tensor.sizes()))
+      throw Error("AdamW: saved optimizer state '" + name + "' is " + describe(found->second) + ", expected " +
+                  describe(tensor));
+  }
+  if (saved.size() != live.size()) {
+    for (const auto& [name, tensor] : saved) {
+      bool known = false;
+      for (const auto& named : live) known = known || named.first == name;
+      if (!known) throw Error("AdamW: saved optimizer state has '" + name + "', which this optimizer does not hold");
+    }
+  }
+  at::NoGradGuard no_grad;
+  for (const auto& [name, tensor] : live) at::Tensor(tensor).copy_(saved.at(name));
+  step_count_ = step_count;
+}
+
+at::Tensor AdamW::rng_state() const {
+  return at::tensor({static_cast<int64_t>(options_.seed)}, at::TensorOptions().dtype(at::kLong));
+}
+
+void AdamW::set_rng_state(const at::Tensor& state) {
+  if (!state.defined() || state.scalar_type() != at::kLong || state.numel() != 1)
+    throw Error("AdamW: the stochastic-rounding state must be one int64 (the seed), got " +
+                (state.defined() ? describe(state) : std::string("an undefined tensor")));
+  options_.seed = static_cast<uint64_t>(state.to(at::kCPU).reshape({1})[0].item<int64_t>());
+}
+
+}  // namespace qwen3

@@ -40,8 +40,9 @@ int64_t total_steps(const TrainOptions& o, const TrainingData& data) {
 }
 
 CheckpointState make_checkpoint(const TrainableSet& set, const AdamW& opt, int64_t step, int64_t skipped,
-                                const std::string& hash, const TrainOptions& o) {
+                                const std::string& hash, const TrainOptions& o, const nlohmann::json& export_info) {
   CheckpointState s;
+  s.extra = export_info;
   s.step = step;
   s.optimizer_steps = opt.step_count();
   s.skipped_steps = skipped;
@@ -138,9 +139,14 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
     if (!metrics) throw Error(o.metrics_jsonl + ": cannot open for writing");
   }
   const int64_t per_epoch = o.steps_per_epoch > 0 ? o.steps_per_epoch : data.batches_per_epoch();
+  // What `qwen3-train export` needs to rebuild a .dat from a checkpoint without the training flags.
+  const nlohmann::json export_info = {{"weights_hash", weights_hash(reader)},
+                                      {"config", config.to_json()},
+                                      {"tied_head", !model->has_separate_lm_head()},
+                                      {"scale_mode", nvfp4::scale_mode_name(mode)}};
   auto save = [&](int64_t at_step) {
     if (o.checkpoint_dir.empty()) return;
-    last_checkpoint = save_checkpoint(o.checkpoint_dir, make_checkpoint(set, opt, at_step, skipped, hash, o),
+    last_checkpoint = save_checkpoint(o.checkpoint_dir, make_checkpoint(set, opt, at_step, skipped, hash, o, export_info),
                                       static_cast<int>(o.keep_checkpoints));
     spdlog::info("checkpoint: {}", last_checkpoint);
   };

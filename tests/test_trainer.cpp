@@ -261,3 +261,41 @@ TEST(TrainCli, FlagsAliasesAndSignals) {
 
 }  // namespace
 }  // namespace qwen3
+
+namespace qwen3 {
+namespace {
+
+TEST(Trainer, LossDecreasesOnPlainText) {
+  test::TempDir dir;
+  const SynthResult m = make_model(dir);
+  std::ofstream(dir.file("text.txt")) << "the quick brown fox jumps over the lazy dog\n"
+                                      << "a stitch in time saves nine\nall that glitters is not gold\n";
+  TrainOptions o = base_options(m, dir.file("text.txt"));
+  o.steps = 30;
+  o.data.format = DataFormat::text;
+  o.metrics_jsonl = dir.file("m.jsonl");
+  run_training(o);
+  const auto losses = losses_of(o.metrics_jsonl);
+  ASSERT_EQ(losses.size(), 30u);
+  EXPECT_LT(losses.back(), 0.5 * losses.front());
+  for (double l : losses) EXPECT_TRUE(std::isfinite(l));
+}
+
+TEST(TrainCli, SyntheticWeightsAndTheAfterExportSelfTest) {
+  test::TempDir dir;
+  const SynthResult m = make_model(dir);  // only its config.json is used: --synthetic makes the weights
+  std::ofstream(dir.file("pairs.tsv")) << kPairs;
+  auto r = test::run_cli("train --synthetic true --config " + m.config_path + " --tokenizer " + tiny_tokenizer() +
+                         " --train-data " + dir.file("pairs.tsv") + " --steps 60 --lr 1e-2 --batch-size 4" +
+                         " --checkpoint-dir " + dir.file("ck") + " --output-dat " + dir.file("out.dat") +
+                         " --test-max-tokens 8 --test-prompt hi");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("self-test: hi -> world"), std::string::npos) << r.out;
+  r = test::run_cli("train --synthetic --config " + m.config_path + " --tokenizer " + tiny_tokenizer() +
+                    " --train-data " + dir.file("pairs.tsv") + " --steps 1 --test-max-tokens 8");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--output-dat"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace qwen3

@@ -3,8 +3,13 @@
 #include <spdlog/spdlog.h>
 
 #include <csignal>
+#include <filesystem>
 
 #include "qwen3/error.h"
+#include "qwen3/chat_format.h"
+#include "qwen3/generate.h"
+#include "qwen3/model_loader.h"
+#include "qwen3/synth.h"
 #include "qwen3/trainer.h"
 #include "runtime_options.h"
 
@@ -18,15 +23,56 @@ extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
 struct TrainFlags {
   TrainOptions o;
   std::string model_dir, data_format = "auto", sample_mode = "random", moments = "float32", scale_mode = "rne",
-              compute_dtype = "auto", system;
+              compute_dtype = "auto", system, test_prompt = "Who are you?";
+  bool synthetic = false;
+  int64_t test_max_tokens = 0;
 };
+
+// The original's `--synthetic true`: train on random weights of the config's shape (the tiny preset without
+// --config), written once with `synth` into the checkpoint directory (or a temporary one) and reused on resume.
+void make_synthetic_weights(TrainFlags& f) {
+  TrainOptions& o = f.o;
+  SynthOptions s;
+  s.config = o.config.empty() ? preset_config("tiny") : load_config(o.config);
+  s.seed = o.data.seed;
+  if (!o.checkpoint_dir.empty()) {
+    s.out_dir = o.checkpoint_dir + "/synthetic-model";
+  } else {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "qwen3-synthetic-XXXXXX").string();
+    if (!::mkdtemp(tmpl.data())) throw Error("cannot create a temporary directory for --synthetic");
+    s.out_dir = tmpl;
+  }
+  if (!std::filesystem::exists(s.out_dir + "/model.dat")) write_synthetic_model(s);
+  o.weights = s.out_dir + "/model.dat";
+  o.config = s.out_dir + "/config.json";
+  spdlog::info("--synthetic: training random weights in {}", s.out_dir);
+}
+
+// The original's after-export self-test: greedy reply of the exported model to one prompt.
+void self_test(const TrainFlags& f) {
+  const Tokenizer tok = Tokenizer::from_file(f.o.tokenizer);
+  const Qwen3Config config = load_config(f.o.config);
+  DatReader reader(f.o.output_dat);
+  auto model = load_model(reader, config, at::kFloat, resolve_device(f.o.device));
+  GenerateOptions g;
+  g.max_new_tokens = f.test_max_tokens;
+  g.stop_ids = config.eos_token_ids;
+  if (auto id = tok.token_to_id("<|im_end|>")) g.stop_ids.push_back(*id);
+  const auto prompt = chat_generation_prompt(tok, f.o.data.system, f.test_prompt);
+  std::vector<TokenId> out;
+  for (int64_t id : generate(*model, std::vector<int64_t>(prompt.begin(), prompt.end()), g))
+    if (id >= 0 && static_cast<size_t>(id) < tok.vocab_size()) out.push_back(static_cast<TokenId>(id));
+  fmt::print("self-test: {} -> {}\n", f.test_prompt, tok.decode(out, /*skip_special=*/true));
+}
 
 void resolve(TrainFlags& f) {
   TrainOptions& o = f.o;
+  if (f.test_max_tokens > 0 && o.output_dat.empty()) throw UsageError("--test-max-tokens needs --output-dat");
   if (!f.model_dir.empty()) {  // the original's --model-dir: the folder holding config.json and tokenizer.json
     if (o.config.empty()) o.config = f.model_dir + "/config.json";
     if (o.tokenizer.empty()) o.tokenizer = f.model_dir + "/tokenizer.json";
   }
+  if (f.synthetic) make_synthetic_weights(f);
   for (auto [name, value] : {std::pair{"--weights", &o.weights}, {"--config", &o.config}, {"--tokenizer", &o.tokenizer},
                              {"--train-data", &o.data.path}})
     if (value->empty()) throw UsageError(std::string("train: ") + name + " is required");
@@ -59,6 +105,10 @@ Command add_train_command(CLI::App& app) {
   files->add_option("--train-data", o.data.path, "TSV prompt<TAB>target pairs or text lines");
   files->add_option("--output-dat", o.output_dat, "export the trained model to this new .dat at the end");
   files->add_option("--metrics-jsonl", o.metrics_jsonl, "append one JSON object per step");
+  add_bool_flag(files, "--synthetic", f->synthetic, "train random weights of --config's shape (tiny without it)");
+  files->add_option("--test-max-tokens", f->test_max_tokens, "after export, greedy-reply to --test-prompt with this many tokens")
+      ->check(CLI::NonNegativeNumber);
+  files->add_option("--test-prompt", f->test_prompt, "prompt of the after-export self-test")->capture_default_str();
   files->add_option("--eval-data", o.eval_data, "held-out data for --eval-every");
 
   auto* data = group("Data");
@@ -122,6 +172,7 @@ Command add_train_command(CLI::App& app) {
             std::signal(SIGINT, on_stop_signal);
             std::signal(SIGTERM, on_stop_signal);
             const TrainSummary s = run_training(f->o, &g_stop_signal);
+            if (f->test_max_tokens > 0 && !s.exported.empty()) self_test(*f);
             fmt::print("trained {} steps (now at step {}, {} skipped): loss {:.4f} -> {:.4f}, {:.0f} ms/step, {:.0f} tok/s{}{}\n",
                        s.steps_done, s.final_step, s.skipped_steps, s.first_loss, s.last_loss, s.mean_step_ms,
                        s.tokens_per_second, s.last_checkpoint.empty() ? "" : ", checkpoint " + s.last_checkpoint,

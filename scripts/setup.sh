@@ -5,7 +5,8 @@ set -euo pipefail
 
 packages=(build-essential cmake ninja-build ccache pkg-config
           libtorch-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
-          libgtest-dev libbenchmark-dev libpcre2-dev libutf8proc-dev)
+          libgtest-dev libbenchmark-dev libpcre2-dev libutf8proc-dev
+          libopenblas0-pthread)  # libtorch's matmul goes through libblas.so.3: the reference BLAS is ~10x slower
 
 missing=()
 for p in "${packages[@]}"; do

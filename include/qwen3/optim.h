@@ -28,7 +28,9 @@ const char* moment_storage_name(MomentStorage storage);
 struct AdamWOptions {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
   MomentStorage moments = MomentStorage::float32;
-  int64_t step_chunk_rows = 0;  // 0: a whole tensor at once; R > 0: at most R rows (dim 0) per piece
+  // R > 0: at most R rows (dim 0) per piece. 0: no bound: whole tensors on CUDA; on CPU pieces of ~2^20
+  // elements, because larger temporaries cost a page fault per 4 KiB there. Any R gives the same bytes.
+  int64_t step_chunk_rows = 0;
   uint64_t seed = 0;            // the stochastic-rounding stream (bf16 masters, compressed moments)
 };
 

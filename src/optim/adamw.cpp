@@ -1,6 +1,7 @@
 // AdamW over master weights, the moments in any MomentStorage, one row chunk at a time.
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <set>
@@ -20,6 +21,18 @@ constexpr const char* kExpAvg = ".exp_avg";
 constexpr const char* kExpAvgSq = ".exp_avg_sq";
 constexpr const char* kScale = ".scale";
 constexpr const char* kRowScale = ".row_scale";
+
+// On CPU, temporaries above glibc's largest mmap threshold (32 MiB) are mapped fresh and page-faulted on every
+// operation, which made whole-tensor steps of a 4096 x 2560 tensor 10-40x slower than 256-row pieces
+// (docs/optim.md). Unbounded CPU steps therefore go in pieces of about 2^20 elements: the result is the same
+// bytes (any piece size is), only faster.
+constexpr int64_t kCpuPieceElements = int64_t{1} << 20;
+
+int64_t rows_per_piece(int64_t requested_rows, int64_t rows, int64_t cols, const at::Device& device) {
+  if (requested_rows > 0) return requested_rows;
+  if (device.is_cpu()) return std::max<int64_t>(1, kCpuPieceElements / std::max<int64_t>(1, cols));
+  return rows;
+}
 
 std::string describe(const at::Tensor& t) {
   std::string text = std::string(c10::toString(t.scalar_type())) + " [";
@@ -133,7 +146,7 @@ void AdamW::step(double lr) {
     const at::Tensor grad_rows = grad.reshape({s.rows, s.cols});
     const bool bf16_master = master.scalar_type() == at::kBFloat16;
     const bool decay = p.decay && o.weight_decay != 0.0;
-    const int64_t chunk = o.step_chunk_rows > 0 ? o.step_chunk_rows : s.rows;
+    const int64_t chunk = rows_per_piece(o.step_chunk_rows, s.rows, s.cols, master.device());
     for (int64_t first = 0; first < s.rows; first += chunk) {
       const int64_t count = std::min(chunk, s.rows - first);
       at::Tensor g = grad_rows.narrow(0, first, count).to(at::kFloat);

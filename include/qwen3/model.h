@@ -48,6 +48,8 @@ class Qwen3Model : public torch::nn::Module {
   // Every named tensor in file order (the keys of qwen3.md), for loading, saving and the optimizer.
   std::vector<std::pair<std::string, at::Tensor>> named_weights() const;
   bool has_separate_lm_head() const { return lm_head_.defined(); }
+  // The LM head's weight: lm_head, or the embedding when tied.
+  const at::Tensor& head_weight() const { return lm_head_.defined() ? lm_head_ : embed_tokens; }
 
   void set_projection_op(ProjectionOp op) { project_ = std::move(op); }
 

@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "qwen3/error.h"
+#include "qwen3/lm_loss.h"
 
 namespace qwen3 {
 namespace {
@@ -78,9 +79,9 @@ SequenceLoss sequence_loss(Qwen3Model& model, const std::vector<int64_t>& ids) {
   torch::NoGradGuard no_grad;
   const at::Tensor t = at::tensor(ids, at::kLong).unsqueeze(0);
   const int64_t n = t.size(1);
-  const at::Tensor logits = model.forward(t.narrow(1, 0, n - 1))[0];
-  const at::Tensor target = t[0].narrow(0, 1, n - 1).to(logits.device());
-  const at::Tensor loss = at::cross_entropy_loss(logits, target);
+  const at::Tensor hidden = model.hidden_states(t.narrow(1, 0, n - 1))[0];
+  const at::Tensor target = t[0].narrow(0, 1, n - 1).to(hidden.device());
+  const at::Tensor loss = linear_cross_entropy(hidden, model.head_weight(), target);
   return {n - 1, loss.item<double>()};
 }
 

@@ -149,8 +149,7 @@ at::Tensor Qwen3Model::hidden_states(const at::Tensor& ids, KVCache* cache) {
 }
 
 at::Tensor Qwen3Model::logits(const at::Tensor& hidden) {
-  const at::Tensor& head = lm_head_.defined() ? lm_head_ : embed_tokens;
-  return at::linear(hidden, head).to(at::kFloat);
+  return at::linear(hidden, head_weight()).to(at::kFloat);
 }
 
 KVCache Qwen3Model::make_cache(int64_t batch, int64_t capacity) const {

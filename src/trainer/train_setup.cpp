@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include "qwen3/lm_loss.h"
+
 namespace qwen3::train_detail {
 
 TrainableSet select_trainable(Qwen3Model& model, const TrainOptions& opt) {
@@ -41,11 +43,8 @@ at::Tensor compute_loss(Qwen3Model& model, const Batch& batch, const std::string
   const at::Tensor inputs = batch.input_ids.to(model.device());
   const at::Tensor targets = batch.target_ids.to(model.device());
   const at::Tensor hidden = model.hidden_states(inputs);
-  if (kind == "ce") {
-    const at::Tensor logits = model.logits(hidden);  // fp32
-    return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}), {},
-                                  at::Reduction::Mean, -100);
-  }
+  if (kind == "ce")
+    return linear_cross_entropy(hidden.reshape({-1, hidden.size(-1)}), model.head_weight(), targets.reshape({-1}));
   // scalar: L1 distance of each position's final hidden state to its target token's embedding.
   const at::Tensor mask = targets.ne(-100);
   const at::Tensor want = at::embedding(model.embed_tokens.detach(), targets.clamp_min(0));

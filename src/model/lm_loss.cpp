@@ -1,0 +1,84 @@
+#include "qwen3/lm_loss.h"
+
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+
+#include <limits>
+
+namespace qwen3 {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+int64_t slice_width(int64_t rows, int64_t vocab, int64_t slice_elements) {
+  return std::min(vocab, std::max<int64_t>(256, slice_elements / std::max<int64_t>(rows, 1)));
+}
+
+class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
+                            const at::Tensor& targets, int64_t slice_elements) {
+    const int64_t n = hidden.size(0), vocab = weight.size(0);
+    const int64_t width = slice_width(n, vocab, slice_elements);
+    const auto f32 = hidden.options().dtype(at::kFloat);
+    at::Tensor running_max = at::full({n}, -std::numeric_limits<float>::infinity(), f32);
+    at::Tensor running_sum = at::zeros({n}, f32);
+    at::Tensor target_logit = at::zeros({n}, f32);
+    const at::Tensor valid = targets.ne(-100);
+    const at::Tensor safe_targets = targets.clamp_min(0);
+    for (int64_t v0 = 0; v0 < vocab; v0 += width) {
+      const int64_t w = std::min(width, vocab - v0);
+      const at::Tensor logits = at::matmul(hidden, weight.narrow(0, v0, w).t()).to(at::kFloat);
+      const at::Tensor slice_max = std::get<0>(logits.max(1));
+      const at::Tensor new_max = at::maximum(running_max, slice_max);
+      running_sum = running_sum * at::exp(running_max - new_max) + at::exp(logits - new_max.unsqueeze(1)).sum(1);
+      running_max = new_max;
+      // Targets inside this slice pick their logit from it.
+      const at::Tensor in_slice = safe_targets.ge(v0).logical_and(safe_targets.lt(v0 + w));
+      const at::Tensor local = (safe_targets - v0).clamp(0, w - 1).unsqueeze(1);
+      target_logit = at::where(in_slice, logits.gather(1, local).squeeze(1), target_logit);
+    }
+    const at::Tensor lse = running_max + at::log(running_sum);
+    const at::Tensor count = valid.sum().to(at::kFloat).clamp_min(1.0);
+    const at::Tensor loss = ((lse - target_logit) * valid.to(at::kFloat)).sum() / count;
+    ctx->save_for_backward({hidden, weight, targets, lse, count});
+    ctx->saved_data["width"] = width;
+    return loss;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &hidden = saved[0], &weight = saved[1], &targets = saved[2], &lse = saved[3], &count = saved[4];
+    const int64_t width = ctx->saved_data["width"].toInt();
+    const int64_t n = hidden.size(0), vocab = weight.size(0);
+    // d loss / d logit = (softmax - onehot) * valid * grad / count
+    const at::Tensor row_scale = (targets.ne(-100).to(at::kFloat) * (grad_outputs[0].to(at::kFloat) / count)).unsqueeze(1);
+    const at::Tensor safe_targets = targets.clamp_min(0);
+    at::Tensor grad_hidden = at::zeros({n, hidden.size(1)}, hidden.options().dtype(at::kFloat));
+    at::Tensor grad_weight = at::empty_like(weight);
+    for (int64_t v0 = 0; v0 < vocab; v0 += width) {
+      const int64_t w = std::min(width, vocab - v0);
+      const at::Tensor wslice = weight.narrow(0, v0, w);
+      const at::Tensor logits = at::matmul(hidden, wslice.t()).to(at::kFloat);
+      at::Tensor d = at::exp(logits - lse.unsqueeze(1));
+      const at::Tensor in_slice = safe_targets.ge(v0).logical_and(safe_targets.lt(v0 + w));
+      const at::Tensor local = (safe_targets - v0).clamp(0, w - 1).unsqueeze(1);
+      d.scatter_add_(1, local, -in_slice.to(at::kFloat).unsqueeze(1));
+      d.mul_(row_scale);
+      const at::Tensor d_typed = d.to(hidden.scalar_type());
+      grad_hidden.add_(at::matmul(d_typed, wslice).to(at::kFloat));
+      grad_weight.narrow(0, v0, w).copy_(at::matmul(d_typed.t(), hidden));
+    }
+    return {grad_hidden.to(hidden.scalar_type()), grad_weight, at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
+                                int64_t slice_elements) {
+  return LinearCrossEntropy::apply(hidden, weight, targets, slice_elements);
+}
+
+}  // namespace qwen3

@@ -141,6 +141,7 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
   const int64_t per_epoch = o.steps_per_epoch > 0 ? o.steps_per_epoch : data.batches_per_epoch();
   // What `qwen3-train export` needs to rebuild a .dat from a checkpoint without the training flags.
   const nlohmann::json export_info = {{"weights_hash", weights_hash(reader)},
+                                      {"weights_sample_hash", weights_sample_hash(reader)},
                                       {"config", config.to_json()},
                                       {"tied_head", !model->has_separate_lm_head()},
                                       {"scale_mode", nvfp4::scale_mode_name(mode)}};
@@ -216,14 +217,10 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
   sum.tokens_per_second = total_ms > 0 ? total_tokens / (total_ms / 1000.0) : 0;
   sum.last_checkpoint = last_checkpoint;
   if (!o.output_dat.empty() && sum.stop_signal == 0) {
-    std::vector<std::pair<std::string, at::Tensor>> trained;
-    for (const auto& p : set.params) {
-      trained.emplace_back(p.name, p.param.detach());
-      // The file's own lm_head of a tied model is the quantized embedding: keep it so.
-      if (p.name == "model.embed_tokens.weight" && !model->has_separate_lm_head() && file_has_lm_head(reader))
-        trained.emplace_back("lm_head.weight", p.param.detach());
-    }
-    const ExportReport rep = export_dat(o.weights, o.output_dat, trained, mode);
+    NamedTensors trained;
+    for (const auto& p : set.params) trained.emplace_back(p.name, p.param.detach());
+    trained = with_tied_head(std::move(trained), !model->has_separate_lm_head(), reader);
+    const ExportReport rep = export_dat(reader, o.output_dat, trained, mode);
     spdlog::info("exported {}: {} entries ({} rewritten, {} copied)", o.output_dat, rep.entries, rep.rewritten,
                  rep.copied);
     sum.exported = o.output_dat;

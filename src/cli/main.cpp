@@ -31,6 +31,8 @@ int run(int argc, char** argv) {
   commands.push_back(add_tokenize_command(app));
   commands.push_back(add_generate_command(app));
   commands.push_back(add_eval_command(app));
+  commands.push_back(add_export_command(app));
+  commands.push_back(add_convert_command(app));
 
   try {
     app.parse(argc, argv);

@@ -1,0 +1,30 @@
+// `qwen3-train export`: a training checkpoint plus the `.dat` it was trained from → a new `.dat`, through the
+// same exporter (and the same tied-head rule) as `train --output-dat`.
+#pragma once
+#include <optional>
+#include <string>
+
+#include "qwen3/exporter.h"
+
+namespace qwen3 {
+
+struct CheckpointExportOptions {
+  std::string checkpoint;  // a `step-*` directory, or a checkpoint root (its newest complete checkpoint is used)
+  std::string weights;     // the input `.dat` the checkpoint was trained from
+  std::string out;         // the new `.dat`
+  std::optional<nvfp4::ScaleMode> scale_mode;  // default: the mode the checkpoint trained with
+};
+
+struct CheckpointExportResult {
+  std::string checkpoint_path;  // the `step-*` directory used
+  int64_t step = 0;
+  nvfp4::ScaleMode scale_mode = nvfp4::ScaleMode::rne;
+  size_t trained_tensors = 0;   // master weights in the checkpoint
+  ExportReport report;
+};
+
+// Errors (qwen3::Error, naming the path): no checkpoint there, a checkpoint without the export information,
+// one trained from another weight file (keys, element types or shapes differ), master weights that do not fit.
+CheckpointExportResult export_checkpoint(const CheckpointExportOptions& options);
+
+}  // namespace qwen3

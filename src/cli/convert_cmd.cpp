@@ -1,0 +1,42 @@
+// `convert`: a Hugging Face Qwen3 checkpoint directory into a `.dat` (docs/export.md).
+#include <fmt/format.h>
+
+#include <chrono>
+
+#include "cli_common.h"
+#include "qwen3/hf_convert.h"
+
+namespace qwen3::cli {
+
+Command add_convert_command(CLI::App& app) {
+  struct Options {
+    ConvertOptions opt;
+    std::string dtype = "float16", scale_mode = "rne";
+  };
+  auto o = std::make_shared<Options>();
+  auto* sub = app.add_subcommand("convert", "Convert a Hugging Face safetensors checkpoint into a .dat");
+  sub->add_option("--hf-dir", o->opt.hf_dir, "folder with config.json and *.safetensors (index.json optional)")
+      ->required();
+  sub->add_option("--out", o->opt.out, "the .dat to write; config.json is copied beside it")->required();
+  sub->add_option("--dtype", o->dtype, "dense element type: float16 (as the original's export) or bfloat16")
+      ->check(CLI::IsMember({"float16", "bfloat16"}))
+      ->capture_default_str();
+  add_bool_flag(sub, "--nvfp4", o->opt.nvfp4, "write the projections and lm_head as NVFP4 pairs (as `quantize`)");
+  sub->add_option("--scale-mode", o->scale_mode, "NVFP4 block scales with --nvfp4: rne or search")
+      ->check(CLI::IsMember({"rne", "search"}))
+      ->capture_default_str();
+  return {sub, [o]() {
+            o->opt.dense_type = elem_type_from_name(o->dtype);
+            o->opt.scale_mode = nvfp4::scale_mode_from_name(o->scale_mode);
+            const auto t0 = std::chrono::steady_clock::now();
+            const ConvertReport r = convert_hf_checkpoint(o->opt);
+            const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            fmt::print("wrote {}: {} entries from {} tensors in {} shard(s) ({} NVFP4, lm_head {}, {} ignored), "
+                       "config {}, in {:.1f} s\n",
+                       o->opt.out, r.entries, r.tensors, r.shards.size(), r.quantized,
+                       r.lm_head ? "written" : "tied to the embedding", r.ignored.size(), r.config_path, s);
+            return 0;
+          }};
+}
+
+}  // namespace qwen3::cli

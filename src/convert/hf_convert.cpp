@@ -1,0 +1,242 @@
+#include "qwen3/hf_convert.h"
+
+#include <ATen/ATen.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "qwen3/config.h"
+#include "qwen3/dat_tensor.h"
+#include "qwen3/layout.h"
+#include "qwen3/nvfp4_pair_writer.h"
+#include "qwen3/quantize_dat.h"
+#include "qwen3/safetensors.h"
+
+namespace qwen3 {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr uint64_t kChunkBytes = 16 << 20;  // source bytes read per row chunk
+constexpr const char* kIndexName = "model.safetensors.index.json";
+
+struct Located {
+  const SafetensorsFile* file = nullptr;
+  const SafetensorsTensor* tensor = nullptr;
+};
+
+// The shards of a checkpoint directory and where each tensor lives.
+struct HfCheckpoint {
+  std::vector<SafetensorsFile> files;
+  std::map<std::string, Located> tensors;
+};
+
+std::vector<std::string> shard_names_from_index(const fs::path& index_path, std::map<std::string, std::string>& map) {
+  std::ifstream f(index_path);
+  if (!f) throw Error(index_path.string() + ": cannot open");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(index_path.string() + ": invalid JSON: " + e.what());
+  }
+  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+    throw Error(index_path.string() + ": no \"weight_map\" object");
+  std::set<std::string> shards;
+  for (auto& [name, file] : j["weight_map"].items()) {
+    if (!file.is_string()) throw Error(index_path.string() + ": weight_map entry '" + name + "' is not a file name");
+    const std::string shard = file.get<std::string>();
+    // Shards sit beside the index: a path elsewhere is refused rather than followed.
+    if (shard.empty() || shard.find('/') != std::string::npos || shard == "." || shard == "..")
+      throw Error(index_path.string() + ": weight_map entry '" + name + "' names '" + shard +
+                  "', not a file in the checkpoint directory");
+    map[name] = shard;
+    shards.insert(shard);
+  }
+  if (shards.empty()) throw Error(index_path.string() + ": weight_map is empty");
+  return {shards.begin(), shards.end()};
+}
+
+HfCheckpoint open_checkpoint(const fs::path& dir, ConvertReport& rep) {
+  HfCheckpoint ck;
+  std::map<std::string, std::string> index_map;
+  std::vector<std::string> shard_names;
+  const fs::path index_path = dir / kIndexName;
+  std::error_code ec;
+  if (fs::exists(index_path, ec)) {
+    shard_names = shard_names_from_index(index_path, index_map);
+  } else {
+    for (const auto& e : fs::directory_iterator(dir, ec))
+      if (e.path().extension() == ".safetensors") shard_names.push_back(e.path().filename().string());
+    if (ec) throw Error(dir.string() + ": cannot list: " + ec.message());
+    std::sort(shard_names.begin(), shard_names.end());
+    if (shard_names.empty()) throw Error(dir.string() + ": no *.safetensors file and no " + kIndexName);
+  }
+  ck.files.reserve(shard_names.size());  // Located points into it
+  for (const auto& name : shard_names) {
+    ck.files.emplace_back((dir / name).string());
+    rep.shards.push_back(ck.files.back().path());
+  }
+  for (const auto& file : ck.files)
+    for (const auto& t : file.tensors()) {
+      if (!index_map.empty()) {
+        auto it = index_map.find(t.name);
+        if (it == index_map.end() || (dir / it->second).string() != file.path()) continue;  // the index decides
+      }
+      auto [pos, fresh] = ck.tensors.emplace(t.name, Located{&file, &t});
+      if (!fresh)
+        throw Error(dir.string() + ": tensor '" + t.name + "' is in both " + pos->second.file->path() + " and " +
+                    file.path());
+    }
+  std::string missing;
+  for (const auto& [name, shard] : index_map)
+    if (!ck.tensors.count(name)) missing += (missing.empty() ? "" : ", ") + name + " (" + shard + ")";
+  if (!missing.empty()) throw Error(index_path.string() + ": tensors listed but not in their shard: " + missing);
+  return ck;
+}
+
+at::ScalarType source_scalar_type(const std::string& dtype) {
+  if (dtype == "F16") return at::kHalf;
+  if (dtype == "BF16") return at::kBFloat16;
+  if (dtype == "F32") return at::kFloat;
+  if (dtype == "F64") return at::kDouble;
+  return at::kByte;  // not a float: refused by check_against_config
+}
+
+// Every model tensor present, float and of the config's shape; all problems in one message.
+void check_against_config(const HfCheckpoint& ck, const std::vector<TensorSpec>& specs, const std::string& dir) {
+  std::vector<std::string> problems;
+  for (const auto& spec : specs) {
+    auto it = ck.tensors.find(spec.key);
+    if (it == ck.tensors.end()) {
+      problems.push_back("missing '" + spec.key + "'");
+      continue;
+    }
+    const SafetensorsTensor& t = *it->second.tensor;
+    if (t.shape != spec.shape)
+      problems.push_back(fmt::format("'{}' is [{}] in {}, the config needs [{}]", spec.key, fmt::join(t.shape, ", "),
+                                     it->second.file->path(), fmt::join(spec.shape, ", ")));
+    if (source_scalar_type(t.dtype) == at::kByte)
+      problems.push_back("'" + spec.key + "' is " + t.dtype + " in " + it->second.file->path() +
+                         " (F16, BF16, F32 or F64 expected)");
+  }
+  if (problems.empty()) return;
+  std::string msg = dir + ": the checkpoint does not match its config.json (" + std::to_string(problems.size()) +
+                    " problems): ";
+  for (size_t i = 0; i < problems.size() && i < 12; ++i) msg += (i ? "; " : "") + problems[i];
+  if (problems.size() > 12) msg += "; ...";
+  throw Error(msg);
+}
+
+// One tensor, row chunk by row chunk: read with pread, rounded to the dense type, then written as it is or
+// quantized. `buf` is the one reused read buffer.
+void convert_tensor(const Located& src, const TensorSpec& spec, const ConvertOptions& o, DatWriter& out,
+                    std::vector<uint8_t>& buf) {
+  const SafetensorsTensor& t = *src.tensor;
+  const int64_t rows = spec.shape.size() == 1 ? 1 : spec.shape[0];
+  const int64_t cols = spec.shape.size() == 1 ? spec.shape[0] : spec.shape[1];
+  const at::ScalarType from = source_scalar_type(t.dtype), dense = scalar_type_of(o.dense_type);
+  const uint64_t row_bytes = static_cast<uint64_t>(cols) * at::elementSize(from);
+  const int64_t chunk_rows = static_cast<int64_t>(std::max<uint64_t>(1, kChunkBytes / std::max<uint64_t>(1, row_bytes)));
+  buf.resize(static_cast<size_t>(std::min(chunk_rows, rows) * row_bytes));
+  const bool quantize = o.nvfp4 && spec.quantizable;
+  std::optional<Nvfp4PairWriter> pair;
+  if (quantize) pair.emplace(out, spec.key, rows, cols, o.scale_mode, ElemType::UInt8);
+  else out.begin_entry(spec.key, o.dense_type, spec.shape);
+  for (int64_t r = 0; r < rows; r += chunk_rows) {
+    const int64_t n = std::min(chunk_rows, rows - r);
+    src.file->read_range(t, r * row_bytes, buf.data(), n * row_bytes);
+    const at::Tensor x = at::from_blob(buf.data(), {n, cols}, at::TensorOptions().dtype(from)).to(dense);
+    if (!at::isfinite(x).all().item<bool>())
+      throw Error(fmt::format("{}: tensor '{}' (rows {}..{}) has a value that is not finite as {}{}", src.file->path(),
+                              t.name, r, r + n - 1, elem_type_name(o.dense_type),
+                              o.dense_type == ElemType::Float16 ? " (past 65504? try --dtype bfloat16)" : ""));
+    if (quantize) pair->add_rows(x.to(at::kFloat).contiguous().data_ptr<float>(), n);
+    else out.write_payload(x.data_ptr(), static_cast<uint64_t>(x.numel()) * x.element_size());
+  }
+  if (pair) pair->finish();
+}
+
+void fsync_or_throw(const std::string& path, bool directory) {
+  const int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
+  const bool ok = fd >= 0 && ::fsync(fd) == 0;
+  if (fd >= 0) ::close(fd);
+  if (!ok) throw Error(path + ": fsync failed");
+}
+
+// config.json beside the output, atomically like the `.dat` (temporary name, fsync, rename).
+std::string copy_config(const fs::path& config, const std::string& out) {
+  fs::path dir = fs::path(out).parent_path();
+  if (dir.empty()) dir = ".";
+  const fs::path target = dir / "config.json";
+  std::error_code ec;
+  if (fs::exists(target, ec) && fs::equivalent(config, target, ec)) return target.string();
+  const fs::path temp = dir / ".config.json.convert-tmp";
+  fs::copy_file(config, temp, fs::copy_options::overwrite_existing, ec);
+  if (!ec) {
+    try {
+      fsync_or_throw(temp.string(), false);
+    } catch (...) {
+      fs::remove(temp, ec);
+      throw;
+    }
+    fs::rename(temp, target, ec);
+  }
+  if (ec) {
+    std::error_code ignored;
+    fs::remove(temp, ignored);
+    throw Error(target.string() + ": cannot copy config.json there (" + ec.message() + "); " + out + " was written");
+  }
+  fsync_or_throw(dir.string(), true);
+  return target.string();
+}
+
+}  // namespace
+
+ConvertReport convert_hf_checkpoint(const ConvertOptions& o) {
+  if (o.dense_type != ElemType::Float16 && o.dense_type != ElemType::BFloat16)
+    throw UsageError(std::string("convert: --dtype ") + elem_type_name(o.dense_type) + " (float16 or bfloat16)");
+  const fs::path dir(o.hf_dir);
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) throw Error(o.hf_dir + ": no such directory");
+  const fs::path config_path = dir / "config.json";
+  const Qwen3Config config = load_config(config_path.string());
+  ConvertReport rep;
+  const HfCheckpoint ck = open_checkpoint(dir, rep);
+  for (const auto& file : ck.files) check_not_same_file(file.path(), o.out);
+
+  rep.lm_head = ck.tensors.count("lm_head.weight") > 0;
+  if (rep.lm_head && config.tie_word_embeddings)
+    spdlog::info("convert: the config ties lm_head to the embedding, but the checkpoint has its own: it is written");
+  const auto specs = qwen3_tensors(config.shape(), rep.lm_head || !config.tie_word_embeddings);
+  check_against_config(ck, specs, o.hf_dir);
+  std::set<std::string> used;
+  for (const auto& s : specs) used.insert(s.key);
+  for (const auto& [name, where] : ck.tensors)
+    if (!used.count(name)) rep.ignored.push_back(name);
+  if (!rep.ignored.empty())
+    spdlog::warn("convert: {} tensors the model does not use are left out (first: {})", rep.ignored.size(),
+                 rep.ignored.front());
+
+  for (const auto& s : specs) rep.entries += o.nvfp4 && s.quantizable ? 2 : 1;
+  DatWriter out(o.out, rep.entries);
+  std::vector<uint8_t> buf;
+  for (const auto& spec : specs) {
+    spdlog::debug("convert: {}", spec.key);
+    convert_tensor(ck.tensors.at(spec.key), spec, o, out, buf);
+    ++rep.tensors;
+    if (o.nvfp4 && spec.quantizable) ++rep.quantized;
+  }
+  out.commit();
+  rep.config_path = copy_config(config_path, o.out);
+  return rep;
+}
+
+}  // namespace qwen3

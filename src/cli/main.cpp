@@ -24,6 +24,7 @@ int run(int argc, char** argv) {
       ->capture_default_str();
 
   std::vector<Command> commands;
+  commands.push_back(add_smoke_command(app));
   commands.push_back(add_train_command(app));
   commands.push_back(add_synth_command(app));
   commands.push_back(add_quantize_command(app));

@@ -12,6 +12,7 @@
 #include "qwen3/generate.h"
 #include "qwen3/model.h"
 #include "qwen3/model_loader.h"
+#include "qwen3/nvfp4_linear.h"
 #include "qwen3/nvfp4_ops.h"
 #include "qwen3/synth.h"
 
@@ -255,6 +256,36 @@ TEST(ModelLoader, LoadsNvfp4AndDenseFilesAndListsProblems) {
     EXPECT_NE(msg.find("missing 'model.layers.2.self_attn.q_proj.weight'"), std::string::npos) << msg;
     EXPECT_NE(msg.find("'model.layers.0.mlp.gate_proj.weight' is [256, 96] in the file, the config needs [512, 96]"),
               std::string::npos) << msg;
+  }
+}
+
+}  // namespace
+}  // namespace qwen3
+
+namespace qwen3 {
+namespace {
+
+TEST(Model, ActivationCheckpointingGivesIdenticalGradients) {
+  at::Tensor grads[2][2];  // [checkpointing][frozen first block?] -> concatenated gradients
+  for (int frozen = 0; frozen < 2; ++frozen) {
+    for (int ckpt = 0; ckpt < 2; ++ckpt) {
+      Qwen3Model m(tiny_config(false), at::kFloat, at::kCPU, true);
+      randomize(m, 21);
+      m.set_projection_op([](const at::Tensor& x, const at::Tensor& w) { return nvfp4::ste_linear(x, w); });
+      m.set_activation_checkpointing(ckpt == 1);
+      if (frozen) {
+        m.embed_tokens.requires_grad_(false);
+        for (const at::Tensor* t : m.blocks[0].tensors()) const_cast<at::Tensor*>(t)->requires_grad_(false);
+      }
+      const at::Tensor ids = at::randint(0, 97, {2, 9}, at::kLong);
+      m.forward(ids).pow(2).mean().backward();
+      std::vector<at::Tensor> flat;
+      for (auto& [key, t] : m.named_weights())
+        flat.push_back(t.grad().defined() ? t.grad().reshape({-1}) : at::zeros({0}));
+      grads[ckpt][frozen] = at::cat(flat);
+    }
+    EXPECT_GT(grads[0][frozen].abs().sum().item<double>(), 0.0);
+    EXPECT_TRUE(grads[1][frozen].equal(grads[0][frozen])) << "frozen=" << frozen;
   }
 }
 

@@ -299,3 +299,26 @@ TEST(TrainCli, SyntheticWeightsAndTheAfterExportSelfTest) {
 
 }  // namespace
 }  // namespace qwen3
+
+namespace qwen3 {
+namespace {
+
+TEST(Trainer, GradCheckpointingChangesNothingButMemory) {
+  test::TempDir dir;
+  const SynthResult m = make_model(dir);
+  std::ofstream(dir.file("pairs.tsv")) << kPairs;
+  std::vector<double> runs[2];
+  for (int ckpt = 0; ckpt < 2; ++ckpt) {
+    TrainOptions o = base_options(m, dir.file("pairs.tsv"));
+    o.steps = 4;
+    o.grad_checkpoint = ckpt == 1;
+    o.metrics_jsonl = dir.file("m" + std::to_string(ckpt) + ".jsonl");
+    run_training(o);
+    runs[ckpt] = losses_of(o.metrics_jsonl);
+  }
+  ASSERT_EQ(runs[0].size(), 4u);
+  EXPECT_EQ(runs[0], runs[1]);
+}
+
+}  // namespace
+}  // namespace qwen3

@@ -4,6 +4,7 @@
 #pragma once
 #include <torch/nn/module.h>
 
+#include <array>
 #include <functional>
 #include <vector>
 
@@ -25,6 +26,11 @@ struct KVCache {
 struct Qwen3Block {
   at::Tensor q_proj, k_proj, v_proj, o_proj, q_norm, k_norm, gate_proj, up_proj, down_proj, input_layernorm,
       post_attention_layernorm;
+  // In file order (qwen3.md).
+  std::array<const at::Tensor*, 11> tensors() const {
+    return {&q_proj, &k_proj, &v_proj, &o_proj, &q_norm, &k_norm, &gate_proj, &up_proj, &down_proj,
+            &input_layernorm, &post_attention_layernorm};
+  }
 };
 
 class Qwen3Model : public torch::nn::Module {
@@ -52,6 +58,14 @@ class Qwen3Model : public torch::nn::Module {
   const at::Tensor& head_weight() const { return lm_head_.defined() ? lm_head_ : embed_tokens; }
 
   void set_projection_op(ProjectionOp op) { project_ = std::move(op); }
+  // Activation checkpointing per block (training without a cache): a block keeps only its input for backward
+  // and recomputes itself there; gradients are identical to the plain path.
+  void set_activation_checkpointing(bool on) { checkpoint_blocks_ = on; }
+
+  // One block, as forward runs it (public for the checkpointing function, which re-runs it in backward).
+  at::Tensor run_block(int64_t layer, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+    return block_forward(blocks[layer], x, cos, sin, nullptr, layer, 0);
+  }
 
   at::Tensor embed_tokens, final_norm;
   std::vector<Qwen3Block> blocks;
@@ -66,6 +80,7 @@ class Qwen3Model : public torch::nn::Module {
   at::Device device_;
   at::Tensor lm_head_;  // undefined when tied to embed_tokens
   ProjectionOp project_ = dense_projection;
+  bool checkpoint_blocks_ = false;
 };
 
 // Rotary embedding tables [T, head_dim] (fp32) for positions offset .. offset+T-1.

@@ -26,6 +26,7 @@ struct TrainOptions {
   bool freeze_embeddings = false;
   bool train_lm_head = false;
   bool decay_norms_and_embeddings = false;
+  bool grad_checkpoint = false;  // recompute each block in backward instead of keeping its activations
   nvfp4::ScaleMode scale_mode = nvfp4::ScaleMode::rne;
   std::string device = "cpu";
   int64_t log_every = 1;

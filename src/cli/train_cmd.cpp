@@ -158,6 +158,7 @@ Command add_train_command(CLI::App& app) {
 
   auto* run = group("Run");
   run->add_option("--device", o.device, "cpu or cuda")->capture_default_str();
+  add_bool_flag(run, "--grad-checkpoint", o.grad_checkpoint, "recompute each block in backward (less activation memory)");
   run->add_option("--log-every", o.log_every, "progress line every N steps")->check(CLI::NonNegativeNumber)->capture_default_str();
   run->add_option("--checkpoint-dir", o.checkpoint_dir, "where checkpoints go (step-NNNNNNNN/)");
   run->add_option("--save-every-steps", o.save_every_steps, "checkpoint every K steps (0: at the end only)")

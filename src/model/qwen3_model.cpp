@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <torch/version.h>
 
+#include "block_checkpoint.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -52,9 +54,7 @@ std::vector<std::pair<std::string, at::Tensor>> Qwen3Model::named_weights() cons
   out.emplace_back(specs[0].key, embed_tokens);
   size_t k = 1;
   for (const auto& b : blocks)
-    for (const at::Tensor* t : {&b.q_proj, &b.k_proj, &b.v_proj, &b.o_proj, &b.q_norm, &b.k_norm, &b.gate_proj,
-                                &b.up_proj, &b.down_proj, &b.input_layernorm, &b.post_attention_layernorm})
-      out.emplace_back(specs[k++].key, *t);
+    for (const at::Tensor* t : b.tensors()) out.emplace_back(specs[k++].key, *t);
   out.emplace_back(specs[k++].key, final_norm);
   if (has_separate_lm_head()) out.emplace_back(specs[k].key, lm_head_);
   return out;
@@ -143,7 +143,18 @@ at::Tensor Qwen3Model::hidden_states(const at::Tensor& ids, KVCache* cache) {
                 std::to_string(offset + T) + " needed");
   const auto [cos, sin] = rope_tables(config_.head_dim, config_.rope_theta, offset, T, device_);
   at::Tensor x = at::embedding(embed_tokens, ids.to(device_));
-  for (size_t i = 0; i < blocks.size(); ++i) x = block_forward(blocks[i], x, cos, sin, cache, i, offset);
+  const bool checkpoint = checkpoint_blocks_ && !cache && at::GradMode::is_enabled();
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    if (checkpoint) {
+      const Qwen3Block& b = blocks[i];
+      std::vector<at::Tensor> trainable;
+      for (const at::Tensor* t : b.tensors())
+        if (t->requires_grad()) trainable.push_back(*t);
+      x = checkpointed_block(*this, static_cast<int64_t>(i), x, cos, sin, trainable);
+    } else {
+      x = block_forward(blocks[i], x, cos, sin, cache, i, offset);
+    }
+  }
   if (cache) cache->length += T;
   return rmsnorm(x, final_norm);
 }

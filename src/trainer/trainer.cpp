@@ -102,6 +102,7 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
   auto model = load_model(reader, config, master, device, /*tie_head=*/config.tie_word_embeddings);
   const nvfp4::ScaleMode mode = o.scale_mode;
   model->set_projection_op([mode](const at::Tensor& x, const at::Tensor& w) { return nvfp4::ste_linear(x, w, mode); });
+  model->set_activation_checkpointing(o.grad_checkpoint);
   TrainableSet set = select_trainable(*model, o);
   AdamW opt(set.params, o.adamw);
 

@@ -225,12 +225,17 @@ ConvertReport convert_hf_checkpoint(const ConvertOptions& o) {
     spdlog::warn("convert: {} tensors the model does not use are left out (first: {})", rep.ignored.size(),
                  rep.ignored.front());
 
-  for (const auto& s : specs) rep.entries += o.nvfp4 && s.quantizable ? 2 : 1;
+  // A tied checkpoint stores the embedding once; the original pipeline (a state dict, where the tied head
+  // appears under both names) wrote lm_head too, and the real file and its runner have it: so do we.
+  const bool head_from_embedding = !rep.lm_head && config.tie_word_embeddings;
+  const auto write_specs = head_from_embedding ? qwen3_tensors(config.shape(), true) : specs;
+  for (const auto& s : write_specs) rep.entries += o.nvfp4 && s.quantizable ? 2 : 1;
   DatWriter out(o.out, rep.entries);
   std::vector<uint8_t> buf;
-  for (const auto& spec : specs) {
+  for (const auto& spec : write_specs) {
     spdlog::debug("convert: {}", spec.key);
-    convert_tensor(ck.tensors.at(spec.key), spec, o, out, buf);
+    const bool from_embedding = head_from_embedding && spec.key == "lm_head.weight";
+    convert_tensor(ck.tensors.at(from_embedding ? "model.embed_tokens.weight" : spec.key), spec, o, out, buf);
     ++rep.tensors;
     if (o.nvfp4 && spec.quantizable) ++rep.quantized;
   }

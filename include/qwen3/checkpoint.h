@@ -16,6 +16,8 @@
 
 namespace qwen3 {
 
+class DatReader;
+
 constexpr const char* kCheckpointMagic = "qwen3-train-checkpoint";
 constexpr int kCheckpointFormatVersion = 1;
 
@@ -42,5 +44,8 @@ CheckpointState load_checkpoint(const std::string& path);
 
 // FNV-1a 64 of a string, as 16 hex digits: stable across builds and machines.
 std::string stable_hash(const std::string& text);
+
+// A .dat file's layout (keys, element types, shapes) as a stable hash: how a checkpoint names its input file.
+std::string weights_hash(const DatReader& reader);
 
 }  // namespace qwen3

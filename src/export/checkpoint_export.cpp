@@ -8,7 +8,6 @@
 #include "qwen3/checkpoint.h"
 #include "qwen3/dat_tensor.h"
 #include "qwen3/quantize_dat.h"
-#include "trainer/train_setup.h"
 
 namespace qwen3 {
 namespace {
@@ -78,7 +77,7 @@ CheckpointExportResult export_checkpoint(const CheckpointExportOptions& o) {
   }
   check_not_same_file(o.weights, o.out);
   const DatReader input(o.weights);
-  if (train_detail::weights_hash(input) != extra["weights_hash"].get<std::string>())
+  if (weights_hash(input) != extra["weights_hash"].get<std::string>())
     throw Error(res.checkpoint_path + ": was not trained from " + o.weights +
                 " (the file's keys, element types or shapes differ from the checkpoint's input)");
   // Checkpoints from before the sample hash carry only the layout hash: checked as far as it goes.

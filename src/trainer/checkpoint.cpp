@@ -50,6 +50,13 @@ std::string stable_hash(const std::string& text) {
   return fmt::format("{:016x}", h);
 }
 
+std::string weights_hash(const DatReader& reader) {
+  std::string text;
+  for (const auto& e : reader.entries())
+    text += fmt::format("|{}:{}:{}", e.key, static_cast<uint32_t>(e.type), fmt::join(e.shape, "x"));
+  return stable_hash(text);
+}
+
 std::string save_checkpoint(const std::string& dir, const CheckpointState& state, int keep) {
   std::error_code ec;
   fs::create_directories(dir, ec);

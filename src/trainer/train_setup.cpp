@@ -65,13 +65,6 @@ double evaluate(Qwen3Model& model, const TrainingData& data) {
   return count ? sum / count : 0.0;
 }
 
-std::string weights_hash(const DatReader& reader) {
-  std::string text;
-  for (const auto& e : reader.entries())
-    text += fmt::format("|{}:{}:{}", e.key, static_cast<uint32_t>(e.type), fmt::join(e.shape, "x"));
-  return stable_hash(text);
-}
-
 std::string model_hash(const Qwen3Config& config, const DatReader& reader) {
   return stable_hash(config.to_json().dump() + weights_hash(reader));
 }

@@ -27,8 +27,6 @@ double evaluate(Qwen3Model& model, const TrainingData& data);
 
 // Ties a checkpoint to its input: the config and the file's keys, types and shapes.
 std::string model_hash(const Qwen3Config& config, const DatReader& reader);
-// The input file's identity alone (keys, element types, shapes): what `export` checks a checkpoint against.
-std::string weights_hash(const DatReader& reader);
 // Flags that must agree between a checkpoint and a resumed run.
 nlohmann::json resume_flags(const TrainOptions& opt);
 

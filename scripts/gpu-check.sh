@@ -164,7 +164,11 @@ start_monitor() {  # start_monitor PID OUTFILE
         g=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 2>/dev/null | head -n 1 | tr -dc 0-9)
         [ -n "$g" ] && [ "$g" -gt "$gpu" ] && gpu=$g
       fi
-      echo "host_peak_mib=$((rss / 1024)) gpu_peak_mib=$((gpu > base ? gpu - base : 0)) gpu_base_mib=$base" >"$out"
+      if [ "$dry_run" = 1 ]; then
+        echo "host peak RSS $((rss / 1024)) MiB" >"$out"
+      else
+        echo "host peak RSS $((rss / 1024)) MiB, GPU peak $((gpu > base ? gpu - base : 0)) MiB over $base MiB in use before" >"$out"
+      fi
       sleep 0.5
     done
   ) &
@@ -335,7 +339,7 @@ stage_build() {
       hmma=$(grep -c -E '\bHMMA\b' "$sass")
       hgmma=$(grep -c -E '\bHGMMA\b' "$sass")
       # Only the product's kernels: the lines between its "Function :" header and the next one.
-      matmul_hmma=$(awk '/Function :/{f = /nvfp4_matmul/} f && /\<HMMA\>/{n++} END{print n+0}' "$sass")
+      matmul_hmma=$(awk '/Function :/{f = ($0 ~ /nvfp4_matmul/)} f && /[ \t]HMMA[. ]/{n++} END{print n+0}' "$sass")
       counts+="$arch: HMMA $hmma (matmul $matmul_hmma), HGMMA $hgmma; "
       [ "$matmul_hmma" -gt 0 ] || [ "$hgmma" -gt 0 ] || ok=0
       gzip -f "$sass"

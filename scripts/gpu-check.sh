@@ -21,7 +21,8 @@
 #
 # Environment: PYTHON (default /opt/torch/.venv/bin/python3), VENDOR_DIR (.deps/gpu-vendor), BUILD_DIR,
 # JOBS (nproc), CUDA_ARCHS (CMake's default: 90;120;121), GPU_CHECK_BUDGET_S, TRAIN_STEPS (20),
-# TRAIN_TIMEOUT_S (per training run, 240), SANITIZE_TIMEOUT_S (per tool, 240), GPU_TEST_FILTER.
+# TRAIN_TIMEOUT_S (per training run, 240), TRAIN_CONFIGS (some of: lean fused-optimizer grad-checkpoint base),
+# SANITIZE_TIMEOUT_S (per tool, 240), GPU_TEST_FILTER.
 set -u
 set -o pipefail
 
@@ -623,11 +624,16 @@ stage_train() {  # stage_train NAME SEQ_LEN BATCH
     record "$name" vram-report skipped 0 "qwen3-train has no vram-report command"
   fi
 
-  configs=(base)
-  local missing=()
-  has_flag train --grad-checkpoint && configs+=(grad-checkpoint) || missing+=(--grad-checkpoint)
-  has_flag train --fused-optimizer && configs+=(fused-optimizer) || missing+=(--fused-optimizer)
-  [ ${#configs[@]} = 3 ] && configs+=(lean)
+  # Most wanted first, so a call that runs out of time drops the least wanted: lean (both flags: the memory
+  # goal), fused-optimizer (the speed goal), grad-checkpoint, base. TRAIN_CONFIGS picks some of them.
+  local missing=() have_gc=0 have_fo=0 wanted
+  has_flag train --grad-checkpoint && have_gc=1 || missing+=(--grad-checkpoint)
+  has_flag train --fused-optimizer && have_fo=1 || missing+=(--fused-optimizer)
+  wanted=" ${TRAIN_CONFIGS:-lean fused-optimizer grad-checkpoint base} "
+  [ "$have_gc$have_fo" = 11 ] && [[ "$wanted" == *" lean "* ]] && configs+=(lean)
+  [ "$have_fo" = 1 ] && [[ "$wanted" == *" fused-optimizer "* ]] && configs+=(fused-optimizer)
+  [ "$have_gc" = 1 ] && [[ "$wanted" == *" grad-checkpoint "* ]] && configs+=(grad-checkpoint)
+  [[ "$wanted" == *" base "* ]] && configs+=(base)
   [ ${#missing[@]} -gt 0 ] && record "$name" flags skipped 0 "train has no ${missing[*]}: only the configurations without them run"
 
   local c

@@ -26,25 +26,14 @@
 #include "qwen3/synth.h"
 #include "qwen3/trainer.h"
 
+#include "tiny_model_util.h"
+
 namespace qwen3 {
 namespace {
 
-std::string tiny_tokenizer() { return std::string(QWEN3_SOURCE_DIR) + "/tests/data/tiny_tokenizer.json"; }
+std::string tiny_tokenizer() { return test::tiny_tokenizer_path(); }
 
-Qwen3Config tiny_config(bool tied) {
-  Qwen3Config c = preset_config("tiny");
-  c.vocab_size = 384;
-  c.hidden_size = 64;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 16;
-  c.intermediate_size = 128;
-  c.bos_token_id = -1;
-  c.eos_token_ids = {272};
-  c.tie_word_embeddings = tied;
-  return c;
-}
+Qwen3Config tiny_config(bool tied) { return test::trainable_tiny_config(tied); }
 
 struct Model {
   std::string dat, config;

@@ -17,26 +17,17 @@
 #include "qwen3/nvfp4_linear.h"
 #include "qwen3/synth.h"
 #include "qwen3/trainer.h"
+#include "tiny_model_util.h"
 #include "trainer/train_setup.h"
 
 namespace qwen3 {
 namespace {
 
-std::string tiny_tokenizer() { return std::string(QWEN3_SOURCE_DIR) + "/tests/data/tiny_tokenizer.json"; }
+std::string tiny_tokenizer() { return test::tiny_tokenizer_path(); }
 
-// A model small enough to train in seconds, with the tiny tokenizer's vocabulary.
 SynthResult make_model(const test::TempDir& dir, const std::string& name = "m") {
   SynthOptions s;
-  s.config = preset_config("tiny");
-  s.config.vocab_size = 384;
-  s.config.hidden_size = 64;
-  s.config.num_hidden_layers = 2;
-  s.config.num_attention_heads = 4;
-  s.config.num_key_value_heads = 2;
-  s.config.head_dim = 16;
-  s.config.intermediate_size = 128;
-  s.config.bos_token_id = -1;
-  s.config.eos_token_ids = {272};  // the tiny tokenizer's <|im_end|>
+  s.config = test::trainable_tiny_config();
   s.out_dir = dir.file(name);
   return write_synthetic_model(s);
 }

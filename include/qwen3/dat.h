@@ -144,6 +144,10 @@ class DatWriter {
   bool committed_ = false;
 };
 
+// Copies one entry from `in` to `out` byte for byte (header re-encoded minimally), its payload streamed through
+// `buffer` in pieces of the buffer's (non-zero) size.
+void copy_dat_entry(const DatReader& in, const DatEntry& entry, DatWriter& out, std::vector<uint8_t>& buffer);
+
 // Header bytes of one entry, minimal LEB128: shared by the writer and tools that build files by hand.
 std::vector<uint8_t> encode_entry_header(std::string_view key, ElemType type, const std::vector<int64_t>& shape);
 

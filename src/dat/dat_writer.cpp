@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -162,6 +163,15 @@ void DatWriter::commit() {
   }
   committed_ = true;
   fsync_dir(dir_of(target_));
+}
+
+void copy_dat_entry(const DatReader& in, const DatEntry& entry, DatWriter& out, std::vector<uint8_t>& buffer) {
+  out.begin_entry(entry.key, entry.type, entry.shape);
+  for (uint64_t off = 0; off < entry.nbytes; off += buffer.size()) {
+    const uint64_t n = std::min<uint64_t>(buffer.size(), entry.nbytes - off);
+    in.read_range(entry, off, buffer.data(), n);
+    out.write_payload(buffer.data(), n);
+  }
 }
 
 }  // namespace qwen3

@@ -24,15 +24,6 @@ bool is_float_type(ElemType t) {
   return t == ElemType::Float16 || t == ElemType::BFloat16 || t == ElemType::Float32 || t == ElemType::Float64;
 }
 
-void copy_entry(const DatReader& in, const DatEntry& e, DatWriter& out, std::vector<uint8_t>& buf) {
-  out.begin_entry(e.key, e.type, e.shape);
-  for (uint64_t off = 0; off < e.nbytes; off += buf.size()) {
-    const uint64_t n = std::min<uint64_t>(buf.size(), e.nbytes - off);
-    in.read_range(e, off, buf.data(), n);
-    out.write_payload(buf.data(), n);
-  }
-}
-
 // A trained dense tensor (norm, embedding, dense head) in the entry's own element type, chunk by chunk. A value
 // that is not finite in that type (NaN, or past float16's 65504) is an error rather than a silently broken file.
 void write_dense(const at::Tensor& w, const DatEntry& e, DatWriter& out) {
@@ -145,7 +136,7 @@ ExportReport export_dat(const DatReader& in, const std::string& output_dat, cons
       pending_scales.erase(it);
       ++rep.rewritten;
     } else {
-      copy_entry(in, e, out, buf);
+      copy_dat_entry(in, e, out, buf);
       ++rep.copied;
     }
   }

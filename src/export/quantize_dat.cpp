@@ -16,15 +16,6 @@ constexpr uint64_t kChunkBytes = 16 << 20;
 constexpr std::string_view kFamilies[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                           "up_proj", "down_proj", "lm_head"};
 
-void copy_entry(const DatReader& in, const DatEntry& e, DatWriter& out, std::vector<uint8_t>& buf) {
-  out.begin_entry(e.key, e.type, e.shape);
-  for (uint64_t off = 0; off < e.nbytes; off += buf.size()) {
-    const uint64_t n = std::min<uint64_t>(buf.size(), e.nbytes - off);
-    in.read_range(e, off, buf.data(), n);
-    out.write_payload(buf.data(), n);
-  }
-}
-
 }  // namespace
 
 std::string quantizable_family(std::string_view key) {
@@ -64,7 +55,7 @@ QuantizeReport quantize_dat_file(const std::string& in_path, const std::string& 
   std::vector<uint8_t> buf(kChunkBytes);
   for (const auto& e : in.entries()) {
     if (!is_quantizable_weight(e.key, e.shape.size())) {
-      copy_entry(in, e, out, buf);
+      copy_dat_entry(in, e, out, buf);
       continue;
     }
     const int64_t rows = e.shape[0], cols = e.shape[1];

@@ -98,7 +98,9 @@ TEST(Trainer, GradientsReachEveryTrainableTensorAndOnlyThose) {
       }
     }
     EXPECT_EQ(with_grad, set.params.size());
-    if (last == 1) EXPECT_FALSE(model->blocks[0].q_proj.requires_grad());
+    if (last == 1) {
+      EXPECT_FALSE(model->blocks[0].q_proj.requires_grad());
+    }
   }
 }
 

@@ -20,6 +20,8 @@ class DatReader;
 
 constexpr const char* kCheckpointMagic = "qwen3-train-checkpoint";
 constexpr int kCheckpointFormatVersion = 1;
+// The tensor names the trainer gives the master weights of the trained tensors: prefix + model key.
+constexpr const char* kMasterWeightPrefix = "master/";
 
 struct CheckpointState {
   int64_t step = 0;            // optimizer steps completed (including skipped ones)
@@ -38,9 +40,10 @@ std::string save_checkpoint(const std::string& dir, const CheckpointState& state
 // The newest complete checkpoint in `dir`, if any.
 std::optional<std::string> latest_checkpoint(const std::string& dir);
 
-// Reads a checkpoint directory; tensors come back as CPU tensors in their saved dtypes. Throws Error naming the
-// path for a missing/corrupt file, a wrong magic or an unknown format version.
-CheckpointState load_checkpoint(const std::string& path);
+// Reads a checkpoint directory; tensors come back as CPU tensors in their saved dtypes, only those whose name
+// starts with `tensor_prefix` (e.g. kMasterWeightPrefix: export needs no optimizer state, which can be twice
+// the model). Throws Error naming the path for a missing/corrupt file, a wrong magic or an unknown version.
+CheckpointState load_checkpoint(const std::string& path, const std::string& tensor_prefix = "");
 
 // FNV-1a 64 of a string, as 16 hex digits: stable across builds and machines.
 std::string stable_hash(const std::string& text);

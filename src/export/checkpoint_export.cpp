@@ -3,7 +3,6 @@
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
-#include <fstream>
 
 #include "qwen3/checkpoint.h"
 #include "qwen3/dat_tensor.h"
@@ -14,7 +13,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr std::string_view kMasterPrefix = "master/";  // the trainer's name for a trained tensor's master weight
 
 std::string resolve_checkpoint(const std::string& dir) {
   std::error_code ec;
@@ -24,39 +22,13 @@ std::string resolve_checkpoint(const std::string& dir) {
   throw Error(dir + ": neither a checkpoint (no checkpoint.json) nor a folder of complete step-* checkpoints");
 }
 
-// checkpoint.json alone: load_checkpoint would also read the optimizer state, which can be twice the model.
-nlohmann::json read_checkpoint_json(const std::string& ckpt) {
-  const std::string path = (fs::path(ckpt) / "checkpoint.json").string();
-  std::ifstream f(path);
-  if (!f) throw Error(path + ": cannot open");
-  nlohmann::json meta;
-  try {
-    meta = nlohmann::json::parse(f);
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(path + ": invalid JSON: " + e.what());
-  }
-  if (!meta.is_object() || meta.value("magic", "") != kCheckpointMagic)
-    throw Error(path + ": not a qwen3-train checkpoint (wrong magic)");
-  if (meta.value("format_version", -1) != kCheckpointFormatVersion)
-    throw Error(path + ": checkpoint format version " + meta.value("format_version", nlohmann::json()).dump() +
-                " is not supported (this build reads version " + std::to_string(kCheckpointFormatVersion) + ")");
-  const nlohmann::json extra = meta.value("extra", nlohmann::json::object());
+// The export information the trainer records in `extra`; older checkpoints lack it.
+void check_export_info(const nlohmann::json& extra, const std::string& ckpt) {
   if (!extra.is_object() || !extra.contains("weights_hash") || !extra["weights_hash"].is_string() ||
       !extra.contains("tied_head") || !extra["tied_head"].is_boolean() || !extra.contains("scale_mode") ||
       !extra["scale_mode"].is_string())
-    throw Error(path + ": has no export information (extra.weights_hash, tied_head, scale_mode); it was written "
-                       "by an older qwen3-train");
-  return meta;
-}
-
-NamedTensors read_master_weights(const std::string& ckpt) {
-  const DatReader r((fs::path(ckpt) / "tensors.dat").string(), DatRules::container_only);
-  NamedTensors out;
-  for (const auto& e : r.entries())
-    if (e.key.compare(0, kMasterPrefix.size(), kMasterPrefix) == 0)
-      out.emplace_back(e.key.substr(kMasterPrefix.size()), read_tensor(r, e));
-  if (out.empty()) throw Error(r.path() + ": no master weights (master/*) in the checkpoint");
-  return out;
+    throw Error(ckpt + "/checkpoint.json: has no export information (extra.weights_hash, tied_head, scale_mode); "
+                       "it was written by an older qwen3-train");
 }
 
 }  // namespace
@@ -64,9 +36,10 @@ NamedTensors read_master_weights(const std::string& ckpt) {
 CheckpointExportResult export_checkpoint(const CheckpointExportOptions& o) {
   CheckpointExportResult res;
   res.checkpoint_path = resolve_checkpoint(o.checkpoint);
-  const nlohmann::json meta = read_checkpoint_json(res.checkpoint_path);
-  const nlohmann::json& extra = meta["extra"];
-  res.step = meta.value("step", int64_t{0});
+  CheckpointState ckpt = load_checkpoint(res.checkpoint_path, kMasterWeightPrefix);
+  const nlohmann::json& extra = ckpt.extra;
+  check_export_info(extra, res.checkpoint_path);
+  res.step = ckpt.step;
   if (o.scale_mode) {
     res.scale_mode = *o.scale_mode;
   } else {
@@ -84,7 +57,10 @@ CheckpointExportResult export_checkpoint(const CheckpointExportOptions& o) {
   if (extra.contains("weights_sample_hash") && extra["weights_sample_hash"] != weights_sample_hash(input))
     throw Error(res.checkpoint_path + ": was not trained from " + o.weights +
                 " (same layout, but the stored values differ from the checkpoint's input)");
-  NamedTensors trained = read_master_weights(res.checkpoint_path);
+  NamedTensors trained;
+  const size_t prefix = std::string(kMasterWeightPrefix).size();
+  for (auto& [name, t] : ckpt.tensors) trained.emplace_back(name.substr(prefix), std::move(t));
+  if (trained.empty()) throw Error(res.checkpoint_path + ": no master weights (master/*) in the checkpoint");
   res.trained_tensors = trained.size();
   trained = with_tied_head(std::move(trained), extra["tied_head"].get<bool>(), input);
   res.report = export_dat(input, o.out, trained, res.scale_mode);

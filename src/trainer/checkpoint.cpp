@@ -108,7 +108,7 @@ std::optional<std::string> latest_checkpoint(const std::string& dir) {
   return all.back().string();
 }
 
-CheckpointState load_checkpoint(const std::string& path) {
+CheckpointState load_checkpoint(const std::string& path, const std::string& tensor_prefix) {
   const fs::path p(path);
   std::ifstream f(p / "checkpoint.json");
   if (!f) throw Error(path + ": not a checkpoint (no checkpoint.json)");
@@ -134,7 +134,8 @@ CheckpointState load_checkpoint(const std::string& path) {
     throw Error((p / "checkpoint.json").string() + ": " + e.what());
   }
   DatReader r((p / "tensors.dat").string(), DatRules::container_only);
-  for (const auto& e : r.entries()) s.tensors.emplace_back(e.key, read_tensor(r, e));
+  for (const auto& e : r.entries())
+    if (e.key.compare(0, tensor_prefix.size(), tensor_prefix) == 0) s.tensors.emplace_back(e.key, read_tensor(r, e));
   return s;
 }
 

@@ -23,7 +23,6 @@ namespace {
 using namespace train_detail;
 using Clock = std::chrono::steady_clock;
 
-constexpr const char* kMasterPrefix = "master/";
 constexpr const char* kOptimPrefix = "optim/";
 constexpr const char* kRngKey = "rng/stochastic_rounding";
 
@@ -48,7 +47,7 @@ CheckpointState make_checkpoint(const TrainableSet& set, const AdamW& opt, int64
   s.skipped_steps = skipped;
   s.model_hash = hash;
   s.flags = resume_flags(o);
-  for (const auto& p : set.params) s.tensors.emplace_back(kMasterPrefix + p.name, p.param.detach());
+  for (const auto& p : set.params) s.tensors.emplace_back(std::string(kMasterWeightPrefix) + p.name, p.param.detach());
   for (auto& [name, t] : opt.state_tensors()) s.tensors.emplace_back(kOptimPrefix + name, t);
   s.tensors.emplace_back(kRngKey, opt.rng_state());
   return s;
@@ -67,7 +66,7 @@ void restore_checkpoint(const CheckpointState& s, TrainableSet& set, AdamW& opt,
   std::map<std::string, at::Tensor> by_name(s.tensors.begin(), s.tensors.end());
   torch::NoGradGuard no_grad;
   for (auto& p : set.params) {
-    auto it = by_name.find(kMasterPrefix + p.name);
+    auto it = by_name.find(std::string(kMasterWeightPrefix) + p.name);
     if (it == by_name.end()) throw Error(path + ": no master weight for '" + p.name + "'");
     p.param.copy_(it->second);
   }

@@ -23,6 +23,11 @@ struct KVCache {
   int64_t capacity() const { return keys.empty() ? 0 : keys[0].size(2); }
 };
 
+// Receives, during backward, the gradients of one block's trainable tensors (parameter, gradient) as soon as
+// they are complete; those parameters then get no .grad() from that block.
+using BlockGradientSink =
+    std::function<void(int64_t layer, const std::vector<std::pair<at::Tensor, at::Tensor>>& param_grads)>;
+
 struct Qwen3Block {
   at::Tensor q_proj, k_proj, v_proj, o_proj, q_norm, k_norm, gate_proj, up_proj, down_proj, input_layernorm,
       post_attention_layernorm;
@@ -61,6 +66,9 @@ class Qwen3Model : public torch::nn::Module {
   // Activation checkpointing per block (training without a cache): a block keeps only its input for backward
   // and recomputes itself there; gradients are identical to the plain path.
   void set_activation_checkpointing(bool on) { checkpoint_blocks_ = on; }
+  // Optimizer-in-backward: while a sink is set, every block's parameter gradients go to it (see
+  // BlockGradientSink) instead of .grad(). The embedding, final norm and lm_head still accumulate .grad().
+  void set_block_gradient_sink(BlockGradientSink sink) { gradient_sink_ = std::move(sink); }
 
   // One block, as forward runs it (public for the checkpointing function, which re-runs it in backward).
   at::Tensor run_block(int64_t layer, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
@@ -81,6 +89,7 @@ class Qwen3Model : public torch::nn::Module {
   at::Tensor lm_head_;  // undefined when tied to embed_tokens
   ProjectionOp project_ = dense_projection;
   bool checkpoint_blocks_ = false;
+  BlockGradientSink gradient_sink_;
 };
 
 // Rotary embedding tables [T, head_dim] (fp32) for positions offset .. offset+T-1.

@@ -28,8 +28,8 @@ const char* moment_storage_name(MomentStorage storage);
 struct AdamWOptions {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
   MomentStorage moments = MomentStorage::float32;
-  // R > 0: at most R rows (dim 0) per piece. 0: no bound: whole tensors on CUDA; on CPU pieces of ~2^20
-  // elements, because larger temporaries cost a page fault per 4 KiB there. Any R gives the same bytes.
+  // R > 0: at most R rows (dim 0) per piece. 0: the device's bound (optimizer_piece_rows). Any R gives the
+  // same bytes.
   int64_t step_chunk_rows = 0;
   uint64_t seed = 0;            // the stochastic-rounding stream (bf16 masters, compressed moments)
 };
@@ -41,6 +41,10 @@ struct OptimParam {
   at::Tensor param;
   bool decay = true;
 };
+
+// Rows of a [rows, cols] parameter that one optimizer piece covers (--optimizer-step-chunk-rows, or the
+// default bound of the device: ~2^20 elements on CPU, 2^24 on a GPU). Every piece size gives the same bytes.
+int64_t optimizer_piece_rows(int64_t requested_rows, int64_t rows, int64_t cols, const at::Device& device);
 
 // Bytes of moment state (both moments and their scales) that a parameter of this shape takes.
 uint64_t moment_state_bytes(at::IntArrayRef shape, MomentStorage storage);
@@ -56,6 +60,14 @@ class AdamW {
   // One update of every parameter that has a gradient (torch.optim.AdamW semantics, bias-corrected), then the
   // step count is the number of steps taken. Enqueues tensor work only: no host synchronization.
   void step(double lr);
+
+  // The same step taken one parameter at a time, for the optimizer-in-backward mode (--fused-optimizer):
+  // begin_step() counts the step, then update(i, grad, lr) applies it to parameter i with `grad` (which need not
+  // be its .grad()). Any order of updates gives the bytes of step(lr), since each parameter's random stream
+  // depends only on (seed, step, i).
+  void begin_step();
+  void update(size_t index, const at::Tensor& grad, double lr);
+  size_t index_of(const at::Tensor& param) const;  // Error if `param` is not one of params()
 
   int64_t step_count() const { return step_count_; }
   uint64_t state_bytes() const;
@@ -89,6 +101,9 @@ class AdamW {
 // a non-finite norm is returned as it is and the gradients are left untouched (the caller skips the step).
 // Parameters without a gradient are ignored.
 double clip_grad_norm(const std::vector<OptimParam>& params, double max_norm);
+// Sum of squares of any float tensor as a 0-dim fp32 tensor on its device, formed in optimizer-sized pieces so
+// that no whole-tensor fp32 copy is made.
+at::Tensor square_sum_fp32(const at::Tensor& t);
 
 // Learning rate of step `step` (0-based): linear warmup lr * (step + 1) / warmup_steps over the first
 // warmup_steps steps, then constant, or cosine / linear decay from lr to min_lr reached at step total_steps

@@ -27,6 +27,8 @@ struct TrainOptions {
   bool train_lm_head = false;
   bool decay_norms_and_embeddings = false;
   bool grad_checkpoint = false;  // recompute each block in backward instead of keeping its activations
+  bool fused_optimizer = false;  // update each block in backward and free its gradients (docs/trainer.md)
+  std::string vram_report;       // write the first step's per-phase memory report (JSON) here
   nvfp4::ScaleMode scale_mode = nvfp4::ScaleMode::rne;
   std::string device = "cpu";
   int64_t log_every = 1;

@@ -31,6 +31,7 @@ Command add_tokenize_command(CLI::App& app);
 Command add_generate_command(CLI::App& app);
 Command add_eval_command(CLI::App& app);
 Command add_train_command(CLI::App& app);
+Command add_vram_report_command(CLI::App& app);
 Command add_smoke_command(CLI::App& app);
 Command add_export_command(CLI::App& app);
 Command add_convert_command(CLI::App& app);

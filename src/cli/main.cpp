@@ -26,6 +26,7 @@ int run(int argc, char** argv) {
   std::vector<Command> commands;
   commands.push_back(add_smoke_command(app));
   commands.push_back(add_train_command(app));
+  commands.push_back(add_vram_report_command(app));
   commands.push_back(add_synth_command(app));
   commands.push_back(add_quantize_command(app));
   commands.push_back(add_inspect_command(app));

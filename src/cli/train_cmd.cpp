@@ -8,6 +8,7 @@
 #include "qwen3/error.h"
 #include "qwen3/chat_format.h"
 #include "qwen3/generate.h"
+#include "qwen3/memory_model.h"
 #include "qwen3/model_loader.h"
 #include "qwen3/synth.h"
 #include "qwen3/trainer.h"
@@ -65,6 +66,17 @@ void self_test(const TrainFlags& f) {
   fmt::print("self-test: {} -> {}\n", f.test_prompt, tok.decode(out, /*skip_special=*/true));
 }
 
+void print_memory_plan(const StepMemoryPlan& plan, const c10::Device& device) {
+  constexpr double kMiB = 1024.0 * 1024.0;
+  fmt::print("predicted memory of one step on {} (tensor MiB):\n", device.str());
+  fmt::print("{:<22} {:>12} {:>12}\n", "phase", "peak", "at end");
+  for (const auto& p : plan.phases) fmt::print("{:<22} {:>12.1f} {:>12.1f}\n", p.phase, p.peak / kMiB, p.end / kMiB);
+  fmt::print("weights {:.1f}, moments {:.1f}, gradients {:.1f}, saved activations {:.1f} (NVFP4 codes {:.1f}); "
+             "peak {:.1f} MiB\n",
+             plan.weights / kMiB, plan.moments / kMiB, plan.gradients / kMiB, plan.saved_activations / kMiB,
+             plan.saved_codes / kMiB, plan.peak() / kMiB);
+}
+
 void resolve(TrainFlags& f) {
   TrainOptions& o = f.o;
   if (f.test_max_tokens > 0 && o.output_dat.empty()) throw UsageError("--test-max-tokens needs --output-dat");
@@ -89,12 +101,9 @@ void resolve(TrainFlags& f) {
   resolve_device(o.device);
 }
 
-}  // namespace
-
-Command add_train_command(CLI::App& app) {
-  auto f = std::make_shared<TrainFlags>();
+// Every flag of `train`, shared with `vram-report` (which runs one step of the same configuration).
+CLI::Option_group* add_train_flags(CLI::App* sub, const std::shared_ptr<TrainFlags>& f) {
   TrainOptions& o = f->o;
-  auto* sub = app.add_subcommand("train", "Fine-tune all (or the last N layers') parameters of an NVFP4 model");
   auto group = [&](const char* name) { return sub->add_option_group(name); };
 
   auto* files = group("Files");
@@ -166,7 +175,19 @@ Command add_train_command(CLI::App& app) {
   run->add_option("--keep-checkpoints", o.keep_checkpoints, "newest checkpoints kept (0: all)")->check(CLI::NonNegativeNumber)->capture_default_str();
   add_bool_flag(run, "--resume", o.resume, "continue from the newest checkpoint in --checkpoint-dir");
   run->add_option("--eval-every", o.eval_every, "evaluate --eval-data every K steps")->check(CLI::NonNegativeNumber);
+  add_bool_flag(run, "--fused-optimizer", o.fused_optimizer,
+                "update each block during backward and free its gradients (clipping per block: docs/trainer.md)");
+  return run;
+}
 
+}  // namespace
+
+Command add_train_command(CLI::App& app) {
+  auto f = std::make_shared<TrainFlags>();
+  auto* sub = app.add_subcommand("train", "Fine-tune all (or the last N layers') parameters of an NVFP4 model");
+  add_train_flags(sub, f)
+      ->add_option("--vram-report,--train-step-vram-report", f->o.vram_report,
+                   "write the first step's per-phase memory report (JSON) here and print it");
   return {sub, [f]() {
             resolve(*f);
             g_stop_signal.store(0);
@@ -179,6 +200,42 @@ Command add_train_command(CLI::App& app) {
                        s.tokens_per_second, s.last_checkpoint.empty() ? "" : ", checkpoint " + s.last_checkpoint,
                        s.exported.empty() ? "" : ", exported " + s.exported);
             return s.stop_signal ? 128 + s.stop_signal : 0;
+          }};
+}
+
+Command add_vram_report_command(CLI::App& app) {
+  auto f = std::make_shared<TrainFlags>();
+  auto out = std::make_shared<std::string>();
+  auto predict_only = std::make_shared<bool>(false);
+  auto* sub = app.add_subcommand(
+      "vram-report", "Run one training step of the `train` flags and report memory per phase, measured and predicted");
+  auto* run = add_train_flags(sub, f);
+  run->add_option("--out", *out, "write the report (JSON) here");
+  add_bool_flag(run, "--predict-only", *predict_only,
+                "print the memory model's figures for --config and the flags; load nothing, run nothing");
+  return {sub, [f, out, predict_only]() {
+            TrainOptions& o = f->o;
+            o.steps = 1;
+            o.epochs = 0;
+            if (*predict_only) {
+              if (o.config.empty() && !f->model_dir.empty()) o.config = f->model_dir + "/config.json";
+              if (o.config.empty()) throw UsageError("vram-report --predict-only: --config is required");
+              o.adamw.moments = moment_storage_from_name(f->moments);
+              const Qwen3Config config = load_config(o.config);
+              const c10::Device device(o.device);
+              const StepMemoryPlan plan = predict_step_memory(config, !config.tie_word_embeddings, o, device, DenseFileType{},
+                                                              device.is_cuda() || build_uses_sdpa());
+              print_memory_plan(plan, device);
+              return 0;
+            }
+            if (out->empty()) throw UsageError("vram-report: --out is required (or --predict-only)");
+            if (!o.output_dat.empty() || !o.checkpoint_dir.empty() || o.resume)
+              throw UsageError("vram-report runs one step and writes only the report: drop --output-dat, "
+                               "--checkpoint-dir and --resume");
+            o.vram_report = *out;
+            resolve(*f);
+            run_training(o);
+            return 0;
           }};
 }
 

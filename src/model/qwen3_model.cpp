@@ -143,14 +143,16 @@ at::Tensor Qwen3Model::hidden_states(const at::Tensor& ids, KVCache* cache) {
                 std::to_string(offset + T) + " needed");
   const auto [cos, sin] = rope_tables(config_.head_dim, config_.rope_theta, offset, T, device_);
   at::Tensor x = at::embedding(embed_tokens, ids.to(device_));
-  const bool checkpoint = checkpoint_blocks_ && !cache && at::GradMode::is_enabled();
+  const bool training = !cache && at::GradMode::is_enabled();
+  const bool segmented = training && (checkpoint_blocks_ || gradient_sink_);
   for (size_t i = 0; i < blocks.size(); ++i) {
-    if (checkpoint) {
+    if (segmented) {
       const Qwen3Block& b = blocks[i];
       std::vector<at::Tensor> trainable;
       for (const at::Tensor* t : b.tensors())
         if (t->requires_grad()) trainable.push_back(*t);
-      x = checkpointed_block(*this, static_cast<int64_t>(i), x, cos, sin, trainable);
+      x = block_segment(*this, static_cast<int64_t>(i), x, cos, sin, trainable, checkpoint_blocks_,
+                        gradient_sink_ ? &gradient_sink_ : nullptr);
     } else {
       x = block_forward(blocks[i], x, cos, sin, cache, i, offset);
     }

@@ -27,12 +27,19 @@ constexpr const char* kRowScale = ".row_scale";
 // (docs/optim.md). Unbounded CPU steps therefore go in pieces of about 2^20 elements: the result is the same
 // bytes (any piece size is), only faster.
 constexpr int64_t kCpuPieceElements = int64_t{1} << 20;
+// On a GPU the bound is memory: a whole-tensor step of Qwen3-4B's embedding (389 M elements) would hold about
+// ten fp32 temporaries of 1.5 GB each. 2^24 elements (64 MiB a temporary) costs a few launches more.
+constexpr int64_t kDevicePieceElements = int64_t{1} << 24;
 
-int64_t rows_per_piece(int64_t requested_rows, int64_t rows, int64_t cols, const at::Device& device) {
-  if (requested_rows > 0) return requested_rows;
-  if (device.is_cpu()) return std::max<int64_t>(1, kCpuPieceElements / std::max<int64_t>(1, cols));
-  return rows;
+}  // namespace
+
+int64_t optimizer_piece_rows(int64_t requested_rows, int64_t rows, int64_t cols, const at::Device& device) {
+  if (requested_rows > 0) return std::min(requested_rows, rows);
+  const int64_t elements = device.is_cpu() ? kCpuPieceElements : kDevicePieceElements;
+  return std::min(rows, std::max<int64_t>(1, elements / std::max<int64_t>(1, cols)));
 }
+
+namespace {
 
 std::string describe(const at::Tensor& t) {
   std::string text = std::string(c10::toString(t.scalar_type())) + " [";
@@ -122,8 +129,24 @@ AdamW::AdamW(AdamW&&) noexcept = default;
 AdamW& AdamW::operator=(AdamW&&) noexcept = default;
 
 void AdamW::step(double lr) {
+  begin_step();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const at::Tensor& grad = params_[i].param.grad();
+    if (grad.defined()) update(i, grad, lr);  // as torch.optim: no gradient, no update (moments keep their values)
+  }
+}
+
+void AdamW::begin_step() { ++step_count_; }
+
+size_t AdamW::index_of(const at::Tensor& param) const {
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].param.unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) return i;
+  throw Error("AdamW: a tensor that is not one of the optimizer's parameters was given an update");
+}
+
+void AdamW::update(size_t i, const at::Tensor& grad, double lr) {
   at::NoGradGuard no_grad;
-  ++step_count_;
+  if (step_count_ == 0) throw Error("AdamW: update() before begin_step()");
   const AdamWOptions& o = options_;
   const MomentStorage storage = o.moments;
   // Host scalars only: nothing here waits for the device.
@@ -131,43 +154,39 @@ void AdamW::step(double lr) {
   const double bias_correction2_sqrt = std::sqrt(1.0 - std::pow(o.beta2, static_cast<double>(step_count_)));
   const double step_size = lr / bias_correction1;
   const double decay_factor = 1.0 - lr * o.weight_decay;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const OptimParam& p = params_[i];
-    const at::Tensor& grad = p.param.grad();
-    if (!grad.defined()) continue;  // as torch.optim: no gradient, no update (the moments keep their values)
-    if (!grad.sizes().equals(p.param.sizes()))
-      throw Error("AdamW: gradient of '" + p.name + "' is " + describe(grad) + ", the parameter " + describe(p.param));
-    ParamState& s = states_[i];
-    const int64_t index = static_cast<int64_t>(i);
-    const uint64_t master_key = optim_detail::stream_key(o.seed, step_count_, index, RandomStream::master);
-    const uint64_t exp_avg_key = optim_detail::stream_key(o.seed, step_count_, index, RandomStream::exp_avg);
-    const uint64_t exp_avg_sq_key = optim_detail::stream_key(o.seed, step_count_, index, RandomStream::exp_avg_sq);
-    const at::Tensor master = p.param.view({s.rows, s.cols});
-    const at::Tensor grad_rows = grad.reshape({s.rows, s.cols});
-    const bool bf16_master = master.scalar_type() == at::kBFloat16;
-    const bool decay = p.decay && o.weight_decay != 0.0;
-    const int64_t chunk = rows_per_piece(o.step_chunk_rows, s.rows, s.cols, master.device());
-    for (int64_t first = 0; first < s.rows; first += chunk) {
-      const int64_t count = std::min(chunk, s.rows - first);
-      at::Tensor g = grad_rows.narrow(0, first, count).to(at::kFloat);
-      if (s.stored_cols != s.cols) g = at::constant_pad_nd(g, {0, s.stored_cols - s.cols}, 0);
-      at::Tensor m = optim_detail::load_exp_avg(s, storage, first, count);
-      at::Tensor v = optim_detail::load_exp_avg_sq(s, storage, first, count);
-      m.mul_(o.beta1).add_(g, 1.0 - o.beta1);
-      v.mul_(o.beta2).addcmul_(g, g, 1.0 - o.beta2);
-      optim_detail::store_exp_avg(s, storage, first, m, exp_avg_key);
-      optim_detail::store_exp_avg_sq(s, storage, first, v, exp_avg_sq_key);
-      // This step uses the fresh fp32 moments; only the next step sees their rounded storage.
-      const at::Tensor m_cols = m.narrow(1, 0, s.cols);
-      const at::Tensor denom = v.narrow(1, 0, s.cols).sqrt().div_(bias_correction2_sqrt).add_(o.eps);
-      at::Tensor target = master.narrow(0, first, count);
-      at::Tensor updated = bf16_master ? target.to(at::kFloat) : target;
-      if (decay) updated.mul_(decay_factor);
-      updated.addcdiv_(m_cols, denom, -step_size);
-      if (bf16_master)
-        target.copy_(optim_detail::bfloat16_stochastic_from_bits(
-            updated, optim_detail::random_bits(master_key, first * s.cols, count, s.cols, updated.device())));
-    }
+  const OptimParam& p = params_.at(i);
+  if (!grad.sizes().equals(p.param.sizes()))
+    throw Error("AdamW: gradient of '" + p.name + "' is " + describe(grad) + ", the parameter " + describe(p.param));
+  ParamState& s = states_[i];
+  const int64_t index = static_cast<int64_t>(i);
+  const uint64_t master_key = optim_detail::stream_key(o.seed, step_count_, index, RandomStream::master);
+  const uint64_t exp_avg_key = optim_detail::stream_key(o.seed, step_count_, index, RandomStream::exp_avg);
+  const uint64_t exp_avg_sq_key = optim_detail::stream_key(o.seed, step_count_, index, RandomStream::exp_avg_sq);
+  const at::Tensor master = p.param.view({s.rows, s.cols});
+  const at::Tensor grad_rows = grad.reshape({s.rows, s.cols});
+  const bool bf16_master = master.scalar_type() == at::kBFloat16;
+  const bool decay = p.decay && o.weight_decay != 0.0;
+  const int64_t chunk = optimizer_piece_rows(o.step_chunk_rows, s.rows, s.cols, master.device());
+  for (int64_t first = 0; first < s.rows; first += chunk) {
+    const int64_t count = std::min(chunk, s.rows - first);
+    at::Tensor g = grad_rows.narrow(0, first, count).to(at::kFloat);
+    if (s.stored_cols != s.cols) g = at::constant_pad_nd(g, {0, s.stored_cols - s.cols}, 0);
+    at::Tensor m = optim_detail::load_exp_avg(s, storage, first, count);
+    at::Tensor v = optim_detail::load_exp_avg_sq(s, storage, first, count);
+    m.mul_(o.beta1).add_(g, 1.0 - o.beta1);
+    v.mul_(o.beta2).addcmul_(g, g, 1.0 - o.beta2);
+    optim_detail::store_exp_avg(s, storage, first, m, exp_avg_key);
+    optim_detail::store_exp_avg_sq(s, storage, first, v, exp_avg_sq_key);
+    // This step uses the fresh fp32 moments; only the next step sees their rounded storage.
+    const at::Tensor m_cols = m.narrow(1, 0, s.cols);
+    const at::Tensor denom = v.narrow(1, 0, s.cols).sqrt().div_(bias_correction2_sqrt).add_(o.eps);
+    at::Tensor target = master.narrow(0, first, count);
+    at::Tensor updated = bf16_master ? target.to(at::kFloat) : target;
+    if (decay) updated.mul_(decay_factor);
+    updated.addcdiv_(m_cols, denom, -step_size);
+    if (bf16_master)
+      target.copy_(optim_detail::bfloat16_stochastic_from_bits(
+          updated, optim_detail::random_bits(master_key, first * s.cols, count, s.cols, updated.device())));
   }
 }
 

@@ -1,5 +1,6 @@
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -7,19 +8,33 @@
 
 namespace qwen3 {
 
+at::Tensor square_sum_fp32(const at::Tensor& t) {
+  at::NoGradGuard no_grad;
+  // In row pieces: a bf16 tensor's fp32 copy as a whole (1.5 GB for Qwen3-4B's embedding) would be the largest
+  // temporary of the step.
+  const at::Tensor rows = t.reshape({t.dim() == 0 ? 1 : t.size(0), -1});
+  const int64_t chunk = optimizer_piece_rows(0, rows.size(0), rows.size(1), rows.device());
+  at::Tensor sum = at::zeros({}, rows.options().dtype(at::kFloat));
+  for (int64_t first = 0; first < rows.size(0); first += chunk) {
+    const at::Tensor piece = rows.narrow(0, first, std::min(chunk, rows.size(0) - first)).to(at::kFloat);
+    sum.add_(piece.square().sum());
+  }
+  return sum;
+}
+
 double clip_grad_norm(const std::vector<OptimParam>& params, double max_norm) {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> norms;
   for (const OptimParam& p : params) {
     const at::Tensor& grad = p.param.grad();
     // fp32 accumulation even for bf16 gradients; the per-tensor norms stay on the device.
-    if (grad.defined()) norms.push_back(at::linalg_vector_norm(grad, 2, c10::nullopt, false, at::kFloat));
+    if (grad.defined()) norms.push_back(square_sum_fp32(grad));
   }
   if (norms.empty()) return 0.0;
   // The tensors may sit on several devices; their norms meet on the first one's.
   const at::Device device = norms.front().device();
   for (at::Tensor& n : norms) n = n.to(device);
-  const double total = at::linalg_vector_norm(at::stack(norms), 2).item<double>();  // the one synchronization
+  const double total = std::sqrt(at::stack(norms).sum().item<double>());  // the one synchronization
   if (!std::isfinite(total) || max_norm <= 0 || total <= max_norm) return total;
   const double scale = max_norm / (total + 1e-6);
   for (const OptimParam& p : params) {

@@ -8,27 +8,24 @@
 
 namespace qwen3::train_detail {
 
+bool is_trainable(const std::string& key, int64_t layers, const TrainOptions& opt) {
+  const bool all = opt.train_last_layers <= 0;
+  if (key == "model.embed_tokens.weight") return all && !opt.freeze_embeddings;
+  if (key == "lm_head.weight") return all || opt.train_lm_head;  // only untied models have one here
+  if (key == "model.norm.weight") return true;  // it sits after every block, so it trains with any of them
+  const int64_t layer = std::stoll(key.substr(std::string("model.layers.").size()));
+  return all || layer >= layers - opt.train_last_layers;
+}
+
 TrainableSet select_trainable(Qwen3Model& model, const TrainOptions& opt) {
   TrainableSet set;
   const int64_t layers = static_cast<int64_t>(model.blocks.size());
-  const bool all = opt.train_last_layers <= 0;
-  if (!all && opt.train_last_layers > layers)
+  if (opt.train_last_layers > layers)
     throw UsageError("--train-last-layers " + std::to_string(opt.train_last_layers) + " exceeds the model's " +
                      std::to_string(layers) + " layers");
-  const int64_t first_trained_layer = all ? 0 : layers - opt.train_last_layers;
   for (auto& [key, t] : model.named_weights()) {
     set.total_parameters += t.numel();
-    bool train;
-    if (key == "model.embed_tokens.weight") {
-      train = all && !opt.freeze_embeddings;
-    } else if (key == "lm_head.weight") {  // only untied models have one here
-      train = all || opt.train_lm_head;
-    } else if (key == "model.norm.weight") {
-      train = true;  // it sits after every block, so it trains with any of them
-    } else {
-      const int64_t layer = std::stoll(key.substr(std::string("model.layers.").size()));
-      train = layer >= first_trained_layer;
-    }
+    const bool train = is_trainable(key, layers, opt);
     t.requires_grad_(train);
     if (!train) continue;
     set.trainable_parameters += t.numel();

@@ -17,6 +17,8 @@ struct TrainableSet {
   int64_t total_parameters = 0;
 };
 TrainableSet select_trainable(Qwen3Model& model, const TrainOptions& opt);
+// The rule select_trainable applies to one file key of a model with `layers` blocks.
+bool is_trainable(const std::string& key, int64_t layers, const TrainOptions& opt);
 
 // Mean loss over the batch's loss tokens: "ce" = next-token cross-entropy on fp32 logits; "scalar" = the
 // original's L1 between the final hidden states and the (detached) embeddings of the target tokens.

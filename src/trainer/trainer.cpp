@@ -9,12 +9,17 @@
 #include <map>
 #include <cmath>
 #include <fstream>
+#include <limits>
+#include <optional>
 
 #include "qwen3/checkpoint.h"
+#include "qwen3/dat_tensor.h"
 #include "qwen3/exporter.h"
+#include "qwen3/memory_model.h"
 #include "qwen3/model_loader.h"
 #include "qwen3/nvfp4_linear.h"
 #include "qwen3/nvfp4_ops.h"
+#include "memory_report.h"
 #include "train_setup.h"
 
 namespace qwen3 {
@@ -79,10 +84,66 @@ void restore_checkpoint(const CheckpointState& s, TrainableSet& set, AdamW& opt,
   opt.set_rng_state(rng->second);
 }
 
+// Gradient clipping and non-finite checks when the optimizer runs inside backward (--fused-optimizer): the
+// global norm is known only after the last update, so each group (a block, or a tensor outside the blocks) is
+// clipped to its share of --grad-clip, max_norm * sqrt(group elements / trainable elements); the clipped global
+// norm then never exceeds max_norm, as with global clipping. A group with a non-finite gradient is not applied.
+class FusedUpdater {
+ public:
+  FusedUpdater(AdamW& opt, double max_norm, int64_t trainable_elements, double lr)
+      : opt_(opt), max_norm_(max_norm), trainable_(static_cast<double>(trainable_elements)), lr_(lr) {}
+
+  void apply(const std::vector<std::pair<at::Tensor, at::Tensor>>& group) {
+    torch::NoGradGuard no_grad;
+    at::Tensor square_sum;
+    double elements = 0;
+    for (const auto& [param, grad] : group) {
+      if (!grad.defined()) continue;
+      const at::Tensor sq = square_sum_fp32(grad);
+      square_sum = square_sum.defined() ? square_sum + sq : sq;
+      elements += static_cast<double>(grad.numel());
+    }
+    if (!square_sum.defined()) return;
+    const double square = square_sum.item<double>();  // one synchronization a group
+    sum_of_squares_ += square;
+    if (!std::isfinite(square)) {
+      nonfinite_ = true;
+      return;
+    }
+    const double norm = std::sqrt(square), limit = max_norm_ * std::sqrt(elements / trainable_);
+    const double scale = max_norm_ > 0 && norm > limit ? limit / (norm + 1e-6) : 1.0;
+    for (const auto& [param, grad] : group) {
+      if (!grad.defined()) continue;
+      if (scale != 1.0) grad.mul_(scale);
+      opt_.update(opt_.index_of(param), grad, lr_);
+    }
+  }
+  double norm() const { return std::sqrt(sum_of_squares_); }
+  bool nonfinite() const { return nonfinite_; }
+
+ private:
+  AdamW& opt_;
+  double max_norm_, trainable_, lr_;
+  double sum_of_squares_ = 0;
+  bool nonfinite_ = false;
+};
+
+// Clears the model's gradient sink however the step ends.
+struct SinkGuard {
+  Qwen3Model& model;
+  ~SinkGuard() { model.set_block_gradient_sink(nullptr); }
+};
+
 }  // namespace
 
 TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_signal) {
   const auto t_start = Clock::now();
+  std::optional<StepMemoryReport> report;
+  if (!o.vram_report.empty()) report.emplace(o.vram_report, c10::Device(o.device), report_config(o));
+  auto phase = [&](const char* name) {
+    if (report) report->phase(name);
+  };
+  phase("start");
   const Qwen3Config config = load_config(o.config);
   const Tokenizer tok = Tokenizer::from_file(o.tokenizer);
   TrainingData data(tok, o.data);
@@ -103,7 +164,16 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
   model->set_projection_op([mode](const at::Tensor& x, const at::Tensor& w) { return nvfp4::ste_linear(x, w, mode); });
   model->set_activation_checkpointing(o.grad_checkpoint);
   TrainableSet set = select_trainable(*model, o);
+  if (report) {
+    DenseFileType dense;
+    if (const DatEntry* e = reader.find("model.embed_tokens.weight"))
+      dense = {static_cast<int>(elem_size(e->type)), scalar_type_of(e->type) == master};
+    report->set_plan(predict_step_memory(config, model->has_separate_lm_head(), o, device, dense,
+                                         build_uses_sdpa()));
+  }
+  phase("model_loaded");
   AdamW opt(set.params, o.adamw);
+  phase("optimizer_state_ready");
 
   const int64_t steps = total_steps(o, data);
   LrSchedule schedule = o.schedule;
@@ -160,21 +230,63 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
     const auto t0 = Clock::now();
     const int64_t epoch = step / per_epoch;
     const Batch batch = data.batch(epoch, (step % per_epoch) % data.batches_per_epoch());
+    const bool first_step = sum.steps_done == 0;
+    auto step_phase = [&](const char* name) {
+      if (first_step) phase(name);
+    };
+    step_phase("batch_ready");
     const double lr = schedule.at(step);
-    const at::Tensor loss = compute_loss(*model, batch, o.loss);
-    loss.backward();
-    const double loss_value = loss.item<double>();
-    const double norm = clip_grad_norm(set.params, o.grad_clip);
-    const bool bad = !std::isfinite(loss_value) || !std::isfinite(norm) || nvfp4::take_nonfinite_flag(device);
+    // Fused: the sink must be in place before forward, which decides how each block's backward will run.
+    FusedUpdater updater(opt, o.grad_clip, set.trainable_parameters, lr);
+    SinkGuard guard{*model};
+    if (o.fused_optimizer)
+      model->set_block_gradient_sink(
+          [&](int64_t, const std::vector<std::pair<at::Tensor, at::Tensor>>& grads) { updater.apply(grads); });
+    at::Tensor loss = compute_loss(*model, batch, o.loss);
+    step_phase("forward_done");
+    double loss_value, norm;
+    bool bad;
+    if (o.fused_optimizer) {
+      loss_value = loss.item<double>();
+      norm = std::numeric_limits<double>::quiet_NaN();
+      bad = !std::isfinite(loss_value);
+      if (!bad) {  // a non-finite loss skips the step before anything is applied
+        opt.begin_step();
+        loss.backward();
+        model->set_block_gradient_sink(nullptr);
+        loss = at::Tensor();
+        step_phase("backward_done");
+        for (auto& p : set.params) {
+          at::Tensor& grad = p.param.mutable_grad();
+          if (grad.defined()) updater.apply({{p.param, grad}});
+          grad = at::Tensor();
+        }
+        norm = updater.norm();
+        bad = updater.nonfinite() || nvfp4::take_nonfinite_flag(device);
+      } else {
+        loss = at::Tensor();
+        step_phase("backward_done");
+      }
+    } else {
+      loss.backward();
+      loss_value = loss.item<double>();
+      loss = at::Tensor();
+      step_phase("backward_done");
+      norm = clip_grad_norm(set.params, o.grad_clip);
+      bad = !std::isfinite(loss_value) || !std::isfinite(norm) || nvfp4::take_nonfinite_flag(device);
+      if (!bad) opt.step(lr);
+      for (auto& p : set.params) p.param.mutable_grad() = at::Tensor();  // free the gradients between steps
+    }
+    step_phase("optimizer_step_done");
+    if (first_step && report) report->finish();
     if (bad) {
       ++skipped;
-      spdlog::warn("step {}: non-finite {} ({}); step skipped ({} so far)", step + 1,
+      spdlog::warn("step {}: non-finite {} ({}); {} ({} so far)", step + 1,
                    std::isfinite(loss_value) ? "gradient" : "loss", std::isfinite(loss_value) ? norm : loss_value,
+                   o.fused_optimizer && std::isfinite(loss_value) ? "the groups with finite gradients were applied"
+                                                                  : "step skipped",
                    skipped);
-    } else {
-      opt.step(lr);
     }
-    for (auto& p : set.params) p.param.mutable_grad() = at::Tensor();  // free the gradients between steps
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     total_ms += ms;
     total_tokens += batch.tokens;

@@ -1,0 +1,39 @@
+// Memory as the trainer's one-step report measures it: tensor bytes live and at their peak (the CUDA caching
+// allocator's statistics on a GPU; on CPU a counting wrapper around libtorch's CPU allocator), what the device
+// holds, and the process's resident set and its peak. Peaks can be reset, so each phase reports its own.
+#pragma once
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <optional>
+
+namespace qwen3 {
+
+struct MemoryReading {
+  uint64_t allocated = 0;          // tensor bytes live now
+  uint64_t peak = 0;               // most tensor bytes live at once since the last reset
+  std::optional<uint64_t> reserved;       // bytes the CUDA caching allocator holds (none on CPU)
+  std::optional<uint64_t> device_used;    // whole device in use (cudaMemGetInfo); CPU: the machine's used memory
+  uint64_t rss = 0;                // process resident set now
+  uint64_t rss_peak = 0;           // its peak since the last reset (VmHWM; since start if it cannot be reset)
+};
+
+class MemoryProbe {
+ public:
+  // On CPU this installs the counting allocator (once per process): only tensors allocated afterwards count.
+  explicit MemoryProbe(c10::Device device);
+  MemoryReading read() const;
+  void reset_peaks();  // the tensor peak becomes the current figure; the RSS high-water mark too where possible
+  const c10::Device& device() const { return device_; }
+  bool rss_peak_resettable() const { return rss_peak_resettable_; }
+
+ private:
+  c10::Device device_;
+  bool rss_peak_resettable_ = false;
+};
+
+// Bytes of CPU tensors live now / at the peak since reset, by the counting allocator (0 before it is installed).
+uint64_t cpu_tensor_bytes();
+uint64_t cpu_tensor_peak_bytes();
+
+}  // namespace qwen3

@@ -1,0 +1,157 @@
+#include "qwen3/memory_probe.h"
+
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/alloc_cpu.h>
+#include <torch/version.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <string>
+
+#include "qwen3/error.h"
+
+#if defined(QWEN3_TORCH_HAS_CUDA)
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <cuda_runtime_api.h>
+#endif
+
+namespace qwen3 {
+namespace {
+
+std::atomic<uint64_t> g_live{0};
+std::atomic<uint64_t> g_peak{0};
+
+// Wraps libtorch's CPU allocator and counts the bytes of every block it hands out. The block's size sits in a
+// 64-byte header in front of the data (which keeps the data 64-byte aligned), so freeing needs no lookup.
+class CountingCpuAllocator final : public c10::Allocator {
+ public:
+  static constexpr size_t kHeader = 64;
+
+  CountingCpuAllocator() = default;
+
+// PyTorch 2.3 made allocate() non-const and added copy_data().
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+  c10::DataPtr allocate(size_t bytes) override {
+#else
+  c10::DataPtr allocate(size_t bytes) const override {
+#endif
+    void* base = c10::alloc_cpu(bytes + kHeader);
+    *static_cast<size_t*>(base) = bytes;
+    const uint64_t live = g_live.fetch_add(bytes) + bytes;
+    uint64_t peak = g_peak.load();
+    while (live > peak && !g_peak.compare_exchange_weak(peak, live)) {
+    }
+    // Data and context must be the same pointer: raw_allocate() (used inside some operators) asserts it.
+    void* data = static_cast<char*>(base) + kHeader;
+    return {data, data, &release, c10::Device(c10::DeviceType::CPU)};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
+#endif
+
+ private:
+  static void release(void* data) {
+    void* base = static_cast<char*>(data) - kHeader;
+    g_live.fetch_sub(*static_cast<size_t*>(base));
+    c10::free_cpu(base);
+  }
+};
+
+void install_counting_allocator() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    static CountingCpuAllocator counting;
+    c10::SetCPUAllocator(&counting, /*priority=*/100);
+  });
+}
+
+// A field of /proc/self/status in kB, as bytes.
+uint64_t proc_status_bytes(const std::string& field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(field + ":", 0) == 0) {
+      std::istringstream fields(line.substr(field.size() + 1));
+      uint64_t kb = 0;
+      fields >> kb;
+      return kb * 1024;
+    }
+  return 0;
+}
+
+uint64_t machine_used_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kb = 0, total = 0, available = 0;
+  std::string unit;
+  while (in >> key >> kb) {
+    std::getline(in, unit);
+    if (key == "MemTotal:") total = kb;
+    if (key == "MemAvailable:") available = kb;
+  }
+  return (total - std::min(total, available)) * 1024;
+}
+
+// Writing 5 to clear_refs resets VmHWM to the current RSS (Linux 4.0+); some sandboxes refuse it.
+bool reset_rss_peak() {
+  std::ofstream out("/proc/self/clear_refs");
+  if (!out) return false;
+  out << "5";
+  out.flush();
+  return static_cast<bool>(out);
+}
+
+}  // namespace
+
+uint64_t cpu_tensor_bytes() { return g_live.load(); }
+uint64_t cpu_tensor_peak_bytes() { return g_peak.load(); }
+
+MemoryProbe::MemoryProbe(c10::Device device) : device_(device) {
+  if (device_.is_cpu()) install_counting_allocator();
+#if !defined(QWEN3_TORCH_HAS_CUDA)
+  if (device_.is_cuda()) throw Error("memory report: this build's libtorch has no CUDA");
+#endif
+  reset_peaks();
+}
+
+MemoryReading MemoryProbe::read() const {
+  MemoryReading r;
+  r.rss = proc_status_bytes("VmRSS");
+  r.rss_peak = proc_status_bytes("VmHWM");
+  if (device_.is_cpu()) {
+    r.allocated = g_live.load();
+    r.peak = g_peak.load();
+    r.device_used = machine_used_bytes();
+    return r;
+  }
+#if defined(QWEN3_TORCH_HAS_CUDA)
+  using namespace c10::cuda::CUDACachingAllocator;
+  const auto stats = getDeviceStats(device_.index() < 0 ? 0 : device_.index());
+  const auto aggregate = static_cast<size_t>(StatType::AGGREGATE);
+  r.allocated = static_cast<uint64_t>(stats.allocated_bytes[aggregate].current);
+  r.peak = static_cast<uint64_t>(stats.allocated_bytes[aggregate].peak);
+  r.reserved = static_cast<uint64_t>(stats.reserved_bytes[aggregate].current);
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) r.device_used = total_bytes - free_bytes;
+#endif
+  return r;
+}
+
+void MemoryProbe::reset_peaks() {
+  rss_peak_resettable_ = reset_rss_peak();
+  if (device_.is_cpu()) {
+    g_peak.store(g_live.load());
+    return;
+  }
+#if defined(QWEN3_TORCH_HAS_CUDA)
+  c10::cuda::CUDACachingAllocator::resetPeakStats(device_.index() < 0 ? 0 : device_.index());
+#endif
+}
+
+}  // namespace qwen3

@@ -1,0 +1,234 @@
+// The step's memory, simulated: a running count of live tensor bytes that allocates and frees what the trainer's
+// phases allocate and free, with the short-lived temporaries of each operation as spikes above it.
+#include "qwen3/memory_model.h"
+
+#include <torch/version.h>
+
+#include <algorithm>
+
+#include "qwen3/layout.h"
+#include "qwen3/optim.h"
+#include "train_setup.h"
+
+namespace qwen3 {
+namespace {
+
+using u64 = uint64_t;
+
+class Timeline {
+ public:
+  void add(u64 bytes) { now_ += bytes, peak_ = std::max(peak_, now_); }
+  void sub(u64 bytes) { now_ -= std::min(now_, bytes); }
+  void spike(u64 bytes) { peak_ = std::max(peak_, now_ + bytes); }
+  PhaseMemory close(const std::string& phase) {
+    PhaseMemory p{phase, peak_, now_};
+    peak_ = now_;
+    return p;
+  }
+
+ private:
+  u64 now_ = 0, peak_ = 0;
+};
+
+// Peak temporary bytes per element of one optimizer piece, by master and moment storage: counted with the
+// counting allocator on a 2^20-element piece (docs/memory.md, "Optimizer temporaries").
+u64 optimizer_temp_per_element(bool bf16_master, MomentStorage moments) {
+  switch (moments) {
+    case MomentStorage::float32: return bf16_master ? 44 : 4;
+    case MomentStorage::bfloat16: return bf16_master ? 52 : 40;
+    case MomentStorage::int8: return 76;
+    case MomentStorage::nvfp4: return bf16_master ? 76 : 72;
+  }
+  return 40;
+}
+
+struct BlockSizes {
+  u64 projections = 0;      // elements of the seven projection matrices
+  u64 largest_projection = 0;
+  u64 parameters = 0;       // every element of the block
+  u64 trainable = 0;        // elements that train
+};
+
+}  // namespace
+
+bool build_uses_sdpa() { return TORCH_VERSION_MAJOR >= 2; }
+
+u64 StepMemoryPlan::peak() const {
+  u64 p = 0;
+  for (const auto& phase : phases) p = std::max(p, phase.peak);
+  return p;
+}
+
+StepMemoryPlan predict_step_memory(const Qwen3Config& config, bool separate_head, const TrainOptions& o,
+                                   const c10::Device& device, DenseFileType dense_file, bool sdpa) {
+  const ModelShape s = config.shape();
+  const bool cuda = device.is_cuda();
+  const u64 e = o.master_dtype == "bfloat16" ? 2 : 4;  // master (and compute) bytes an element
+  const bool bf16 = e == 2;
+  const u64 B = static_cast<u64>(o.data.batch_size), T = static_cast<u64>(o.data.seq_len), N = B * T;
+  const u64 H = s.hidden, Q = s.heads * s.head_dim, KV = s.kv_heads * s.head_dim, I = s.intermediate, V = s.vocab;
+  const u64 nh = s.heads;
+  const bool grouped = s.heads != s.kv_heads;
+  const MomentStorage storage = o.adamw.moments;
+
+  StepMemoryPlan plan;
+  // The model's tensors, the blocks' sizes, what trains.
+  std::vector<BlockSizes> blocks(s.layers);
+  u64 largest_dense = 0, largest_quantized = 0, trainable_elements = 0, nonblock_grad = 0;
+  bool embedding_trains = false, head_trains = false;
+  u64 optimizer_piece_max = 0, nonblock_piece_max = 0;
+  for (const auto& spec : qwen3_tensors(s, separate_head)) {
+    u64 n = 1;
+    for (int64_t d : spec.shape) n *= static_cast<u64>(d);
+    plan.weights += n * e;
+    const bool trains = train_detail::is_trainable(spec.key, s.layers, o);
+    const int64_t rows = spec.shape[0], cols = spec.shape.size() > 1 ? spec.shape[1] : 1;
+    const u64 piece = static_cast<u64>(optimizer_piece_rows(o.adamw.step_chunk_rows, rows, cols, device)) * cols;
+    if (trains) {
+      plan.moments += moment_state_bytes(spec.shape, storage);
+      plan.gradients += n * e;
+      trainable_elements += n;
+      optimizer_piece_max = std::max(optimizer_piece_max, piece);
+    }
+    if (spec.key.rfind("model.layers.", 0) == 0) {
+      BlockSizes& b = blocks[std::stoll(spec.key.substr(13))];
+      b.parameters += n;
+      if (trains) b.trainable += n;
+      if (spec.quantizable) b.projections += n, b.largest_projection = std::max(b.largest_projection, n);
+    } else if (trains) {
+      nonblock_grad += n * e;
+      nonblock_piece_max = std::max(nonblock_piece_max, piece);
+      if (spec.key == "model.embed_tokens.weight") embedding_trains = true;
+      if (spec.key == "lm_head.weight") head_trains = true;
+    }
+    if (spec.quantizable) largest_quantized = std::max(largest_quantized, n);
+    else largest_dense = std::max(largest_dense, n);
+  }
+  const u64 opt_temp_per_element = optimizer_temp_per_element(bf16, storage);
+  const u64 codes_per_element_x16 = 9;  // 8 bits of codes + 1 byte of scale per 16 elements: 9/16 byte
+
+  // The straight-through linear's temporaries for a projection of n elements: on CPU the weight is quantized
+  // from an fp32 copy and dequantized (to fp32, then the compute dtype) for the product; on a GPU the kernel
+  // reads the codes directly in forward and backward dequantizes once to the compute dtype.
+  auto projection_forward_temp = [&](u64 n) -> u64 {
+    const u64 codes = n * codes_per_element_x16 / 16;
+    if (cuda) return codes;
+    return codes + std::max(bf16 ? 4 * n : 0, 4 * n + (bf16 ? 2 * n : 0));
+  };
+  auto projection_backward_temp = [&](u64 n) -> u64 { return cuda ? e * n : 4 * n + (bf16 ? 2 * n : 0); };
+
+  // What autograd keeps of one block in forward, per token (docs/memory.md counts it tensor by tensor).
+  const u64 norm_saved = (4 + 2 * e) * H + 4;  // fp32 input copy (or the input), normed, output
+  const u64 qk_saved = (4 + e) * (Q + KV) + 4 * (nh + s.kv_heads);
+  u64 attention_saved = e * Q /*q after RoPE*/ + e * Q /*the merged heads, copied for o_proj*/;
+  if (sdpa) {
+    attention_saved += (grouped ? 2 * e * Q : 2 * e * KV) + e * Q /*output*/ + 4 * nh /*log-sum-exp*/;
+    if (!cuda) attention_saved += 4 * nh * T;  // the CPU math path keeps the probabilities
+  } else {
+    attention_saved += (grouped ? 2 * e * Q : 2 * e * KV) + 4 * nh * T + (bf16 ? 2 * nh * T : 0);
+  }
+  const u64 mlp_saved = 4 * e * I;  // gate, silu(gate), up, their product
+  const u64 block_saved_per_token = 2 * norm_saved + qk_saved + attention_saved + mlp_saved;
+  // Short-lived activations. Attention scores [B, heads, T, T]: with the explicit softmax two fp32 copies are
+  // alive at once in forward (scores and masked, or probabilities and their typed copy) and two gradients in
+  // backward; a GPU's fused attention has none. The MLP: gate, up and silu outputs (forward without a graph),
+  // their gradients (backward).
+  const bool explicit_scores = !(sdpa && cuda);
+  const u64 scores = B * nh * T * T;
+  const u64 attention_forward_temp = explicit_scores ? scores * 8 : 0;
+  const u64 attention_backward_temp = explicit_scores ? scores * 8 : N * 3 * e * Q;
+  const u64 mlp_temp = N * 3 * e * I;
+  // Backward of a block: the MLP's part runs first; by the time attention's runs, the MLP's saved tensors are
+  // gone.
+  const u64 block_backward_activation_temp =
+      std::max(mlp_temp, attention_backward_temp > mlp_saved * N ? attention_backward_temp - mlp_saved * N : 0);
+
+  Timeline t;
+  plan.phases.push_back(t.close("start"));
+
+  // Loading: all tensors allocated, then each filled from a file read (and dequantized) into temporaries.
+  t.add(plan.weights);
+  const u64 dense_load_temp = largest_dense * (dense_file.bytes + (dense_file.is_master_dtype ? 0 : e));
+  const u64 quantized_load_temp = largest_quantized * (codes_per_element_x16 * 1 + 64 + (bf16 ? 32 : 0)) / 16;
+  t.spike(std::max(dense_load_temp, quantized_load_temp));
+  plan.phases.push_back(t.close("model_loaded"));
+
+  t.add(plan.moments);  // every state tensor allocated up front
+  plan.phases.push_back(t.close("optimizer_state_ready"));
+
+  t.add(2 * 8 * N);  // input and target ids
+  plan.phases.push_back(t.close("batch_ready"));
+
+  // Forward.
+  t.add(2 * 4 * T * s.head_dim + e * N * H);  // RoPE tables, the embedded input
+  const bool checkpoint = o.grad_checkpoint;
+  std::vector<u64> saved(s.layers);
+  for (int64_t l = 0; l < s.layers; ++l) {
+    const BlockSizes& b = blocks[l];
+    const u64 codes = b.projections * codes_per_element_x16 / 16;
+    const u64 temp = projection_forward_temp(b.largest_projection) + attention_forward_temp;
+    if (checkpoint) {
+      // Without a graph the block's q, k, v (and their expanded copies) and norm outputs are short-lived too.
+      const u64 attention_inputs = N * (e * (3 * Q + 2 * KV) + (4 + 2 * e) * H);
+      t.spike(std::max(temp + attention_inputs, mlp_temp + projection_forward_temp(b.largest_projection)));
+      saved[l] = e * N * H;  // the block's input alone
+    } else {
+      saved[l] = block_saved_per_token * N + codes + (o.fused_optimizer ? e * N * H : 0);
+      t.spike(saved[l] + temp);
+    }
+    t.add(saved[l]);
+    plan.saved_activations += saved[l];
+    if (!checkpoint) plan.saved_codes += codes;
+  }
+  const u64 final_saved = (4 + 2 * e) * N * H + 4 * N;
+  t.add(final_saved);
+  const u64 width = std::min<u64>(V, std::max<u64>(256, (u64{1} << 24) / std::max<u64>(N, 1)));
+  if (o.loss == "ce") {
+    t.add(4 * N);  // log-sum-exp
+    t.spike(N * width * (e + (bf16 ? 4 : 0) + 2 * 4));  // a slice's logits (and their fp32 copy), shifted, exp
+  } else {
+    t.spike(N * H * (e + 3 * 4));
+    t.add(8 * N * H);
+  }
+  plan.phases.push_back(t.close("forward_done"));
+
+  // Backward: the loss (the head's weight gradient is always formed), the final norm, the blocks last to first,
+  // the embedding.
+  if (o.loss == "ce") {
+    t.add(V * H * e);
+    // A slice's logits, shifted, exp (the softmax gradient) and its typed copy, and the slice's weight gradient
+    // before it is copied into place.
+    t.spike(N * width * (e + 8 + (bf16 ? 2 : 0)) + width * H * e + 4 * N * H);
+    if (!head_trains && !(embedding_trains && !separate_head)) t.sub(V * H * e);
+  }
+  t.spike(3 * 4 * N * H);
+  t.sub(final_saved);
+  for (int64_t l = s.layers - 1; l >= 0; --l) {
+    const BlockSizes& b = blocks[l];
+    const u64 grads = b.trainable * e;
+    u64 temp = projection_backward_temp(b.largest_projection) + block_backward_activation_temp + grads;
+    if (checkpoint) temp += block_saved_per_token * N + b.projections * codes_per_element_x16 / 16;
+    t.spike(temp);
+    // Fused: the block's update runs after its graph is gone, with only the gradients and a piece's temporaries.
+    if (o.fused_optimizer) t.spike(grads + std::min<u64>(b.largest_projection, optimizer_piece_max) * opt_temp_per_element);
+    if (!o.fused_optimizer) t.add(grads);
+    t.sub(saved[l]);
+  }
+  t.sub(e * N * H);
+  if (embedding_trains) {
+    // A dense [V, H] gradient; added in place to the head's when tied.
+    if (!separate_head && o.loss == "ce") t.spike(V * H * e);
+    else t.add(V * H * e);
+  }
+  plan.phases.push_back(t.close("backward_done"));
+
+  // The optimizer (and, fused, the tensors outside the blocks), then the gradients go.
+  const u64 pieces = o.fused_optimizer ? nonblock_piece_max : optimizer_piece_max;
+  t.spike(pieces * opt_temp_per_element);
+  t.sub(o.fused_optimizer ? nonblock_grad : plan.gradients);
+  plan.phases.push_back(t.close("optimizer_step_done"));
+  (void)trainable_elements;
+  return plan;
+}
+
+}  // namespace qwen3

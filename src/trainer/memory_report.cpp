@@ -1,0 +1,130 @@
+#include "memory_report.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+
+#include "qwen3/error.h"
+
+namespace qwen3::train_detail {
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+// "2026-02-26T00:46:03.3073970Z", the original's format (seven fractional digits).
+std::string utc_now() {
+  const auto now = std::chrono::system_clock::now();
+  const auto since = now.time_since_epoch();
+  const std::time_t seconds = std::chrono::duration_cast<std::chrono::seconds>(since).count();
+  const auto ticks = std::chrono::duration_cast<std::chrono::nanoseconds>(since).count() % 1000000000 / 100;
+  std::tm tm{};
+  gmtime_r(&seconds, &tm);
+  char text[32];
+  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%S", &tm);
+  return fmt::format("{}.{:07d}Z", text, ticks);
+}
+
+double mib(uint64_t bytes) { return static_cast<double>(bytes) / kMiB; }
+double round1(double v) { return std::round(v * 10.0) / 10.0; }
+
+nlohmann::json optional_mib(const std::optional<uint64_t>& bytes) {
+  return bytes ? nlohmann::json(round1(mib(*bytes))) : nlohmann::json();
+}
+
+std::string cell(const nlohmann::json& v) { return v.is_null() ? "-" : fmt::format("{:.1f}", v.get<double>()); }
+
+}  // namespace
+
+nlohmann::json report_config(const TrainOptions& o) {
+  return {{"weights", o.weights},
+          {"config", o.config},
+          {"device", o.device},
+          {"seq_len", o.data.seq_len},
+          {"batch_size", o.data.batch_size},
+          {"master_dtype", o.master_dtype},
+          {"optimizer_state_mode", moment_storage_name(o.adamw.moments)},
+          {"optimizer_step_chunk_rows", o.adamw.step_chunk_rows},
+          {"grad_checkpoint", o.grad_checkpoint},
+          {"fused_optimizer", o.fused_optimizer},
+          {"train_last_layers", o.train_last_layers},
+          {"freeze_embeddings", o.freeze_embeddings},
+          {"train_lm_head", o.train_lm_head},
+          {"loss", o.loss},
+          {"grad_clip", o.grad_clip},
+          {"scale_mode", nvfp4::scale_mode_name(o.scale_mode)}};
+}
+
+StepMemoryReport::StepMemoryReport(std::string path, const c10::Device& device, nlohmann::json config)
+    : path_(std::move(path)), probe_(device), last_(std::chrono::steady_clock::now()) {
+  report_ = {{"Pid", static_cast<int64_t>(::getpid())},
+             {"CreatedUtc", utc_now()},
+             {"Device", device.str()},
+             {"Config", std::move(config)},
+             {"Samples", nlohmann::json::array()}};
+  if (!probe_.rss_peak_resettable()) report_["RssPeakIsSinceStart"] = true;
+}
+
+void StepMemoryReport::phase(const std::string& name) {
+  const auto now = std::chrono::steady_clock::now();
+  const MemoryReading r = probe_.read();
+  nlohmann::json predicted;
+  for (const auto& p : plan_.phases)
+    if (p.phase == name) predicted = round1(mib(p.peak));
+  const bool cpu = probe_.device().is_cpu();
+  report_["Samples"].push_back({
+      {"TimestampUtc", utc_now()},
+      {"Phase", name},
+      {"DurationMs", round1(std::chrono::duration<double, std::milli>(now - last_).count())},
+      {"AllocatedMiB", round1(mib(r.allocated))},
+      {"ReservedMiB", optional_mib(r.reserved)},
+      {"PeakMiB", round1(mib(r.peak))},
+      {"RssMiB", round1(mib(r.rss))},
+      {"RssPeakMiB", round1(mib(r.rss_peak))},
+      {"PredictedMiB", predicted},
+      // The original's two fields: the process's memory (RSS on CPU, what the CUDA allocator holds on a GPU) and
+      // the whole machine's (device) use.
+      {"PidMemoryMiB", round1(mib(cpu ? r.rss : r.reserved.value_or(0)))},
+      {"TotalMemoryMiB", optional_mib(r.device_used)},
+  });
+  probe_.reset_peaks();
+  last_ = std::chrono::steady_clock::now();
+}
+
+void StepMemoryReport::finish() {
+  for (auto& sample : report_["Samples"])  // phases sampled before the plan existed
+    for (const auto& p : plan_.phases)
+      if (sample["Phase"] == p.phase && sample["PredictedMiB"].is_null()) sample["PredictedMiB"] = round1(mib(p.peak));
+  report_["Predicted"] = {{"WeightsMiB", round1(mib(plan_.weights))},
+                          {"MomentsMiB", round1(mib(plan_.moments))},
+                          {"GradientsMiB", round1(mib(plan_.gradients))},
+                          {"SavedActivationsMiB", round1(mib(plan_.saved_activations))},
+                          {"PeakMiB", round1(mib(plan_.peak()))}};
+  const std::filesystem::path target(path_);
+  const std::filesystem::path temp = target.string() + ".tmp";
+  {
+    std::ofstream out(temp);
+    if (!out) throw Error(path_ + ": cannot open for writing (memory report)");
+    out << report_.dump(2) << "\n";
+    out.close();
+    if (!out) throw Error(path_ + ": write failed (memory report)");
+  }
+  std::error_code ec;
+  std::filesystem::rename(temp, target, ec);
+  if (ec) throw Error(path_ + ": cannot rename the memory report into place: " + ec.message());
+
+  fmt::print("memory report ({}; tensor MiB: the {}):\n", report_["Device"].get<std::string>(),
+             probe_.device().is_cpu() ? "counting CPU allocator" : "CUDA caching allocator");
+  fmt::print("{:<22} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n", "phase", "ms", "allocated", "reserved",
+             "peak", "predicted", "rss", "rss peak");
+  for (const auto& s : report_["Samples"])
+    fmt::print("{:<22} {:>10.1f} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n", s["Phase"].get<std::string>(),
+               s["DurationMs"].get<double>(), cell(s["AllocatedMiB"]), cell(s["ReservedMiB"]), cell(s["PeakMiB"]),
+               cell(s["PredictedMiB"]), cell(s["RssMiB"]), cell(s["RssPeakMiB"]));
+  fmt::print("report written to {}\n", path_);
+}
+
+}  // namespace qwen3::train_detail

@@ -1,0 +1,37 @@
+// The one-step memory report (`vram-report`, `train --vram-report`): a sample per phase of the first step with
+// its duration, the measured figures (memory_probe.h) and the memory model's prediction, written as JSON in the
+// original tool's shape (Pid, CreatedUtc, Samples[Phase, TimestampUtc, PidMemoryMiB, TotalMemoryMiB]) plus this
+// tool's fields, and printed as a table.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <string>
+
+#include "qwen3/memory_model.h"
+#include "qwen3/memory_probe.h"
+
+namespace qwen3::train_detail {
+
+class StepMemoryReport {
+ public:
+  StepMemoryReport(std::string path, const c10::Device& device, nlohmann::json config);
+  void set_plan(StepMemoryPlan plan) { plan_ = std::move(plan); }
+  // Samples the phase that ends now, then resets the peaks for the next one.
+  void phase(const std::string& name);
+  // Writes the JSON file (atomically) and prints the table to stdout.
+  void finish();
+  const nlohmann::json& json() const { return report_; }
+
+ private:
+  std::string path_;
+  MemoryProbe probe_;
+  nlohmann::json report_;
+  StepMemoryPlan plan_;
+  std::chrono::steady_clock::time_point last_;
+};
+
+// Flags of a run as the report's "Config" records them.
+nlohmann::json report_config(const TrainOptions& o);
+
+}  // namespace qwen3::train_detail

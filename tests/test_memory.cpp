@@ -1,0 +1,234 @@
+// The one-step memory report and the memory design: the counting allocator counts, the memory model's
+// prediction agrees with the measurement on CPU within 15% for several configurations, the report has the
+// original's shape, and the optimizer-in-backward mode changes nothing but memory (and clipping).
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "cli_test_util.h"
+#include "qwen3/checkpoint.h"
+#include "qwen3/memory_model.h"
+#include "qwen3/memory_probe.h"
+#include "qwen3/synth.h"
+#include "qwen3/trainer.h"
+#include "tiny_model_util.h"
+
+namespace qwen3 {
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+// Big enough that weights, moments, activations and temporaries all weigh something (a few MiB each), small
+// enough for a one-second step; vocabulary of the tiny test tokenizer.
+Qwen3Config report_config() {
+  Qwen3Config c = test::trainable_tiny_config();
+  c.hidden_size = 256;
+  c.num_hidden_layers = 4;
+  c.num_attention_heads = 8;
+  c.num_key_value_heads = 2;
+  c.head_dim = 32;
+  c.intermediate_size = 1024;
+  return c;
+}
+
+SynthResult make_model(const test::TempDir& dir, const Qwen3Config& config, const std::string& name) {
+  SynthOptions s;
+  s.config = config;
+  s.out_dir = dir.file(name);
+  return write_synthetic_model(s);
+}
+
+std::string write_text(const test::TempDir& dir) {
+  std::ofstream out(dir.file("text.txt"));
+  const char* words[] = {"the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "hello", "qwen"};
+  for (int line = 0; line < 120; ++line) {
+    for (int w = 0; w < 50; ++w) out << words[(line * 7 + w * 3) % 10] << ' ';
+    out << '\n';
+  }
+  return dir.file("text.txt");
+}
+
+TrainOptions options_for(const SynthResult& m, const std::string& data) {
+  TrainOptions o;
+  o.weights = m.dat_path;
+  o.config = m.config_path;
+  o.tokenizer = test::tiny_tokenizer_path();
+  o.data.path = data;
+  o.data.format = DataFormat::text;
+  o.data.pack = true;
+  o.log_every = 0;
+  o.schedule.lr = 1e-3;
+  return o;
+}
+
+TEST(MemoryProbe, TheCountingAllocatorCountsCpuTensorsAndItsPeakResets) {
+  MemoryProbe probe(c10::Device("cpu"));
+  const uint64_t before = probe.read().allocated;
+  {
+    at::Tensor t = at::empty({1 << 20}, at::kFloat);  // 4 MiB
+    const MemoryReading r = probe.read();
+    EXPECT_EQ(r.allocated - before, 4u << 20);
+    EXPECT_GE(r.peak, r.allocated);
+    EXPECT_GT(r.rss, 0u);
+    at::Tensor u = at::empty({1 << 18}, at::kDouble);  // 2 MiB more, then gone
+  }
+  const MemoryReading after = probe.read();
+  EXPECT_EQ(after.allocated, before);
+  EXPECT_GE(after.peak - before, 6u << 20) << "the peak remembers both tensors";
+  probe.reset_peaks();
+  EXPECT_EQ(probe.read().peak, before);
+}
+
+struct ReportCase {
+  const char* name;
+  const char* master;
+  const char* moments;
+  bool checkpoint, fused;
+};
+
+TEST(MemoryReport, PredictionMatchesTheMeasurementWithin15PercentOnCpu) {
+  test::TempDir dir;
+  const SynthResult m = make_model(dir, report_config(), "m");
+  const std::string text = write_text(dir);
+  const ReportCase cases[] = {{"plain fp32", "float32", "float32", false, false},
+                              {"bf16 master, bf16 moments", "bfloat16", "bfloat16", false, false},
+                              {"checkpointing", "float32", "nvfp4", true, false},
+                              {"fused optimizer", "float32", "float32", false, true},
+                              {"lean: bf16, int8, checkpointing, fused", "bfloat16", "int8", true, true}};
+  for (const ReportCase& c : cases) {
+    TrainOptions o = options_for(m, text);
+    o.steps = 1;
+    o.data.seq_len = 256;
+    o.data.batch_size = 4;
+    o.master_dtype = c.master;
+    o.adamw.moments = moment_storage_from_name(c.moments);
+    o.grad_checkpoint = c.checkpoint;
+    o.fused_optimizer = c.fused;
+    o.vram_report = dir.file(std::string("report-") + c.moments + std::to_string(c.checkpoint) + std::to_string(c.fused) + ".json");
+    run_training(o);
+    const nlohmann::json r = nlohmann::json::parse(test::slurp(o.vram_report));
+    ASSERT_EQ(r["Samples"].size(), step_phases().size()) << c.name;
+    int compared = 0;
+    for (size_t i = 0; i < step_phases().size(); ++i) {
+      const auto& s = r["Samples"][i];
+      EXPECT_EQ(s["Phase"], step_phases()[i]);
+      const double measured = s["PeakMiB"].get<double>(), predicted = s["PredictedMiB"].get<double>();
+      if (measured < 1.0) continue;  // "start": nothing allocated yet
+      ++compared;
+      EXPECT_NEAR(predicted, measured, 0.15 * measured) << c.name << ", phase " << s["Phase"];
+    }
+    EXPECT_EQ(compared, 6) << c.name;
+  }
+}
+
+TEST(MemoryReport, HasTheOriginalShapeAndThisToolsFields) {
+  test::TempDir dir;
+  const SynthResult m = make_model(dir, test::trainable_tiny_config(), "m");
+  TrainOptions o = options_for(m, write_text(dir));
+  o.steps = 3;
+  o.data.seq_len = 32;
+  o.vram_report = dir.file("report.json");
+  run_training(o);
+  const nlohmann::json r = nlohmann::json::parse(test::slurp(o.vram_report));
+  EXPECT_GT(r["Pid"].get<int64_t>(), 0);
+  EXPECT_EQ(r["CreatedUtc"].get<std::string>().size(), std::string("2026-02-26T00:46:03.3073970Z").size());
+  EXPECT_EQ(r["Device"], "cpu");
+  EXPECT_EQ(r["Config"]["seq_len"], 32);
+  EXPECT_EQ(r["Config"]["fused_optimizer"], false);
+  EXPECT_EQ(r["Samples"].size(), step_phases().size()) << "the first step only";
+  for (const auto& s : r["Samples"])
+    for (const char* field : {"TimestampUtc", "Phase", "DurationMs", "AllocatedMiB", "ReservedMiB", "PeakMiB",
+                              "RssMiB", "RssPeakMiB", "PredictedMiB", "PidMemoryMiB", "TotalMemoryMiB"})
+      EXPECT_TRUE(s.contains(field)) << field;
+  EXPECT_TRUE(r["Samples"][0]["ReservedMiB"].is_null()) << "no caching allocator on CPU";
+  EXPECT_GT(r["Predicted"]["MomentsMiB"].get<double>(), 0);
+}
+
+// The master weights of the newest checkpoint in `dir`, by name.
+std::map<std::string, at::Tensor> master_weights(const std::string& dir) {
+  std::map<std::string, at::Tensor> out;
+  for (auto& [name, t] : load_checkpoint(*latest_checkpoint(dir), kMasterWeightPrefix).tensors) out[name] = t;
+  return out;
+}
+
+TEST(FusedOptimizer, WithoutClippingGivesTheBytesOfTheOrdinaryStep) {
+  test::TempDir dir;
+  const SynthResult m = make_model(dir, test::trainable_tiny_config(), "m");
+  const std::string text = write_text(dir);
+  for (bool checkpoint : {false, true}) {
+    std::map<std::string, at::Tensor> weights[2];
+    for (int fused = 0; fused < 2; ++fused) {
+      TrainOptions o = options_for(m, text);
+      o.steps = 3;
+      o.data.seq_len = 32;
+      o.data.batch_size = 2;
+      o.grad_clip = 0;
+      o.master_dtype = "bfloat16";
+      o.adamw.moments = MomentStorage::int8;
+      o.grad_checkpoint = checkpoint;
+      o.fused_optimizer = fused == 1;
+      o.checkpoint_dir = dir.file("ckpt-" + std::to_string(checkpoint) + std::to_string(fused));
+      run_training(o);
+      weights[fused] = master_weights(o.checkpoint_dir);
+    }
+    ASSERT_EQ(weights[0].size(), weights[1].size());
+    for (const auto& [name, t] : weights[0]) EXPECT_TRUE(at::equal(t, weights[1].at(name))) << name << ", checkpoint " << checkpoint;
+  }
+}
+
+TEST(FusedOptimizer, ClipsEachBlockToItsShareAndResumesExactly) {
+  test::TempDir dir;
+  const SynthResult m = make_model(dir, test::trainable_tiny_config(), "m");
+  const std::string text = write_text(dir);
+  auto run = [&](const std::string& name, int64_t steps, bool resume, double clip) {
+    TrainOptions o = options_for(m, text);
+    o.steps = steps;
+    o.data.seq_len = 32;
+    o.data.batch_size = 2;
+    o.grad_clip = clip;
+    o.fused_optimizer = true;
+    o.grad_checkpoint = true;
+    o.resume = resume;
+    o.checkpoint_dir = dir.file(name);
+    run_training(o);
+    return master_weights(o.checkpoint_dir);
+  };
+  const auto straight = run("straight", 4, false, 1e-3);
+  run("resumed", 2, false, 1e-3);
+  const auto resumed = run("resumed", 4, true, 1e-3);
+  for (const auto& [name, t] : straight) EXPECT_TRUE(at::equal(t, resumed.at(name))) << name;
+  // A limit far below the gradient's norm changes the result; one far above it does not.
+  const auto unclipped = run("unclipped", 4, false, 0);
+  const auto huge_limit = run("huge", 4, false, 1e9);
+  bool any_differs = false;
+  for (const auto& [name, t] : straight) {
+    any_differs = any_differs || !at::equal(t, unclipped.at(name));
+    EXPECT_TRUE(at::equal(unclipped.at(name), huge_limit.at(name))) << name;
+  }
+  EXPECT_TRUE(any_differs) << "clipping to 1e-3 must change the updates";
+}
+
+TEST(VramReportCli, PredictOnlyAndBadFlags) {
+  test::TempDir dir;
+  const SynthResult m = make_model(dir, test::trainable_tiny_config(), "m");
+  const test::CliResult p = test::run_cli("vram-report --predict-only --config " + m.config_path +
+                                          " --seq-len 64 --fused-optimizer --grad-checkpoint --device cuda");
+  EXPECT_EQ(p.code, 0) << p.err;
+  for (const std::string& phase : step_phases()) EXPECT_NE(p.out.find(phase), std::string::npos) << phase;
+  const test::CliResult no_out = test::run_cli("vram-report --weights " + m.dat_path + " --config " + m.config_path);
+  EXPECT_EQ(no_out.code, 2);
+  EXPECT_NE(no_out.err.find("--out"), std::string::npos) << no_out.err;
+  const test::CliResult with_export = test::run_cli("vram-report --out " + dir.file("r.json") + " --output-dat " +
+                                                    dir.file("x.dat") + " --weights " + m.dat_path);
+  EXPECT_EQ(with_export.code, 2);
+  EXPECT_NE(with_export.err.find("--output-dat"), std::string::npos) << with_export.err;
+  const test::CliResult bad_moments = test::run_cli("vram-report --predict-only --config " + m.config_path +
+                                                    " --optimizer-state-mode int4");
+  EXPECT_EQ(bad_moments.code, 2);
+  EXPECT_NE(bad_moments.err.find("int4"), std::string::npos) << bad_moments.err;
+}
+
+}  // namespace
+}  // namespace qwen3

@@ -86,6 +86,7 @@ struct ReportCase {
   const char* master;
   const char* moments;
   bool checkpoint, fused;
+  int64_t last_layers = 0;
 };
 
 TEST(MemoryReport, PredictionMatchesTheMeasurementWithin15PercentOnCpu) {
@@ -96,7 +97,8 @@ TEST(MemoryReport, PredictionMatchesTheMeasurementWithin15PercentOnCpu) {
                               {"bf16 master, bf16 moments", "bfloat16", "bfloat16", false, false},
                               {"checkpointing", "float32", "nvfp4", true, false},
                               {"fused optimizer", "float32", "float32", false, true},
-                              {"lean: bf16, int8, checkpointing, fused", "bfloat16", "int8", true, true}};
+                              {"lean: bf16, int8, checkpointing, fused", "bfloat16", "int8", true, true},
+                              {"last layer only (frozen blocks as codes)", "float32", "float32", false, false, 1}};
   for (const ReportCase& c : cases) {
     TrainOptions o = options_for(m, text);
     o.steps = 1;
@@ -106,7 +108,8 @@ TEST(MemoryReport, PredictionMatchesTheMeasurementWithin15PercentOnCpu) {
     o.adamw.moments = moment_storage_from_name(c.moments);
     o.grad_checkpoint = c.checkpoint;
     o.fused_optimizer = c.fused;
-    o.vram_report = dir.file(std::string("report-") + c.moments + std::to_string(c.checkpoint) + std::to_string(c.fused) + ".json");
+    o.train_last_layers = c.last_layers;
+    o.vram_report = dir.file("report-" + std::to_string(&c - cases) + ".json");
     run_training(o);
     const nlohmann::json r = nlohmann::json::parse(test::slurp(o.vram_report));
     ASSERT_EQ(r["Samples"].size(), step_phases().size()) << c.name;
@@ -208,6 +211,26 @@ TEST(FusedOptimizer, ClipsEachBlockToItsShareAndResumesExactly) {
     EXPECT_TRUE(at::equal(unclipped.at(name), huge_limit.at(name))) << name;
   }
   EXPECT_TRUE(any_differs) << "clipping to 1e-3 must change the updates";
+}
+
+TEST(FrozenProjections, HeldAsCodesTrainLikeTheDenseCopies) {
+  test::TempDir dir;
+  const SynthResult m = make_model(dir, test::trainable_tiny_config(), "m");
+  const std::string text = write_text(dir);
+  std::map<std::string, at::Tensor> weights[2];
+  for (int codes = 0; codes < 2; ++codes) {
+    TrainOptions o = options_for(m, text);
+    o.steps = 3;
+    o.data.seq_len = 32;
+    o.data.batch_size = 2;
+    o.train_last_layers = 1;
+    o.frozen_projections_as_codes = codes == 1;
+    o.checkpoint_dir = dir.file("ckpt-" + std::to_string(codes));
+    run_training(o);
+    weights[codes] = master_weights(o.checkpoint_dir);
+  }
+  ASSERT_EQ(weights[0].size(), weights[1].size());
+  for (const auto& [name, t] : weights[0]) EXPECT_TRUE(at::equal(t, weights[1].at(name))) << name;
 }
 
 TEST(VramReportCli, PredictOnlyAndBadFlags) {

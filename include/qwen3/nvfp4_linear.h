@@ -6,6 +6,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "qwen3/nvfp4.h"
+#include "qwen3/nvfp4_ops.h"
 
 namespace qwen3::nvfp4 {
 
@@ -14,6 +15,10 @@ namespace qwen3::nvfp4 {
 // with bfloat16/float16 x the product runs in the NVFP4 matmul kernel; elsewhere deq(Q(W)) is materialized
 // for the duration of one product. dW is computed in x's dtype and returned in the weight's dtype.
 at::Tensor ste_linear(const at::Tensor& x, const at::Tensor& weight, ScaleMode mode = ScaleMode::rne);
+
+// The same forward for a frozen weight held only as its NVFP4 codes and scales (what ste_linear would quantize
+// it to): no master weight, no weight gradient; backward gives dX = dY · deq(codes, scales).
+at::Tensor frozen_nvfp4_linear(const at::Tensor& x, const Quantized& weight);
 
 // A bias-free linear layer (Qwen3 has none) holding the high-precision master weight as its parameter;
 // the model loader swaps it in for the seven projections of each block.

@@ -29,6 +29,9 @@ struct TrainOptions {
   bool grad_checkpoint = false;  // recompute each block in backward instead of keeping its activations
   bool fused_optimizer = false;  // update each block in backward and free its gradients (docs/trainer.md)
   std::string vram_report;       // write the first step's per-phase memory report (JSON) here
+  // Frozen block projections held as NVFP4 codes only (the same bytes in forward); false keeps them dense,
+  // which only the test comparing the two uses.
+  bool frozen_projections_as_codes = true;
   nvfp4::ScaleMode scale_mode = nvfp4::ScaleMode::rne;
   std::string device = "cpu";
   int64_t log_every = 1;

@@ -60,7 +60,35 @@ class SteLinearFunction : public torch::autograd::Function<SteLinearFunction> {
   }
 };
 
+// y = x · deq(codes, scales)ᵀ with a gradient for x only.
+class FrozenLinearFunction : public torch::autograd::Function<FrozenLinearFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& codes,
+                            const at::Tensor& scales) {
+    std::vector<int64_t> out_sizes(x.sizes().begin(), x.sizes().end());
+    out_sizes.back() = codes.size(0);
+    ctx->save_for_backward({codes, scales});
+    ctx->saved_data["x_sizes"] = x.sizes();
+    return at::_unsafe_view(quantized_product(x.reshape({-1, x.size(-1)}), codes, scales), out_sizes);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor grad_y2d = grad_outputs[0].reshape({-1, saved[0].size(0)});
+    const auto sizes = ctx->saved_data["x_sizes"].toIntVector();
+    return {grad_y2d.mm(dequantize(saved[0], saved[1], grad_y2d.scalar_type())).view(sizes), at::Tensor(),
+            at::Tensor()};
+  }
+};
+
 }  // namespace
+
+at::Tensor frozen_nvfp4_linear(const at::Tensor& x, const Quantized& weight) {
+  if (x.dim() < 1 || x.size(-1) != weight.codes.size(1) * 2)
+    throw Error("nvfp4 linear: input " + sizes_string(x) + " does not match a frozen weight of " +
+                std::to_string(weight.codes.size(1) * 2) + " input columns");
+  return FrozenLinearFunction::apply(x, weight.codes, weight.scales);
+}
 
 at::Tensor ste_linear(const at::Tensor& x, const at::Tensor& weight, ScaleMode mode) {
   if (weight.dim() != 2 || x.dim() < 1 || x.size(-1) != weight.size(1))

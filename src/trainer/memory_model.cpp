@@ -44,6 +44,7 @@ u64 optimizer_temp_per_element(bool bf16_master, MomentStorage moments) {
 
 struct BlockSizes {
   u64 projections = 0;      // elements of the seven projection matrices
+  u64 trained_projections = 0;
   u64 largest_projection = 0;
   u64 parameters = 0;       // every element of the block
   u64 trainable = 0;        // elements that train
@@ -75,13 +76,19 @@ StepMemoryPlan predict_step_memory(const Qwen3Config& config, bool separate_head
   // The model's tensors, the blocks' sizes, what trains.
   std::vector<BlockSizes> blocks(s.layers);
   u64 largest_dense = 0, largest_quantized = 0, trainable_elements = 0, nonblock_grad = 0;
+  u64 dense_weights = 0, largest_frozen = 0;
   bool embedding_trains = false, head_trains = false;
   u64 optimizer_piece_max = 0, nonblock_piece_max = 0;
   for (const auto& spec : qwen3_tensors(s, separate_head)) {
     u64 n = 1;
     for (int64_t d : spec.shape) n *= static_cast<u64>(d);
-    plan.weights += n * e;
     const bool trains = train_detail::is_trainable(spec.key, s.layers, o);
+    const bool block_projection = spec.quantizable && spec.key.rfind("model.layers.", 0) == 0;
+    // Frozen block projections are held as their codes once loaded (train_setup.h).
+    const bool as_codes = block_projection && !trains && o.frozen_projections_as_codes;
+    dense_weights += n * e;
+    plan.weights += as_codes ? n * 9 / 16 : n * e;
+    if (as_codes) largest_frozen = std::max(largest_frozen, n);
     const int64_t rows = spec.shape[0], cols = spec.shape.size() > 1 ? spec.shape[1] : 1;
     const u64 piece = static_cast<u64>(optimizer_piece_rows(o.adamw.step_chunk_rows, rows, cols, device)) * cols;
     if (trains) {
@@ -95,6 +102,7 @@ StepMemoryPlan predict_step_memory(const Qwen3Config& config, bool separate_head
       b.parameters += n;
       if (trains) b.trainable += n;
       if (spec.quantizable) b.projections += n, b.largest_projection = std::max(b.largest_projection, n);
+      if (spec.quantizable && trains) b.trained_projections += n;
     } else if (trains) {
       nonblock_grad += n * e;
       nonblock_piece_max = std::max(nonblock_piece_max, piece);
@@ -105,6 +113,12 @@ StepMemoryPlan predict_step_memory(const Qwen3Config& config, bool separate_head
     else largest_dense = std::max(largest_dense, n);
   }
   const u64 opt_temp_per_element = optimizer_temp_per_element(bf16, storage);
+  // Autograd records nothing before the first tensor that trains: blocks ahead of it keep no activations and
+  // see no backward.
+  int64_t first_graph_block = s.layers;
+  if (embedding_trains) first_graph_block = 0;
+  for (int64_t l = s.layers - 1; l >= 0; --l)
+    if (blocks[l].trainable > 0 && l < first_graph_block) first_graph_block = l;
   const u64 codes_per_element_x16 = 9;  // 8 bits of codes + 1 byte of scale per 16 elements: 9/16 byte
 
   // The straight-through linear's temporaries for a projection of n elements: on CPU the weight is quantized
@@ -146,11 +160,14 @@ StepMemoryPlan predict_step_memory(const Qwen3Config& config, bool separate_head
   Timeline t;
   plan.phases.push_back(t.close("start"));
 
-  // Loading: all tensors allocated, then each filled from a file read (and dequantized) into temporaries.
-  t.add(plan.weights);
+  // Loading: all tensors allocated, then each filled from a file read (and dequantized) into temporaries; then
+  // the frozen projections are quantized (from an fp32 copy) and their dense storage released.
+  t.add(dense_weights);
   const u64 dense_load_temp = largest_dense * (dense_file.bytes + (dense_file.is_master_dtype ? 0 : e));
   const u64 quantized_load_temp = largest_quantized * (codes_per_element_x16 * 1 + 64 + (bf16 ? 32 : 0)) / 16;
   t.spike(std::max(dense_load_temp, quantized_load_temp));
+  t.spike(largest_frozen * (bf16 ? 4 : 0) + largest_frozen * 9 / 16);
+  t.sub(dense_weights - plan.weights);
   plan.phases.push_back(t.close("model_loaded"));
 
   t.add(plan.moments);  // every state tensor allocated up front
@@ -165,8 +182,13 @@ StepMemoryPlan predict_step_memory(const Qwen3Config& config, bool separate_head
   std::vector<u64> saved(s.layers);
   for (int64_t l = 0; l < s.layers; ++l) {
     const BlockSizes& b = blocks[l];
-    const u64 codes = b.projections * codes_per_element_x16 / 16;
+    const u64 codes = b.trained_projections * codes_per_element_x16 / 16;  // frozen ones are held already
     const u64 temp = projection_forward_temp(b.largest_projection) + attention_forward_temp;
+    if (l < first_graph_block) {
+      saved[l] = 0;
+      t.spike(temp + mlp_temp);
+      continue;
+    }
     if (checkpoint) {
       // Without a graph the block's q, k, v (and their expanded copies) and norm outputs are short-lived too.
       const u64 attention_inputs = N * (e * (3 * Q + 2 * KV) + (4 + 2 * e) * H);
@@ -203,11 +225,11 @@ StepMemoryPlan predict_step_memory(const Qwen3Config& config, bool separate_head
   }
   t.spike(3 * 4 * N * H);
   t.sub(final_saved);
-  for (int64_t l = s.layers - 1; l >= 0; --l) {
+  for (int64_t l = s.layers - 1; l >= first_graph_block; --l) {
     const BlockSizes& b = blocks[l];
     const u64 grads = b.trainable * e;
     u64 temp = projection_backward_temp(b.largest_projection) + block_backward_activation_temp + grads;
-    if (checkpoint) temp += block_saved_per_token * N + b.projections * codes_per_element_x16 / 16;
+    if (checkpoint) temp += block_saved_per_token * N + b.trained_projections * codes_per_element_x16 / 16;
     t.spike(temp);
     // Fused: the block's update runs after its graph is gone, with only the gradients and a piece's temporaries.
     if (o.fused_optimizer) t.spike(grads + std::min<u64>(b.largest_projection, optimizer_piece_max) * opt_temp_per_element);

@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "qwen3/lm_loss.h"
+#include "qwen3/nvfp4_linear.h"
 
 namespace qwen3::train_detail {
 
@@ -34,6 +35,18 @@ TrainableSet select_trainable(Qwen3Model& model, const TrainOptions& opt) {
   }
   if (set.params.empty()) throw UsageError("no parameter is trainable with these flags");
   return set;
+}
+
+std::shared_ptr<const FrozenCodes> freeze_projections_as_codes(Qwen3Model& model, nvfp4::ScaleMode mode) {
+  auto codes = std::make_shared<FrozenCodes>();
+  torch::NoGradGuard no_grad;
+  for (Qwen3Block& b : model.blocks)
+    for (at::Tensor* w : {&b.q_proj, &b.k_proj, &b.v_proj, &b.o_proj, &b.gate_proj, &b.up_proj, &b.down_proj}) {
+      if (w->requires_grad()) continue;
+      codes->emplace(w->unsafeGetTensorImpl(), nvfp4::quantize(*w, mode));
+      w->set_();  // the dense copy goes; the tensor object stays as the key
+    }
+  return codes;
 }
 
 at::Tensor compute_loss(Qwen3Model& model, const Batch& batch, const std::string& kind) {

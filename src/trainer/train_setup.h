@@ -2,9 +2,13 @@
 #pragma once
 #include <nlohmann/json.hpp>
 
+#include <memory>
+#include <unordered_map>
+
 #include "qwen3/data.h"
 #include "qwen3/dat.h"
 #include "qwen3/model.h"
+#include "qwen3/nvfp4_ops.h"
 #include "qwen3/optim.h"
 #include "qwen3/checkpoint.h"
 #include "qwen3/trainer.h"
@@ -17,6 +21,12 @@ struct TrainableSet {
   int64_t total_parameters = 0;
 };
 TrainableSet select_trainable(Qwen3Model& model, const TrainOptions& opt);
+// Frozen block projections replaced by their NVFP4 codes: quantized once (the bytes the straight-through
+// forward would produce every step) and their dense storage released. Keyed by the weight tensor, which the
+// model keeps as an empty placeholder.
+using FrozenCodes = std::unordered_map<const c10::TensorImpl*, nvfp4::Quantized>;
+std::shared_ptr<const FrozenCodes> freeze_projections_as_codes(Qwen3Model& model, nvfp4::ScaleMode mode);
+
 // The rule select_trainable applies to one file key of a model with `layers` blocks.
 bool is_trainable(const std::string& key, int64_t layers, const TrainOptions& opt);
 

@@ -161,9 +161,18 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
   // A tied config trains one tensor for the embedding and the head, as HF does (see model_loader.h).
   auto model = load_model(reader, config, master, device, /*tie_head=*/config.tie_word_embeddings);
   const nvfp4::ScaleMode mode = o.scale_mode;
-  model->set_projection_op([mode](const at::Tensor& x, const at::Tensor& w) { return nvfp4::ste_linear(x, w, mode); });
   model->set_activation_checkpointing(o.grad_checkpoint);
   TrainableSet set = select_trainable(*model, o);
+  // Frozen projections keep only their codes (no dense copy outlives its use); trained ones go through the
+  // straight-through linear from their master weights.
+  std::shared_ptr<const FrozenCodes> frozen =
+      o.frozen_projections_as_codes ? freeze_projections_as_codes(*model, mode) : std::make_shared<FrozenCodes>();
+  model->set_projection_op([mode, frozen](const at::Tensor& x, const at::Tensor& w) {
+    if (!frozen->empty())
+      if (auto it = frozen->find(w.unsafeGetTensorImpl()); it != frozen->end())
+        return nvfp4::frozen_nvfp4_linear(x, it->second);
+    return nvfp4::ste_linear(x, w, mode);
+  });
   if (report) {
     DenseFileType dense;
     if (const DatEntry* e = reader.find("model.embed_tokens.weight"))

@@ -247,6 +247,13 @@ TEST(VramReportCli, PredictOnlyAndBadFlags) {
                                                     dir.file("x.dat") + " --weights " + m.dat_path);
   EXPECT_EQ(with_export.code, 2);
   EXPECT_NE(with_export.err.find("--output-dat"), std::string::npos) << with_export.err;
+  std::ofstream(dir.file("pairs.tsv")) << "hi\tworld\n";
+  const test::CliResult unwritable = test::run_cli(
+      "vram-report --out " + dir.file("no/such/dir/r.json") + " --weights " + m.dat_path + " --config " +
+      m.config_path + " --tokenizer " + test::tiny_tokenizer_path() + " --train-data " + dir.file("pairs.tsv"));
+  EXPECT_EQ(unwritable.code, 1);
+  EXPECT_NE(unwritable.err.find("no/such/dir/r.json: cannot open for writing"), std::string::npos) << unwritable.err;
+  EXPECT_EQ(unwritable.err.find("step 1/1"), std::string::npos) << "refused before the step";
   const test::CliResult bad_moments = test::run_cli("vram-report --predict-only --config " + m.config_path +
                                                     " --optimizer-state-mode int4");
   EXPECT_EQ(bad_moments.code, 2);

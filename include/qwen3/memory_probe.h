@@ -5,6 +5,7 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 
 namespace qwen3 {
@@ -15,21 +16,27 @@ struct MemoryReading {
   std::optional<uint64_t> reserved;       // bytes the CUDA caching allocator holds (none on CPU)
   std::optional<uint64_t> device_used;    // whole device in use (cudaMemGetInfo); CPU: the machine's used memory
   uint64_t rss = 0;                // process resident set now
-  uint64_t rss_peak = 0;           // its peak since the last reset (VmHWM; since start if it cannot be reset)
+  uint64_t rss_peak = 0;           // its peak since the last reset, sampled every millisecond
+  uint64_t rss_peak_since_start = 0;  // the kernel's high-water mark (VmHWM), never reset
 };
 
+// The RSS peak per phase comes from a thread that reads /proc/self/statm every millisecond, not from resetting
+// the kernel's high-water mark: that reset would also reset what `/usr/bin/time -v` reports for the process.
 class MemoryProbe {
  public:
   // On CPU this installs the counting allocator (once per process): only tensors allocated afterwards count.
   explicit MemoryProbe(c10::Device device);
+  ~MemoryProbe();
+  MemoryProbe(const MemoryProbe&) = delete;
+  MemoryProbe& operator=(const MemoryProbe&) = delete;
   MemoryReading read() const;
-  void reset_peaks();  // the tensor peak becomes the current figure; the RSS high-water mark too where possible
+  void reset_peaks();  // the tensor and RSS peaks become the current figures
   const c10::Device& device() const { return device_; }
-  bool rss_peak_resettable() const { return rss_peak_resettable_; }
 
  private:
+  struct RssSampler;
   c10::Device device_;
-  bool rss_peak_resettable_ = false;
+  std::unique_ptr<RssSampler> sampler_;
 };
 
 // Bytes of CPU tensors live now / at the peak since reset, by the counting allocator (0 before it is installed).

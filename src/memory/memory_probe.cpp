@@ -7,10 +7,12 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <fstream>
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "qwen3/error.h"
 
@@ -98,21 +100,44 @@ uint64_t machine_used_bytes() {
   return (total - std::min(total, available)) * 1024;
 }
 
-// Writing 5 to clear_refs resets VmHWM to the current RSS (Linux 4.0+); some sandboxes refuse it.
-bool reset_rss_peak() {
-  std::ofstream out("/proc/self/clear_refs");
-  if (!out) return false;
-  out << "5";
-  out.flush();
-  return static_cast<bool>(out);
+uint64_t rss_now() {
+  std::ifstream in("/proc/self/statm");
+  uint64_t size_pages = 0, resident_pages = 0;
+  in >> size_pages >> resident_pages;
+  return resident_pages * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
 }
 
 }  // namespace
 
+struct MemoryProbe::RssSampler {
+  std::atomic<uint64_t> peak{0};
+  std::atomic<bool> stop{false};
+  std::thread thread;
+
+  RssSampler() {
+    peak = rss_now();
+    thread = std::thread([this] {
+      while (!stop.load()) {
+        raise(rss_now());
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    });
+  }
+  ~RssSampler() {
+    stop = true;
+    thread.join();
+  }
+  void raise(uint64_t value) {
+    uint64_t seen = peak.load();
+    while (value > seen && !peak.compare_exchange_weak(seen, value)) {
+    }
+  }
+};
+
 uint64_t cpu_tensor_bytes() { return g_live.load(); }
 uint64_t cpu_tensor_peak_bytes() { return g_peak.load(); }
 
-MemoryProbe::MemoryProbe(c10::Device device) : device_(device) {
+MemoryProbe::MemoryProbe(c10::Device device) : device_(device), sampler_(std::make_unique<RssSampler>()) {
   if (device_.is_cpu()) install_counting_allocator();
 #if !defined(QWEN3_TORCH_HAS_CUDA)
   if (device_.is_cuda()) throw Error("memory report: this build's libtorch has no CUDA");
@@ -120,10 +145,14 @@ MemoryProbe::MemoryProbe(c10::Device device) : device_(device) {
   reset_peaks();
 }
 
+MemoryProbe::~MemoryProbe() = default;
+
 MemoryReading MemoryProbe::read() const {
   MemoryReading r;
-  r.rss = proc_status_bytes("VmRSS");
-  r.rss_peak = proc_status_bytes("VmHWM");
+  r.rss = rss_now();
+  sampler_->raise(r.rss);
+  r.rss_peak = sampler_->peak.load();
+  r.rss_peak_since_start = proc_status_bytes("VmHWM");
   if (device_.is_cpu()) {
     r.allocated = g_live.load();
     r.peak = g_peak.load();
@@ -144,7 +173,7 @@ MemoryReading MemoryProbe::read() const {
 }
 
 void MemoryProbe::reset_peaks() {
-  rss_peak_resettable_ = reset_rss_peak();
+  sampler_->peak = rss_now();
   if (device_.is_cpu()) {
     g_peak.store(g_live.load());
     return;

@@ -65,7 +65,10 @@ StepMemoryReport::StepMemoryReport(std::string path, const c10::Device& device, 
              {"Device", device.str()},
              {"Config", std::move(config)},
              {"Samples", nlohmann::json::array()}};
-  if (!probe_.rss_peak_resettable()) report_["RssPeakIsSinceStart"] = true;
+  // Fail before the step, not after it.
+  const std::string probe_file = path_ + ".tmp";
+  if (!std::ofstream(probe_file)) throw Error(path_ + ": cannot open for writing (memory report)");
+  std::filesystem::remove(probe_file);
 }
 
 void StepMemoryReport::phase(const std::string& name) {
@@ -98,6 +101,7 @@ void StepMemoryReport::finish() {
   for (auto& sample : report_["Samples"])  // phases sampled before the plan existed
     for (const auto& p : plan_.phases)
       if (sample["Phase"] == p.phase && sample["PredictedMiB"].is_null()) sample["PredictedMiB"] = round1(mib(p.peak));
+  report_["RssPeakSinceStartMiB"] = round1(mib(probe_.read().rss_peak_since_start));
   report_["Predicted"] = {{"WeightsMiB", round1(mib(plan_.weights))},
                           {"MomentsMiB", round1(mib(plan_.moments))},
                           {"GradientsMiB", round1(mib(plan_.gradients))},

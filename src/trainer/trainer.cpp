@@ -287,7 +287,10 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
       for (auto& p : set.params) p.param.mutable_grad() = at::Tensor();  // free the gradients between steps
     }
     step_phase("optimizer_step_done");
-    if (first_step && report) report->finish();
+    if (first_step && report) {
+      report->finish();
+      report.reset();  // stops its sampling thread
+    }
     if (bad) {
       ++skipped;
       spdlog::warn("step {}: non-finite {} ({}); {} ({} so far)", step + 1,

@@ -3,7 +3,7 @@
 #include <ATen/ATen.h>
 #include <torch/version.h>
 
-#include "block_checkpoint.h"
+#include "block_segment.h"
 
 #include <algorithm>
 #include <cmath>

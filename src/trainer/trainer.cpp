@@ -19,6 +19,7 @@
 #include "qwen3/model_loader.h"
 #include "qwen3/nvfp4_linear.h"
 #include "qwen3/nvfp4_ops.h"
+#include "fused_updater.h"
 #include "memory_report.h"
 #include "train_setup.h"
 
@@ -83,56 +84,6 @@ void restore_checkpoint(const CheckpointState& s, TrainableSet& set, AdamW& opt,
   if (rng == by_name.end()) throw Error(path + ": no random-number state");
   opt.set_rng_state(rng->second);
 }
-
-// Gradient clipping and non-finite checks when the optimizer runs inside backward (--fused-optimizer): the
-// global norm is known only after the last update, so each group (a block, or a tensor outside the blocks) is
-// clipped to its share of --grad-clip, max_norm * sqrt(group elements / trainable elements); the clipped global
-// norm then never exceeds max_norm, as with global clipping. A group with a non-finite gradient is not applied.
-class FusedUpdater {
- public:
-  FusedUpdater(AdamW& opt, double max_norm, int64_t trainable_elements, double lr)
-      : opt_(opt), max_norm_(max_norm), trainable_(static_cast<double>(trainable_elements)), lr_(lr) {}
-
-  void apply(const std::vector<std::pair<at::Tensor, at::Tensor>>& group) {
-    torch::NoGradGuard no_grad;
-    at::Tensor square_sum;
-    double elements = 0;
-    for (const auto& [param, grad] : group) {
-      if (!grad.defined()) continue;
-      const at::Tensor sq = square_sum_fp32(grad);
-      square_sum = square_sum.defined() ? square_sum + sq : sq;
-      elements += static_cast<double>(grad.numel());
-    }
-    if (!square_sum.defined()) return;
-    const double square = square_sum.item<double>();  // one synchronization a group
-    sum_of_squares_ += square;
-    if (!std::isfinite(square)) {
-      nonfinite_ = true;
-      return;
-    }
-    const double norm = std::sqrt(square), limit = max_norm_ * std::sqrt(elements / trainable_);
-    const double scale = max_norm_ > 0 && norm > limit ? limit / (norm + 1e-6) : 1.0;
-    for (const auto& [param, grad] : group) {
-      if (!grad.defined()) continue;
-      if (scale != 1.0) grad.mul_(scale);
-      opt_.update(opt_.index_of(param), grad, lr_);
-    }
-  }
-  double norm() const { return std::sqrt(sum_of_squares_); }
-  bool nonfinite() const { return nonfinite_; }
-
- private:
-  AdamW& opt_;
-  double max_norm_, trainable_, lr_;
-  double sum_of_squares_ = 0;
-  bool nonfinite_ = false;
-};
-
-// Clears the model's gradient sink however the step ends.
-struct SinkGuard {
-  Qwen3Model& model;
-  ~SinkGuard() { model.set_block_gradient_sink(nullptr); }
-};
 
 }  // namespace
 

@@ -1,4 +1,4 @@
-#include "block_checkpoint.h"
+#include "block_segment.h"
 
 #include <torch/autograd.h>
 

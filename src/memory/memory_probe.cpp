@@ -160,12 +160,12 @@ MemoryReading MemoryProbe::read() const {
     return r;
   }
 #if defined(QWEN3_TORCH_HAS_CUDA)
-  using namespace c10::cuda::CUDACachingAllocator;
-  const auto stats = getDeviceStats(device_.index() < 0 ? 0 : device_.index());
-  const auto aggregate = static_cast<size_t>(StatType::AGGREGATE);
-  r.allocated = static_cast<uint64_t>(stats.allocated_bytes[aggregate].current);
-  r.peak = static_cast<uint64_t>(stats.allocated_bytes[aggregate].peak);
-  r.reserved = static_cast<uint64_t>(stats.reserved_bytes[aggregate].current);
+  // Index 0 is StatType::AGGREGATE in every version; naming the type would tie this to one (it moved to
+  // c10::CachingAllocator in PyTorch 2.5).
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index() < 0 ? 0 : device_.index());
+  r.allocated = static_cast<uint64_t>(stats.allocated_bytes[0].current);
+  r.peak = static_cast<uint64_t>(stats.allocated_bytes[0].peak);
+  r.reserved = static_cast<uint64_t>(stats.reserved_bytes[0].current);
   size_t free_bytes = 0, total_bytes = 0;
   if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) r.device_used = total_bytes - free_bytes;
 #endif

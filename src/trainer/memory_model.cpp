@@ -126,7 +126,7 @@ StepMemoryPlan predict_step_memory(const Qwen3Config& config, bool separate_head
   // reads the codes directly in forward and backward dequantizes once to the compute dtype.
   auto projection_forward_temp = [&](u64 n) -> u64 {
     const u64 codes = n * codes_per_element_x16 / 16;
-    if (cuda) return codes;
+    if (cuda) return codes + (bf16 ? 0 : e * n);  // the kernel takes bf16/fp16 inputs; fp32 dequantizes
     return codes + std::max(bf16 ? 4 * n : 0, 4 * n + (bf16 ? 2 * n : 0));
   };
   auto projection_backward_temp = [&](u64 n) -> u64 { return cuda ? e * n : 4 * n + (bf16 ? 2 * n : 0); };

@@ -9,6 +9,8 @@
 
 #include "cli_test_util.h"
 #include "qwen3/checkpoint.h"
+#include "qwen3/lm_loss.h"
+#include "qwen3/model_loader.h"
 #include "qwen3/memory_model.h"
 #include "qwen3/memory_probe.h"
 #include "qwen3/synth.h"
@@ -231,6 +233,27 @@ TEST(FrozenProjections, HeldAsCodesTrainLikeTheDenseCopies) {
   }
   ASSERT_EQ(weights[0].size(), weights[1].size());
   for (const auto& [name, t] : weights[0]) EXPECT_TRUE(at::equal(t, weights[1].at(name))) << name;
+}
+
+TEST(InPlaceGradients, EmbeddingAndTiedHeadGradientsEqualAutogradsAccumulation) {
+  test::TempDir dir;
+  const SynthResult m = make_model(dir, test::trainable_tiny_config(/*tied=*/true), "m");
+  const Qwen3Config config = load_config(m.config_path);
+  DatReader reader(m.dat_path);
+  at::Tensor grads[2];
+  const at::Tensor ids = at::randint(0, config.vocab_size, {2, 12}, at::kLong);
+  const at::Tensor targets = at::randint(0, config.vocab_size, {24}, at::kLong);
+  for (int in_place = 0; in_place < 2; ++in_place) {
+    auto model = load_model(reader, config, at::kFloat, c10::Device("cpu"), /*tie_head=*/true);
+    model->embed_tokens.requires_grad_(true);
+    model->set_embedding_grad_in_place(in_place == 1);
+    const at::Tensor hidden = model->hidden_states(ids);
+    linear_cross_entropy(hidden.reshape({24, -1}), model->head_weight(), targets, int64_t{1} << 24, in_place == 1)
+        .backward();
+    grads[in_place] = model->embed_tokens.grad().clone();
+  }
+  EXPECT_TRUE(at::allclose(grads[0], grads[1], 1e-5, 1e-7));
+  EXPECT_GT(grads[1].abs().sum().item<double>(), 0.0);
 }
 
 TEST(VramReportCli, PredictOnlyAndBadFlags) {

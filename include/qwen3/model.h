@@ -69,6 +69,9 @@ class Qwen3Model : public torch::nn::Module {
   // Optimizer-in-backward: while a sink is set, every block's parameter gradients go to it (see
   // BlockGradientSink) instead of .grad(). The embedding, final norm and lm_head still accumulate .grad().
   void set_block_gradient_sink(BlockGradientSink sink) { gradient_sink_ = std::move(sink); }
+  // Training: the embedding's gradient is added into embed_tokens.grad() in place by the lookup's backward
+  // (no dense [V, H] gradient, no out-of-place sum with a tied head's). Off, autograd accumulates it.
+  void set_embedding_grad_in_place(bool on) { embedding_grad_in_place_ = on; }
 
   // One block, as forward runs it (public for the checkpointing function, which re-runs it in backward).
   at::Tensor run_block(int64_t layer, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
@@ -90,6 +93,7 @@ class Qwen3Model : public torch::nn::Module {
   ProjectionOp project_ = dense_projection;
   bool checkpoint_blocks_ = false;
   BlockGradientSink gradient_sink_;
+  bool embedding_grad_in_place_ = false;
 };
 
 // Rotary embedding tables [T, head_dim] (fp32) for positions offset .. offset+T-1.

@@ -17,8 +17,10 @@ int64_t slice_width(int64_t rows, int64_t vocab, int64_t slice_elements) {
 
 class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> {
  public:
+  // `into_leaf`: the weight (a leaf) gets its gradient added into its .grad() in place by backward, which
+  // returns none for it; the weight stays an input so that the node is recorded whatever else requires grad.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
-                            const at::Tensor& targets, int64_t slice_elements) {
+                            const at::Tensor& targets, int64_t slice_elements, bool into_leaf) {
     const int64_t n = hidden.size(0), vocab = weight.size(0);
     const int64_t width = slice_width(n, vocab, slice_elements);
     const auto f32 = hidden.options().dtype(at::kFloat);
@@ -44,6 +46,7 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
     const at::Tensor loss = ((lse - target_logit) * valid.to(at::kFloat)).sum() / count;
     ctx->save_for_backward({hidden, weight, targets, lse, count});
     ctx->saved_data["width"] = width;
+    if (into_leaf) ctx->saved_data["weight_leaf"] = weight;
     return loss;
   }
 
@@ -56,7 +59,18 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
     const at::Tensor row_scale = (targets.ne(-100).to(at::kFloat) * (grad_outputs[0].to(at::kFloat) / count)).unsqueeze(1);
     const at::Tensor safe_targets = targets.clamp_min(0);
     at::Tensor grad_hidden = at::zeros({n, hidden.size(1)}, hidden.options().dtype(at::kFloat));
-    at::Tensor grad_weight = at::empty_like(weight);
+    // Either the leaf's own .grad() (accumulated into, slice by slice, with no [V, H] temporary), or a returned
+    // gradient (only if autograd asks for one).
+    at::Tensor grad_weight;
+    const bool into_leaf = ctx->saved_data.count("weight_leaf") > 0;
+    if (into_leaf) {
+      at::Tensor leaf = ctx->saved_data["weight_leaf"].toTensor();
+      at::Tensor& g = leaf.mutable_grad();
+      if (!g.defined()) g = at::zeros_like(leaf, at::MemoryFormat::Contiguous);
+      grad_weight = g;
+    } else if (ctx->needs_input_grad(1)) {
+      grad_weight = at::zeros_like(weight, at::MemoryFormat::Contiguous);
+    }
     for (int64_t v0 = 0; v0 < vocab; v0 += width) {
       const int64_t w = std::min(width, vocab - v0);
       const at::Tensor wslice = weight.narrow(0, v0, w);
@@ -68,17 +82,20 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
       d.mul_(row_scale);
       const at::Tensor d_typed = d.to(hidden.scalar_type());
       grad_hidden.add_(at::matmul(d_typed, wslice).to(at::kFloat));
-      grad_weight.narrow(0, v0, w).copy_(at::matmul(d_typed.t(), hidden));
+      if (grad_weight.defined()) grad_weight.narrow(0, v0, w).addmm_(d_typed.t(), hidden);
     }
-    return {grad_hidden.to(hidden.scalar_type()), grad_weight, at::Tensor(), at::Tensor()};
+    return {grad_hidden.to(hidden.scalar_type()), into_leaf ? at::Tensor() : grad_weight, at::Tensor(), at::Tensor(),
+            at::Tensor()};
   }
 };
 
 }  // namespace
 
 at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
-                                int64_t slice_elements) {
-  return LinearCrossEntropy::apply(hidden, weight, targets, slice_elements);
+                                int64_t slice_elements, bool accumulate_into_weight_grad) {
+  if (accumulate_into_weight_grad && weight.is_leaf() && weight.requires_grad())
+    return LinearCrossEntropy::apply(hidden, weight, targets, slice_elements, true);
+  return LinearCrossEntropy::apply(hidden, weight, targets, slice_elements, false);
 }
 
 }  // namespace qwen3

@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <torch/version.h>
 
+#include <torch/autograd.h>
+
 #include "block_segment.h"
 
 #include <algorithm>
@@ -92,6 +94,27 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
   return x * c + rotate_half(x) * s;
 }
 
+// The embedding lookup whose backward adds each row's gradient into the table's .grad() in place (index_add_)
+// instead of returning a dense [V, H] gradient for autograd to accumulate.
+class EmbeddingIntoGrad : public torch::autograd::Function<EmbeddingIntoGrad> {
+ public:
+  // `table` is an input so that autograd records this node; its gradient is never returned.
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& table, const at::Tensor& ids) {
+    ctx->saved_data["table"] = table;
+    ctx->saved_data["ids"] = ids;
+    return at::embedding(table.detach(), ids);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    at::Tensor table = ctx->saved_data["table"].toTensor();
+    const at::Tensor ids = ctx->saved_data["ids"].toTensor();
+    at::Tensor& g = table.mutable_grad();
+    if (!g.defined()) g = at::zeros_like(table, at::MemoryFormat::Contiguous);
+    g.index_add_(0, ids.reshape({-1}), grad_outputs[0].reshape({-1, table.size(1)}).to(g.scalar_type()));
+    return {at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
 
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
@@ -142,7 +165,12 @@ at::Tensor Qwen3Model::hidden_states(const at::Tensor& ids, KVCache* cache) {
     throw Error("KV cache holds " + std::to_string(cache->capacity()) + " positions; " +
                 std::to_string(offset + T) + " needed");
   const auto [cos, sin] = rope_tables(config_.head_dim, config_.rope_theta, offset, T, device_);
-  at::Tensor x = at::embedding(embed_tokens, ids.to(device_));
+  at::Tensor x;
+  if (embedding_grad_in_place_ && !cache && at::GradMode::is_enabled() && embed_tokens.requires_grad()) {
+    x = EmbeddingIntoGrad::apply(embed_tokens, ids.to(device_));
+  } else {
+    x = at::embedding(embed_tokens, ids.to(device_));
+  }
   const bool training = !cache && at::GradMode::is_enabled();
   const bool segmented = training && (checkpoint_blocks_ || gradient_sink_);
   for (size_t i = 0; i < blocks.size(); ++i) {

@@ -217,11 +217,11 @@ StepMemoryPlan predict_step_memory(const Qwen3Config& config, bool separate_head
   // Backward: the loss (the head's weight gradient is always formed), the final norm, the blocks last to first,
   // the embedding.
   if (o.loss == "ce") {
-    t.add(V * H * e);
-    // A slice's logits, shifted, exp (the softmax gradient) and its typed copy, and the slice's weight gradient
-    // before it is copied into place.
-    t.spike(N * width * (e + 8 + (bf16 ? 2 : 0)) + width * H * e + 4 * N * H);
-    if (!head_trains && !(embedding_trains && !separate_head)) t.sub(V * H * e);
+    // The head's gradient goes straight into its .grad() (slice by slice, no [V, H] temporary); a frozen head
+    // gets none.
+    const bool head_grad = head_trains || (embedding_trains && !separate_head);
+    if (head_grad) t.add(V * H * e);
+    t.spike(N * width * (e + 8 + (bf16 ? 2 : 0)) + 4 * N * H);
   }
   t.spike(3 * 4 * N * H);
   t.sub(final_saved);
@@ -237,11 +237,8 @@ StepMemoryPlan predict_step_memory(const Qwen3Config& config, bool separate_head
     t.sub(saved[l]);
   }
   t.sub(e * N * H);
-  if (embedding_trains) {
-    // A dense [V, H] gradient; added in place to the head's when tied.
-    if (!separate_head && o.loss == "ce") t.spike(V * H * e);
-    else t.add(V * H * e);
-  }
+  // The lookup adds its rows into the embedding's .grad() in place (allocated here unless the head's made it).
+  if (embedding_trains && !(!separate_head && o.loss == "ce")) t.add(V * H * e);
   plan.phases.push_back(t.close("backward_done"));
 
   // The optimizer (and, fused, the tensors outside the blocks), then the gradients go.

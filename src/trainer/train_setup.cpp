@@ -54,7 +54,8 @@ at::Tensor compute_loss(Qwen3Model& model, const Batch& batch, const std::string
   const at::Tensor targets = batch.target_ids.to(model.device());
   const at::Tensor hidden = model.hidden_states(inputs);
   if (kind == "ce")
-    return linear_cross_entropy(hidden.reshape({-1, hidden.size(-1)}), model.head_weight(), targets.reshape({-1}));
+    return linear_cross_entropy(hidden.reshape({-1, hidden.size(-1)}), model.head_weight(), targets.reshape({-1}),
+                                int64_t{1} << 24, /*accumulate_into_weight_grad=*/true);
   // scalar: L1 distance of each position's final hidden state to its target token's embedding.
   const at::Tensor mask = targets.ne(-100);
   const at::Tensor want = at::embedding(model.embed_tokens.detach(), targets.clamp_min(0));

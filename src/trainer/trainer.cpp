@@ -113,6 +113,7 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
   auto model = load_model(reader, config, master, device, /*tie_head=*/config.tie_word_embeddings);
   const nvfp4::ScaleMode mode = o.scale_mode;
   model->set_activation_checkpointing(o.grad_checkpoint);
+  model->set_embedding_grad_in_place(true);  // and the loss adds the head's into .grad() too (compute_loss)
   TrainableSet set = select_trainable(*model, o);
   // Frozen projections keep only their codes (no dense copy outlives its use); trained ones go through the
   // straight-through linear from their master weights.

@@ -184,14 +184,17 @@ StepMemoryPlan predict_step_memory(const Qwen3Config& config, bool separate_head
     const BlockSizes& b = blocks[l];
     const u64 codes = b.trained_projections * codes_per_element_x16 / 16;  // frozen ones are held already
     const u64 temp = projection_forward_temp(b.largest_projection) + attention_forward_temp;
+    // Without a graph (frozen blocks ahead of the first trained tensor, checkpointed blocks) the block's q, k, v
+    // (and their expanded copies) and norm outputs are short-lived too.
+    const u64 attention_inputs = N * (e * (3 * Q + 2 * KV) + (4 + 2 * e) * H);
     if (l < first_graph_block) {
+      // All of its projections are frozen codes: only the product's dequantization on CPU.
+      const u64 product = cuda ? (bf16 ? 0 : e * b.largest_projection) : (4 + (bf16 ? 2 : 0)) * b.largest_projection;
       saved[l] = 0;
-      t.spike(temp + mlp_temp);
+      t.spike(std::max(product + attention_forward_temp + attention_inputs, product + mlp_temp));
       continue;
     }
     if (checkpoint) {
-      // Without a graph the block's q, k, v (and their expanded copies) and norm outputs are short-lived too.
-      const u64 attention_inputs = N * (e * (3 * Q + 2 * KV) + (4 + 2 * e) * H);
       t.spike(std::max(temp + attention_inputs, mlp_temp + projection_forward_temp(b.largest_projection)));
       saved[l] = e * N * H;  // the block's input alone
     } else {

@@ -77,6 +77,17 @@ void print_memory_plan(const StepMemoryPlan& plan, const c10::Device& device) {
              plan.saved_codes / kMiB, plan.peak() / kMiB);
 }
 
+// The flags whose text becomes a typed option (shared by `train` and `vram-report --predict-only`).
+void convert_flag_values(TrainFlags& f) {
+  TrainOptions& o = f.o;
+  o.data.format = parse_data_format(f.data_format);
+  o.data.sample_mode = parse_sample_mode(f.sample_mode);
+  if (!f.system.empty()) o.data.system = f.system;
+  o.adamw.moments = moment_storage_from_name(f.moments);
+  o.adamw.seed = o.data.seed;
+  o.scale_mode = nvfp4::scale_mode_from_name(f.scale_mode);
+}
+
 void resolve(TrainFlags& f) {
   TrainOptions& o = f.o;
   if (f.test_max_tokens > 0 && o.output_dat.empty()) throw UsageError("--test-max-tokens needs --output-dat");
@@ -92,12 +103,7 @@ void resolve(TrainFlags& f) {
   if (f.compute_dtype != "auto" && f.compute_dtype != o.master_dtype)
     throw UsageError("--compute-dtype " + f.compute_dtype + ": this version computes in the master dtype (" +
                      o.master_dtype + ")");
-  o.data.format = parse_data_format(f.data_format);
-  o.data.sample_mode = parse_sample_mode(f.sample_mode);
-  if (!f.system.empty()) o.data.system = f.system;
-  o.adamw.moments = moment_storage_from_name(f.moments);
-  o.adamw.seed = o.data.seed;
-  o.scale_mode = nvfp4::scale_mode_from_name(f.scale_mode);
+  convert_flag_values(f);
   resolve_device(o.device);
 }
 
@@ -220,7 +226,7 @@ Command add_vram_report_command(CLI::App& app) {
             if (*predict_only) {
               if (o.config.empty() && !f->model_dir.empty()) o.config = f->model_dir + "/config.json";
               if (o.config.empty()) throw UsageError("vram-report --predict-only: --config is required");
-              o.adamw.moments = moment_storage_from_name(f->moments);
+              convert_flag_values(*f);
               const Qwen3Config config = load_config(o.config);
               const c10::Device device(o.device);
               const StepMemoryPlan plan = predict_step_memory(config, !config.tie_word_embeddings, o, device, DenseFileType{},

@@ -75,7 +75,7 @@ StepMemoryPlan predict_step_memory(const Qwen3Config& config, bool separate_head
   StepMemoryPlan plan;
   // The model's tensors, the blocks' sizes, what trains.
   std::vector<BlockSizes> blocks(s.layers);
-  u64 largest_dense = 0, largest_quantized = 0, trainable_elements = 0, nonblock_grad = 0;
+  u64 largest_dense = 0, largest_quantized = 0, nonblock_grad = 0;
   u64 dense_weights = 0, largest_frozen = 0;
   bool embedding_trains = false, head_trains = false;
   u64 optimizer_piece_max = 0, nonblock_piece_max = 0;
@@ -94,7 +94,6 @@ StepMemoryPlan predict_step_memory(const Qwen3Config& config, bool separate_head
     if (trains) {
       plan.moments += moment_state_bytes(spec.shape, storage);
       plan.gradients += n * e;
-      trainable_elements += n;
       optimizer_piece_max = std::max(optimizer_piece_max, piece);
     }
     if (spec.key.rfind("model.layers.", 0) == 0) {
@@ -249,7 +248,6 @@ StepMemoryPlan predict_step_memory(const Qwen3Config& config, bool separate_head
   t.spike(pieces * opt_temp_per_element);
   t.sub(o.fused_optimizer ? nonblock_grad : plan.gradients);
   plan.phases.push_back(t.close("optimizer_step_done"));
-  (void)trainable_elements;
   return plan;
 }
 

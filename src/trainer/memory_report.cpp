@@ -74,9 +74,6 @@ StepMemoryReport::StepMemoryReport(std::string path, const c10::Device& device, 
 void StepMemoryReport::phase(const std::string& name) {
   const auto now = std::chrono::steady_clock::now();
   const MemoryReading r = probe_.read();
-  nlohmann::json predicted;
-  for (const auto& p : plan_.phases)
-    if (p.phase == name) predicted = round1(mib(p.peak));
   const bool cpu = probe_.device().is_cpu();
   report_["Samples"].push_back({
       {"TimestampUtc", utc_now()},
@@ -87,7 +84,7 @@ void StepMemoryReport::phase(const std::string& name) {
       {"PeakMiB", round1(mib(r.peak))},
       {"RssMiB", round1(mib(r.rss))},
       {"RssPeakMiB", round1(mib(r.rss_peak))},
-      {"PredictedMiB", predicted},
+      {"PredictedMiB", nullptr},  // filled by finish(): the plan is made after the first phases
       // The original's two fields: the process's memory (RSS on CPU, what the CUDA allocator holds on a GPU) and
       // the whole machine's (device) use.
       {"PidMemoryMiB", round1(mib(cpu ? r.rss : r.reserved.value_or(0)))},
@@ -98,9 +95,9 @@ void StepMemoryReport::phase(const std::string& name) {
 }
 
 void StepMemoryReport::finish() {
-  for (auto& sample : report_["Samples"])  // phases sampled before the plan existed
+  for (auto& sample : report_["Samples"])
     for (const auto& p : plan_.phases)
-      if (sample["Phase"] == p.phase && sample["PredictedMiB"].is_null()) sample["PredictedMiB"] = round1(mib(p.peak));
+      if (sample["Phase"] == p.phase) sample["PredictedMiB"] = round1(mib(p.peak));
   report_["RssPeakSinceStartMiB"] = round1(mib(probe_.read().rss_peak_since_start));
   report_["Predicted"] = {{"WeightsMiB", round1(mib(plan_.weights))},
                           {"MomentsMiB", round1(mib(plan_.moments))},

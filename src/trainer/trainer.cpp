@@ -199,7 +199,7 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
     const double lr = schedule.at(step);
     // Fused: the sink must be in place before forward, which decides how each block's backward will run.
     FusedUpdater updater(opt, o.grad_clip, set.trainable_parameters, lr);
-    SinkGuard guard{*model};
+    SinkGuard guard{*model};  // cleared at the end of the step, whichever way it ends
     if (o.fused_optimizer)
       model->set_block_gradient_sink(
           [&](int64_t, const std::vector<std::pair<at::Tensor, at::Tensor>>& grads) { updater.apply(grads); });
@@ -214,7 +214,6 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
       if (!bad) {  // a non-finite loss skips the step before anything is applied
         opt.begin_step();
         loss.backward();
-        model->set_block_gradient_sink(nullptr);
         loss = at::Tensor();
         step_phase("backward_done");
         for (auto& p : set.params) {

@@ -9,6 +9,7 @@
 
 #include "cli_test_util.h"
 #include "qwen3/checkpoint.h"
+#include "qwen3/layout.h"
 #include "qwen3/lm_loss.h"
 #include "qwen3/model_loader.h"
 #include "qwen3/memory_model.h"
@@ -158,6 +159,23 @@ std::map<std::string, at::Tensor> master_weights(const std::string& dir) {
   return out;
 }
 
+// A few steps of the tiny model that end in a checkpoint in `dir/name`.
+TrainOptions short_run(const SynthResult& m, const std::string& text, const test::TempDir& dir,
+                       const std::string& name, int64_t steps = 3) {
+  TrainOptions o = options_for(m, text);
+  o.steps = steps;
+  o.data.seq_len = 32;
+  o.data.batch_size = 2;
+  o.checkpoint_dir = dir.file(name);
+  return o;
+}
+
+void expect_same_weights(const std::map<std::string, at::Tensor>& a, const std::map<std::string, at::Tensor>& b,
+                         const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (const auto& [name, t] : a) EXPECT_TRUE(at::equal(t, b.at(name))) << name << ", " << what;
+}
+
 TEST(FusedOptimizer, WithoutClippingGivesTheBytesOfTheOrdinaryStep) {
   test::TempDir dir;
   const SynthResult m = make_model(dir, test::trainable_tiny_config(), "m");
@@ -165,22 +183,47 @@ TEST(FusedOptimizer, WithoutClippingGivesTheBytesOfTheOrdinaryStep) {
   for (bool checkpoint : {false, true}) {
     std::map<std::string, at::Tensor> weights[2];
     for (int fused = 0; fused < 2; ++fused) {
-      TrainOptions o = options_for(m, text);
-      o.steps = 3;
-      o.data.seq_len = 32;
-      o.data.batch_size = 2;
+      TrainOptions o = short_run(m, text, dir, "ckpt-" + std::to_string(checkpoint) + std::to_string(fused));
       o.grad_clip = 0;
       o.master_dtype = "bfloat16";
       o.adamw.moments = MomentStorage::int8;
       o.grad_checkpoint = checkpoint;
       o.fused_optimizer = fused == 1;
-      o.checkpoint_dir = dir.file("ckpt-" + std::to_string(checkpoint) + std::to_string(fused));
       run_training(o);
       weights[fused] = master_weights(o.checkpoint_dir);
     }
-    ASSERT_EQ(weights[0].size(), weights[1].size());
-    for (const auto& [name, t] : weights[0]) EXPECT_TRUE(at::equal(t, weights[1].at(name))) << name << ", checkpoint " << checkpoint;
+    expect_same_weights(weights[0], weights[1], "checkpointing " + std::to_string(checkpoint));
   }
+}
+
+// Equal bytes alone would also pass if the flag did nothing: the blocks' gradients must be gone by the end of
+// backward, as the report's live tensor bytes show.
+TEST(FusedOptimizer, NoBlockGradientIsAliveAfterBackward) {
+  test::TempDir dir;
+  const Qwen3Config config = report_config();
+  const SynthResult m = make_model(dir, config, "m");
+  const std::string text = write_text(dir);
+  double live_after_backward[2];
+  for (int fused = 0; fused < 2; ++fused) {
+    TrainOptions o = options_for(m, text);
+    o.steps = 1;
+    o.data.seq_len = 64;
+    o.fused_optimizer = fused == 1;
+    o.vram_report = dir.file("report-" + std::to_string(fused) + ".json");
+    run_training(o);
+    const nlohmann::json report = nlohmann::json::parse(test::slurp(o.vram_report));
+    live_after_backward[fused] = -1;
+    for (const auto& sample : report["Samples"])
+      if (sample["Phase"] == "backward_done") live_after_backward[fused] = sample["AllocatedMiB"].get<double>();
+  }
+  double block_grad_mib = 0;
+  for (const auto& spec : qwen3_tensors(config.shape(), /*with_lm_head=*/false))
+    if (spec.key.rfind("model.layers.", 0) == 0) {
+      double n = 1;
+      for (int64_t d : spec.shape) n *= static_cast<double>(d);
+      block_grad_mib += n * 4 / kMiB;
+    }
+  EXPECT_NEAR(live_after_backward[0] - live_after_backward[1], block_grad_mib, 0.2) << "fp32 block gradients";
 }
 
 TEST(FusedOptimizer, ClipsEachBlockToItsShareAndResumesExactly) {
@@ -188,22 +231,18 @@ TEST(FusedOptimizer, ClipsEachBlockToItsShareAndResumesExactly) {
   const SynthResult m = make_model(dir, test::trainable_tiny_config(), "m");
   const std::string text = write_text(dir);
   auto run = [&](const std::string& name, int64_t steps, bool resume, double clip) {
-    TrainOptions o = options_for(m, text);
-    o.steps = steps;
-    o.data.seq_len = 32;
-    o.data.batch_size = 2;
+    TrainOptions o = short_run(m, text, dir, name, steps);
     o.grad_clip = clip;
     o.fused_optimizer = true;
     o.grad_checkpoint = true;
     o.resume = resume;
-    o.checkpoint_dir = dir.file(name);
     run_training(o);
     return master_weights(o.checkpoint_dir);
   };
   const auto straight = run("straight", 4, false, 1e-3);
   run("resumed", 2, false, 1e-3);
   const auto resumed = run("resumed", 4, true, 1e-3);
-  for (const auto& [name, t] : straight) EXPECT_TRUE(at::equal(t, resumed.at(name))) << name;
+  expect_same_weights(straight, resumed, "2 + 2 resumed steps against 4");
   // A limit far below the gradient's norm changes the result; one far above it does not.
   const auto unclipped = run("unclipped", 4, false, 0);
   const auto huge_limit = run("huge", 4, false, 1e9);
@@ -221,18 +260,13 @@ TEST(FrozenProjections, HeldAsCodesTrainLikeTheDenseCopies) {
   const std::string text = write_text(dir);
   std::map<std::string, at::Tensor> weights[2];
   for (int codes = 0; codes < 2; ++codes) {
-    TrainOptions o = options_for(m, text);
-    o.steps = 3;
-    o.data.seq_len = 32;
-    o.data.batch_size = 2;
+    TrainOptions o = short_run(m, text, dir, "ckpt-" + std::to_string(codes));
     o.train_last_layers = 1;
     o.frozen_projections_as_codes = codes == 1;
-    o.checkpoint_dir = dir.file("ckpt-" + std::to_string(codes));
     run_training(o);
     weights[codes] = master_weights(o.checkpoint_dir);
   }
-  ASSERT_EQ(weights[0].size(), weights[1].size());
-  for (const auto& [name, t] : weights[0]) EXPECT_TRUE(at::equal(t, weights[1].at(name))) << name;
+  expect_same_weights(weights[0], weights[1], "frozen projections as codes");
 }
 
 TEST(InPlaceGradients, EmbeddingAndTiedHeadGradientsEqualAutogradsAccumulation) {

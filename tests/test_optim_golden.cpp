@@ -1,0 +1,103 @@
+// The optimizer's exact bytes, pinned: three AdamW steps of every (moment storage, master dtype) pair on inputs
+// built from integer hashes (no libtorch generator, no libm, so they are the same on every machine and
+// libtorch), hashed over the parameters and every state tensor. The expected hashes were produced by the
+// ATen-composed optimizer (commit b73ff9e, before the fused element update) on x86-64: the fused update must
+// reproduce its results bit for bit.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "optim_test_util.h"
+#include "qwen3/optim.h"
+
+namespace qwen3 {
+namespace {
+
+uint64_t splitmix(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ULL;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+// Values uniform in [-1, 1) times 2^-(0..19), one in 17 exactly zero, and row `zero_row` all zero: magnitudes
+// that span six decades inside a block (the hard case of the block-scaled moments), built exactly in fp32.
+at::Tensor hashed_values(at::IntArrayRef shape, uint64_t key, int64_t zero_row = -1) {
+  at::Tensor t = at::empty(shape, at::kFloat);
+  float* data = t.data_ptr<float>();
+  const int64_t cols = t.dim() <= 1 ? t.numel() : t.numel() / t.size(0);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const uint64_t bits = splitmix(key * 0x100000001B3ULL + static_cast<uint64_t>(i));
+    const float unit = static_cast<float>(static_cast<int32_t>(bits >> 32)) * 0x1p-31f;
+    const float scale = static_cast<float>(1u << 20 >> (bits % 20)) * 0x1p-20f;
+    data[i] = (bits % 17 == 0 || i / cols == zero_row) ? 0.0f : unit * scale;
+  }
+  return t;
+}
+
+uint64_t fnv1a(uint64_t hash, const at::Tensor& t) {
+  const at::Tensor c = t.detach().contiguous().to(at::kCPU);
+  const auto* bytes = static_cast<const uint8_t*>(c.data_ptr());
+  for (int64_t i = 0; i < c.numel() * static_cast<int64_t>(c.element_size()); ++i)
+    hash = (hash ^ bytes[i]) * 0x100000001B3ULL;
+  return hash;
+}
+
+struct GoldenCase {
+  MomentStorage storage;
+  at::ScalarType master;
+  uint64_t expected;
+};
+
+class AdamWGolden : public ::testing::TestWithParam<GoldenCase> {};
+
+uint64_t three_steps_hash(MomentStorage storage, at::ScalarType master, int64_t chunk_rows) {
+  const std::vector<std::vector<int64_t>> shapes{{13, 37}, {29}, {7, 3, 16}, {40, 200}, {3, 2560}};
+  std::vector<OptimParam> params;
+  for (size_t i = 0; i < shapes.size(); ++i)
+    params.push_back(optim_test::make_param("p" + std::to_string(i),
+                                            hashed_values(shapes[i], 1000 + i).mul(4.0f).to(master), i != 1));
+  AdamWOptions options;
+  options.moments = storage;
+  options.weight_decay = 0.05;
+  options.seed = 2026;
+  options.step_chunk_rows = chunk_rows;
+  AdamW optimizer(params, options);
+  const double lrs[] = {1e-2, 3e-3, 5e-2};
+  for (int step = 0; step < 3; ++step) {
+    for (size_t i = 0; i < params.size(); ++i)
+      optim_test::set_grad(params[i], hashed_values(shapes[i], 100 * (step + 1) + i, step == 1 ? 2 : -1));
+    optimizer.step(lrs[step]);
+  }
+  uint64_t hash = 0xCBF29CE484222325ULL;
+  for (const OptimParam& p : params) hash = fnv1a(hash, p.param);
+  for (const auto& named : optimizer.state_tensors()) hash = fnv1a(hash, named.second);
+  return hash;
+}
+
+TEST_P(AdamWGolden, ThreeStepsGiveTheBytesOfTheComposedOptimizer) {
+  const GoldenCase c = GetParam();
+  EXPECT_EQ(three_steps_hash(c.storage, c.master, 0), c.expected);
+  EXPECT_EQ(three_steps_hash(c.storage, c.master, 5), c.expected) << "in pieces of 5 rows";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllStorages, AdamWGolden,
+    ::testing::Values(GoldenCase{MomentStorage::float32, at::kFloat, 0x5f492fa611c1ceb7ULL},
+                      GoldenCase{MomentStorage::float32, at::kBFloat16, 0xa6322bed1cdb5cf2ULL},
+                      GoldenCase{MomentStorage::bfloat16, at::kFloat, 0x90fe92da74ee1f8cULL},
+                      GoldenCase{MomentStorage::bfloat16, at::kBFloat16, 0x1215edb2282332dULL},
+                      GoldenCase{MomentStorage::int8, at::kFloat, 0xcb243581fa4cc951ULL},
+                      GoldenCase{MomentStorage::int8, at::kBFloat16, 0x214630031ac725fULL},
+                      GoldenCase{MomentStorage::nvfp4, at::kFloat, 0x51fa9880f9eeb71eULL},
+                      GoldenCase{MomentStorage::nvfp4, at::kBFloat16, 0xe0386cd984c64169ULL}),
+    [](const ::testing::TestParamInfo<GoldenCase>& info) {
+      return std::string(moment_storage_name(info.param.storage)) + "_master_" +
+             (info.param.master == at::kFloat ? "float32" : "bfloat16");
+    });
+
+}  // namespace
+}  // namespace qwen3

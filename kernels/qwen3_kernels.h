@@ -5,6 +5,8 @@
 #pragma once
 #include <cstdint>
 
+#include "adamw_update.cuh"
+
 namespace qwen3::kernels {
 
 // Number of CUDA devices usable by this process; 0 when there is no driver or no device (never fails).
@@ -33,5 +35,10 @@ int launch_nvfp4_dequantize(const uint8_t* codes, const uint8_t* scales, int64_t
 // otherwise; a fresh or row-sliced contiguous tensor always is). Needs a device of compute capability >= 9.0.
 int launch_nvfp4_matmul(const void* x, KernelDType x_type, int64_t M, int64_t K, const uint8_t* codes,
                         const uint8_t* scales, int64_t N, void* y, KernelDType y_type, void* stream);
+
+// One fused AdamW step of one parameter (adamw_update.cuh's rules, the CPU step's bytes): every gradient,
+// master and moment byte read once and written once (nvfp4 moments: the gradient and the packed state twice,
+// for the per-row scale). All pointers device memory, contiguous, as kernels/adamw_step.md lays out.
+int launch_adamw_step(const adamw::ParamView& param, const adamw::StepScalars& scalars, void* stream);
 
 }  // namespace qwen3::kernels

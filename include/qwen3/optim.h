@@ -6,12 +6,16 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 namespace qwen3 {
+namespace optim_detail {
+class MomentCodec;
+}
 
 // How the two AdamW moments are stored between steps (--optimizer-state-mode). The arithmetic is fp32 in
 // every mode; the compressed modes round with stochastic rounding (docs/optim.md says why).
@@ -58,15 +62,17 @@ class AdamW {
   AdamW& operator=(AdamW&&) noexcept;
 
   // One update of every parameter that has a gradient (torch.optim.AdamW semantics, bias-corrected), then the
-  // step count is the number of steps taken. Enqueues tensor work only: no host synchronization.
-  void step(double lr);
+  // step count is the number of steps taken. Each parameter is one fused pass (kernels/adamw_update.cuh): every
+  // byte of gradient, master and state read once and written once; on a GPU one kernel launch, no host
+  // synchronization. grad_scale multiplies every gradient first (the clipping factor, see clip_factor).
+  void step(double lr, double grad_scale = 1.0);
 
   // The same step taken one parameter at a time, for the optimizer-in-backward mode (--fused-optimizer):
   // begin_step() counts the step, then update(i, grad, lr) applies it to parameter i with `grad` (which need not
   // be its .grad()). Any order of updates gives the bytes of step(lr), since each parameter's random stream
   // depends only on (seed, step, i).
   void begin_step();
-  void update(size_t index, const at::Tensor& grad, double lr);
+  void update(size_t index, const at::Tensor& grad, double lr, double grad_scale = 1.0);
   size_t index_of(const at::Tensor& param) const;  // Error if `param` is not one of params()
 
   int64_t step_count() const { return step_count_; }
@@ -92,6 +98,7 @@ class AdamW {
  private:
   std::vector<OptimParam> params_;
   AdamWOptions options_;
+  std::unique_ptr<const optim_detail::MomentCodec> codec_;
   std::vector<ParamState> states_;
   int64_t step_count_ = 0;
 };

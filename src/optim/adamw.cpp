@@ -7,6 +7,7 @@
 #include <set>
 #include <string>
 
+#include "optim/adamw_step.h"
 #include "optim/counter_random.h"
 #include "optim/moment_codec.h"
 #include "qwen3/error.h"
@@ -102,37 +103,27 @@ const char* moment_storage_name(MomentStorage storage) {
 }
 
 uint64_t moment_state_bytes(at::IntArrayRef shape, MomentStorage storage) {
-  const uint64_t rows = optim_detail::matrix_rows(shape), cols = optim_detail::matrix_cols(shape);
-  const uint64_t block = optim_detail::moment_block(storage);
-  const uint64_t stored = rows * ((cols + block - 1) / block * block);
-  switch (storage) {
-    case MomentStorage::float32: return 2 * 4 * stored;
-    case MomentStorage::bfloat16: return 2 * 2 * stored;
-    case MomentStorage::int8: return 2 * (stored + 4 * (stored / block));  // codes + one fp32 scale a block
-    case MomentStorage::nvfp4:  // two codes a byte, an E4M3 scale a block, an fp32 scale a row
-      return 2 * (stored / 2 + stored / block + 4 * rows);
-  }
-  return 0;
+  return optim_detail::MomentCodec(storage).state_bytes(shape);
 }
 
 AdamW::AdamW(std::vector<OptimParam> params, AdamWOptions options)
     : params_(std::move(params)), options_(options) {
   validate(options_);
   validate(params_);
+  codec_ = std::make_unique<const optim_detail::MomentCodec>(options_.moments);
   states_.reserve(params_.size());
-  for (const OptimParam& p : params_)
-    states_.push_back(optim_detail::allocate_moments(options_.moments, p.param.sizes(), p.param.device()));
+  for (const OptimParam& p : params_) states_.push_back(codec_->allocate(p.param.sizes(), p.param.device()));
 }
 
 AdamW::~AdamW() = default;
 AdamW::AdamW(AdamW&&) noexcept = default;
 AdamW& AdamW::operator=(AdamW&&) noexcept = default;
 
-void AdamW::step(double lr) {
+void AdamW::step(double lr, double grad_scale) {
   begin_step();
   for (size_t i = 0; i < params_.size(); ++i) {
     const at::Tensor& grad = params_[i].param.grad();
-    if (grad.defined()) update(i, grad, lr);  // as torch.optim: no gradient, no update (moments keep their values)
+    if (grad.defined()) update(i, grad, lr, grad_scale);  // as torch.optim: no gradient, no update (moments keep their values)
   }
 }
 
@@ -144,49 +135,51 @@ size_t AdamW::index_of(const at::Tensor& param) const {
   throw Error("AdamW: a tensor that is not one of the optimizer's parameters was given an update");
 }
 
-void AdamW::update(size_t i, const at::Tensor& grad, double lr) {
+void AdamW::update(size_t i, const at::Tensor& grad, double lr, double grad_scale) {
   at::NoGradGuard no_grad;
   if (step_count_ == 0) throw Error("AdamW: update() before begin_step()");
   const AdamWOptions& o = options_;
-  const MomentStorage storage = o.moments;
-  // Host scalars only: nothing here waits for the device.
-  const double bias_correction1 = 1.0 - std::pow(o.beta1, static_cast<double>(step_count_));
-  const double bias_correction2_sqrt = std::sqrt(1.0 - std::pow(o.beta2, static_cast<double>(step_count_)));
-  const double step_size = lr / bias_correction1;
-  const double decay_factor = 1.0 - lr * o.weight_decay;
   const OptimParam& p = params_.at(i);
   if (!grad.sizes().equals(p.param.sizes()))
     throw Error("AdamW: gradient of '" + p.name + "' is " + describe(grad) + ", the parameter " + describe(p.param));
-  ParamState& s = states_[i];
+  if (grad.device() != p.param.device())
+    throw Error("AdamW: gradient of '" + p.name + "' is on " + grad.device().str() + ", the parameter on " +
+                p.param.device().str());
+  // Host scalars only, rounded to fp32 once (as ATen rounds a double scalar for an fp32 tensor): nothing here
+  // waits for the device.
+  const double t = static_cast<double>(step_count_);
+  const double step_size = lr / (1.0 - std::pow(o.beta1, t));
   const int64_t index = static_cast<int64_t>(i);
-  const uint64_t master_key = optim_detail::stream_key(o.seed, step_count_, index, RandomStream::master);
-  const uint64_t exp_avg_key = optim_detail::stream_key(o.seed, step_count_, index, RandomStream::exp_avg);
-  const uint64_t exp_avg_sq_key = optim_detail::stream_key(o.seed, step_count_, index, RandomStream::exp_avg_sq);
-  const at::Tensor master = p.param.view({s.rows, s.cols});
-  const at::Tensor grad_rows = grad.reshape({s.rows, s.cols});
-  const bool bf16_master = master.scalar_type() == at::kBFloat16;
-  const bool decay = p.decay && o.weight_decay != 0.0;
-  const int64_t chunk = optimizer_piece_rows(o.step_chunk_rows, s.rows, s.cols, master.device());
-  for (int64_t first = 0; first < s.rows; first += chunk) {
-    const int64_t count = std::min(chunk, s.rows - first);
-    at::Tensor g = grad_rows.narrow(0, first, count).to(at::kFloat);
-    if (s.stored_cols != s.cols) g = at::constant_pad_nd(g, {0, s.stored_cols - s.cols}, 0);
-    at::Tensor m = optim_detail::load_exp_avg(s, storage, first, count);
-    at::Tensor v = optim_detail::load_exp_avg_sq(s, storage, first, count);
-    m.mul_(o.beta1).add_(g, 1.0 - o.beta1);
-    v.mul_(o.beta2).addcmul_(g, g, 1.0 - o.beta2);
-    optim_detail::store_exp_avg(s, storage, first, m, exp_avg_key);
-    optim_detail::store_exp_avg_sq(s, storage, first, v, exp_avg_sq_key);
-    // This step uses the fresh fp32 moments; only the next step sees their rounded storage.
-    const at::Tensor m_cols = m.narrow(1, 0, s.cols);
-    const at::Tensor denom = v.narrow(1, 0, s.cols).sqrt().div_(bias_correction2_sqrt).add_(o.eps);
-    at::Tensor target = master.narrow(0, first, count);
-    at::Tensor updated = bf16_master ? target.to(at::kFloat) : target;
-    if (decay) updated.mul_(decay_factor);
-    updated.addcdiv_(m_cols, denom, -step_size);
-    if (bf16_master)
-      target.copy_(optim_detail::bfloat16_stochastic_from_bits(
-          updated, optim_detail::random_bits(master_key, first * s.cols, count, s.cols, updated.device())));
+  kernels::adamw::StepScalars scalars{};
+  scalars.beta1 = static_cast<float>(o.beta1);
+  scalars.one_minus_beta1 = static_cast<float>(1.0 - o.beta1);
+  scalars.beta2 = static_cast<float>(o.beta2);
+  scalars.one_minus_beta2 = static_cast<float>(1.0 - o.beta2);
+  scalars.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(o.beta2, t)));
+  scalars.eps = static_cast<float>(o.eps);
+  scalars.neg_step_size = static_cast<float>(-step_size);
+  scalars.decay_factor = static_cast<float>(1.0 - lr * o.weight_decay);
+  scalars.grad_scale = static_cast<float>(grad_scale);
+  scalars.decay = p.decay && o.weight_decay != 0.0 ? 1 : 0;
+  scalars.master_key = optim_detail::stream_key(o.seed, step_count_, index, RandomStream::master);
+  scalars.exp_avg_key = optim_detail::stream_key(o.seed, step_count_, index, RandomStream::exp_avg);
+  scalars.exp_avg_sq_key = optim_detail::stream_key(o.seed, step_count_, index, RandomStream::exp_avg_sq);
+
+  // The gradient as it is when it is fp32 or bf16 and contiguous (always, from autograd); anything else as fp32.
+  const at::ScalarType grad_dtype = grad.scalar_type() == at::kBFloat16 ? at::kBFloat16 : at::kFloat;
+  const at::Tensor g = grad.to(grad_dtype).contiguous();
+  kernels::adamw::ParamView view = codec_->view(states_[i]);
+  view.master = p.param.data_ptr();
+  view.master_bf16 = p.param.scalar_type() == at::kBFloat16 ? 1 : 0;
+  view.grad = g.data_ptr();
+  view.grad_bf16 = grad_dtype == at::kBFloat16 ? 1 : 0;
+  const at::Device device = p.param.device();
+  if (device.is_cpu()) {
+    optim_detail::adamw_step_cpu(view, scalars, o.step_chunk_rows);
+  } else if (device.is_cuda()) {
+    optim_detail::adamw_step_cuda(view, scalars, device.index());
+  } else {
+    throw Error("AdamW: parameter '" + p.name + "' is on " + device.str() + "; CPU and CUDA are supported");
   }
 }
 

@@ -1,144 +1,16 @@
-// The four moment storages. Why each encoding is what it is (and what it measures): docs/optim.md.
+// The four moment storages as layouts. Why each encoding is what it is (and what it measures): docs/optim.md.
 #include "optim/moment_codec.h"
 
 #include <ATen/ATen.h>
 
-#include <cmath>
 #include <vector>
 
-#include "optim/counter_random.h"
+#include "optim/adamw_step.h"
 #include "qwen3/error.h"
-#include "qwen3/nvfp4_ops.h"
 
 namespace qwen3::optim_detail {
-namespace {
 
-constexpr int64_t kInt8Block = 64;
-constexpr double kInt8LinearMax = 127.0;   // m codes -127 .. 127 (symmetric: -128 is never written)
-constexpr double kLogCodesPerOctave = 8.0;  // v codes: v = block max * 2^(-code / 8), 256 levels over 2^-31.9
-constexpr double kE2m1Max = 6.0;
-constexpr double kE2m1Smallest = 0.5;
-
-at::Tensor rows_of(const at::Tensor& t, int64_t first_row, int64_t count) { return t.narrow(0, first_row, count); }
-
-at::Tensor uniform_for(uint64_t key, int64_t first_row, int64_t count, int64_t cols, const at::Device& device) {
-  return uniform_from_bits(random_bits(key, first_row * cols, count, cols, device));
-}
-
-// ---- int8: m linear with a per-block step, v on a per-block log2 grid -----------------------------------------
-
-at::Tensor load_int8_linear(const at::Tensor& codes, const at::Tensor& steps) {
-  const int64_t rows = codes.size(0), blocks = steps.size(1);
-  return (codes.to(at::kFloat).view({rows, blocks, kInt8Block}) * steps.unsqueeze(-1)).view({rows, -1});
-}
-
-void store_int8_linear(const at::Tensor& values, const at::Tensor& uniform, at::Tensor codes, at::Tensor steps) {
-  const int64_t rows = values.size(0), blocks = steps.size(1);
-  const at::Tensor x = values.view({rows, blocks, kInt8Block});
-  const at::Tensor step = x.abs().amax(-1, true).div_(kInt8LinearMax);
-  const at::Tensor t = at::where(step > 0, x / step, at::zeros({}, x.options()));
-  at::Tensor lower = t.floor();
-  // Round up with probability (t - floor t): unbiased. The clamp only catches t = 127 * (1 + ulp).
-  lower.add_((uniform.view_as(t) < (t - lower)).to(at::kFloat)).clamp_(-kInt8LinearMax, kInt8LinearMax);
-  codes.copy_(lower.view({rows, -1}));
-  steps.copy_(step.squeeze(-1));
-}
-
-at::Tensor load_int8_log(const at::Tensor& codes, const at::Tensor& block_max, const at::Tensor& levels) {
-  const int64_t rows = codes.size(0), blocks = block_max.size(1);
-  const at::Tensor ratio = at::take(levels, codes.to(at::kLong)).view({rows, blocks, kInt8Block});
-  return (ratio * block_max.unsqueeze(-1)).view({rows, -1});
-}
-
-void store_int8_log(const at::Tensor& values, const at::Tensor& uniform, const at::Tensor& levels, at::Tensor codes,
-                    at::Tensor block_max) {
-  const int64_t rows = values.size(0), blocks = block_max.size(1);
-  const at::Tensor x = values.view({rows, blocks, kInt8Block});
-  const at::Tensor max = x.amax(-1, true);
-  const at::Tensor ratio = at::where(max > 0, x / max, at::zeros({}, x.options()));
-  // The code just above the ratio (ratio = 0 gives +inf, clamped); its neighbours come from the same table the
-  // decoder uses, so a log2 that is off by an ulp at a boundary only moves p to 0 or 1.
-  const at::Tensor upper_code = ratio.log2().mul_(-kLogCodesPerOctave).floor_().clamp_(0, 254).to(at::kLong);
-  const at::Tensor upper = at::take(levels, upper_code);
-  const at::Tensor lower = at::take(levels, upper_code + 1);
-  // Linear in v between the two levels: E[stored v] = v. Below the last level the code is 255 (a floor).
-  const at::Tensor p_upper = ((ratio - lower) / (upper - lower)).clamp_(0, 1);
-  const at::Tensor code = upper_code + (uniform.view_as(ratio) >= p_upper).to(at::kLong);
-  codes.copy_(code.view({rows, -1}));
-  block_max.copy_(max.squeeze(-1));
-}
-
-// ---- nvfp4: the project's format; the codec's scale, elements rounded stochastically on the E2M1 grid --------
-
-// E4M3 scale codes for 16-blocks of non-negative `magnitude` [rows, blocks, 16]: the canonical codec's code,
-// raised by one where the codec's scale would clip the block maximum (amax > 6 s), so rounding never clips.
-at::Tensor unclipped_scale_codes(const at::Tensor& magnitude_rows, const at::Tensor& e4m3_values) {
-  const int64_t rows = magnitude_rows.size(0);
-  const at::Tensor canonical = nvfp4::quantize(magnitude_rows).scales;  // [rows, blocks]
-  const at::Tensor amax = magnitude_rows.view({rows, -1, nvfp4::kBlock}).amax(-1);
-  const at::Tensor clips = amax > at::take(e4m3_values, canonical.to(at::kLong)).mul(kE2m1Max);
-  return (canonical.to(at::kInt) + clips.to(at::kInt)).clamp_max_(0x7E).to(at::kByte);
-}
-
-// |x| / s on the E2M1 magnitude grid {0, .5, 1, 1.5, 2, 3, 4, 6}, rounded to a neighbour at random: linear in
-// the value (unbiased in x) or in the square (unbiased in x^2, used for sqrt(v)). Returns magnitude codes 0..7.
-at::Tensor e2m1_stochastic_codes(const at::Tensor& scaled, const at::Tensor& uniform, bool unbiased_in_square) {
-  const at::Tensor spacing = at::where(scaled < 2, at::full({}, 0.5, scaled.options()),
-                                       at::where(scaled < 4, at::full({}, 1.0, scaled.options()),
-                                                 at::full({}, 2.0, scaled.options())));
-  const at::Tensor lower = (scaled / spacing).floor_().mul_(spacing);
-  const at::Tensor upper = lower + spacing;
-  const at::Tensor p_upper = unbiased_in_square ? (scaled * scaled - lower * lower) / (upper * upper - lower * lower)
-                                                : (scaled - lower) / spacing;
-  const at::Tensor value = at::where(uniform < p_upper, upper, lower);
-  // Value to code: 0, .5, 1, 1.5 -> 0..3; 2, 3 -> 4, 5; 4, 6 -> 6, 7.
-  return at::where(value < 2, value * 2, at::where(value < 4, value + 2, value * 0.5 + 4)).to(at::kByte);
-}
-
-at::Tensor pack_nibbles(const at::Tensor& codes) {  // [rows, cols] uint8 0..15 -> [rows, cols/2]
-  const at::Tensor pairs = codes.view({codes.size(0), -1, 2});
-  return pairs.select(-1, 0).bitwise_or(pairs.select(-1, 1).mul(16));
-}
-
-// One fp32 scale a row maps the row's largest magnitude to the top of E4M3 x E2M1 (448 * 6): the format has no
-// tensor scale, and E4M3 alone ends at 2^-9, far above typical moments (gradients of 1e-5 and their squares).
-constexpr double kNvfp4RowTop = 448.0 * kE2m1Max;
-
-at::Tensor load_nvfp4(const at::Tensor& codes, const at::Tensor& scale_codes, const at::Tensor& row_scale) {
-  return nvfp4::dequantize(codes, scale_codes, at::kFloat).mul_(row_scale.unsqueeze(1));
-}
-
-void store_nvfp4(const at::Tensor& values, const at::Tensor& uniform, const at::Tensor& e4m3_values, bool is_sqrt_v,
-                 at::Tensor codes, at::Tensor scale_codes, at::Tensor row_scale) {
-  const int64_t rows = values.size(0);
-  const at::Tensor magnitude = is_sqrt_v ? values.sqrt() : values.abs();
-  const at::Tensor row_max = magnitude.amax(1, true);
-  const at::Tensor scale_of_row =
-      at::where(row_max > 0, row_max / kNvfp4RowTop, at::ones({}, row_max.options()));
-  const at::Tensor normalized = magnitude / scale_of_row;
-  const at::Tensor scale_code = unclipped_scale_codes(normalized, e4m3_values);
-  const at::Tensor scale = at::take(e4m3_values, scale_code.to(at::kLong)).unsqueeze(-1);
-  const at::Tensor blocks = normalized.view({rows, -1, nvfp4::kBlock});
-  at::Tensor scaled = at::where(scale > 0, blocks / scale, at::zeros({}, blocks.options())).clamp_max_(kE2m1Max);
-  // sqrt(v) is floored at the smallest non-zero level of its block: a zero there would divide a live m by eps.
-  if (is_sqrt_v) scaled = at::where(scale > 0, scaled.clamp_min(kE2m1Smallest), scaled);
-  at::Tensor code = e2m1_stochastic_codes(scaled, uniform.view_as(scaled), is_sqrt_v).view({rows, -1});
-  if (!is_sqrt_v) code = code.bitwise_or((values < 0).logical_and(code != 0).to(at::kByte).mul(8));
-  codes.copy_(pack_nibbles(code));
-  scale_codes.copy_(scale_code);
-  row_scale.copy_(scale_of_row.squeeze(1));
-}
-
-at::Tensor level_table(MomentStorage storage, const at::Device& device) {
-  std::vector<float> table(256);
-  for (int code = 0; code < 256; ++code)
-    table[code] = storage == MomentStorage::int8
-                      ? static_cast<float>(std::exp2(-code / kLogCodesPerOctave))
-                      : nvfp4::e4m3_to_float(static_cast<uint8_t>(code));
-  return at::tensor(table, at::kFloat).to(device);
-}
-
-}  // namespace
+namespace ka = kernels::adamw;
 
 int64_t matrix_rows(at::IntArrayRef shape) { return shape.size() <= 1 ? 1 : shape[0]; }
 
@@ -148,122 +20,110 @@ int64_t matrix_cols(at::IntArrayRef shape) {
   return cols;
 }
 
-int64_t moment_block(MomentStorage storage) {
+MomentCodec::MomentCodec(MomentStorage storage) : storage_(storage) {
+  block_scale_dtype_ = at::ScalarType::Undefined;
+  row_scale_ = false;
+  codes_per_element_byte_ = 1;
   switch (storage) {
-    case MomentStorage::int8: return kInt8Block;
-    case MomentStorage::nvfp4: return nvfp4::kBlock;
-    default: return 1;
+    case MomentStorage::float32:
+      kind_ = ka::Moments::f32, block_ = 1, exp_avg_dtype_ = exp_avg_sq_dtype_ = at::kFloat;
+      return;
+    case MomentStorage::bfloat16:
+      kind_ = ka::Moments::bf16, block_ = 1, exp_avg_dtype_ = exp_avg_sq_dtype_ = at::kBFloat16;
+      return;
+    case MomentStorage::int8:
+      kind_ = ka::Moments::int8, block_ = ka::kInt8Block, exp_avg_dtype_ = at::kChar, exp_avg_sq_dtype_ = at::kByte;
+      block_scale_dtype_ = at::kFloat;
+      return;
+    case MomentStorage::nvfp4:
+      kind_ = ka::Moments::nvfp4, block_ = ka::kNvfp4Block, exp_avg_dtype_ = exp_avg_sq_dtype_ = at::kByte;
+      codes_per_element_byte_ = 2;
+      block_scale_dtype_ = at::kByte;
+      row_scale_ = true;
+      return;
   }
+  throw Error("optimizer: unknown moment storage");
 }
 
-AdamW::ParamState allocate_moments(MomentStorage storage, at::IntArrayRef shape, const at::Device& device) {
+uint64_t MomentCodec::state_bytes(at::IntArrayRef shape) const {
+  const uint64_t rows = matrix_rows(shape), cols = matrix_cols(shape), block = block_;
+  const uint64_t stored = rows * ((cols + block - 1) / block * block);
+  uint64_t one = stored * at::elementSize(exp_avg_dtype_) / codes_per_element_byte_;  // m's codes (v's alike)
+  if (block_scale_dtype_ != at::ScalarType::Undefined) one += stored / block * at::elementSize(block_scale_dtype_);
+  if (row_scale_) one += 4 * rows;
+  return 2 * one;
+}
+
+AdamW::ParamState MomentCodec::allocate(at::IntArrayRef shape, const at::Device& device) const {
   AdamW::ParamState s;
   s.rows = matrix_rows(shape);
   s.cols = matrix_cols(shape);
-  const int64_t block = moment_block(storage);
-  s.stored_cols = (s.cols + block - 1) / block * block;
+  s.stored_cols = (s.cols + block_ - 1) / block_ * block_;
   const auto on = [&](at::ScalarType dtype) { return at::TensorOptions().dtype(dtype).device(device); };
-  switch (storage) {
-    case MomentStorage::float32:
-    case MomentStorage::bfloat16: {
-      const at::ScalarType dtype = storage == MomentStorage::float32 ? at::kFloat : at::kBFloat16;
-      s.exp_avg = at::zeros({s.rows, s.cols}, on(dtype));
-      s.exp_avg_sq = at::zeros({s.rows, s.cols}, on(dtype));
-      break;
-    }
-    case MomentStorage::int8:
-      s.exp_avg = at::zeros({s.rows, s.stored_cols}, on(at::kChar));
-      s.exp_avg_scale = at::zeros({s.rows, s.stored_cols / block}, on(at::kFloat));
-      s.exp_avg_sq = at::zeros({s.rows, s.stored_cols}, on(at::kByte));
-      s.exp_avg_sq_scale = at::zeros({s.rows, s.stored_cols / block}, on(at::kFloat));
-      s.level_table = level_table(storage, device);
-      break;
-    case MomentStorage::nvfp4:
-      // Code 0 with scale code 0 decodes to exactly 0 for both moments.
-      s.exp_avg = at::zeros({s.rows, s.stored_cols / 2}, on(at::kByte));
-      s.exp_avg_scale = at::zeros({s.rows, s.stored_cols / block}, on(at::kByte));
-      s.exp_avg_sq = at::zeros({s.rows, s.stored_cols / 2}, on(at::kByte));
-      s.exp_avg_sq_scale = at::zeros({s.rows, s.stored_cols / block}, on(at::kByte));
-      s.exp_avg_row_scale = at::ones({s.rows}, on(at::kFloat));
-      s.exp_avg_sq_row_scale = at::ones({s.rows}, on(at::kFloat));
-      s.level_table = level_table(storage, device);
-      break;
+  // Zero codes with zero scales decode to exactly 0 in every storage.
+  s.exp_avg = at::zeros({s.rows, s.stored_cols / codes_per_element_byte_}, on(exp_avg_dtype_));
+  s.exp_avg_sq = at::zeros({s.rows, s.stored_cols / codes_per_element_byte_}, on(exp_avg_sq_dtype_));
+  if (block_scale_dtype_ != at::ScalarType::Undefined) {
+    s.exp_avg_scale = at::zeros({s.rows, s.stored_cols / block_}, on(block_scale_dtype_));
+    s.exp_avg_sq_scale = at::zeros({s.rows, s.stored_cols / block_}, on(block_scale_dtype_));
+  }
+  if (row_scale_) {
+    s.exp_avg_row_scale = at::ones({s.rows}, on(at::kFloat));
+    s.exp_avg_sq_row_scale = at::ones({s.rows}, on(at::kFloat));
   }
   return s;
 }
 
+ka::ParamView MomentCodec::view(const AdamW::ParamState& s) const {
+  const auto pointer = [](const at::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; };
+  ka::ParamView v{};
+  v.exp_avg = pointer(s.exp_avg);
+  v.exp_avg_sq = pointer(s.exp_avg_sq);
+  v.exp_avg_scale = pointer(s.exp_avg_scale);
+  v.exp_avg_sq_scale = pointer(s.exp_avg_sq_scale);
+  v.exp_avg_row_scale = static_cast<float*>(pointer(s.exp_avg_row_scale));
+  v.exp_avg_sq_row_scale = static_cast<float*>(pointer(s.exp_avg_sq_row_scale));
+  v.rows = s.rows;
+  v.cols = s.cols;
+  v.stored_cols = s.stored_cols;
+  v.moments = kind_;
+  return v;
+}
+
+at::Tensor MomentCodec::load(const AdamW::ParamState& s, bool second, int64_t first_row, int64_t count) const {
+  if (!s.exp_avg.device().is_cpu()) throw Error("optimizer: moments are decoded on the host from CPU state only");
+  const ka::ParamView v = view(s);
+  at::Tensor out = at::empty({count, s.stored_cols}, at::kFloat);
+  for (int64_t r = 0; r < count; ++r) decode_moment_row(v, second, first_row + r, out.data_ptr<float>() + r * s.stored_cols);
+  return out;
+}
+
+void MomentCodec::store(AdamW::ParamState& s, bool second, int64_t first_row, const at::Tensor& values,
+                        uint64_t random_key) const {
+  if (!s.exp_avg.device().is_cpu()) throw Error("optimizer: moments are encoded on the host into CPU state only");
+  const at::Tensor in = values.to(at::kFloat).contiguous();
+  const ka::ParamView v = view(s);
+  std::vector<float> scratch;
+  for (int64_t r = 0; r < in.size(0); ++r)
+    encode_moment_row(v, second, first_row + r, in.data_ptr<float>() + r * s.stored_cols, random_key, scratch);
+}
+
+AdamW::ParamState allocate_moments(MomentStorage storage, at::IntArrayRef shape, const at::Device& device) {
+  return MomentCodec(storage).allocate(shape, device);
+}
 at::Tensor load_exp_avg(const AdamW::ParamState& s, MomentStorage storage, int64_t first_row, int64_t count) {
-  const at::Tensor codes = rows_of(s.exp_avg, first_row, count);
-  switch (storage) {
-    case MomentStorage::float32: return codes;
-    case MomentStorage::bfloat16: return codes.to(at::kFloat);
-    case MomentStorage::int8: return load_int8_linear(codes, rows_of(s.exp_avg_scale, first_row, count));
-    case MomentStorage::nvfp4:
-      return load_nvfp4(codes, rows_of(s.exp_avg_scale, first_row, count),
-                        rows_of(s.exp_avg_row_scale, first_row, count));
-  }
-  throw Error("optimizer: unknown moment storage");
+  return MomentCodec(storage).load(s, false, first_row, count);
 }
-
 at::Tensor load_exp_avg_sq(const AdamW::ParamState& s, MomentStorage storage, int64_t first_row, int64_t count) {
-  const at::Tensor codes = rows_of(s.exp_avg_sq, first_row, count);
-  switch (storage) {
-    case MomentStorage::float32: return codes;
-    case MomentStorage::bfloat16: return codes.to(at::kFloat);
-    case MomentStorage::int8:
-      return load_int8_log(codes, rows_of(s.exp_avg_sq_scale, first_row, count), s.level_table);
-    case MomentStorage::nvfp4: {
-      const at::Tensor root = load_nvfp4(codes, rows_of(s.exp_avg_sq_scale, first_row, count),
-                                         rows_of(s.exp_avg_sq_row_scale, first_row, count));
-      return root.mul_(root);
-    }
-  }
-  throw Error("optimizer: unknown moment storage");
+  return MomentCodec(storage).load(s, true, first_row, count);
 }
-
 void store_exp_avg(AdamW::ParamState& s, MomentStorage storage, int64_t first_row, const at::Tensor& values,
                    uint64_t random_key) {
-  const int64_t count = values.size(0);
-  switch (storage) {
-    case MomentStorage::float32: return;  // updated in place through the view load_exp_avg returned
-    case MomentStorage::bfloat16:
-      rows_of(s.exp_avg, first_row, count)
-          .copy_(bfloat16_stochastic_from_bits(values, random_bits(random_key, first_row * s.cols, count, s.cols,
-                                                                   values.device())));
-      return;
-    case MomentStorage::int8:
-      store_int8_linear(values, uniform_for(random_key, first_row, count, s.stored_cols, values.device()),
-                        rows_of(s.exp_avg, first_row, count), rows_of(s.exp_avg_scale, first_row, count));
-      return;
-    case MomentStorage::nvfp4:
-      store_nvfp4(values, uniform_for(random_key, first_row, count, s.stored_cols, values.device()), s.level_table,
-                  false, rows_of(s.exp_avg, first_row, count), rows_of(s.exp_avg_scale, first_row, count),
-                  rows_of(s.exp_avg_row_scale, first_row, count));
-      return;
-  }
+  MomentCodec(storage).store(s, false, first_row, values, random_key);
 }
-
 void store_exp_avg_sq(AdamW::ParamState& s, MomentStorage storage, int64_t first_row, const at::Tensor& values,
                       uint64_t random_key) {
-  const int64_t count = values.size(0);
-  switch (storage) {
-    case MomentStorage::float32: return;
-    case MomentStorage::bfloat16:
-      rows_of(s.exp_avg_sq, first_row, count)
-          .copy_(bfloat16_stochastic_from_bits(values, random_bits(random_key, first_row * s.cols, count, s.cols,
-                                                                   values.device())));
-      return;
-    case MomentStorage::int8:
-      store_int8_log(values, uniform_for(random_key, first_row, count, s.stored_cols, values.device()),
-                     s.level_table, rows_of(s.exp_avg_sq, first_row, count),
-                     rows_of(s.exp_avg_sq_scale, first_row, count));
-      return;
-    case MomentStorage::nvfp4:
-      store_nvfp4(values, uniform_for(random_key, first_row, count, s.stored_cols, values.device()), s.level_table,
-                  true, rows_of(s.exp_avg_sq, first_row, count), rows_of(s.exp_avg_sq_scale, first_row, count),
-                  rows_of(s.exp_avg_sq_row_scale, first_row, count));
-      return;
-  }
+  MomentCodec(storage).store(s, true, first_row, values, random_key);
 }
 
 }  // namespace qwen3::optim_detail

@@ -1,12 +1,13 @@
-// Storage of AdamW's moments between steps: allocate, load a row range as fp32, store fp32 values back with
-// stochastic rounding. Every parameter is viewed as a matrix [rows, cols] (dim 0 by the rest; a vector or a
-// scalar is one row). Block-scaled storages pad each row to a whole number of blocks, so blocks never span
-// rows and a row range can be loaded and stored on its own. Encodings and their measured error: docs/optim.md.
+// Storage of AdamW's moments between steps. Every parameter is viewed as a matrix [rows, cols] (dim 0 by the
+// rest; a vector or a scalar is one row). Block-scaled storages pad each row to a whole number of blocks, so
+// blocks never span rows and a row range can be decoded and encoded on its own. Encodings and their measured
+// error: docs/optim.md; the element rules: kernels/adamw_update.cuh.
 #pragma once
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
 
+#include "adamw_update.cuh"
 #include "qwen3/optim.h"
 
 namespace qwen3 {
@@ -21,7 +22,6 @@ struct AdamW::ParamState {
   at::Tensor exp_avg_sq_scale;  // int8: fp32 block max of v; nvfp4: E4M3 codes per 16-block of sqrt(v)
   at::Tensor exp_avg_row_scale;     // nvfp4: fp32 per row, the value that E4M3 x E2M1's top (2688) stands for
   at::Tensor exp_avg_sq_row_scale;  // the same for sqrt(v)
-  at::Tensor level_table;     // int8: 2^(-c/8) for c = 0..255; nvfp4: the value of each E4M3 code; on the device
 };
 
 namespace optim_detail {
@@ -30,17 +30,41 @@ namespace optim_detail {
 int64_t matrix_rows(at::IntArrayRef shape);
 int64_t matrix_cols(at::IntArrayRef shape);
 
-// Elements per scale block (1 for the unscaled float storages).
-int64_t moment_block(MomentStorage storage);
+// The one place a MomentStorage becomes a layout, picked once when the optimizer is built: what state tensors
+// a parameter gets (allocate), what they cost (state_bytes), and the raw view through which the fused update
+// decodes and encodes them element by element (view; the rules themselves are kernels/adamw_update.cuh's).
+// load/store decode and encode whole rows of CPU state by the same rules, for tests and tools.
+class MomentCodec {
+ public:
+  explicit MomentCodec(MomentStorage storage);
 
+  MomentStorage storage() const { return storage_; }
+  int64_t block() const { return block_; }  // elements per scale block (1: unscaled)
+  uint64_t state_bytes(at::IntArrayRef shape) const;
+  AdamW::ParamState allocate(at::IntArrayRef shape, const at::Device& device) const;
+  // The state's pointers and sizes; the caller fills in master and gradient.
+  kernels::adamw::ParamView view(const AdamW::ParamState& state) const;
+
+  // fp32 [count, stored_cols] of rows first_row .. first_row + count - 1 of m (second = false) or v.
+  at::Tensor load(const AdamW::ParamState& state, bool second, int64_t first_row, int64_t count) const;
+  // Encodes fp32 [count, stored_cols] into those rows; `random_key` keys the stochastic rounding.
+  void store(AdamW::ParamState& state, bool second, int64_t first_row, const at::Tensor& values,
+             uint64_t random_key) const;
+
+ private:
+  MomentStorage storage_;
+  kernels::adamw::Moments kind_;
+  int64_t block_;
+  at::ScalarType exp_avg_dtype_, exp_avg_sq_dtype_;
+  int64_t codes_per_element_byte_;        // 2 for packed nvfp4 nibbles, else 1
+  at::ScalarType block_scale_dtype_;      // int8: fp32; nvfp4: E4M3 codes as uint8; Undefined: none
+  bool row_scale_;                        // nvfp4: an fp32 scale per row
+};
+
+// The test-facing forms of MomentCodec(storage).allocate / load / store.
 AdamW::ParamState allocate_moments(MomentStorage storage, at::IntArrayRef shape, const at::Device& device);
-
-// fp32 [count, stored_cols] of rows first_row .. first_row+count-1. For float32 storage this is a view of the
-// state itself (updated in place, store_* is then a no-op); otherwise a decoded copy.
 at::Tensor load_exp_avg(const AdamW::ParamState& state, MomentStorage storage, int64_t first_row, int64_t count);
 at::Tensor load_exp_avg_sq(const AdamW::ParamState& state, MomentStorage storage, int64_t first_row, int64_t count);
-
-// Encodes fp32 [count, stored_cols] into those rows; `random_key` keys the stochastic rounding.
 void store_exp_avg(AdamW::ParamState& state, MomentStorage storage, int64_t first_row, const at::Tensor& values,
                    uint64_t random_key);
 void store_exp_avg_sq(AdamW::ParamState& state, MomentStorage storage, int64_t first_row, const at::Tensor& values,

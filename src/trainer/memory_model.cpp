@@ -32,15 +32,10 @@ class Timeline {
 
 // Peak temporary bytes per element of one optimizer piece, by master and moment storage: counted with the
 // counting allocator on a 2^20-element piece (docs/memory.md, "Optimizer temporaries").
-u64 optimizer_temp_per_element(bool bf16_master, MomentStorage moments) {
-  switch (moments) {
-    case MomentStorage::float32: return bf16_master ? 44 : 4;
-    case MomentStorage::bfloat16: return bf16_master ? 52 : 40;
-    case MomentStorage::int8: return 76;
-    case MomentStorage::nvfp4: return bf16_master ? 76 : 72;
-  }
-  return 40;
-}
+// Bytes per element of an optimizer piece that the step allocates besides its state: the fused update
+// (kernels/adamw_update.cuh) allocates nothing, so what remains is the gradient norm's, formed piece by piece
+// (square_sum_fp32): an fp32 copy of a bf16 gradient and its square.
+u64 optimizer_temp_per_element(bool bf16_master) { return bf16_master ? 8 : 4; }
 
 struct BlockSizes {
   u64 projections = 0;      // elements of the seven projection matrices
@@ -111,7 +106,7 @@ StepMemoryPlan predict_step_memory(const Qwen3Config& config, bool separate_head
     if (spec.quantizable) largest_quantized = std::max(largest_quantized, n);
     else largest_dense = std::max(largest_dense, n);
   }
-  const u64 opt_temp_per_element = optimizer_temp_per_element(bf16, storage);
+  const u64 opt_temp_per_element = optimizer_temp_per_element(bf16);
   // Autograd records nothing before the first tensor that trains: blocks ahead of it keep no activations and
   // see no backward.
   int64_t first_graph_block = s.layers;

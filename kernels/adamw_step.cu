@@ -1,0 +1,241 @@
+// The fused AdamW step on the GPU: one launch per parameter, the element rules of adamw_update.cuh (the same
+// functions the CPU step runs, pinned by its tests). Layout of work and its costs: kernels/adamw_step.md.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "adamw_update.cuh"
+#include "qwen3_kernels.h"
+
+namespace qwen3::kernels {
+namespace {
+
+using adamw::Moments;
+using adamw::ParamView;
+using adamw::StepScalars;
+
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ void master_step(const ParamView& p, const StepScalars& s, int64_t index, float m, float v,
+                                            bool bf16_master) {
+  if (bf16_master) {
+    const float updated = adamw::updated_master(adamw::master_at<true>(p.master, index), m, v, s);
+    adamw::store_master_at<true>(p.master, index, updated, s.master_key);
+  } else {
+    const float updated = adamw::updated_master(adamw::master_at<false>(p.master, index), m, v, s);
+    adamw::store_master_at<false>(p.master, index, updated, s.master_key);
+  }
+}
+
+__device__ __forceinline__ float grad_of(const ParamView& p, const StepScalars& s, int64_t row, int64_t col) {
+  if (col >= p.cols) return 0.0f;  // row padding of the block-scaled storages
+  const int64_t index = row * p.cols + col;
+  return p.grad_bf16 ? adamw::grad_at<true>(p.grad, index, s.grad_scale) : adamw::grad_at<false>(p.grad, index, s.grad_scale);
+}
+
+// fp32 / bf16 moments: one element a thread, grid-stride; every byte read and written once.
+template <bool kBf16Moments>
+__global__ void __launch_bounds__(kThreads) plain_kernel(ParamView p, StepScalars s) {
+  using State = typename std::conditional<kBf16Moments, uint16_t, float>::type;
+  auto* exp_avg = static_cast<State*>(p.exp_avg);
+  auto* exp_avg_sq = static_cast<State*>(p.exp_avg_sq);
+  const int64_t total = p.rows * p.cols;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float m, v;
+    if (kBf16Moments) {
+      m = adamw::bf16_to_float(exp_avg[i]);
+      v = adamw::bf16_to_float(exp_avg_sq[i]);
+    } else {
+      m = exp_avg[i];
+      v = exp_avg_sq[i];
+    }
+    // Unpadded storage: the element index is the gradient's.
+    const float g = p.grad_bf16 ? adamw::grad_at<true>(p.grad, i, s.grad_scale) : adamw::grad_at<false>(p.grad, i, s.grad_scale);
+    adamw::update_moments(g, m, v, s);
+    if (kBf16Moments) {
+      exp_avg[i] = adamw::bf16_stochastic(m, adamw::random_bits(s.exp_avg_key, static_cast<uint64_t>(i)));
+      exp_avg_sq[i] = adamw::bf16_stochastic(v, adamw::random_bits(s.exp_avg_sq_key, static_cast<uint64_t>(i)));
+    } else {
+      exp_avg[i] = m;
+      exp_avg_sq[i] = v;
+    }
+    master_step(p, s, i, m, v, p.master_bf16 != 0);
+  }
+}
+
+// int8: 8 lanes a 64-block, 8 consecutive elements a lane; the block's |m| maximum and v maximum meet by
+// shuffles (maxima are exact in any order). Every byte read and written once.
+constexpr int kInt8Lanes = 8;
+constexpr int kInt8PerLane = adamw::kInt8Block / kInt8Lanes;
+
+__global__ void __launch_bounds__(kThreads) int8_kernel(ParamView p, StepScalars s) {
+  const int64_t blocks_per_row = p.stored_cols / adamw::kInt8Block;
+  const int64_t total_blocks = p.rows * blocks_per_row;
+  const int lane = threadIdx.x % kInt8Lanes;
+  auto* m_codes = static_cast<int8_t*>(p.exp_avg);
+  auto* v_codes = static_cast<uint8_t*>(p.exp_avg_sq);
+  auto* m_steps = static_cast<float*>(p.exp_avg_scale);
+  auto* v_maxes = static_cast<float*>(p.exp_avg_sq_scale);
+  // Whole warps iterate together so that every lane takes part in the shuffles.
+  const int64_t groups_per_pass = static_cast<int64_t>(gridDim.x) * (blockDim.x / kInt8Lanes);
+  for (int64_t first = 0; first < total_blocks; first += groups_per_pass) {
+    const int64_t block = first + blockIdx.x * static_cast<int64_t>(blockDim.x / kInt8Lanes) + threadIdx.x / kInt8Lanes;
+    const bool active = block < total_blocks;
+    const int64_t row = active ? block / blocks_per_row : 0;
+    const int64_t col0 = active ? (block % blocks_per_row) * adamw::kInt8Block + lane * kInt8PerLane : 0;
+    const int64_t base = row * p.stored_cols + col0;
+    float m[kInt8PerLane], v[kInt8PerLane], m_amax = 0.0f, v_max = 0.0f;
+    if (active) {
+      const float m_step = m_steps[block], v_block_max = v_maxes[block];
+      for (int i = 0; i < kInt8PerLane; ++i) {
+        m[i] = adamw::int8_linear_decode(m_codes[base + i], m_step);
+        v[i] = adamw::int8_log_decode(v_codes[base + i], v_block_max);
+        adamw::update_moments(grad_of(p, s, row, col0 + i), m[i], v[i], s);
+        m_amax = fmaxf(m_amax, fabsf(m[i]));
+        v_max = fmaxf(v_max, v[i]);
+      }
+    }
+    for (int offset = 1; offset < kInt8Lanes; offset *= 2) {
+      m_amax = fmaxf(m_amax, __shfl_xor_sync(0xFFFFFFFFu, m_amax, offset));
+      v_max = fmaxf(v_max, __shfl_xor_sync(0xFFFFFFFFu, v_max, offset));
+    }
+    if (!active) continue;
+    const float step = adamw::div_rn(m_amax, adamw::kInt8LinearMax);
+    for (int i = 0; i < kInt8PerLane; ++i) {
+      const uint64_t index = static_cast<uint64_t>(base + i);
+      m_codes[base + i] = adamw::int8_linear_encode(m[i], step, adamw::uniform_from_bits(adamw::random_bits(s.exp_avg_key, index)));
+      v_codes[base + i] = adamw::int8_log_encode(v[i], v_max, adamw::uniform_from_bits(adamw::random_bits(s.exp_avg_sq_key, index)));
+      if (col0 + i < p.cols) master_step(p, s, row * p.cols + col0 + i, m[i], v[i], p.master_bf16 != 0);
+    }
+    if (lane == 0) {
+      m_steps[block] = step;
+      v_maxes[block] = v_max;
+    }
+  }
+}
+
+__device__ float block_max(float x, float* shared) {
+  __syncthreads();  // whoever still reads `shared` from the previous reduction is done
+  for (int offset = 16; offset > 0; offset /= 2) x = fmaxf(x, __shfl_xor_sync(0xFFFFFFFFu, x, offset));
+  if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = x;
+  __syncthreads();
+  x = threadIdx.x < blockDim.x / 32 ? shared[threadIdx.x] : 0.0f;
+  if (threadIdx.x < 32)
+    for (int offset = 16; offset > 0; offset /= 2) x = fmaxf(x, __shfl_xor_sync(0xFFFFFFFFu, x, offset));
+  if (threadIdx.x == 0) shared[0] = x;
+  __syncthreads();
+  return shared[0];
+}
+
+// nvfp4: one CTA a row. The row's fp32 scales need the row's largest |m| and sqrt(v) before any element is
+// encoded: a first pass computes the fresh moments for the maxima only, the second recomputes them (the same
+// bytes) and encodes a 16-block per thread. The gradient and the packed state are read twice.
+__device__ __forceinline__ void nvfp4_fresh(const ParamView& p, const StepScalars& s, int64_t row, int64_t col,
+                                            float m_row, float v_row, float& m, float& v) {
+  const int64_t blocks = p.stored_cols / adamw::kNvfp4Block;
+  m = adamw::nvfp4_decode(static_cast<const uint8_t*>(p.exp_avg) + row * p.stored_cols / 2,
+                          static_cast<const uint8_t*>(p.exp_avg_scale) + row * blocks, col, m_row);
+  const float root = adamw::nvfp4_decode(static_cast<const uint8_t*>(p.exp_avg_sq) + row * p.stored_cols / 2,
+                                         static_cast<const uint8_t*>(p.exp_avg_sq_scale) + row * blocks, col, v_row);
+  v = adamw::mul_rn(root, root);
+  adamw::update_moments(grad_of(p, s, row, col), m, v, s);
+}
+
+__global__ void __launch_bounds__(kThreads) nvfp4_kernel(ParamView p, StepScalars s) {
+  __shared__ float shared[kThreads / 32];
+  constexpr int kB = adamw::kNvfp4Block;
+  const int64_t blocks = p.stored_cols / kB;
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+    const float old_m_row = p.exp_avg_row_scale[row], old_v_row = p.exp_avg_sq_row_scale[row];
+    float m_max = 0.0f, root_max = 0.0f;
+    for (int64_t col = threadIdx.x; col < p.stored_cols; col += blockDim.x) {
+      float m, v;
+      nvfp4_fresh(p, s, row, col, old_m_row, old_v_row, m, v);
+      m_max = fmaxf(m_max, fabsf(m));
+      root_max = fmaxf(root_max, sqrtf(v));
+    }
+    m_max = block_max(m_max, shared);
+    root_max = block_max(root_max, shared);
+    const float m_row = adamw::nvfp4_row_scale(m_max), v_row = adamw::nvfp4_row_scale(root_max);
+    auto* m_codes = static_cast<uint8_t*>(p.exp_avg) + row * p.stored_cols / 2;
+    auto* v_codes = static_cast<uint8_t*>(p.exp_avg_sq) + row * p.stored_cols / 2;
+    for (int64_t b = threadIdx.x; b < blocks; b += blockDim.x) {
+      float m[kB], v[kB], m_norm[kB], v_norm[kB], m_amax = 0.0f, v_amax = 0.0f;
+      for (int i = 0; i < kB; ++i) {
+        nvfp4_fresh(p, s, row, b * kB + i, old_m_row, old_v_row, m[i], v[i]);
+        m_norm[i] = adamw::div_rn(fabsf(m[i]), m_row);
+        v_norm[i] = adamw::div_rn(sqrtf(v[i]), v_row);
+        m_amax = fmaxf(m_amax, m_norm[i]);
+        v_amax = fmaxf(v_amax, v_norm[i]);
+      }
+      const uint8_t m_code = adamw::nvfp4_unclipped_scale_code(m_amax), v_code = adamw::nvfp4_unclipped_scale_code(v_amax);
+      const float m_scale = codec::e4m3_to_float(m_code), v_scale = codec::e4m3_to_float(v_code);
+      for (int i = 0; i < kB; i += 2) {
+        uint32_t m_pair = 0, v_pair = 0;
+        for (int j = 0; j < 2; ++j) {
+          const int64_t col = b * kB + i + j;
+          const uint64_t index = static_cast<uint64_t>(row * p.stored_cols + col);
+          uint32_t mc = adamw::nvfp4_stochastic_magnitude(
+              m_norm[i + j], m_scale, adamw::uniform_from_bits(adamw::random_bits(s.exp_avg_key, index)), false);
+          if (mc != 0 && m[i + j] < 0.0f) mc |= 8u;
+          const uint32_t vc = adamw::nvfp4_stochastic_magnitude(
+              v_norm[i + j], v_scale, adamw::uniform_from_bits(adamw::random_bits(s.exp_avg_sq_key, index)), true);
+          m_pair |= mc << (4 * j);
+          v_pair |= vc << (4 * j);
+          if (col < p.cols) master_step(p, s, row * p.cols + col, m[i + j], v[i + j], p.master_bf16 != 0);
+        }
+        m_codes[(b * kB + i) / 2] = static_cast<uint8_t>(m_pair);
+        v_codes[(b * kB + i) / 2] = static_cast<uint8_t>(v_pair);
+      }
+      static_cast<uint8_t*>(p.exp_avg_scale)[row * blocks + b] = m_code;
+      static_cast<uint8_t*>(p.exp_avg_sq_scale)[row * blocks + b] = v_code;
+    }
+    if (threadIdx.x == 0) {  // every thread read the old row scales before block_max's barriers
+      p.exp_avg_row_scale[row] = m_row;
+      p.exp_avg_sq_row_scale[row] = v_row;
+    }
+    __syncthreads();  // the next row reuses `shared`
+  }
+}
+
+int grid_for(int64_t work_items, int items_per_cta) {
+  const int64_t ctas = (work_items + items_per_cta - 1) / items_per_cta;
+  // Grid-stride beyond ~64 K CTAs: enough to fill any GPU, and int-sized.
+  return static_cast<int>(ctas < 1 ? 1 : (ctas > 65536 ? 65536 : ctas));
+}
+
+}  // namespace
+
+int launch_adamw_step(const adamw::ParamView& p, const adamw::StepScalars& s, void* stream) {
+  if (p.rows < 0 || p.cols < 0 || p.stored_cols < p.cols || !p.master || !p.grad || !p.exp_avg || !p.exp_avg_sq)
+    return static_cast<int>(cudaErrorInvalidValue);
+  if (p.rows == 0 || p.cols == 0) return 0;
+  const auto cuda_stream = static_cast<cudaStream_t>(stream);
+  switch (p.moments) {
+    case Moments::f32:
+      plain_kernel<false><<<grid_for(p.rows * p.cols, kThreads), kThreads, 0, cuda_stream>>>(p, s);
+      break;
+    case Moments::bf16:
+      plain_kernel<true><<<grid_for(p.rows * p.cols, kThreads), kThreads, 0, cuda_stream>>>(p, s);
+      break;
+    case Moments::int8:
+      if (p.stored_cols % adamw::kInt8Block != 0 || !p.exp_avg_scale || !p.exp_avg_sq_scale)
+        return static_cast<int>(cudaErrorInvalidValue);
+      int8_kernel<<<grid_for(p.rows * (p.stored_cols / adamw::kInt8Block), kThreads / kInt8Lanes), kThreads, 0,
+                    cuda_stream>>>(p, s);
+      break;
+    case Moments::nvfp4:
+      if (p.stored_cols % adamw::kNvfp4Block != 0 || !p.exp_avg_scale || !p.exp_avg_sq_scale || !p.exp_avg_row_scale ||
+          !p.exp_avg_sq_row_scale)
+        return static_cast<int>(cudaErrorInvalidValue);
+      nvfp4_kernel<<<grid_for(p.rows, 1), kThreads, 0, cuda_stream>>>(p, s);
+      break;
+    default:
+      return static_cast<int>(cudaErrorInvalidValue);
+  }
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace qwen3::kernels

@@ -1,0 +1,230 @@
+// AdamW's element update and the moment encodings as __host__ __device__ functions: the CPU step
+// (src/optim/adamw_cpu.cpp, over at::parallel_for) and the CUDA kernel (adamw_step.cu) run this very code, so
+// CPU tests pin the arithmetic the GPU does. Encodings and why: docs/optim.md; the kernel: kernels/adamw_step.md.
+//
+// Every operation is one IEEE operation rounded on its own, written out (mul_rn, add_rn, div_rn, fmaf) so that
+// neither compiler contracts or reorders anything: the bytes equal those of the ATen-composed optimizer this
+// replaced (tests/test_optim_golden.cpp), whose scalar-times-tensor adds were fused multiply-adds.
+// No libtorch, no CUDA runtime calls.
+#pragma once
+#include <cstdint>
+
+#include "nvfp4_codec.cuh"
+
+namespace qwen3::kernels::adamw {
+
+using codec::add_rn;
+using codec::bits_to_float;
+using codec::div_rn;
+using codec::float_bits;
+using codec::mul_rn;
+using codec::sub_rn;
+
+enum class Moments : int { f32 = 0, bf16 = 1, int8 = 2, nvfp4 = 3 };
+
+constexpr int kInt8Block = 64;
+constexpr int kNvfp4Block = codec::kBlock;  // 16
+constexpr float kInt8LinearMax = 127.0f;     // m codes -127..127
+constexpr float kNvfp4RowTop = 2688.0f;      // 448 * 6: the top of E4M3 x E2M1, what a row's maximum maps to
+constexpr float kE2m1Max = 6.0f;
+constexpr float kE2m1Smallest = 0.5f;
+
+// What one parameter's update needs from the host: the options and schedule rounded to fp32 once (as ATen
+// rounded its double scalars), and the 64-bit keys of the three random streams.
+struct StepScalars {
+  float beta1, one_minus_beta1, beta2, one_minus_beta2;
+  float bias_correction2_sqrt;  // sqrt(1 - beta2^t)
+  float eps;
+  float neg_step_size;          // -lr / (1 - beta1^t)
+  float decay_factor;           // 1 - lr * weight_decay
+  float grad_scale;             // the clipping factor; 1 leaves the gradient as it is
+  int decay;                    // weight decay applies to this parameter
+  uint64_t master_key, exp_avg_key, exp_avg_sq_key;
+};
+
+// One parameter viewed as a row-major matrix [rows, cols]; block-scaled moments pad each row to stored_cols.
+struct ParamView {
+  void* master;             // fp32 or bf16 [rows, cols]
+  int master_bf16;
+  const void* grad;         // fp32 or bf16 [rows, cols]
+  int grad_bf16;
+  void* exp_avg;            // f32/bf16 [rows, cols]; int8: int8 [rows, stored]; nvfp4: packed codes [rows, stored/2]
+  void* exp_avg_sq;         // f32/bf16 [rows, cols]; int8: uint8 log codes; nvfp4: packed codes of sqrt(v)
+  void* exp_avg_scale;      // int8: fp32 step per 64-block; nvfp4: E4M3 code per 16-block
+  void* exp_avg_sq_scale;   // int8: fp32 block max of v; nvfp4: E4M3 code per 16-block of sqrt(v)
+  float* exp_avg_row_scale;     // nvfp4 only
+  float* exp_avg_sq_row_scale;  // nvfp4 only
+  int64_t rows, cols, stored_cols;
+  Moments moments;
+};
+
+// ---- counter-based random bits ---------------------------------------------------------------------------------
+
+// A 32-bit xorshift-multiply mixer (the shape of Wellons' lowbias32).
+QWEN3_HD uint32_t mix32(uint32_t h) {
+  h ^= h >> 16;
+  h *= 0x7FEB352Du;
+  h ^= h >> 15;
+  h *= 0x2C1B3C6Du;
+  h ^= h >> 16;
+  return h;
+}
+
+// The bits of element `index` of the stream `key`: two keyed rounds, the low index bits with the low key, then
+// the high index bits (0 below 2^32 elements) with the high key.
+QWEN3_HD uint32_t random_bits(uint64_t key, uint64_t index) {
+  uint32_t h = mix32(static_cast<uint32_t>(index) ^ static_cast<uint32_t>(key));
+  return mix32(h ^ static_cast<uint32_t>(index >> 32) ^ static_cast<uint32_t>(key >> 32));
+}
+
+// Uniform in [0, 1) from the top 24 bits (exact in fp32).
+QWEN3_HD float uniform_from_bits(uint32_t bits) { return static_cast<float>(bits >> 8) * 5.9604644775390625e-8f; }
+
+// ---- bf16 ----------------------------------------------------------------------------------------------------
+
+QWEN3_HD float bf16_to_float(uint16_t b) { return bits_to_float(static_cast<uint32_t>(b) << 16); }
+
+// Round up (in magnitude) when the 16 discarded bits plus 16 random bits carry: E[result] = x.
+QWEN3_HD uint16_t bf16_stochastic(float x, uint32_t bits) {
+  return static_cast<uint16_t>((float_bits(x) + (bits & 0xFFFFu)) >> 16);
+}
+
+// Round to nearest even, NaN to the canonical quiet NaN (c10::BFloat16's conversion).
+QWEN3_HD uint16_t bf16_nearest(float x) {
+  const uint32_t u = float_bits(x);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0u;
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+// ---- the element update ----------------------------------------------------------------------------------------
+
+// The gradient as the update sees it: scaled by the clipping factor in the gradient's own dtype (a bf16
+// gradient scaled in place is rounded back to bf16).
+template <bool kBf16>
+QWEN3_HD float grad_at(const void* grad, int64_t index, float grad_scale) {
+  if (kBf16) {
+    const float g = bf16_to_float(static_cast<const uint16_t*>(grad)[index]);
+    return grad_scale == 1.0f ? g : bf16_to_float(bf16_nearest(mul_rn(g, grad_scale)));
+  }
+  const float g = static_cast<const float*>(grad)[index];
+  return grad_scale == 1.0f ? g : mul_rn(g, grad_scale);
+}
+
+// m <- b1 m + (1 - b1) g and v <- b2 v + (1 - b2) g^2, fp32, each ending in one fused multiply-add (where
+// ATen's vectorized add-with-alpha and addcmul on x86-64 fused theirs: measured element by element).
+QWEN3_HD void update_moments(float g, float& m, float& v, const StepScalars& s) {
+  m = fmaf(g, s.one_minus_beta1, mul_rn(m, s.beta1));
+  v = fmaf(mul_rn(s.one_minus_beta2, g), g, mul_rn(v, s.beta2));
+}
+
+// p <- p (1 - lr wd) - step_size m / (sqrt(v) / sqrt(1 - b2^t) + eps), from the fresh fp32 moments.
+QWEN3_HD float updated_master(float p, float m, float v, const StepScalars& s) {
+  const float denom = add_rn(div_rn(sqrtf(v), s.bias_correction2_sqrt), s.eps);
+  if (s.decay) p = mul_rn(p, s.decay_factor);
+  return add_rn(p, div_rn(mul_rn(s.neg_step_size, m), denom));
+}
+
+template <bool kBf16>
+QWEN3_HD float master_at(const void* master, int64_t index) {
+  return kBf16 ? bf16_to_float(static_cast<const uint16_t*>(master)[index]) : static_cast<const float*>(master)[index];
+}
+
+// A bf16 master is rounded stochastically with the master stream's bits of its element.
+template <bool kBf16>
+QWEN3_HD void store_master_at(void* master, int64_t index, float value, uint64_t master_key) {
+  if (kBf16)
+    static_cast<uint16_t*>(master)[index] = bf16_stochastic(value, random_bits(master_key, static_cast<uint64_t>(index)));
+  else
+    static_cast<float*>(master)[index] = value;
+}
+
+// ---- int8: m linear with a step per 64-block, v on a log2 grid under the block maximum ---------------------------
+
+// 2^(-c/8) for c = 0..255, each exactly float(exp2(-c / 8.0)): the fractional octave's eight values rounded
+// once, times an exact power of two.
+QWEN3_HD float int8_log_level(uint32_t code) {
+  constexpr float kOctave[8] = {0x1p+0f,         0x1.d5818ep-1f, 0x1.ae89fap-1f, 0x1.8ace54p-1f,
+                                0x1.6a09e6p-1f,  0x1.4bfdaep-1f, 0x1.306fe0p-1f, 0x1.172b84p-1f};
+  return kOctave[code & 7u] * bits_to_float((127u - (code >> 3)) << 23);
+}
+
+QWEN3_HD float int8_linear_decode(int8_t code, float step) { return mul_rn(static_cast<float>(code), step); }
+
+// Code of x for a block step > 0 (or 0 for step 0): floor(x / step), raised by one with probability equal to the
+// remainder, so E[code * step] = x.
+QWEN3_HD int8_t int8_linear_encode(float x, float step, float uniform) {
+  const float t = step > 0.0f ? div_rn(x, step) : 0.0f;
+  float lower = floorf(t);
+  lower = add_rn(lower, uniform < sub_rn(t, lower) ? 1.0f : 0.0f);
+  lower = lower < -kInt8LinearMax ? -kInt8LinearMax : (lower > kInt8LinearMax ? kInt8LinearMax : lower);
+  return static_cast<int8_t>(lower);
+}
+
+QWEN3_HD float int8_log_decode(uint8_t code, float block_max) { return mul_rn(int8_log_level(code), block_max); }
+
+// The largest code c in 0..254 with level(c) >= ratio (the level just above), from the float's exponent and a
+// comparison of its mantissa with the octave's levels: the exact floor(-8 log2 ratio), without a logarithm.
+QWEN3_HD uint32_t int8_log_upper_code(float ratio) {
+  if (!(ratio > 0.0f)) return 254u;  // zero (and NaN): the floor level
+  if (ratio >= 1.0f) return 0u;
+  const uint32_t bits = float_bits(ratio);
+  const int exponent = static_cast<int>((bits >> 23) & 0xFFu) - 127;  // ratio in [2^e, 2^(e+1)), e <= -1
+  if (exponent < -33) return 254u;                                  // far below the last level (2^-31.9)
+  const float half_mantissa = bits_to_float((bits & 0x007FFFFFu) | (126u << 23));  // in [0.5, 1)
+  // ratio = half_mantissa * 2^-(octave); level(8 octave + b) = level(b) * 2^-octave, b = 0..8.
+  const uint32_t octave = static_cast<uint32_t>(-exponent - 1);
+  uint32_t above = 0;
+  for (uint32_t b = 1; b <= 8; ++b) above += int8_log_level(b) >= half_mantissa ? 1u : 0u;
+  const uint32_t code = 8u * octave + above;
+  return code > 254u ? 254u : code;
+}
+
+// Code of v >= 0 under block maximum `block_max` > 0 (any code for 0): one of the two levels around v / max,
+// chosen with probability linear in v, so E[decoded] = v. Below the last level: code 255.
+QWEN3_HD uint8_t int8_log_encode(float v, float block_max, float uniform) {
+  const float ratio = block_max > 0.0f ? div_rn(v, block_max) : 0.0f;
+  const uint32_t upper_code = int8_log_upper_code(ratio);
+  const float upper = int8_log_level(upper_code), lower = int8_log_level(upper_code + 1);
+  float p_upper = div_rn(sub_rn(ratio, lower), sub_rn(upper, lower));
+  p_upper = p_upper < 0.0f ? 0.0f : (p_upper > 1.0f ? 1.0f : p_upper);
+  return static_cast<uint8_t>(upper_code + (uniform >= p_upper ? 1u : 0u));
+}
+
+// ---- nvfp4: E2M1 codes under an E4M3 scale per 16 elements, over an fp32 scale per row --------------------------
+
+QWEN3_HD float nvfp4_decode(const uint8_t* packed, const uint8_t* scale_codes, int64_t col, float row_scale) {
+  const uint32_t code = (packed[col >> 1] >> ((col & 1) * 4)) & 0xFu;
+  return mul_rn(mul_rn(codec::e2m1_to_float(code), codec::e4m3_to_float(scale_codes[col / kNvfp4Block])), row_scale);
+}
+
+QWEN3_HD float nvfp4_row_scale(float row_max) { return row_max > 0.0f ? div_rn(row_max, kNvfp4RowTop) : 1.0f; }
+
+// The E4M3 scale code of a block whose largest (row-normalized) magnitude is `amax`: the canonical codec's
+// rne code, raised by one where it would clip amax (amax > 6 s), so stochastic rounding never clips.
+QWEN3_HD uint8_t nvfp4_unclipped_scale_code(float amax) {
+  const uint32_t canonical = codec::rne_scale_code(amax);
+  const uint32_t raised = canonical + (amax > mul_rn(codec::e4m3_to_float(static_cast<uint8_t>(canonical)), kE2m1Max) ? 1u : 0u);
+  return static_cast<uint8_t>(raised > codec::kE4m3MaxCode ? codec::kE4m3MaxCode : raised);
+}
+
+// The E2M1 magnitude code (0..7) of normalized magnitude `a` under scale `scale`, rounded to one of the two grid
+// neighbours at random: linear in the value, or in its square (for sqrt(v), so that E[decoded^2] = v). sqrt(v)
+// is floored at the smallest non-zero level: a zero there would divide a live m by eps.
+QWEN3_HD uint32_t nvfp4_stochastic_magnitude(float a, float scale, float uniform, bool is_sqrt_v) {
+  float scaled = scale > 0.0f ? div_rn(a, scale) : 0.0f;
+  scaled = scaled > kE2m1Max ? kE2m1Max : scaled;
+  if (is_sqrt_v && scale > 0.0f && scaled < kE2m1Smallest) scaled = kE2m1Smallest;
+  const float spacing = scaled < 2.0f ? 0.5f : (scaled < 4.0f ? 1.0f : 2.0f);
+  const float lower = mul_rn(floorf(div_rn(scaled, spacing)), spacing);
+  const float upper = add_rn(lower, spacing);
+  const float p_upper =
+      is_sqrt_v ? div_rn(sub_rn(mul_rn(scaled, scaled), mul_rn(lower, lower)), sub_rn(mul_rn(upper, upper), mul_rn(lower, lower)))
+                : div_rn(sub_rn(scaled, lower), spacing);
+  const float value = uniform < p_upper ? upper : lower;
+  // 0, .5, 1, 1.5 -> 0..3; 2, 3 -> 4, 5; 4, 6 -> 6, 7 (a NaN gives 7; the step is skipped then anyway).
+  if (value < 2.0f) return static_cast<uint32_t>(mul_rn(value, 2.0f));
+  if (value < 4.0f) return static_cast<uint32_t>(add_rn(value, 2.0f));
+  return value < 5.0f ? 6u : 7u;
+}
+
+}  // namespace qwen3::kernels::adamw

@@ -177,11 +177,11 @@ __global__ void __launch_bounds__(kThreads) nvfp4_kernel(ParamView p, StepScalar
         for (int j = 0; j < 2; ++j) {
           const int64_t col = b * kB + i + j;
           const uint64_t index = static_cast<uint64_t>(row * p.stored_cols + col);
-          uint32_t mc = adamw::nvfp4_stochastic_magnitude(
-              m_norm[i + j], m_scale, adamw::uniform_from_bits(adamw::random_bits(s.exp_avg_key, index)), false);
+          uint32_t mc = adamw::nvfp4_stochastic_magnitude<false>(
+              m_norm[i + j], m_scale, adamw::uniform_from_bits(adamw::random_bits(s.exp_avg_key, index)));
           if (mc != 0 && m[i + j] < 0.0f) mc |= 8u;
-          const uint32_t vc = adamw::nvfp4_stochastic_magnitude(
-              v_norm[i + j], v_scale, adamw::uniform_from_bits(adamw::random_bits(s.exp_avg_sq_key, index)), true);
+          const uint32_t vc = adamw::nvfp4_stochastic_magnitude<true>(
+              v_norm[i + j], v_scale, adamw::uniform_from_bits(adamw::random_bits(s.exp_avg_sq_key, index)));
           m_pair |= mc << (4 * j);
           v_pair |= vc << (4 * j);
           if (col < p.cols) master_step(p, s, row * p.cols + col, m[i + j], v[i + j], p.master_bf16 != 0);

@@ -36,9 +36,8 @@ struct StepScalars {
   float bias_correction2_sqrt;  // sqrt(1 - beta2^t)
   float eps;
   float neg_step_size;          // -lr / (1 - beta1^t)
-  float decay_factor;           // 1 - lr * weight_decay
-  float grad_scale;             // the clipping factor; 1 leaves the gradient as it is
-  int decay;                    // weight decay applies to this parameter
+  float decay_factor;           // 1 - lr * weight_decay; exactly 1 where no decay applies (x * 1 is x)
+  float grad_scale;             // the clipping factor; exactly 1 leaves the gradient as it is
   uint64_t master_key, exp_avg_key, exp_avg_sq_key;
 };
 
@@ -72,9 +71,12 @@ QWEN3_HD uint32_t mix32(uint32_t h) {
 
 // The bits of element `index` of the stream `key`: two keyed rounds, the low index bits with the low key, then
 // the high index bits (0 below 2^32 elements) with the high key.
+QWEN3_HD uint32_t random_bits_split(uint64_t key, uint32_t index_low, uint32_t index_high) {
+  const uint32_t h = mix32(index_low ^ static_cast<uint32_t>(key));
+  return mix32(h ^ index_high ^ static_cast<uint32_t>(key >> 32));
+}
 QWEN3_HD uint32_t random_bits(uint64_t key, uint64_t index) {
-  uint32_t h = mix32(static_cast<uint32_t>(index) ^ static_cast<uint32_t>(key));
-  return mix32(h ^ static_cast<uint32_t>(index >> 32) ^ static_cast<uint32_t>(key >> 32));
+  return random_bits_split(key, static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32));
 }
 
 // Uniform in [0, 1) from the top 24 bits (exact in fp32).
@@ -92,8 +94,8 @@ QWEN3_HD uint16_t bf16_stochastic(float x, uint32_t bits) {
 // Round to nearest even, NaN to the canonical quiet NaN (c10::BFloat16's conversion).
 QWEN3_HD uint16_t bf16_nearest(float x) {
   const uint32_t u = float_bits(x);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0u;
-  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  return static_cast<uint16_t>((u & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC0u : rounded);
 }
 
 // ---- the element update ----------------------------------------------------------------------------------------
@@ -102,12 +104,9 @@ QWEN3_HD uint16_t bf16_nearest(float x) {
 // gradient scaled in place is rounded back to bf16).
 template <bool kBf16>
 QWEN3_HD float grad_at(const void* grad, int64_t index, float grad_scale) {
-  if (kBf16) {
-    const float g = bf16_to_float(static_cast<const uint16_t*>(grad)[index]);
-    return grad_scale == 1.0f ? g : bf16_to_float(bf16_nearest(mul_rn(g, grad_scale)));
-  }
-  const float g = static_cast<const float*>(grad)[index];
-  return grad_scale == 1.0f ? g : mul_rn(g, grad_scale);
+  // Multiplying by exactly 1 (and rounding a bf16 value to bf16) changes nothing: no branch for the common case.
+  if (kBf16) return bf16_to_float(bf16_nearest(mul_rn(bf16_to_float(static_cast<const uint16_t*>(grad)[index]), grad_scale)));
+  return mul_rn(static_cast<const float*>(grad)[index], grad_scale);
 }
 
 // m <- b1 m + (1 - b1) g and v <- b2 v + (1 - b2) g^2, fp32, each ending in one fused multiply-add (where
@@ -120,8 +119,7 @@ QWEN3_HD void update_moments(float g, float& m, float& v, const StepScalars& s) 
 // p <- p (1 - lr wd) - step_size m / (sqrt(v) / sqrt(1 - b2^t) + eps), from the fresh fp32 moments.
 QWEN3_HD float updated_master(float p, float m, float v, const StepScalars& s) {
   const float denom = add_rn(div_rn(sqrtf(v), s.bias_correction2_sqrt), s.eps);
-  if (s.decay) p = mul_rn(p, s.decay_factor);
-  return add_rn(p, div_rn(mul_rn(s.neg_step_size, m), denom));
+  return add_rn(mul_rn(p, s.decay_factor), div_rn(mul_rn(s.neg_step_size, m), denom));
 }
 
 template <bool kBf16>
@@ -142,10 +140,27 @@ QWEN3_HD void store_master_at(void* master, int64_t index, float value, uint64_t
 
 // 2^(-c/8) for c = 0..255, each exactly float(exp2(-c / 8.0)): the fractional octave's eight values rounded
 // once, times an exact power of two.
+#if !defined(__CUDA_ARCH__)
+// At namespace scope, so that the host loops may vectorize the lookup as a gather.
+inline constexpr float kInt8OctaveLevels[8] = {0x1p+0f,        0x1.d5818ep-1f, 0x1.ae89fap-1f, 0x1.8ace54p-1f,
+                                               0x1.6a09e6p-1f, 0x1.4bfdaep-1f, 0x1.306fe0p-1f, 0x1.172b84p-1f};
+#endif
+
 QWEN3_HD float int8_log_level(uint32_t code) {
-  constexpr float kOctave[8] = {0x1p+0f,         0x1.d5818ep-1f, 0x1.ae89fap-1f, 0x1.8ace54p-1f,
-                                0x1.6a09e6p-1f,  0x1.4bfdaep-1f, 0x1.306fe0p-1f, 0x1.172b84p-1f};
-  return kOctave[code & 7u] * bits_to_float((127u - (code >> 3)) << 23);
+#if defined(__CUDA_ARCH__)
+  const uint32_t b = code & 7u;
+  float f = 0x1p+0f;
+  f = b == 1u ? 0x1.d5818ep-1f : f;
+  f = b == 2u ? 0x1.ae89fap-1f : f;
+  f = b == 3u ? 0x1.8ace54p-1f : f;
+  f = b == 4u ? 0x1.6a09e6p-1f : f;
+  f = b == 5u ? 0x1.4bfdaep-1f : f;
+  f = b == 6u ? 0x1.306fe0p-1f : f;
+  f = b == 7u ? 0x1.172b84p-1f : f;
+#else
+  const float f = kInt8OctaveLevels[code & 7u];
+#endif
+  return f * bits_to_float((127u - (code >> 3)) << 23);
 }
 
 QWEN3_HD float int8_linear_decode(int8_t code, float step) { return mul_rn(static_cast<float>(code), step); }
@@ -157,26 +172,29 @@ QWEN3_HD int8_t int8_linear_encode(float x, float step, float uniform) {
   float lower = floorf(t);
   lower = add_rn(lower, uniform < sub_rn(t, lower) ? 1.0f : 0.0f);
   lower = lower < -kInt8LinearMax ? -kInt8LinearMax : (lower > kInt8LinearMax ? kInt8LinearMax : lower);
-  return static_cast<int8_t>(lower);
+  return static_cast<int8_t>(static_cast<int>(lower));
 }
 
 QWEN3_HD float int8_log_decode(uint8_t code, float block_max) { return mul_rn(int8_log_level(code), block_max); }
 
 // The largest code c in 0..254 with level(c) >= ratio (the level just above), from the float's exponent and a
 // comparison of its mantissa with the octave's levels: the exact floor(-8 log2 ratio), without a logarithm.
+// Branch free (selects only), so that the CPU loops vectorize.
 QWEN3_HD uint32_t int8_log_upper_code(float ratio) {
-  if (!(ratio > 0.0f)) return 254u;  // zero (and NaN): the floor level
-  if (ratio >= 1.0f) return 0u;
   const uint32_t bits = float_bits(ratio);
-  const int exponent = static_cast<int>((bits >> 23) & 0xFFu) - 127;  // ratio in [2^e, 2^(e+1)), e <= -1
-  if (exponent < -33) return 254u;                                  // far below the last level (2^-31.9)
+  const int exponent = static_cast<int>((bits >> 23) & 0xFFu) - 127;  // ratio in [2^e, 2^(e+1))
   const float half_mantissa = bits_to_float((bits & 0x007FFFFFu) | (126u << 23));  // in [0.5, 1)
-  // ratio = half_mantissa * 2^-(octave); level(8 octave + b) = level(b) * 2^-octave, b = 0..8.
-  const uint32_t octave = static_cast<uint32_t>(-exponent - 1);
-  uint32_t above = 0;
-  for (uint32_t b = 1; b <= 8; ++b) above += int8_log_level(b) >= half_mantissa ? 1u : 0u;
-  const uint32_t code = 8u * octave + above;
-  return code > 254u ? 254u : code;
+  // ratio = half_mantissa * 2^-(octave); level(8 octave + b) = level(b) * 2^-octave for b = 0..8, and the
+  // levels fall with b: the code is 8 octave + the number of b in 1..8 whose level is >= half_mantissa.
+  // Written out (a loop inside the element loop would stop the CPU loops vectorizing).
+  const int above = (half_mantissa == 0.5f ? 1 : 0) + (0x1.d5818ep-1f >= half_mantissa ? 1 : 0) +
+                    (0x1.ae89fap-1f >= half_mantissa ? 1 : 0) + (0x1.8ace54p-1f >= half_mantissa ? 1 : 0) +
+                    (0x1.6a09e6p-1f >= half_mantissa ? 1 : 0) + (0x1.4bfdaep-1f >= half_mantissa ? 1 : 0) +
+                    (0x1.306fe0p-1f >= half_mantissa ? 1 : 0) + (0x1.172b84p-1f >= half_mantissa ? 1 : 0);
+  int code = 8 * (-exponent - 1) + above;
+  code = exponent < -33 ? 254 : (code > 254 ? 254 : code);  // far below the last level (2^-31.9)
+  code = ratio >= 1.0f ? 0 : code;
+  return static_cast<uint32_t>(ratio > 0.0f ? code : 254);  // zero (and NaN): the floor level
 }
 
 // Code of v >= 0 under block maximum `block_max` > 0 (any code for 0): one of the two levels around v / max,
@@ -192,9 +210,33 @@ QWEN3_HD uint8_t int8_log_encode(float v, float block_max, float uniform) {
 
 // ---- nvfp4: E2M1 codes under an E4M3 scale per 16 elements, over an fp32 scale per row --------------------------
 
+#if !defined(__CUDA_ARCH__)
+inline constexpr float kE2m1Values[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                                          -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+#endif
+
+// The E2M1 value of a 4-bit code, the same as codec::e2m1_to_float: a table on the host (a gather the loops
+// vectorize), arithmetic and selects on the device.
+QWEN3_HD float e2m1_value(uint32_t code) {
+#if !defined(__CUDA_ARCH__)
+  return kE2m1Values[code & 15u];
+#else
+  const uint32_t m = code & 7u;
+  const float small = static_cast<float>(static_cast<int>(m)) * 0.5f;       // 0, .5, 1, 1.5
+  const float large = ((m & 1u) ? 1.5f : 1.0f) * (m < 6u ? 2.0f : 4.0f);  // 2, 3, 4, 6
+  const float magnitude = m < 4u ? small : large;
+  return (code & 8u) ? -magnitude : magnitude;
+#endif
+}
+
+// e2m1 x E4M3 is exact; the row scale rounds once.
+QWEN3_HD float nvfp4_decode_value(uint32_t code, float block_scale, float row_scale) {
+  return mul_rn(mul_rn(e2m1_value(code), block_scale), row_scale);
+}
+
 QWEN3_HD float nvfp4_decode(const uint8_t* packed, const uint8_t* scale_codes, int64_t col, float row_scale) {
   const uint32_t code = (packed[col >> 1] >> ((col & 1) * 4)) & 0xFu;
-  return mul_rn(mul_rn(codec::e2m1_to_float(code), codec::e4m3_to_float(scale_codes[col / kNvfp4Block])), row_scale);
+  return nvfp4_decode_value(code, codec::e4m3_to_float(scale_codes[col / kNvfp4Block]), row_scale);
 }
 
 QWEN3_HD float nvfp4_row_scale(float row_max) { return row_max > 0.0f ? div_rn(row_max, kNvfp4RowTop) : 1.0f; }
@@ -210,10 +252,12 @@ QWEN3_HD uint8_t nvfp4_unclipped_scale_code(float amax) {
 // The E2M1 magnitude code (0..7) of normalized magnitude `a` under scale `scale`, rounded to one of the two grid
 // neighbours at random: linear in the value, or in its square (for sqrt(v), so that E[decoded^2] = v). sqrt(v)
 // is floored at the smallest non-zero level: a zero there would divide a live m by eps.
-QWEN3_HD uint32_t nvfp4_stochastic_magnitude(float a, float scale, float uniform, bool is_sqrt_v) {
+template <bool kIsSqrtV>
+QWEN3_HD uint32_t nvfp4_stochastic_magnitude(float a, float scale, float uniform) {
+  constexpr bool is_sqrt_v = kIsSqrtV;
   float scaled = scale > 0.0f ? div_rn(a, scale) : 0.0f;
   scaled = scaled > kE2m1Max ? kE2m1Max : scaled;
-  if (is_sqrt_v && scale > 0.0f && scaled < kE2m1Smallest) scaled = kE2m1Smallest;
+  if (is_sqrt_v) scaled = (scale > 0.0f) & (scaled < kE2m1Smallest) ? kE2m1Smallest : scaled;
   const float spacing = scaled < 2.0f ? 0.5f : (scaled < 4.0f ? 1.0f : 2.0f);
   const float lower = mul_rn(floorf(div_rn(scaled, spacing)), spacing);
   const float upper = add_rn(lower, spacing);
@@ -222,9 +266,9 @@ QWEN3_HD uint32_t nvfp4_stochastic_magnitude(float a, float scale, float uniform
                 : div_rn(sub_rn(scaled, lower), spacing);
   const float value = uniform < p_upper ? upper : lower;
   // 0, .5, 1, 1.5 -> 0..3; 2, 3 -> 4, 5; 4, 6 -> 6, 7 (a NaN gives 7; the step is skipped then anyway).
-  if (value < 2.0f) return static_cast<uint32_t>(mul_rn(value, 2.0f));
-  if (value < 4.0f) return static_cast<uint32_t>(add_rn(value, 2.0f));
-  return value < 5.0f ? 6u : 7u;
+  // Selects only, so that the CPU loops vectorize.
+  const float code = value < 2.0f ? mul_rn(value, 2.0f) : (value < 4.0f ? add_rn(value, 2.0f) : (value < 5.0f ? 6.0f : 7.0f));
+  return static_cast<uint32_t>(static_cast<int>(code));
 }
 
 }  // namespace qwen3::kernels::adamw

@@ -54,12 +54,13 @@ struct GoldenCase {
 
 class AdamWGolden : public ::testing::TestWithParam<GoldenCase> {};
 
-uint64_t three_steps_hash(MomentStorage storage, at::ScalarType master, int64_t chunk_rows) {
+uint64_t three_steps_hash(MomentStorage storage, at::ScalarType master, int64_t chunk_rows,
+                          const at::Device& device = at::kCPU) {
   const std::vector<std::vector<int64_t>> shapes{{13, 37}, {29}, {7, 3, 16}, {40, 200}, {3, 2560}};
   std::vector<OptimParam> params;
   for (size_t i = 0; i < shapes.size(); ++i)
     params.push_back(optim_test::make_param("p" + std::to_string(i),
-                                            hashed_values(shapes[i], 1000 + i).mul(4.0f).to(master), i != 1));
+                                            hashed_values(shapes[i], 1000 + i).mul(4.0f).to(device, master), i != 1));
   AdamWOptions options;
   options.moments = storage;
   options.weight_decay = 0.05;
@@ -69,7 +70,7 @@ uint64_t three_steps_hash(MomentStorage storage, at::ScalarType master, int64_t 
   const double lrs[] = {1e-2, 3e-3, 5e-2};
   for (int step = 0; step < 3; ++step) {
     for (size_t i = 0; i < params.size(); ++i)
-      optim_test::set_grad(params[i], hashed_values(shapes[i], 100 * (step + 1) + i, step == 1 ? 2 : -1));
+      optim_test::set_grad(params[i], hashed_values(shapes[i], 100 * (step + 1) + i, step == 1 ? 2 : -1).to(device));
     optimizer.step(lrs[step]);
   }
   uint64_t hash = 0xCBF29CE484222325ULL;
@@ -82,6 +83,14 @@ TEST_P(AdamWGolden, ThreeStepsGiveTheBytesOfTheComposedOptimizer) {
   const GoldenCase c = GetParam();
   EXPECT_EQ(three_steps_hash(c.storage, c.master, 0), c.expected);
   EXPECT_EQ(three_steps_hash(c.storage, c.master, 5), c.expected) << "in pieces of 5 rows";
+}
+
+// The CUDA kernel (kernels/adamw_step.cu) runs the same element rules: the same bytes on the GPU. Needs a CUDA
+// libtorch and a device; skipped otherwise.
+TEST_P(AdamWGolden, CudaStepGivesTheSameBytes) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device (or a CPU-only libtorch): the GPU step is not checked here";
+  const GoldenCase c = GetParam();
+  EXPECT_EQ(three_steps_hash(c.storage, c.master, 0, at::Device(at::kCUDA, 0)), c.expected);
 }
 
 INSTANTIATE_TEST_SUITE_P(

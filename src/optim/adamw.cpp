@@ -158,9 +158,8 @@ void AdamW::update(size_t i, const at::Tensor& grad, double lr, double grad_scal
   scalars.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(o.beta2, t)));
   scalars.eps = static_cast<float>(o.eps);
   scalars.neg_step_size = static_cast<float>(-step_size);
-  scalars.decay_factor = static_cast<float>(1.0 - lr * o.weight_decay);
+  scalars.decay_factor = p.decay && o.weight_decay != 0.0 ? static_cast<float>(1.0 - lr * o.weight_decay) : 1.0f;
   scalars.grad_scale = static_cast<float>(grad_scale);
-  scalars.decay = p.decay && o.weight_decay != 0.0 ? 1 : 0;
   scalars.master_key = optim_detail::stream_key(o.seed, step_count_, index, RandomStream::master);
   scalars.exp_avg_key = optim_detail::stream_key(o.seed, step_count_, index, RandomStream::exp_avg);
   scalars.exp_avg_sq_key = optim_detail::stream_key(o.seed, step_count_, index, RandomStream::exp_avg_sq);

@@ -9,17 +9,16 @@
 
 #include "optim/adamw_step.h"
 
-// The row loops are compiled for AVX-512 and AVX2+FMA besides the baseline and chosen at load time (the build
-// targets generic x86-64, where fmaf is a library call). Every clone does the same IEEE operations, fmaf where
-// written and nowhere else (the project compiles with -ffp-contract=off), so the bytes do not depend on the
-// clone.
-#if defined(__x86_64__) && defined(__linux__) && defined(__has_attribute)
-#if __has_attribute(target_clones)
-#define QWEN3_ADAMW_CLONES __attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
-#endif
-#endif
-#ifndef QWEN3_ADAMW_CLONES
-#define QWEN3_ADAMW_CLONES
+// The row loops are compiled for AVX-512 and for AVX2 with FMA besides the baseline, and one is chosen at load
+// time by the CPU's features: the build targets generic x86-64, where fmaf is a library call and nothing is
+// vectorized wider than SSE2. The bodies are always inlined into the three entry points so that each is
+// compiled for its target. Every variant does the same IEEE operations, fmaf where written and nowhere else
+// (the project compiles with -ffp-contract=off), so the bytes do not depend on the variant.
+#define QWEN3_ROW_BODY inline __attribute__((always_inline))
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define QWEN3_X86_VARIANTS 1
+#define QWEN3_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,bmi2,f16c")))
+#define QWEN3_TARGET_AVX2 __attribute__((target("avx2,fma,bmi2,f16c")))
 #endif
 
 namespace qwen3::optim_detail {
@@ -31,83 +30,106 @@ using ka::Moments;
 // Elements a parallel task should cover at least (ATen's own grain for elementwise loops).
 constexpr int64_t kGrainElements = 32768;
 
-uint32_t bits_at(uint64_t key, int64_t index) { return ka::random_bits(key, static_cast<uint64_t>(index)); }
+// The random bits of the elements first + i of one row: the high half of the element index is the row start's
+// (a row that crosses a multiple of 2^32 elements is split by the callers' loops through `bits_at`), so the
+// loops work on 32-bit lanes only and vectorize.
+QWEN3_ROW_BODY uint32_t bits_at(uint64_t key, int64_t index) { return ka::random_bits(key, static_cast<uint64_t>(index)); }
+QWEN3_ROW_BODY float uniform_at(uint64_t key, int64_t index) { return ka::uniform_from_bits(bits_at(key, index)); }
 
-QWEN3_ADAMW_CLONES void decode_int8(const ka::ParamView& p, bool second, int64_t r, float* out) {
-  const int64_t blocks = p.stored_cols / ka::kInt8Block, first = r * p.stored_cols;
+// The largest of non-negative floats, as the largest of their bit patterns (the same order): an integer
+// reduction vectorizes where a float max, with its NaN rules, does not.
+QWEN3_ROW_BODY float max_of_nonnegative(const float* x, int64_t n) {
+  uint32_t top = 0;
+  for (int64_t i = 0; i < n; ++i) top = std::max(top, ka::float_bits(x[i]));
+  return ka::bits_to_float(top);
+}
+
+QWEN3_ROW_BODY void decode_int8(const ka::ParamView& p, bool second, int64_t r, float* out) {
+  constexpr int kB = ka::kInt8Block;
+  const int64_t blocks = p.stored_cols / kB, first = r * p.stored_cols;
   const float* scales = static_cast<const float*>(second ? p.exp_avg_sq_scale : p.exp_avg_scale) + r * blocks;
-  for (int64_t c = 0; c < p.stored_cols; ++c) {
-    const float scale = scales[c / ka::kInt8Block];
-    out[c] = second ? ka::int8_log_decode(static_cast<const uint8_t*>(p.exp_avg_sq)[first + c], scale)
-                    : ka::int8_linear_decode(static_cast<const int8_t*>(p.exp_avg)[first + c], scale);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const float scale = scales[b];
+    float* x = out + b * kB;
+    if (second) {
+      const uint8_t* codes = static_cast<const uint8_t*>(p.exp_avg_sq) + first + b * kB;
+      for (int i = 0; i < kB; ++i) x[i] = ka::int8_log_decode(codes[i], scale);
+    } else {
+      const int8_t* codes = static_cast<const int8_t*>(p.exp_avg) + first + b * kB;
+      for (int i = 0; i < kB; ++i) x[i] = ka::int8_linear_decode(codes[i], scale);
+    }
   }
 }
 
-QWEN3_ADAMW_CLONES void encode_int8(const ka::ParamView& p, bool second, int64_t r, const float* in, uint64_t key) {
+QWEN3_ROW_BODY void encode_int8(const ka::ParamView& p, bool second, int64_t r, const float* in, uint64_t key) {
   constexpr int kB = ka::kInt8Block;
   const int64_t blocks = p.stored_cols / kB;
   float* scales = static_cast<float*>(second ? p.exp_avg_sq_scale : p.exp_avg_scale) + r * blocks;
+  float magnitude[kB];
   for (int64_t b = 0; b < blocks; ++b) {
     const float* x = in + b * kB;
     const int64_t first = r * p.stored_cols + b * kB;
-    float top = 0.0f;  // v: the block maximum; m: the largest magnitude, and the step is a 127th of it
-    for (int i = 0; i < kB; ++i) top = std::max(top, second ? x[i] : std::fabs(x[i]));
-    if (second) {
+    if (second) {  // v >= 0: its block maximum
+      const float top = max_of_nonnegative(x, kB);
       auto* codes = static_cast<uint8_t*>(p.exp_avg_sq) + first;
-      for (int i = 0; i < kB; ++i) codes[i] = ka::int8_log_encode(x[i], top, ka::uniform_from_bits(bits_at(key, first + i)));
+      for (int i = 0; i < kB; ++i) codes[i] = ka::int8_log_encode(x[i], top, uniform_at(key, first + i));
       scales[b] = top;
-    } else {
-      const float step = ka::div_rn(top, ka::kInt8LinearMax);
+    } else {  // m: a step of a 127th of the largest magnitude
+      for (int i = 0; i < kB; ++i) magnitude[i] = std::fabs(x[i]);
+      const float step = ka::div_rn(max_of_nonnegative(magnitude, kB), ka::kInt8LinearMax);
       auto* codes = static_cast<int8_t*>(p.exp_avg) + first;
-      for (int i = 0; i < kB; ++i) codes[i] = ka::int8_linear_encode(x[i], step, ka::uniform_from_bits(bits_at(key, first + i)));
+      for (int i = 0; i < kB; ++i) codes[i] = ka::int8_linear_encode(x[i], step, uniform_at(key, first + i));
       scales[b] = step;
     }
   }
 }
 
-QWEN3_ADAMW_CLONES void decode_nvfp4(const ka::ParamView& p, bool second, int64_t r, float* out) {
+QWEN3_ROW_BODY void decode_nvfp4(const ka::ParamView& p, bool second, int64_t r, float* out) {
+  constexpr int kB = ka::kNvfp4Block;
+  const int64_t blocks = p.stored_cols / kB;
   const auto* codes = static_cast<const uint8_t*>(second ? p.exp_avg_sq : p.exp_avg) + r * p.stored_cols / 2;
-  const auto* scales =
-      static_cast<const uint8_t*>(second ? p.exp_avg_sq_scale : p.exp_avg_scale) + r * (p.stored_cols / ka::kNvfp4Block);
+  const auto* scales = static_cast<const uint8_t*>(second ? p.exp_avg_sq_scale : p.exp_avg_scale) + r * blocks;
   const float row_scale = (second ? p.exp_avg_sq_row_scale : p.exp_avg_row_scale)[r];
-  for (int64_t c = 0; c < p.stored_cols; ++c) {
-    const float x = ka::nvfp4_decode(codes, scales, c, row_scale);
-    out[c] = second ? ka::mul_rn(x, x) : x;  // v is stored as sqrt(v)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const float scale = kernels::codec::e4m3_to_float(scales[b]);
+    const uint8_t* packed = codes + b * kB / 2;
+    float* x = out + b * kB;
+    for (int i = 0; i < kB; ++i) x[i] = ka::nvfp4_decode_value((packed[i / 2] >> ((i & 1) * 4)) & 0xFu, scale, row_scale);
+    if (second)  // v is stored as sqrt(v)
+      for (int i = 0; i < kB; ++i) x[i] = ka::mul_rn(x[i], x[i]);
   }
 }
 
 // The row's fp32 scale needs the row's largest |m| (or sqrt(v)) before any element is encoded.
-QWEN3_ADAMW_CLONES void encode_nvfp4(const ka::ParamView& p, bool second, int64_t r, const float* in, uint64_t key,
-                  std::vector<float>& magnitude) {
+QWEN3_ROW_BODY void encode_nvfp4(const ka::ParamView& p, bool second, int64_t r, const float* in, uint64_t key,
+                                 std::vector<float>& magnitude) {
   constexpr int kB = ka::kNvfp4Block;
   const int64_t blocks = p.stored_cols / kB;
-  float row_max = 0.0f;
-  for (int64_t c = 0; c < p.stored_cols; ++c) {
-    magnitude[c] = second ? std::sqrt(in[c]) : std::fabs(in[c]);
-    row_max = std::max(row_max, magnitude[c]);
-  }
-  const float row_scale = ka::nvfp4_row_scale(row_max);
+  float* mag = magnitude.data();
+  if (second)
+    for (int64_t c = 0; c < p.stored_cols; ++c) mag[c] = std::sqrt(in[c]);
+  else
+    for (int64_t c = 0; c < p.stored_cols; ++c) mag[c] = std::fabs(in[c]);
+  const float row_scale = ka::nvfp4_row_scale(max_of_nonnegative(mag, p.stored_cols));
   auto* codes = static_cast<uint8_t*>(second ? p.exp_avg_sq : p.exp_avg) + r * p.stored_cols / 2;
   auto* scales = static_cast<uint8_t*>(second ? p.exp_avg_sq_scale : p.exp_avg_scale) + r * blocks;
+  float normalized[kB];
+  uint8_t code[kB];
   for (int64_t b = 0; b < blocks; ++b) {
-    float normalized[kB], amax = 0.0f;
-    for (int i = 0; i < kB; ++i) {
-      normalized[i] = ka::div_rn(magnitude[b * kB + i], row_scale);
-      amax = std::max(amax, normalized[i]);
-    }
-    const uint8_t scale_code = ka::nvfp4_unclipped_scale_code(amax);
+    for (int i = 0; i < kB; ++i) normalized[i] = ka::div_rn(mag[b * kB + i], row_scale);
+    const uint8_t scale_code = ka::nvfp4_unclipped_scale_code(max_of_nonnegative(normalized, kB));
     const float scale = kernels::codec::e4m3_to_float(scale_code);
-    for (int i = 0; i < kB; i += 2) {
-      uint32_t pair = 0;
-      for (int j = 0; j < 2; ++j) {
-        const int64_t c = b * kB + i + j;
-        uint32_t code = ka::nvfp4_stochastic_magnitude(
-            normalized[i + j], scale, ka::uniform_from_bits(bits_at(key, r * p.stored_cols + c)), second);
-        if (!second && code != 0 && in[c] < 0.0f) code |= 8u;
-        pair |= code << (4 * j);
+    const int64_t first = r * p.stored_cols + b * kB;
+    if (second) {
+      for (int i = 0; i < kB; ++i)
+        code[i] = static_cast<uint8_t>(ka::nvfp4_stochastic_magnitude<true>(normalized[i], scale, uniform_at(key, first + i)));
+    } else {  // the sign where the magnitude is not zero (no -0 is written)
+      for (int i = 0; i < kB; ++i) {
+        const uint32_t magnitude_code = ka::nvfp4_stochastic_magnitude<false>(normalized[i], scale, uniform_at(key, first + i));
+        code[i] = static_cast<uint8_t>(magnitude_code | ((magnitude_code != 0) & (in[b * kB + i] < 0.0f) ? 8u : 0u));
       }
-      codes[(b * kB + i) / 2] = static_cast<uint8_t>(pair);
     }
+    for (int i = 0; i < kB / 2; ++i) codes[b * kB / 2 + i] = static_cast<uint8_t>(code[2 * i] | (code[2 * i + 1] << 4));
     scales[b] = scale_code;
   }
   (second ? p.exp_avg_sq_row_scale : p.exp_avg_row_scale)[r] = row_scale;
@@ -115,7 +137,7 @@ QWEN3_ADAMW_CLONES void encode_nvfp4(const ka::ParamView& p, bool second, int64_
 
 // m and v of one row, fresh, then the master: one pass over the row buffers.
 template <bool kBf16Master, bool kBf16Grad>
-inline void update_row(const ka::ParamView& p, const ka::StepScalars& s, int64_t r, float* m, float* v) {
+QWEN3_ROW_BODY void update_row(const ka::ParamView& p, const ka::StepScalars& s, int64_t r, float* m, float* v) {
   const int64_t first = r * p.cols;
   for (int64_t c = 0; c < p.cols; ++c) {
     const int64_t i = first + c;
@@ -126,23 +148,7 @@ inline void update_row(const ka::ParamView& p, const ka::StepScalars& s, int64_t
   for (int64_t c = p.cols; c < p.stored_cols; ++c) ka::update_moments(0.0f, m[c], v[c], s);  // row padding
 }
 
-// Clones are not allowed on templates: one cloned function per (master, gradient) dtype pair.
-QWEN3_ADAMW_CLONES void update_row_f32_f32(const ka::ParamView& p, const ka::StepScalars& s, int64_t r, float* m, float* v) {
-  update_row<false, false>(p, s, r, m, v);
-}
-QWEN3_ADAMW_CLONES void update_row_bf16_bf16(const ka::ParamView& p, const ka::StepScalars& s, int64_t r, float* m, float* v) {
-  update_row<true, true>(p, s, r, m, v);
-}
-QWEN3_ADAMW_CLONES void update_row_f32_bf16(const ka::ParamView& p, const ka::StepScalars& s, int64_t r, float* m, float* v) {
-  update_row<false, true>(p, s, r, m, v);
-}
-QWEN3_ADAMW_CLONES void update_row_bf16_f32(const ka::ParamView& p, const ka::StepScalars& s, int64_t r, float* m, float* v) {
-  update_row<true, false>(p, s, r, m, v);
-}
-
-}  // namespace
-
-void decode_moment_row(const ka::ParamView& p, bool second, int64_t r, float* out) {
+QWEN3_ROW_BODY void decode_row(const ka::ParamView& p, bool second, int64_t r, float* out) {
   const int64_t first = r * p.cols;
   switch (p.moments) {
     case Moments::f32: {
@@ -160,8 +166,8 @@ void decode_moment_row(const ka::ParamView& p, bool second, int64_t r, float* ou
   }
 }
 
-void encode_moment_row(const ka::ParamView& p, bool second, int64_t r, const float* in, uint64_t key,
-                       std::vector<float>& scratch) {
+QWEN3_ROW_BODY void encode_row(const ka::ParamView& p, bool second, int64_t r, const float* in, uint64_t key,
+                               std::vector<float>& scratch) {
   const int64_t first = r * p.cols;
   switch (p.moments) {
     case Moments::f32:
@@ -179,21 +185,62 @@ void encode_moment_row(const ka::ParamView& p, bool second, int64_t r, const flo
   }
 }
 
+// Rows [first, last): decode m and v into row buffers, update them and the master, encode them back.
+QWEN3_ROW_BODY void step_rows(const ka::ParamView& p, const ka::StepScalars& s, int64_t first, int64_t last) {
+  std::vector<float> m(static_cast<size_t>(p.stored_cols)), v(m.size()), scratch;
+  for (int64_t r = first; r < last; ++r) {
+    decode_row(p, false, r, m.data());
+    decode_row(p, true, r, v.data());
+    if (p.master_bf16)
+      p.grad_bf16 ? update_row<true, true>(p, s, r, m.data(), v.data()) : update_row<true, false>(p, s, r, m.data(), v.data());
+    else
+      p.grad_bf16 ? update_row<false, true>(p, s, r, m.data(), v.data()) : update_row<false, false>(p, s, r, m.data(), v.data());
+    encode_row(p, false, r, m.data(), s.exp_avg_key, scratch);
+    encode_row(p, true, r, v.data(), s.exp_avg_sq_key, scratch);
+  }
+}
+
+using StepRows = void (*)(const ka::ParamView&, const ka::StepScalars&, int64_t, int64_t);
+
+void step_rows_baseline(const ka::ParamView& p, const ka::StepScalars& s, int64_t first, int64_t last) {
+  step_rows(p, s, first, last);
+}
+#ifdef QWEN3_X86_VARIANTS
+QWEN3_TARGET_AVX2 void step_rows_avx2(const ka::ParamView& p, const ka::StepScalars& s, int64_t first, int64_t last) {
+  step_rows(p, s, first, last);
+}
+QWEN3_TARGET_AVX512 void step_rows_avx512(const ka::ParamView& p, const ka::StepScalars& s, int64_t first, int64_t last) {
+  step_rows(p, s, first, last);
+}
+#endif
+
+StepRows pick_step_rows() {
+#ifdef QWEN3_X86_VARIANTS
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                    __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("f16c");
+  if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+    return step_rows_avx512;
+  if (avx2) return step_rows_avx2;
+#endif
+  return step_rows_baseline;
+}
+
+}  // namespace
+
+void decode_moment_row(const ka::ParamView& p, bool second, int64_t r, float* out) { decode_row(p, second, r, out); }
+
+void encode_moment_row(const ka::ParamView& p, bool second, int64_t r, const float* in, uint64_t key,
+                       std::vector<float>& scratch) {
+  encode_row(p, second, r, in, key, scratch);
+}
+
 void adamw_step_cpu(const ka::ParamView& p, const ka::StepScalars& s, int64_t rows_per_task) {
-  const auto update = p.master_bf16 ? (p.grad_bf16 ? update_row_bf16_bf16 : update_row_bf16_f32)
-                                    : (p.grad_bf16 ? update_row_f32_bf16 : update_row_f32_f32);
+  static const StepRows step = pick_step_rows();
   const int64_t grain =
       rows_per_task > 0 ? rows_per_task : std::max<int64_t>(1, kGrainElements / std::max<int64_t>(1, p.stored_cols));
-  at::parallel_for(0, p.rows, grain, [&](int64_t first, int64_t last) {
-    std::vector<float> m(static_cast<size_t>(p.stored_cols)), v(m.size()), scratch;
-    for (int64_t r = first; r < last; ++r) {
-      decode_moment_row(p, false, r, m.data());
-      decode_moment_row(p, true, r, v.data());
-      update(p, s, r, m.data(), v.data());
-      encode_moment_row(p, false, r, m.data(), s.exp_avg_key, scratch);
-      encode_moment_row(p, true, r, v.data(), s.exp_avg_sq_key, scratch);
-    }
-  });
+  at::parallel_for(0, p.rows, grain, [&](int64_t first, int64_t last) { step(p, s, first, last); });
 }
 
 }  // namespace qwen3::optim_detail

@@ -28,5 +28,8 @@ at::Tensor dequantize(const at::Tensor& codes, const at::Tensor& scales, at::Sca
 // This reads and clears it (one device synchronization: call it where the caller synchronizes anyway, e.g.
 // once per training step). Always false for a CPU device, whose quantize throws at once.
 bool take_nonfinite_flag(const at::Device& device);
+// The same without synchronizing: the flag's value as an int32 [1] tensor on the device (undefined for a CPU
+// device), the flag itself cleared in stream order, for the caller to read with its other step results.
+at::Tensor take_nonfinite_flag_async(const at::Device& device);
 
 }  // namespace qwen3::nvfp4

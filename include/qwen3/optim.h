@@ -108,6 +108,13 @@ class AdamW {
 // a non-finite norm is returned as it is and the gradients are left untouched (the caller skips the step).
 // Parameters without a gradient are ignored.
 double clip_grad_norm(const std::vector<OptimParam>& params, double max_norm);
+// The same without synchronizing or touching the gradients: the squared global norm as a 0-dim fp32 tensor on
+// the first gradient's device (undefined when no parameter has a gradient), and the factor clipping applies
+// (max_norm / (norm + 1e-6) when norm > max_norm > 0, else exactly 1), to hand to AdamW::step: the trainer
+// reads the norm with the loss in its one synchronization a step, and the update scales the gradient as it
+// reads it instead of a pass of its own.
+at::Tensor grad_square_sum(const std::vector<OptimParam>& params);
+double clip_factor(double norm, double max_norm);
 // Sum of squares of any float tensor as a 0-dim fp32 tensor on its device, formed in optimizer-sized pieces so
 // that no whole-tensor fp32 copy is made.
 at::Tensor square_sum_fp32(const at::Tensor& t);

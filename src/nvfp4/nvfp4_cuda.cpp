@@ -80,6 +80,15 @@ bool take_nonfinite_flag(const at::Device& device) {
   return raised;
 }
 
+at::Tensor take_nonfinite_flag_async(const at::Device& device) {
+  if (!device.is_cuda()) return at::Tensor();
+  const c10::cuda::CUDAGuard device_guard(device);
+  at::Tensor flag = nonfinite_flag(device);
+  at::Tensor value = flag.clone();
+  flag.zero_();
+  return value;
+}
+
 at::Tensor dequantize_cuda(const at::Tensor& codes, const at::Tensor& scales, at::ScalarType dtype) {
   const c10::cuda::CUDAGuard device_guard(codes.device());
   at::Tensor out = at::empty({codes.size(0), codes.size(1) * 2}, codes.options().dtype(dtype));
@@ -137,6 +146,7 @@ at::Tensor dequantize_cuda(const at::Tensor&, const at::Tensor&, at::ScalarType)
 bool matmul_cuda_supports(const at::Tensor&) { return false; }
 at::Tensor matmul_cuda(const at::Tensor&, const at::Tensor&, const at::Tensor&) { no_cuda(); }
 bool take_nonfinite_flag(const at::Device&) { return false; }
+at::Tensor take_nonfinite_flag_async(const at::Device&) { return at::Tensor(); }
 
 }  // namespace qwen3::nvfp4
 #endif

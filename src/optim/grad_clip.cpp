@@ -22,21 +22,32 @@ at::Tensor square_sum_fp32(const at::Tensor& t) {
   return sum;
 }
 
-double clip_grad_norm(const std::vector<OptimParam>& params, double max_norm) {
+at::Tensor grad_square_sum(const std::vector<OptimParam>& params) {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> norms;
   for (const OptimParam& p : params) {
     const at::Tensor& grad = p.param.grad();
-    // fp32 accumulation even for bf16 gradients; the per-tensor norms stay on the device.
+    // fp32 accumulation even for bf16 gradients; the per-tensor sums stay on the device.
     if (grad.defined()) norms.push_back(square_sum_fp32(grad));
   }
-  if (norms.empty()) return 0.0;
-  // The tensors may sit on several devices; their norms meet on the first one's.
+  if (norms.empty()) return at::Tensor();
+  // The tensors may sit on several devices; their sums meet on the first one's.
   const at::Device device = norms.front().device();
   for (at::Tensor& n : norms) n = n.to(device);
-  const double total = std::sqrt(at::stack(norms).sum().item<double>());  // the one synchronization
-  if (!std::isfinite(total) || max_norm <= 0 || total <= max_norm) return total;
-  const double scale = max_norm / (total + 1e-6);
+  return at::stack(norms).sum();
+}
+
+double clip_factor(double norm, double max_norm) {
+  return std::isfinite(norm) && max_norm > 0 && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0;
+}
+
+double clip_grad_norm(const std::vector<OptimParam>& params, double max_norm) {
+  at::NoGradGuard no_grad;
+  const at::Tensor square = grad_square_sum(params);
+  if (!square.defined()) return 0.0;
+  const double total = std::sqrt(square.item<double>());  // the one synchronization
+  const double scale = clip_factor(total, max_norm);
+  if (scale == 1.0) return total;
   for (const OptimParam& p : params) {
     at::Tensor grad = p.param.grad();
     if (grad.defined()) grad.mul_(scale);

@@ -40,12 +40,9 @@ class FusedUpdater {
       return;
     }
     const double norm = std::sqrt(square), limit = max_norm_ * std::sqrt(elements / trainable_);
-    const double scale = max_norm_ > 0 && norm > limit ? limit / (norm + 1e-6) : 1.0;
-    for (const auto& [param, grad] : group) {
-      if (!grad.defined()) continue;
-      if (scale != 1.0) grad.mul_(scale);
-      opt_.update(opt_.index_of(param), grad, lr_);
-    }
+    const double scale = clip_factor(norm, limit);  // applied by the update as it reads the gradient
+    for (const auto& [param, grad] : group)
+      if (grad.defined()) opt_.update(opt_.index_of(param), grad, lr_, scale);
   }
   double norm() const { return std::sqrt(sum_of_squares_); }
   bool nonfinite() const { return nonfinite_; }

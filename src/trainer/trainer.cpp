@@ -229,12 +229,21 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
       }
     } else {
       loss.backward();
-      loss_value = loss.item<double>();
+      // One synchronization a step: the loss, the squared gradient norm and the codec's non-finite flag reach
+      // the host together; clipping is a factor the update applies as it reads each gradient.
+      std::vector<at::Tensor> results;
+      results.push_back(loss.detach().reshape({1}).to(at::kDouble));
+      const at::Tensor square = grad_square_sum(set.params);
+      results.push_back(square.defined() ? square.reshape({1}).to(at::kDouble) : at::zeros({1}, results[0].options()));
+      const at::Tensor flag = nvfp4::take_nonfinite_flag_async(device);
+      if (flag.defined()) results.push_back(flag.to(at::kDouble));
+      const at::Tensor host = at::cat(results).to(at::kCPU);
+      loss_value = host[0].item<double>();
+      norm = std::sqrt(host[1].item<double>());
       loss = at::Tensor();
       step_phase("backward_done");
-      norm = clip_grad_norm(set.params, o.grad_clip);
-      bad = !std::isfinite(loss_value) || !std::isfinite(norm) || nvfp4::take_nonfinite_flag(device);
-      if (!bad) opt.step(lr);
+      bad = !std::isfinite(loss_value) || !std::isfinite(norm) || (flag.defined() && host[2].item<double>() != 0);
+      if (!bad) opt.step(lr, clip_factor(norm, o.grad_clip));
       for (auto& p : set.params) p.param.mutable_grad() = at::Tensor();  // free the gradients between steps
     }
     step_phase("optimizer_step_done");

@@ -245,3 +245,39 @@ INSTANTIATE_TEST_SUITE_P(
 
 }  // namespace
 }  // namespace qwen3
+
+namespace qwen3 {
+namespace {
+
+// The trainer's clipping: the factor handed to step() gives the bytes of clipping the gradients first.
+TEST(AdamW, ClipFactorInTheStepEqualsClippingTheGradientsFirst) {
+  for (const at::ScalarType master : {at::kFloat, at::kBFloat16}) {
+    for (const MomentStorage storage : kAllStorages) {
+      at::manual_seed(5);
+      const at::Tensor start = at::randn({9, 40}), grad = at::randn({9, 40});
+      std::vector<OptimParam> clipped_first{make_param("w", start.to(master))};
+      std::vector<OptimParam> factor_in_step{make_param("w", start.to(master))};
+      AdamWOptions options;
+      options.moments = storage;
+      AdamW a(clipped_first, options), b(factor_in_step, options);
+      set_grad(clipped_first[0], grad);
+      set_grad(factor_in_step[0], grad);
+      const double norm_a = clip_grad_norm(clipped_first, 0.5);
+      a.step(1e-2);
+      const double norm_b = std::sqrt(grad_square_sum(factor_in_step).item<double>());
+      const double factor = clip_factor(norm_b, 0.5);
+      ASSERT_EQ(norm_a, norm_b);
+      ASSERT_LT(factor, 0.1);  // clipping engaged
+      b.step(1e-2, factor);
+      EXPECT_TRUE(clipped_first[0].param.equal(factor_in_step[0].param)) << moment_storage_name(storage);
+      const auto sa = a.state_tensors(), sb = b.state_tensors();
+      for (size_t i = 0; i < sa.size(); ++i) EXPECT_TRUE(sa[i].second.equal(sb[i].second)) << sa[i].first;
+    }
+  }
+  EXPECT_EQ(clip_factor(0.3, 0.5), 1.0);
+  EXPECT_EQ(clip_factor(std::nan(""), 0.5), 1.0);
+  EXPECT_EQ(clip_factor(3.0, 0.0), 1.0);
+}
+
+}  // namespace
+}  // namespace qwen3

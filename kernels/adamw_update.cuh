@@ -140,27 +140,20 @@ QWEN3_HD void store_master_at(void* master, int64_t index, float value, uint64_t
 
 // 2^(-c/8) for c = 0..255, each exactly float(exp2(-c / 8.0)): the fractional octave's eight values rounded
 // once, times an exact power of two.
-#if !defined(__CUDA_ARCH__)
-// At namespace scope, so that the host loops may vectorize the lookup as a gather.
-inline constexpr float kInt8OctaveLevels[8] = {0x1p+0f,        0x1.d5818ep-1f, 0x1.ae89fap-1f, 0x1.8ace54p-1f,
-                                               0x1.6a09e6p-1f, 0x1.4bfdaep-1f, 0x1.306fe0p-1f, 0x1.172b84p-1f};
-#endif
+// One of eight 32-bit patterns by its index, as masks and ors: the host loops vectorize this (a table lookup in
+// them does not, and a chain of selects is turned into a branch table).
+QWEN3_HD uint32_t pick8(uint32_t index, const uint32_t (&patterns)[8]) {
+  uint32_t out = 0;
+  for (uint32_t k = 0; k < 8; ++k) out |= (0u - static_cast<uint32_t>(index == k)) & patterns[k];
+  return out;
+}
 
 QWEN3_HD float int8_log_level(uint32_t code) {
-#if defined(__CUDA_ARCH__)
-  const uint32_t b = code & 7u;
-  float f = 0x1p+0f;
-  f = b == 1u ? 0x1.d5818ep-1f : f;
-  f = b == 2u ? 0x1.ae89fap-1f : f;
-  f = b == 3u ? 0x1.8ace54p-1f : f;
-  f = b == 4u ? 0x1.6a09e6p-1f : f;
-  f = b == 5u ? 0x1.4bfdaep-1f : f;
-  f = b == 6u ? 0x1.306fe0p-1f : f;
-  f = b == 7u ? 0x1.172b84p-1f : f;
-#else
-  const float f = kInt8OctaveLevels[code & 7u];
-#endif
-  return f * bits_to_float((127u - (code >> 3)) << 23);
+  // float(2^(-b/8)) for b = 0..7 as bit patterns: 1, 0x1.d5818ep-1, 0x1.ae89fap-1, 0x1.8ace54p-1, 0x1.6a09e6p-1,
+  // 0x1.4bfdaep-1, 0x1.306fe0p-1, 0x1.172b84p-1.
+  constexpr uint32_t kOctave[8] = {0x3F800000u, 0x3F6AC0C7u, 0x3F5744FDu, 0x3F45672Au,
+                                   0x3F3504F3u, 0x3F25FED7u, 0x3F1837F0u, 0x3F0B95C2u};
+  return bits_to_float(pick8(code & 7u, kOctave)) * bits_to_float((127u - (code >> 3)) << 23);
 }
 
 QWEN3_HD float int8_linear_decode(int8_t code, float step) { return mul_rn(static_cast<float>(code), step); }
@@ -210,23 +203,11 @@ QWEN3_HD uint8_t int8_log_encode(float v, float block_max, float uniform) {
 
 // ---- nvfp4: E2M1 codes under an E4M3 scale per 16 elements, over an fp32 scale per row --------------------------
 
-#if !defined(__CUDA_ARCH__)
-inline constexpr float kE2m1Values[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
-                                          -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
-#endif
-
-// The E2M1 value of a 4-bit code, the same as codec::e2m1_to_float: a table on the host (a gather the loops
-// vectorize), arithmetic and selects on the device.
+// The E2M1 value of a 4-bit code (the same as codec::e2m1_to_float), branch free.
 QWEN3_HD float e2m1_value(uint32_t code) {
-#if !defined(__CUDA_ARCH__)
-  return kE2m1Values[code & 15u];
-#else
-  const uint32_t m = code & 7u;
-  const float small = static_cast<float>(static_cast<int>(m)) * 0.5f;       // 0, .5, 1, 1.5
-  const float large = ((m & 1u) ? 1.5f : 1.0f) * (m < 6u ? 2.0f : 4.0f);  // 2, 3, 4, 6
-  const float magnitude = m < 4u ? small : large;
-  return (code & 8u) ? -magnitude : magnitude;
-#endif
+  constexpr uint32_t kMagnitudes[8] = {0x00000000u, 0x3F000000u, 0x3F800000u, 0x3FC00000u,   // 0, .5, 1, 1.5
+                                       0x40000000u, 0x40400000u, 0x40800000u, 0x40C00000u};  // 2, 3, 4, 6
+  return bits_to_float(pick8(code & 7u, kMagnitudes) | ((code & 8u) << 28));
 }
 
 // e2m1 x E4M3 is exact; the row scale rounds once.
@@ -257,7 +238,10 @@ QWEN3_HD uint32_t nvfp4_stochastic_magnitude(float a, float scale, float uniform
   constexpr bool is_sqrt_v = kIsSqrtV;
   float scaled = scale > 0.0f ? div_rn(a, scale) : 0.0f;
   scaled = scaled > kE2m1Max ? kE2m1Max : scaled;
-  if (is_sqrt_v) scaled = (scale > 0.0f) & (scaled < kE2m1Smallest) ? kE2m1Smallest : scaled;
+  if (is_sqrt_v) {
+    const float floored = scaled < kE2m1Smallest ? kE2m1Smallest : scaled;
+    scaled = scale > 0.0f ? floored : scaled;
+  }
   const float spacing = scaled < 2.0f ? 0.5f : (scaled < 4.0f ? 1.0f : 2.0f);
   const float lower = mul_rn(floorf(div_rn(scaled, spacing)), spacing);
   const float upper = add_rn(lower, spacing);

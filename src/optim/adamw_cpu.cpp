@@ -84,55 +84,66 @@ QWEN3_ROW_BODY void encode_int8(const ka::ParamView& p, bool second, int64_t r, 
   }
 }
 
-QWEN3_ROW_BODY void decode_nvfp4(const ka::ParamView& p, bool second, int64_t r, float* out) {
-  constexpr int kB = ka::kNvfp4Block;
-  const int64_t blocks = p.stored_cols / kB;
-  const auto* codes = static_cast<const uint8_t*>(second ? p.exp_avg_sq : p.exp_avg) + r * p.stored_cols / 2;
-  const auto* scales = static_cast<const uint8_t*>(second ? p.exp_avg_sq_scale : p.exp_avg_scale) + r * blocks;
-  const float row_scale = (second ? p.exp_avg_sq_row_scale : p.exp_avg_row_scale)[r];
-  for (int64_t b = 0; b < blocks; ++b) {
-    const float scale = kernels::codec::e4m3_to_float(scales[b]);
-    const uint8_t* packed = codes + b * kB / 2;
-    float* x = out + b * kB;
-    for (int i = 0; i < kB; ++i) x[i] = ka::nvfp4_decode_value((packed[i / 2] >> ((i & 1) * 4)) & 0xFu, scale, row_scale);
-    if (second)  // v is stored as sqrt(v)
-      for (int i = 0; i < kB; ++i) x[i] = ka::mul_rn(x[i], x[i]);
+// The row's fp32 scale needs the row's largest |m| (or sqrt(v)) before any element is encoded. Whole-row loops
+// (each simple enough to vectorize) rather than one pass per 16-block: a block is one AVX-512 vector, and the
+// per-block loop overhead dominated.
+struct Nvfp4RowScratch {
+  std::vector<float> magnitude, scale, uniform;
+  std::vector<uint8_t> code;
+  void resize(int64_t n) {
+    magnitude.resize(n), scale.resize(n), uniform.resize(n), code.resize(n);
   }
+};
+
+QWEN3_ROW_BODY void encode_nvfp4(const ka::ParamView& p, bool second, int64_t r, const float* in, uint64_t key,
+                                 Nvfp4RowScratch& scratch) {
+  constexpr int kB = ka::kNvfp4Block;
+  const int64_t n = p.stored_cols, blocks = n / kB, first = r * n;
+  float* mag = scratch.magnitude.data();
+  float* scale = scratch.scale.data();
+  float* uniform = scratch.uniform.data();
+  uint8_t* code = scratch.code.data();
+  if (second)
+    for (int64_t c = 0; c < n; ++c) mag[c] = std::sqrt(in[c]);
+  else
+    for (int64_t c = 0; c < n; ++c) mag[c] = std::fabs(in[c]);
+  const float row_scale = ka::nvfp4_row_scale(max_of_nonnegative(mag, n));
+  for (int64_t c = 0; c < n; ++c) mag[c] = ka::div_rn(mag[c], row_scale);  // now normalized
+  auto* scales = static_cast<uint8_t*>(second ? p.exp_avg_sq_scale : p.exp_avg_scale) + r * blocks;
+  for (int64_t b = 0; b < blocks; ++b) {
+    scales[b] = ka::nvfp4_unclipped_scale_code(max_of_nonnegative(mag + b * kB, kB));
+    const float block_scale = kernels::codec::e4m3_to_float(scales[b]);
+    for (int i = 0; i < kB; ++i) scale[b * kB + i] = block_scale;
+  }
+  for (int64_t c = 0; c < n; ++c) uniform[c] = uniform_at(key, first + c);
+  if (second) {
+    for (int64_t c = 0; c < n; ++c) code[c] = static_cast<uint8_t>(ka::nvfp4_stochastic_magnitude<true>(mag[c], scale[c], uniform[c]));
+  } else {  // the sign where the magnitude is not zero (no -0 is written)
+    for (int64_t c = 0; c < n; ++c) code[c] = static_cast<uint8_t>(ka::nvfp4_stochastic_magnitude<false>(mag[c], scale[c], uniform[c]));
+    for (int64_t c = 0; c < n; ++c) code[c] |= (code[c] != 0) & (in[c] < 0.0f) ? 8u : 0u;
+  }
+  auto* codes = static_cast<uint8_t*>(second ? p.exp_avg_sq : p.exp_avg) + first / 2;
+  for (int64_t j = 0; j < n / 2; ++j) codes[j] = static_cast<uint8_t>(code[2 * j] | (code[2 * j + 1] << 4));
+  (second ? p.exp_avg_sq_row_scale : p.exp_avg_row_scale)[r] = row_scale;
 }
 
-// The row's fp32 scale needs the row's largest |m| (or sqrt(v)) before any element is encoded.
-QWEN3_ROW_BODY void encode_nvfp4(const ka::ParamView& p, bool second, int64_t r, const float* in, uint64_t key,
-                                 std::vector<float>& magnitude) {
+QWEN3_ROW_BODY void decode_nvfp4(const ka::ParamView& p, bool second, int64_t r, float* out, Nvfp4RowScratch& scratch) {
   constexpr int kB = ka::kNvfp4Block;
-  const int64_t blocks = p.stored_cols / kB;
-  float* mag = magnitude.data();
-  if (second)
-    for (int64_t c = 0; c < p.stored_cols; ++c) mag[c] = std::sqrt(in[c]);
-  else
-    for (int64_t c = 0; c < p.stored_cols; ++c) mag[c] = std::fabs(in[c]);
-  const float row_scale = ka::nvfp4_row_scale(max_of_nonnegative(mag, p.stored_cols));
-  auto* codes = static_cast<uint8_t*>(second ? p.exp_avg_sq : p.exp_avg) + r * p.stored_cols / 2;
-  auto* scales = static_cast<uint8_t*>(second ? p.exp_avg_sq_scale : p.exp_avg_scale) + r * blocks;
-  float normalized[kB];
-  uint8_t code[kB];
+  const int64_t n = p.stored_cols, blocks = n / kB;
+  const auto* codes = static_cast<const uint8_t*>(second ? p.exp_avg_sq : p.exp_avg) + r * n / 2;
+  const auto* scales = static_cast<const uint8_t*>(second ? p.exp_avg_sq_scale : p.exp_avg_scale) + r * blocks;
+  const float row_scale = (second ? p.exp_avg_sq_row_scale : p.exp_avg_row_scale)[r];
+  float* scale = scratch.scale.data();
   for (int64_t b = 0; b < blocks; ++b) {
-    for (int i = 0; i < kB; ++i) normalized[i] = ka::div_rn(mag[b * kB + i], row_scale);
-    const uint8_t scale_code = ka::nvfp4_unclipped_scale_code(max_of_nonnegative(normalized, kB));
-    const float scale = kernels::codec::e4m3_to_float(scale_code);
-    const int64_t first = r * p.stored_cols + b * kB;
-    if (second) {
-      for (int i = 0; i < kB; ++i)
-        code[i] = static_cast<uint8_t>(ka::nvfp4_stochastic_magnitude<true>(normalized[i], scale, uniform_at(key, first + i)));
-    } else {  // the sign where the magnitude is not zero (no -0 is written)
-      for (int i = 0; i < kB; ++i) {
-        const uint32_t magnitude_code = ka::nvfp4_stochastic_magnitude<false>(normalized[i], scale, uniform_at(key, first + i));
-        code[i] = static_cast<uint8_t>(magnitude_code | ((magnitude_code != 0) & (in[b * kB + i] < 0.0f) ? 8u : 0u));
-      }
-    }
-    for (int i = 0; i < kB / 2; ++i) codes[b * kB / 2 + i] = static_cast<uint8_t>(code[2 * i] | (code[2 * i + 1] << 4));
-    scales[b] = scale_code;
+    const float block_scale = kernels::codec::e4m3_to_float(scales[b]);
+    for (int i = 0; i < kB; ++i) scale[b * kB + i] = block_scale;
   }
-  (second ? p.exp_avg_sq_row_scale : p.exp_avg_row_scale)[r] = row_scale;
+  for (int64_t j = 0; j < n / 2; ++j) {
+    out[2 * j] = ka::nvfp4_decode_value(codes[j] & 0xFu, scale[2 * j], row_scale);
+    out[2 * j + 1] = ka::nvfp4_decode_value(codes[j] >> 4, scale[2 * j + 1], row_scale);
+  }
+  if (second)  // v is stored as sqrt(v)
+    for (int64_t c = 0; c < n; ++c) out[c] = ka::mul_rn(out[c], out[c]);
 }
 
 // m and v of one row, fresh, then the master: one pass over the row buffers.
@@ -148,7 +159,7 @@ QWEN3_ROW_BODY void update_row(const ka::ParamView& p, const ka::StepScalars& s,
   for (int64_t c = p.cols; c < p.stored_cols; ++c) ka::update_moments(0.0f, m[c], v[c], s);  // row padding
 }
 
-QWEN3_ROW_BODY void decode_row(const ka::ParamView& p, bool second, int64_t r, float* out) {
+QWEN3_ROW_BODY void decode_row(const ka::ParamView& p, bool second, int64_t r, float* out, Nvfp4RowScratch& scratch) {
   const int64_t first = r * p.cols;
   switch (p.moments) {
     case Moments::f32: {
@@ -162,12 +173,14 @@ QWEN3_ROW_BODY void decode_row(const ka::ParamView& p, bool second, int64_t r, f
       return;
     }
     case Moments::int8: return decode_int8(p, second, r, out);
-    case Moments::nvfp4: return decode_nvfp4(p, second, r, out);
+    case Moments::nvfp4:
+      scratch.resize(p.stored_cols);
+      return decode_nvfp4(p, second, r, out, scratch);
   }
 }
 
 QWEN3_ROW_BODY void encode_row(const ka::ParamView& p, bool second, int64_t r, const float* in, uint64_t key,
-                               std::vector<float>& scratch) {
+                               Nvfp4RowScratch& scratch) {
   const int64_t first = r * p.cols;
   switch (p.moments) {
     case Moments::f32:
@@ -180,17 +193,18 @@ QWEN3_ROW_BODY void encode_row(const ka::ParamView& p, bool second, int64_t r, c
     }
     case Moments::int8: return encode_int8(p, second, r, in, key);
     case Moments::nvfp4:
-      scratch.resize(static_cast<size_t>(p.stored_cols));
+      scratch.resize(p.stored_cols);
       return encode_nvfp4(p, second, r, in, key, scratch);
   }
 }
 
 // Rows [first, last): decode m and v into row buffers, update them and the master, encode them back.
 QWEN3_ROW_BODY void step_rows(const ka::ParamView& p, const ka::StepScalars& s, int64_t first, int64_t last) {
-  std::vector<float> m(static_cast<size_t>(p.stored_cols)), v(m.size()), scratch;
+  std::vector<float> m(static_cast<size_t>(p.stored_cols)), v(m.size());
+  Nvfp4RowScratch scratch;
   for (int64_t r = first; r < last; ++r) {
-    decode_row(p, false, r, m.data());
-    decode_row(p, true, r, v.data());
+    decode_row(p, false, r, m.data(), scratch);
+    decode_row(p, true, r, v.data(), scratch);
     if (p.master_bf16)
       p.grad_bf16 ? update_row<true, true>(p, s, r, m.data(), v.data()) : update_row<true, false>(p, s, r, m.data(), v.data());
     else
@@ -229,10 +243,13 @@ StepRows pick_step_rows() {
 
 }  // namespace
 
-void decode_moment_row(const ka::ParamView& p, bool second, int64_t r, float* out) { decode_row(p, second, r, out); }
+void decode_moment_row(const ka::ParamView& p, bool second, int64_t r, float* out) {
+  Nvfp4RowScratch scratch;
+  decode_row(p, second, r, out, scratch);
+}
 
-void encode_moment_row(const ka::ParamView& p, bool second, int64_t r, const float* in, uint64_t key,
-                       std::vector<float>& scratch) {
+void encode_moment_row(const ka::ParamView& p, bool second, int64_t r, const float* in, uint64_t key) {
+  Nvfp4RowScratch scratch;
   encode_row(p, second, r, in, key, scratch);
 }
 

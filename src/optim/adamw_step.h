@@ -10,10 +10,10 @@
 namespace qwen3::optim_detail {
 
 // One row of a moment (second: v, else m) of CPU state, as fp32 [stored_cols]; and back, rounded with the
-// stream `key` (scratch: a buffer the nvfp4 encoding reuses).
+// stream `key`.
 void decode_moment_row(const kernels::adamw::ParamView& param, bool second, int64_t row, float* out);
 void encode_moment_row(const kernels::adamw::ParamView& param, bool second, int64_t row, const float* in,
-                       uint64_t key, std::vector<float>& scratch);
+                       uint64_t key);
 
 // rows_per_task > 0: the rows a parallel task covers (--optimizer-step-chunk-rows); 0: about 32 K elements.
 // Any split gives the same bytes.

@@ -103,9 +103,8 @@ void MomentCodec::store(AdamW::ParamState& s, bool second, int64_t first_row, co
   if (!s.exp_avg.device().is_cpu()) throw Error("optimizer: moments are encoded on the host into CPU state only");
   const at::Tensor in = values.to(at::kFloat).contiguous();
   const ka::ParamView v = view(s);
-  std::vector<float> scratch;
   for (int64_t r = 0; r < in.size(0); ++r)
-    encode_moment_row(v, second, first_row + r, in.data_ptr<float>() + r * s.stored_cols, random_key, scratch);
+    encode_moment_row(v, second, first_row + r, in.data_ptr<float>() + r * s.stored_cols, random_key);
 }
 
 AdamW::ParamState allocate_moments(MomentStorage storage, at::IntArrayRef shape, const at::Device& device) {

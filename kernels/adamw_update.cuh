@@ -243,11 +243,13 @@ QWEN3_HD uint32_t nvfp4_stochastic_magnitude(float a, float scale, float uniform
     scaled = scale > 0.0f ? floored : scaled;
   }
   const float spacing = scaled < 2.0f ? 0.5f : (scaled < 4.0f ? 1.0f : 2.0f);
-  const float lower = mul_rn(floorf(div_rn(scaled, spacing)), spacing);
+  // Dividing by a power of two is multiplying by its exact reciprocal: the same bits, without a division.
+  const float inverse_spacing = scaled < 2.0f ? 2.0f : (scaled < 4.0f ? 1.0f : 0.5f);
+  const float lower = mul_rn(floorf(mul_rn(scaled, inverse_spacing)), spacing);
   const float upper = add_rn(lower, spacing);
   const float p_upper =
       is_sqrt_v ? div_rn(sub_rn(mul_rn(scaled, scaled), mul_rn(lower, lower)), sub_rn(mul_rn(upper, upper), mul_rn(lower, lower)))
-                : div_rn(sub_rn(scaled, lower), spacing);
+                : mul_rn(sub_rn(scaled, lower), inverse_spacing);
   const float value = uniform < p_upper ? upper : lower;
   // 0, .5, 1, 1.5 -> 0..3; 2, 3 -> 4, 5; 4, 6 -> 6, 7 (a NaN gives 7; the step is skipped then anyway).
   // Selects only, so that the CPU loops vectorize.

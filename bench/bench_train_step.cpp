@@ -1,6 +1,8 @@
-// One training step on CPU against forward+backward alone, so the optimizer's share of a step is visible.
-// Model: the `synth --preset tiny` shape (3 blocks, hidden 96, Qwen3's 151936-token vocabulary), batch 4 x 64
-// tokens, NVFP4 STE projections, fp32 masters. Results: docs/performance.md.
+// One training step on CPU against forward+backward alone, so the optimizer's share of a step is visible, and
+// forward+backward with bf16 against fp32 compute over the same fp32 masters (the CPU default of
+// --compute-dtype is the faster). Model: the `synth --preset tiny` shape (3 blocks, hidden 96, Qwen3's
+// 151936-token vocabulary), batch 4 x 64 tokens, NVFP4 STE projections, fp32 masters. Results:
+// docs/performance.md.
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -24,9 +26,18 @@ struct Setup {
   Batch batch;
 };
 
-Setup make_setup(int64_t seq_len) {
+// A shape whose blocks, not its vocabulary, carry the work (hidden 512, 4 blocks, a 4096-token vocabulary).
+Qwen3Config block_heavy_config() {
+  Qwen3Config cfg = preset_config("tiny");
+  cfg.hidden_size = 512, cfg.num_hidden_layers = 4, cfg.num_attention_heads = 8, cfg.num_key_value_heads = 4;
+  cfg.head_dim = 64, cfg.intermediate_size = 1536, cfg.vocab_size = 4096;
+  cfg.bos_token_id = 1;
+  cfg.eos_token_ids = {2};
+  return cfg;
+}
+
+Setup make_setup(int64_t seq_len, const Qwen3Config& cfg = preset_config("tiny")) {
   Setup s;
-  const Qwen3Config cfg = preset_config("tiny");
   s.model = std::make_shared<Qwen3Model>(cfg, at::kFloat, at::kCPU, /*separate_lm_head=*/false);
   {
     torch::NoGradGuard g;
@@ -46,15 +57,31 @@ Setup make_setup(int64_t seq_len) {
   return s;
 }
 
+// Arg: compute dtype (0 float32, 1 bfloat16).
 void BM_ForwardBackward(benchmark::State& state) {
   Setup s = make_setup(kSeq);
+  s.model->set_compute_dtype(state.range(0) == 0 ? at::kFloat : at::kBFloat16);
+  state.SetLabel(state.range(0) == 0 ? "fp32 compute" : "bf16 compute");
   for (auto _ : state) {
     train_detail::compute_loss(*s.model, s.batch, "ce").backward();
     for (auto& p : s.set.params) p.param.mutable_grad() = at::Tensor();
   }
   state.counters["tok/s"] = benchmark::Counter(static_cast<double>(kBatch * kSeq), benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_ForwardBackward)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_ForwardBackward)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// The same on the block-heavy shape, batch 4 x 256.
+void BM_ForwardBackwardBlocks(benchmark::State& state) {
+  Setup s = make_setup(256, block_heavy_config());
+  s.model->set_compute_dtype(state.range(0) == 0 ? at::kFloat : at::kBFloat16);
+  state.SetLabel(state.range(0) == 0 ? "fp32 compute" : "bf16 compute");
+  for (auto _ : state) {
+    train_detail::compute_loss(*s.model, s.batch, "ce").backward();
+    for (auto& p : s.set.params) p.param.mutable_grad() = at::Tensor();
+  }
+  state.counters["tok/s"] = benchmark::Counter(static_cast<double>(kBatch * 256), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_ForwardBackwardBlocks)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // Arg: moment storage (0 float32, 1 bfloat16, 2 int8, 3 nvfp4).
 void BM_TrainStep(benchmark::State& state) {
@@ -66,8 +93,7 @@ void BM_TrainStep(benchmark::State& state) {
     const at::Tensor loss = train_detail::compute_loss(*s.model, s.batch, "ce");
     loss.backward();
     benchmark::DoNotOptimize(loss.item<double>());
-    clip_grad_norm(s.set.params, 1.0);
-    opt.step(1e-4);
+    opt.step(1e-4, clip_factor(std::sqrt(grad_square_sum(s.set.params).item<double>()), 1.0));
     for (auto& p : s.set.params) p.param.mutable_grad() = at::Tensor();
   }
   state.SetLabel(moment_storage_name(ao.moments));

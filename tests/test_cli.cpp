@@ -36,6 +36,9 @@ TEST(Cli, UsageErrorsExitWithTwoAndNameTheFlag) {
   r = run_cli("--log-level loud inspect x.dat");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("--log-level"), std::string::npos) << r.err;
+  r = run_cli("train --weights w.dat --config c.json --tokenizer t.json --train-data d.txt --steps 1 --compute-dtype float16");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--compute-dtype"), std::string::npos) << r.err;
 }
 
 TEST(Cli, RuntimeErrorsAreOneLineWithExitOne) {

@@ -90,6 +90,7 @@ struct ReportCase {
   const char* moments;
   bool checkpoint, fused;
   int64_t last_layers = 0;
+  const char* compute = "auto";
 };
 
 TEST(MemoryReport, PredictionMatchesTheMeasurementWithin15PercentOnCpu) {
@@ -101,7 +102,10 @@ TEST(MemoryReport, PredictionMatchesTheMeasurementWithin15PercentOnCpu) {
                               {"checkpointing", "float32", "nvfp4", true, false},
                               {"fused optimizer", "float32", "float32", false, true},
                               {"lean: bf16, int8, checkpointing, fused", "bfloat16", "int8", true, true},
-                              {"last layer only (frozen blocks as codes)", "float32", "float32", false, false, 1}};
+                              {"last layer only (frozen blocks as codes)", "float32", "float32", false, false, 1},
+                              {"fp32 master, bf16 compute", "float32", "float32", false, false, 0, "bfloat16"},
+                              {"fp32 master, bf16 compute, checkpointing, fused", "float32", "int8", true, true, 0,
+                               "bfloat16"}};
   for (const ReportCase& c : cases) {
     TrainOptions o = options_for(m, text);
     o.steps = 1;
@@ -112,6 +116,7 @@ TEST(MemoryReport, PredictionMatchesTheMeasurementWithin15PercentOnCpu) {
     o.grad_checkpoint = c.checkpoint;
     o.fused_optimizer = c.fused;
     o.train_last_layers = c.last_layers;
+    o.compute_dtype = c.compute;
     o.vram_report = dir.file("report-" + std::to_string(&c - cases) + ".json");
     run_training(o);
     const nlohmann::json r = nlohmann::json::parse(test::slurp(o.vram_report));

@@ -44,8 +44,14 @@ class Qwen3Model : public torch::nn::Module {
   Qwen3Model(const Qwen3Config& config, at::ScalarType dtype, at::Device device, bool separate_lm_head);
 
   const Qwen3Config& config() const { return config_; }
-  at::ScalarType dtype() const { return dtype_; }
+  at::ScalarType dtype() const { return dtype_; }  // the parameters'
   at::Device device() const { return device_; }
+  // The activations' dtype (products, residual stream, KV cache), the parameters' unless set: with fp32
+  // parameters and bf16 compute every parameter is cast to bf16 where it is used (the cast is differentiable,
+  // so gradients reach the parameters in their own dtype), the norms accumulate in fp32 and the logits are
+  // fp32, as Megatron/HF mixed precision does.
+  at::ScalarType compute_dtype() const { return compute_dtype_; }
+  void set_compute_dtype(at::ScalarType dtype);
 
   // Final hidden states [B, T, H] (after the final norm) for ids [B, T] at positions offset .. offset+T-1.
   // With a cache, the new keys/values are appended at `cache->length` (which is then the offset) and the
@@ -88,6 +94,7 @@ class Qwen3Model : public torch::nn::Module {
 
   Qwen3Config config_;
   at::ScalarType dtype_;
+  at::ScalarType compute_dtype_;
   at::Device device_;
   at::Tensor lm_head_;  // undefined when tied to embed_tokens
   ProjectionOp project_ = dense_projection;

@@ -20,6 +20,9 @@ struct TrainOptions {
   LrSchedule schedule;          // lr, kind, warmup, min_lr (total_steps is filled in)
   AdamWOptions adamw;
   std::string master_dtype = "float32";  // float32 | bfloat16
+  // float32 | bfloat16 | auto: the activations' dtype (products, residual stream); auto is bfloat16 on CUDA and
+  // the master dtype on CPU (docs/trainer.md says why).
+  std::string compute_dtype = "auto";
   double grad_clip = 1.0;                // 0: off
   std::string loss = "ce";               // ce | scalar
   int64_t train_last_layers = 0;         // <= 0: every parameter

@@ -24,7 +24,7 @@ extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
 struct TrainFlags {
   TrainOptions o;
   std::string model_dir, data_format = "auto", sample_mode = "random", moments = "float32", scale_mode = "rne",
-              compute_dtype = "auto", system, test_prompt = "Who are you?";
+              system, test_prompt = "Who are you?";
   bool synthetic = false;
   int64_t test_max_tokens = 0;
 };
@@ -100,9 +100,6 @@ void resolve(TrainFlags& f) {
                              {"--train-data", &o.data.path}})
     if (value->empty()) throw UsageError(std::string("train: ") + name + " is required");
   if (o.steps <= 0 && o.epochs <= 0) throw UsageError("train: give --steps or --epochs");
-  if (f.compute_dtype != "auto" && f.compute_dtype != o.master_dtype)
-    throw UsageError("--compute-dtype " + f.compute_dtype + ": this version computes in the master dtype (" +
-                     o.master_dtype + ")");
   convert_flag_values(f);
   resolve_device(o.device);
 }
@@ -155,7 +152,10 @@ CLI::Option_group* add_train_flags(CLI::App* sub, const std::shared_ptr<TrainFla
   add_bool_flag(optim, "--decay-norms-and-embeddings", o.decay_norms_and_embeddings, "apply weight decay to norms and the embedding too");
   optim->add_option("--master-dtype", o.master_dtype, "float32 or bfloat16 (stochastic rounding)")
       ->check(CLI::IsMember({"float32", "bfloat16"}))->capture_default_str();
-  optim->add_option("--compute-dtype", f->compute_dtype, "must equal the master dtype in this version")->capture_default_str();
+  optim->add_option("--compute-dtype", o.compute_dtype,
+                    "activations and products: auto (bfloat16 on CUDA, the master dtype on CPU), float32, bfloat16")
+      ->check(CLI::IsMember({"auto", "float32", "bfloat16"}))
+      ->capture_default_str();
   optim->add_option("--optimizer-state-mode", f->moments, "moment storage: float32, bfloat16, int8 or nvfp4")->capture_default_str();
   optim->add_option("--optimizer-step-chunk-rows,--step-chunk-rows", o.adamw.step_chunk_rows,
                     "rows per optimizer piece (0: whole tensors)")->check(CLI::NonNegativeNumber)->capture_default_str();

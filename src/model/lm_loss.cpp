@@ -31,7 +31,8 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
     const at::Tensor safe_targets = targets.clamp_min(0);
     for (int64_t v0 = 0; v0 < vocab; v0 += width) {
       const int64_t w = std::min(width, vocab - v0);
-      const at::Tensor logits = at::matmul(hidden, weight.narrow(0, v0, w).t()).to(at::kFloat);
+      // The product in the hidden states' dtype (a weight of another dtype is cast a slice at a time).
+      const at::Tensor logits = at::matmul(hidden, weight.narrow(0, v0, w).to(hidden.scalar_type()).t()).to(at::kFloat);
       const at::Tensor slice_max = std::get<0>(logits.max(1));
       const at::Tensor new_max = at::maximum(running_max, slice_max);
       running_sum = running_sum * at::exp(running_max - new_max) + at::exp(logits - new_max.unsqueeze(1)).sum(1);
@@ -73,7 +74,7 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
     }
     for (int64_t v0 = 0; v0 < vocab; v0 += width) {
       const int64_t w = std::min(width, vocab - v0);
-      const at::Tensor wslice = weight.narrow(0, v0, w);
+      const at::Tensor wslice = weight.narrow(0, v0, w).to(hidden.scalar_type());
       const at::Tensor logits = at::matmul(hidden, wslice.t()).to(at::kFloat);
       at::Tensor d = at::exp(logits - lse.unsqueeze(1));
       const at::Tensor in_slice = safe_targets.ge(v0).logical_and(safe_targets.lt(v0 + w));
@@ -82,7 +83,14 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
       d.mul_(row_scale);
       const at::Tensor d_typed = d.to(hidden.scalar_type());
       grad_hidden.add_(at::matmul(d_typed, wslice).to(at::kFloat));
-      if (grad_weight.defined()) grad_weight.narrow(0, v0, w).addmm_(d_typed.t(), hidden);
+      if (grad_weight.defined()) {
+        at::Tensor target = grad_weight.narrow(0, v0, w);
+        if (target.scalar_type() == hidden.scalar_type()) {
+          target.addmm_(d_typed.t(), hidden);
+        } else {  // the product in the compute dtype, accumulated into the parameter's (fp32) gradient
+          target.add_(at::mm(d_typed.t(), hidden));
+        }
+      }
     }
     return {grad_hidden.to(hidden.scalar_type()), into_leaf ? at::Tensor() : grad_weight, at::Tensor(), at::Tensor(),
             at::Tensor()};

@@ -13,10 +13,12 @@
 
 namespace qwen3 {
 
-at::Tensor dense_projection(const at::Tensor& x, const at::Tensor& weight) { return at::linear(x, weight); }
+at::Tensor dense_projection(const at::Tensor& x, const at::Tensor& weight) {
+  return at::linear(x, weight.to(x.scalar_type()));  // a no-op when the dtypes agree
+}
 
 Qwen3Model::Qwen3Model(const Qwen3Config& config, at::ScalarType dtype, at::Device device, bool separate_lm_head)
-    : config_(config), dtype_(dtype), device_(device) {
+    : config_(config), dtype_(dtype), compute_dtype_(dtype), device_(device) {
   config_.validate("model config");
   const auto opts = at::TensorOptions().dtype(dtype).device(device);
   const ModelShape s = config.shape();
@@ -62,10 +64,17 @@ std::vector<std::pair<std::string, at::Tensor>> Qwen3Model::named_weights() cons
   return out;
 }
 
+void Qwen3Model::set_compute_dtype(at::ScalarType dtype) {
+  if (dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kHalf)
+    throw Error(std::string("model: compute dtype must be float32, bfloat16 or float16, got ") + c10::toString(dtype));
+  compute_dtype_ = dtype;
+}
+
+// fp32 accumulation; the weight is applied in x's dtype (cast when the parameter's differs), as HF does.
 at::Tensor Qwen3Model::rmsnorm(const at::Tensor& x, const at::Tensor& weight) const {
   const at::Tensor xf = x.to(at::kFloat);
   const at::Tensor normed = xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + config_.rms_norm_eps);
-  return weight * normed.to(x.scalar_type());
+  return weight.to(x.scalar_type()) * normed.to(x.scalar_type());
 }
 
 std::pair<at::Tensor, at::Tensor> rope_tables(int64_t head_dim, double theta, int64_t offset, int64_t length,
@@ -171,6 +180,7 @@ at::Tensor Qwen3Model::hidden_states(const at::Tensor& ids, KVCache* cache) {
   } else {
     x = at::embedding(embed_tokens, ids.to(device_));
   }
+  x = x.to(compute_dtype_);  // the residual stream runs in the compute dtype
   const bool training = !cache && at::GradMode::is_enabled();
   const bool segmented = training && (checkpoint_blocks_ || gradient_sink_);
   for (size_t i = 0; i < blocks.size(); ++i) {
@@ -190,12 +200,12 @@ at::Tensor Qwen3Model::hidden_states(const at::Tensor& ids, KVCache* cache) {
 }
 
 at::Tensor Qwen3Model::logits(const at::Tensor& hidden) {
-  return at::linear(hidden, head_weight()).to(at::kFloat);
+  return at::linear(hidden, head_weight().to(hidden.scalar_type())).to(at::kFloat);
 }
 
 KVCache Qwen3Model::make_cache(int64_t batch, int64_t capacity) const {
   KVCache c;
-  const auto opts = at::TensorOptions().dtype(dtype_).device(device_);
+  const auto opts = at::TensorOptions().dtype(compute_dtype_).device(device_);
   for (size_t i = 0; i < blocks.size(); ++i) {
     c.keys.push_back(at::zeros({batch, config_.num_key_value_heads, capacity, config_.head_dim}, opts));
     c.values.push_back(at::zeros({batch, config_.num_key_value_heads, capacity, config_.head_dim}, opts));

@@ -59,8 +59,10 @@ StepMemoryPlan predict_step_memory(const Qwen3Config& config, bool separate_head
                                    const c10::Device& device, DenseFileType dense_file, bool sdpa) {
   const ModelShape s = config.shape();
   const bool cuda = device.is_cuda();
-  const u64 e = o.master_dtype == "bfloat16" ? 2 : 4;  // master (and compute) bytes an element
+  const u64 e = o.master_dtype == "bfloat16" ? 2 : 4;  // master bytes an element (weights, gradients)
   const bool bf16 = e == 2;
+  const u64 a = train_detail::compute_scalar_type(o, device) == at::kBFloat16 ? 2 : 4;  // activation bytes an element
+  const bool abf16 = a == 2;
   const u64 B = static_cast<u64>(o.data.batch_size), T = static_cast<u64>(o.data.seq_len), N = B * T;
   const u64 H = s.hidden, Q = s.heads * s.head_dim, KV = s.kv_heads * s.head_dim, I = s.intermediate, V = s.vocab;
   const u64 nh = s.heads;
@@ -120,22 +122,22 @@ StepMemoryPlan predict_step_memory(const Qwen3Config& config, bool separate_head
   // reads the codes directly in forward and backward dequantizes once to the compute dtype.
   auto projection_forward_temp = [&](u64 n) -> u64 {
     const u64 codes = n * codes_per_element_x16 / 16;
-    if (cuda) return codes + (bf16 ? 0 : e * n);  // the kernel takes bf16/fp16 inputs; fp32 dequantizes
-    return codes + std::max(bf16 ? 4 * n : 0, 4 * n + (bf16 ? 2 * n : 0));
+    if (cuda) return codes + (abf16 ? 0 : a * n);  // the kernel takes bf16/fp16 inputs; fp32 dequantizes
+    return codes + std::max(bf16 ? 4 * n : 0, 4 * n + (abf16 ? 2 * n : 0));
   };
-  auto projection_backward_temp = [&](u64 n) -> u64 { return cuda ? e * n : 4 * n + (bf16 ? 2 * n : 0); };
+  auto projection_backward_temp = [&](u64 n) -> u64 { return cuda ? a * n : 4 * n + (abf16 ? 2 * n : 0); };
 
   // What autograd keeps of one block in forward, per token (docs/memory.md counts it tensor by tensor).
-  const u64 norm_saved = (4 + 2 * e) * H + 4;  // fp32 input copy (or the input), normed, output
-  const u64 qk_saved = (4 + e) * (Q + KV) + 4 * (nh + s.kv_heads);
-  u64 attention_saved = e * Q /*q after RoPE*/ + e * Q /*the merged heads, copied for o_proj*/;
+  const u64 norm_saved = (4 + 2 * a) * H + 4;  // fp32 input copy (or the input), normed, output
+  const u64 qk_saved = (4 + a) * (Q + KV) + 4 * (nh + s.kv_heads);
+  u64 attention_saved = a * Q /*q after RoPE*/ + a * Q /*the merged heads, copied for o_proj*/;
   if (sdpa) {
-    attention_saved += (grouped ? 2 * e * Q : 2 * e * KV) + e * Q /*output*/ + 4 * nh /*log-sum-exp*/;
+    attention_saved += (grouped ? 2 * a * Q : 2 * a * KV) + a * Q /*output*/ + 4 * nh /*log-sum-exp*/;
     if (!cuda) attention_saved += 4 * nh * T;  // the CPU math path keeps the probabilities
   } else {
-    attention_saved += (grouped ? 2 * e * Q : 2 * e * KV) + 4 * nh * T + (bf16 ? 2 * nh * T : 0);
+    attention_saved += (grouped ? 2 * a * Q : 2 * a * KV) + 4 * nh * T + (abf16 ? 2 * nh * T : 0);
   }
-  const u64 mlp_saved = 4 * e * I;  // gate, silu(gate), up, their product
+  const u64 mlp_saved = 4 * a * I;  // gate, silu(gate), up, their product
   const u64 block_saved_per_token = 2 * norm_saved + qk_saved + attention_saved + mlp_saved;
   // Short-lived activations. Attention scores [B, heads, T, T]: with the explicit softmax two fp32 copies are
   // alive at once in forward (scores and masked, or probabilities and their typed copy) and two gradients in
@@ -144,8 +146,8 @@ StepMemoryPlan predict_step_memory(const Qwen3Config& config, bool separate_head
   const bool explicit_scores = !(sdpa && cuda);
   const u64 scores = B * nh * T * T;
   const u64 attention_forward_temp = explicit_scores ? scores * 8 : 0;
-  const u64 attention_backward_temp = explicit_scores ? scores * 8 : N * 3 * e * Q;
-  const u64 mlp_temp = N * 3 * e * I;
+  const u64 attention_backward_temp = explicit_scores ? scores * 8 : N * 3 * a * Q;
+  const u64 mlp_temp = N * 3 * a * I;
   // Backward of a block: the MLP's part runs first; by the time attention's runs, the MLP's saved tensors are
   // gone.
   const u64 block_backward_activation_temp =
@@ -171,7 +173,9 @@ StepMemoryPlan predict_step_memory(const Qwen3Config& config, bool separate_head
   plan.phases.push_back(t.close("batch_ready"));
 
   // Forward.
-  t.add(2 * 4 * T * s.head_dim + e * N * H);  // RoPE tables, the embedded input
+  // RoPE tables, the embedded input (looked up in the master dtype, then cast to the compute dtype)
+  t.add(2 * 4 * T * s.head_dim + a * N * H);
+  if (a != e) t.spike(e * N * H);
   const bool checkpoint = o.grad_checkpoint;
   std::vector<u64> saved(s.layers);
   for (int64_t l = 0; l < s.layers; ++l) {
@@ -180,33 +184,34 @@ StepMemoryPlan predict_step_memory(const Qwen3Config& config, bool separate_head
     const u64 temp = projection_forward_temp(b.largest_projection) + attention_forward_temp;
     // Without a graph (frozen blocks ahead of the first trained tensor, checkpointed blocks) the block's q, k, v
     // (and their expanded copies) and norm outputs are short-lived too.
-    const u64 attention_inputs = N * (e * (3 * Q + 2 * KV) + (4 + 2 * e) * H);
+    const u64 attention_inputs = N * (a * (3 * Q + 2 * KV) + (4 + 2 * a) * H);
     if (l < first_graph_block) {
       // All of its projections are frozen codes: only the product's dequantization on CPU.
-      const u64 product = cuda ? (bf16 ? 0 : e * b.largest_projection) : (4 + (bf16 ? 2 : 0)) * b.largest_projection;
+      const u64 product = cuda ? (abf16 ? 0 : a * b.largest_projection) : (4 + (abf16 ? 2 : 0)) * b.largest_projection;
       saved[l] = 0;
       t.spike(std::max(product + attention_forward_temp + attention_inputs, product + mlp_temp));
       continue;
     }
     if (checkpoint) {
       t.spike(std::max(temp + attention_inputs, mlp_temp + projection_forward_temp(b.largest_projection)));
-      saved[l] = e * N * H;  // the block's input alone
+      saved[l] = a * N * H;  // the block's input alone
     } else {
-      saved[l] = block_saved_per_token * N + codes + (o.fused_optimizer ? e * N * H : 0);
+      saved[l] = block_saved_per_token * N + codes + (o.fused_optimizer ? a * N * H : 0);
       t.spike(saved[l] + temp);
     }
     t.add(saved[l]);
     plan.saved_activations += saved[l];
     if (!checkpoint) plan.saved_codes += codes;
   }
-  const u64 final_saved = (4 + 2 * e) * N * H + 4 * N;
+  const u64 final_saved = (4 + 2 * a) * N * H + 4 * N;
   t.add(final_saved);
   const u64 width = std::min<u64>(V, std::max<u64>(256, (u64{1} << 24) / std::max<u64>(N, 1)));
   if (o.loss == "ce") {
     t.add(4 * N);  // log-sum-exp
-    t.spike(N * width * (e + (bf16 ? 4 : 0) + 2 * 4));  // a slice's logits (and their fp32 copy), shifted, exp
+    // A slice's logits (and their fp32 copy), shifted, exp; the head's slice cast to the compute dtype.
+    t.spike(N * width * (a + (abf16 ? 4 : 0) + 2 * 4) + (a != e ? width * H * a : 0));
   } else {
-    t.spike(N * H * (e + 3 * 4));
+    t.spike(N * H * (a + 3 * 4));
     t.add(8 * N * H);
   }
   plan.phases.push_back(t.close("forward_done"));
@@ -218,7 +223,7 @@ StepMemoryPlan predict_step_memory(const Qwen3Config& config, bool separate_head
     // gets none.
     const bool head_grad = head_trains || (embedding_trains && !separate_head);
     if (head_grad) t.add(V * H * e);
-    t.spike(N * width * (e + 8 + (bf16 ? 2 : 0)) + 4 * N * H);
+    t.spike(N * width * (a + 8 + (abf16 ? 2 : 0)) + 4 * N * H + (a != e ? 2 * width * H * a : 0));
   }
   t.spike(3 * 4 * N * H);
   t.sub(final_saved);
@@ -233,7 +238,7 @@ StepMemoryPlan predict_step_memory(const Qwen3Config& config, bool separate_head
     if (!o.fused_optimizer) t.add(grads);
     t.sub(saved[l]);
   }
-  t.sub(e * N * H);
+  t.sub(a * N * H);
   // The lookup adds its rows into the embedding's .grad() in place (allocated here unless the head's made it).
   if (embedding_trains && !(!separate_head && o.loss == "ce")) t.add(V * H * e);
   plan.phases.push_back(t.close("backward_done"));

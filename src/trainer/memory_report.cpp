@@ -46,6 +46,7 @@ nlohmann::json report_config(const TrainOptions& o) {
           {"seq_len", o.data.seq_len},
           {"batch_size", o.data.batch_size},
           {"master_dtype", o.master_dtype},
+          {"compute_dtype", o.compute_dtype},
           {"optimizer_state_mode", moment_storage_name(o.adamw.moments)},
           {"optimizer_step_chunk_rows", o.adamw.step_chunk_rows},
           {"grad_checkpoint", o.grad_checkpoint},

@@ -18,6 +18,21 @@ bool is_trainable(const std::string& key, int64_t layers, const TrainOptions& op
   return all || layer >= layers - opt.train_last_layers;
 }
 
+at::ScalarType master_scalar_type(const std::string& name) {
+  if (name == "float32") return at::kFloat;
+  if (name == "bfloat16") return at::kBFloat16;
+  throw UsageError("--master-dtype: '" + name + "' (float32 or bfloat16)");
+}
+
+at::ScalarType compute_scalar_type(const TrainOptions& o, const c10::Device& device) {
+  if (o.compute_dtype == "float32") return at::kFloat;
+  if (o.compute_dtype == "bfloat16") return at::kBFloat16;
+  if (o.compute_dtype != "auto") throw UsageError("--compute-dtype: '" + o.compute_dtype + "' (auto, float32 or bfloat16)");
+  // CUDA: bf16 products on the tensor cores (and the NVFP4 product kernel takes bf16 only). CPU: the master
+  // dtype, which measured faster on the small, vocabulary-bound models a CPU trains (docs/trainer.md).
+  return device.is_cuda() ? at::kBFloat16 : master_scalar_type(o.master_dtype);
+}
+
 TrainableSet select_trainable(Qwen3Model& model, const TrainOptions& opt) {
   TrainableSet set;
   const int64_t layers = static_cast<int64_t>(model.blocks.size());

@@ -32,12 +32,6 @@ using Clock = std::chrono::steady_clock;
 constexpr const char* kOptimPrefix = "optim/";
 constexpr const char* kRngKey = "rng/stochastic_rounding";
 
-at::ScalarType master_scalar_type(const std::string& name) {
-  if (name == "float32") return at::kFloat;
-  if (name == "bfloat16") return at::kBFloat16;
-  throw UsageError("--master-dtype: '" + name + "' (float32 or bfloat16)");
-}
-
 int64_t total_steps(const TrainOptions& o, const TrainingData& data) {
   if (o.steps > 0) return o.steps;
   const int64_t per_epoch = o.steps_per_epoch > 0 ? o.steps_per_epoch : data.batches_per_epoch();
@@ -112,6 +106,8 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
   // A tied config trains one tensor for the embedding and the head, as HF does (see model_loader.h).
   auto model = load_model(reader, config, master, device, /*tie_head=*/config.tie_word_embeddings);
   const nvfp4::ScaleMode mode = o.scale_mode;
+  const at::ScalarType compute = compute_scalar_type(o, device);
+  model->set_compute_dtype(compute);
   model->set_activation_checkpointing(o.grad_checkpoint);
   model->set_embedding_grad_in_place(true);  // and the loss adds the head's into .grad() too (compute_loss)
   TrainableSet set = select_trainable(*model, o);
@@ -159,7 +155,8 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
   spdlog::info("model: {} layers, hidden {}, vocab {}; parameters {:.3f} B trainable of {:.3f} B ({} tensors)",
                config.num_hidden_layers, config.hidden_size, config.vocab_size, set.trainable_parameters / 1e9,
                set.total_parameters / 1e9, set.params.size());
-  spdlog::info("device {}, master {}, moments {:.1f} MiB, scale mode {}, loss {}", device.str(), o.master_dtype,
+  spdlog::info("device {}, master {}, compute {}, moments {:.1f} MiB, scale mode {}, loss {}", device.str(),
+               o.master_dtype, compute == at::kFloat ? "float32" : "bfloat16",
                opt.state_bytes() / 1048576.0, nvfp4::scale_mode_name(mode), o.loss);
   spdlog::info("data: {} samples, {} tokens ({} with loss), {} skipped lines; {} batches/epoch; {} steps",
                ds.samples, ds.tokens, ds.loss_tokens, ds.skipped, data.batches_per_epoch(), steps);

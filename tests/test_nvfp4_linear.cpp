@@ -5,7 +5,10 @@
 #include <gtest/gtest.h>
 #include <torch/autograd.h>
 
+#include <cmath>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "qwen3/error.h"
 #include "qwen3/nvfp4_linear.h"
@@ -162,6 +165,39 @@ TEST(Nvfp4Linear, MismatchedShapesAreErrors) {
   EXPECT_THROW(ste_linear(at::randn({2, 32}), at::randn({8, 48})), Error);
   EXPECT_THROW(ste_linear(at::randn({2, 24}), at::randn({8, 24})), Error);  // 24 is not a multiple of 16
   EXPECT_THROW(Nvfp4Linear(at::randn({8, 24})), Error);
+}
+
+}  // namespace
+}  // namespace qwen3::nvfp4
+
+namespace qwen3::nvfp4 {
+namespace {
+
+// The two CUDA products: below kNvfp4KernelMaxRows rows the NVFP4 kernel, from there cuBLAS on the weight
+// dequantized into the reused scratch. Against each other (the kernel within the fp32-accumulation bound of
+// the cuBLAS product of the same bf16 operands) and the scratch's reuse (a later product of another weight
+// does not change an earlier result). Needs a CUDA libtorch and a GPU; skipped otherwise.
+TEST(Nvfp4Product, KernelAndScratchPathsAgreeOnQwen3Shapes) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device (or a CPU-only libtorch)";
+  const at::Device cuda(at::kCUDA, 0);
+  at::manual_seed(3);
+  for (const auto& [k, n] : std::vector<std::pair<int64_t, int64_t>>{{2560, 4096}, {2560, 1024}, {9728, 2560}}) {
+    const Quantized w = quantize((at::randn({n, k}) * 0.02).to(cuda));
+    const Quantized other = quantize((at::randn({n, k}) * 0.02).to(cuda));
+    for (int64_t m : {int64_t{1}, int64_t{16}, kNvfp4KernelMaxRows - 1, kNvfp4KernelMaxRows, int64_t{1024}}) {
+      const at::Tensor x = at::randn({m, k}, at::TensorOptions().device(cuda)).to(at::kBFloat16);
+      const at::Tensor reference = x.to(at::kFloat).mm(dequantize(w.codes, w.scales, at::kFloat).t());
+      const at::Tensor y = quantized_product(x, w.codes, w.scales);
+      quantized_product(x, other.codes, other.scales);  // reuses the scratch
+      ASSERT_EQ(y.scalar_type(), at::kBFloat16);
+      // bf16 output of an fp32-accumulated product: within a few bf16 ulps of the fp32 reference.
+      const double bound = 4.0 * std::ldexp(1.0, -8) * reference.abs().max().item<double>() + 1e-6;
+      EXPECT_LE((y.to(at::kFloat) - reference).abs().max().item<double>(), bound) << m << " x " << k << " x " << n;
+      if (m >= kNvfp4KernelMaxRows) {  // the scratch path is exactly cuBLAS on the dequantized weight
+        EXPECT_TRUE(y.equal(x.mm(dequantize(w.codes, w.scales, at::kBFloat16).t()))) << m;
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -10,10 +10,19 @@
 
 namespace qwen3::nvfp4 {
 
+// Rows of x (tokens) below which a CUDA product runs in the NVFP4 matmul kernel (generation, small batches);
+// from this many rows on, the weight is dequantized into one reused scratch buffer and cuBLAS multiplies
+// (training shapes, where cuBLAS's bf16 GEMM is the faster). A documented constant until the GPU round
+// measures the crossing (kernels/nvfp4_kernels.md).
+constexpr int64_t kNvfp4KernelMaxRows = 256;
+
+// y = x2d · deq(codes, scales)ᵀ in x2d's dtype by the path above (CPU: dequantize, then mm).
+at::Tensor quantized_product(const at::Tensor& x2d, const at::Tensor& codes, const at::Tensor& scales);
+
 // x [..., in], weight [out, in] (in % 16 == 0) -> [..., out] in x's dtype. One autograd node; backward saves
-// x and the quantized weight (codes + scales, 0.5625 B per weight), never a dense copy of deq(Q(W)). On CUDA
-// with bfloat16/float16 x the product runs in the NVFP4 matmul kernel; elsewhere deq(Q(W)) is materialized
-// for the duration of one product. dW is computed in x's dtype and returned in the weight's dtype.
+// x and the quantized weight (codes + scales, 0.5625 B per weight), never a dense copy of deq(Q(W)). The
+// product is quantized_product's; backward's dX = dY · deq(Q(W)) dequantizes into the same scratch on CUDA.
+// dW is computed in x's dtype and returned in the weight's dtype.
 at::Tensor ste_linear(const at::Tensor& x, const at::Tensor& weight, ScaleMode mode = ScaleMode::rne);
 
 // The same forward for a frozen weight held only as its NVFP4 codes and scales (what ste_linear would quantize

@@ -99,6 +99,26 @@ at::Tensor dequantize_cuda(const at::Tensor& codes, const at::Tensor& scales, at
   return out;
 }
 
+at::Tensor dequantize_into_scratch_cuda(const at::Tensor& codes, const at::Tensor& scales, at::ScalarType dtype) {
+  const c10::cuda::CUDAGuard device_guard(codes.device());
+  static auto* buffers = new std::map<std::pair<int, int>, at::Tensor>();  // never freed: see nonfinite_flag
+  static std::mutex buffers_mutex;
+  const int64_t rows = codes.size(0), cols = codes.size(1) * 2;
+  at::Tensor buffer;
+  {
+    const std::lock_guard<std::mutex> lock(buffers_mutex);
+    at::Tensor& held = (*buffers)[{codes.device().index(), static_cast<int>(dtype)}];
+    if (!held.defined() || held.numel() < rows * cols) held = at::empty({rows * cols}, codes.options().dtype(dtype));
+    buffer = held;
+  }
+  at::Tensor out = buffer.narrow(0, 0, rows * cols).view({rows, cols});
+  check_launch(kernels::launch_nvfp4_dequantize(codes.contiguous().data_ptr<uint8_t>(),
+                                                scales.contiguous().data_ptr<uint8_t>(), rows, cols, out.data_ptr(),
+                                                kernel_dtype(dtype), current_stream(codes.device())),
+               "dequantize");
+  return out;
+}
+
 // The matmul kernel needs compute capability 9.0 or newer; older devices take the dequantize + mm path.
 bool matmul_cuda_supports(const at::Tensor& x) {
   if (!x.is_cuda() || (x.scalar_type() != at::kBFloat16 && x.scalar_type() != at::kHalf)) return false;
@@ -144,6 +164,7 @@ namespace {
 void quantize_cuda(const at::Tensor&, ScaleMode, bool, const at::Tensor&, const at::Tensor&) { no_cuda(); }
 at::Tensor dequantize_cuda(const at::Tensor&, const at::Tensor&, at::ScalarType) { no_cuda(); }
 bool matmul_cuda_supports(const at::Tensor&) { return false; }
+at::Tensor dequantize_into_scratch_cuda(const at::Tensor&, const at::Tensor&, at::ScalarType) { no_cuda(); }
 at::Tensor matmul_cuda(const at::Tensor&, const at::Tensor&, const at::Tensor&) { no_cuda(); }
 bool take_nonfinite_flag(const at::Device&) { return false; }
 at::Tensor take_nonfinite_flag_async(const at::Device&) { return at::Tensor(); }

@@ -17,6 +17,12 @@ void quantize_cuda(const at::Tensor& x, ScaleMode mode, bool check_finite, const
 // codes/scales: contiguous uint8 CUDA tensors (E4M3 scales).
 at::Tensor dequantize_cuda(const at::Tensor& codes, const at::Tensor& scales, at::ScalarType dtype);
 
+// deq(codes, scales) in `dtype` written into a buffer that is reused across calls (one per device and dtype,
+// grown to the largest weight seen, never freed): a view of it, valid until the next call on the same device.
+// Every use is stream-ordered on the current stream, so the next call's dequantization waits for the products
+// that read the previous one.
+at::Tensor dequantize_into_scratch_cuda(const at::Tensor& codes, const at::Tensor& scales, at::ScalarType dtype);
+
 // Whether matmul_cuda takes this activation (a bfloat16/float16 CUDA tensor with the kernels built).
 bool matmul_cuda_supports(const at::Tensor& x);
 

@@ -23,10 +23,11 @@ std::string sizes_string(const at::Tensor& t) {
   return text + "]";
 }
 
-// y = x2d · deq(codes, scales)ᵀ in x2d's dtype.
-at::Tensor quantized_product(const at::Tensor& x2d, const at::Tensor& codes, const at::Tensor& scales) {
-  if (matmul_cuda_supports(x2d)) return matmul_cuda(x2d, codes, scales);
-  return x2d.mm(dequantize(codes, scales, x2d.scalar_type()).t());
+// deq(codes, scales) in `dtype` for one product: on CUDA into the reused scratch buffer (no allocation per
+// projection), elsewhere a fresh tensor.
+at::Tensor dequantized_for_product(const at::Tensor& codes, const at::Tensor& scales, at::ScalarType dtype) {
+  if (codes.is_cuda() && scales.scalar_type() == at::kByte) return dequantize_into_scratch_cuda(codes, scales, dtype);
+  return dequantize(codes, scales, dtype);
 }
 
 class SteLinearFunction : public torch::autograd::Function<SteLinearFunction> {
@@ -51,7 +52,7 @@ class SteLinearFunction : public torch::autograd::Function<SteLinearFunction> {
     const at::Tensor grad_y2d = grad_outputs[0].reshape({-1, codes.size(0)});
     at::Tensor grad_x, grad_weight;
     if (ctx->needs_input_grad(0))
-      grad_x = grad_y2d.mm(dequantize(codes, scales, grad_y2d.scalar_type())).view(x.sizes());
+      grad_x = grad_y2d.mm(dequantized_for_product(codes, scales, grad_y2d.scalar_type())).view(x.sizes());
     if (ctx->needs_input_grad(1)) {
       const auto weight_dtype = static_cast<at::ScalarType>(ctx->saved_data["weight_dtype"].toInt());
       grad_weight = grad_y2d.t().mm(x.reshape({-1, x.size(-1)})).to(weight_dtype);
@@ -76,12 +77,17 @@ class FrozenLinearFunction : public torch::autograd::Function<FrozenLinearFuncti
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor grad_y2d = grad_outputs[0].reshape({-1, saved[0].size(0)});
     const auto sizes = ctx->saved_data["x_sizes"].toIntVector();
-    return {grad_y2d.mm(dequantize(saved[0], saved[1], grad_y2d.scalar_type())).view(sizes), at::Tensor(),
-            at::Tensor()};
+    return {grad_y2d.mm(dequantized_for_product(saved[0], saved[1], grad_y2d.scalar_type())).view(sizes),
+            at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
+
+at::Tensor quantized_product(const at::Tensor& x2d, const at::Tensor& codes, const at::Tensor& scales) {
+  if (x2d.size(0) < kNvfp4KernelMaxRows && matmul_cuda_supports(x2d)) return matmul_cuda(x2d, codes, scales);
+  return x2d.mm(dequantized_for_product(codes, scales, x2d.scalar_type()).t());
+}
 
 at::Tensor frozen_nvfp4_linear(const at::Tensor& x, const Quantized& weight) {
   if (x.dim() < 1 || x.size(-1) != weight.codes.size(1) * 2)

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "qwen3/layout.h"
+#include "qwen3/nvfp4_linear.h"
 #include "qwen3/optim.h"
 #include "train_setup.h"
 
@@ -120,12 +121,19 @@ StepMemoryPlan predict_step_memory(const Qwen3Config& config, bool separate_head
   // The straight-through linear's temporaries for a projection of n elements: on CPU the weight is quantized
   // from an fp32 copy and dequantized (to fp32, then the compute dtype) for the product; on a GPU the kernel
   // reads the codes directly in forward and backward dequantizes once to the compute dtype.
+  // On a GPU every dequantization for a product goes into one reused scratch buffer of the largest projection
+  // (nvfp4_linear.h): held from the first product that needs it, in forward from kNvfp4KernelMaxRows tokens
+  // on (below, the kernel reads the codes), else from the first backward.
   auto projection_forward_temp = [&](u64 n) -> u64 {
     const u64 codes = n * codes_per_element_x16 / 16;
-    if (cuda) return codes + (abf16 ? 0 : a * n);  // the kernel takes bf16/fp16 inputs; fp32 dequantizes
+    if (cuda) return codes;
     return codes + std::max(bf16 ? 4 * n : 0, 4 * n + (abf16 ? 2 * n : 0));
   };
-  auto projection_backward_temp = [&](u64 n) -> u64 { return cuda ? a * n : 4 * n + (abf16 ? 2 * n : 0); };
+  auto projection_backward_temp = [&](u64 n) -> u64 { return cuda ? 0 : 4 * n + (abf16 ? 2 * n : 0); };
+  u64 largest_block_projection = 0;
+  for (const BlockSizes& b : blocks) largest_block_projection = std::max(largest_block_projection, b.largest_projection);
+  const u64 scratch = cuda ? a * largest_block_projection : 0;
+  const bool scratch_in_forward = cuda && (N >= static_cast<u64>(nvfp4::kNvfp4KernelMaxRows) || !abf16);
 
   // What autograd keeps of one block in forward, per token (docs/memory.md counts it tensor by tensor).
   const u64 norm_saved = (4 + 2 * a) * H + 4;  // fp32 input copy (or the input), normed, output
@@ -176,6 +184,7 @@ StepMemoryPlan predict_step_memory(const Qwen3Config& config, bool separate_head
   // RoPE tables, the embedded input (looked up in the master dtype, then cast to the compute dtype)
   t.add(2 * 4 * T * s.head_dim + a * N * H);
   if (a != e) t.spike(e * N * H);
+  if (scratch_in_forward) t.add(scratch);
   const bool checkpoint = o.grad_checkpoint;
   std::vector<u64> saved(s.layers);
   for (int64_t l = 0; l < s.layers; ++l) {
@@ -187,7 +196,7 @@ StepMemoryPlan predict_step_memory(const Qwen3Config& config, bool separate_head
     const u64 attention_inputs = N * (a * (3 * Q + 2 * KV) + (4 + 2 * a) * H);
     if (l < first_graph_block) {
       // All of its projections are frozen codes: only the product's dequantization on CPU.
-      const u64 product = cuda ? (abf16 ? 0 : a * b.largest_projection) : (4 + (abf16 ? 2 : 0)) * b.largest_projection;
+      const u64 product = cuda ? 0 : (4 + (abf16 ? 2 : 0)) * b.largest_projection;
       saved[l] = 0;
       t.spike(std::max(product + attention_forward_temp + attention_inputs, product + mlp_temp));
       continue;
@@ -227,6 +236,7 @@ StepMemoryPlan predict_step_memory(const Qwen3Config& config, bool separate_head
   }
   t.spike(3 * 4 * N * H);
   t.sub(final_saved);
+  if (cuda && !scratch_in_forward) t.add(scratch);
   for (int64_t l = s.layers - 1; l >= first_graph_block; --l) {
     const BlockSizes& b = blocks[l];
     const u64 grads = b.trainable * e;

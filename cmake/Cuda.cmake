@@ -18,20 +18,25 @@ if(NOT QWEN3_CUDA STREQUAL "OFF")
 endif()
 
 if(QWEN3_HAVE_CUDA)
-  # Hopper (H100/H200) first; Blackwell consumer/GB10 (DGX Spark) as well. Override with -DCMAKE_CUDA_ARCHITECTURES.
-  if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
-    set(CMAKE_CUDA_ARCHITECTURES 90 120 121)
+  # Hopper (H100/H200) first; Blackwell consumer/GB10 (DGX Spark) as well. Our own variable, set on the target
+  # below: a CUDA libtorch's cmake (found before this file) sets CMAKE_CUDA_ARCHITECTURES to OFF and appends
+  # its own -gencode flags to CMAKE_CUDA_FLAGS, which would replace this list with PyTorch's.
+  set(QWEN3_CUDA_ARCHITECTURES "90;120;121" CACHE STRING "CUDA architectures of the kernels in kernels/")
+  string(REGEX REPLACE "-gencode[= ]+arch=[^ ]+" "" CMAKE_CUDA_FLAGS "${CMAKE_CUDA_FLAGS}")
+  if(NOT CMAKE_CUDA_ARCHITECTURES)
+    set(CMAKE_CUDA_ARCHITECTURES ${QWEN3_CUDA_ARCHITECTURES})  # enable_language checks a value is set
   endif()
   enable_language(CUDA)
   set(CMAKE_CUDA_STANDARD 17)
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)
   find_package(CUDAToolkit REQUIRED)
-  string(REPLACE ";" "," QWEN3_CUDA_ARCHS_STRING "${CMAKE_CUDA_ARCHITECTURES}")
+  string(REPLACE ";" "," QWEN3_CUDA_ARCHS_STRING "${QWEN3_CUDA_ARCHITECTURES}")
   file(GLOB QWEN3_KERNEL_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/kernels/*.cu)
   add_library(qwen3_kernels STATIC ${QWEN3_KERNEL_SOURCES})
   target_include_directories(qwen3_kernels PUBLIC ${CMAKE_SOURCE_DIR}/kernels)
   target_link_libraries(qwen3_kernels PUBLIC CUDA::cudart_static)
-  set_target_properties(qwen3_kernels PROPERTIES POSITION_INDEPENDENT_CODE ON CUDA_SEPARABLE_COMPILATION OFF)
+  set_target_properties(qwen3_kernels PROPERTIES POSITION_INDEPENDENT_CODE ON CUDA_SEPARABLE_COMPILATION OFF
+                                                 CUDA_ARCHITECTURES "${QWEN3_CUDA_ARCHITECTURES}")
   target_compile_options(qwen3_kernels PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo>)
-  message(STATUS "CUDA kernels: nvcc ${CMAKE_CUDA_COMPILER_VERSION}, architectures ${CMAKE_CUDA_ARCHITECTURES}")
+  message(STATUS "CUDA kernels: nvcc ${CMAKE_CUDA_COMPILER_VERSION}, architectures ${QWEN3_CUDA_ARCHITECTURES}")
 endif()

@@ -298,7 +298,7 @@ stage_build() {
     # Everything built here (gtest and benchmark too) must use the libtorch's std::string ABI.
     [ "$torch_abi" = 0 ] && args+=(-DCMAKE_CXX_FLAGS=-D_GLIBCXX_USE_CXX11_ABI=0)
   fi
-  [ -n "${CUDA_ARCHS:-}" ] && args+=("-DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCHS")
+  [ -n "${CUDA_ARCHS:-}" ] && args+=("-DQWEN3_CUDA_ARCHITECTURES=$CUDA_ARCHS")
   [ -f "$vendor/src/benchmark/CMakeLists.txt" ] || args+=(-DQWEN3_BUILD_BENCH=OFF)
 
   if ! run_step "$d/configure.log" 300 cmake "${args[@]}"; then no_time build configure; stage_end build; return; fi

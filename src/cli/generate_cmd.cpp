@@ -1,6 +1,7 @@
 // `generate`: load a model, wrap the prompt in the chat format (unless --no-chat or --prompt-ids), stream the
 // reply as it decodes, and optionally check it against --expect (the original's after-export self-test).
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join (only here from fmt 11 on)
 #include <spdlog/spdlog.h>
 
 #include <chrono>

@@ -1,6 +1,7 @@
 #include "inspect.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join (only here from fmt 11 on)
 
 #include "cli_common.h"
 

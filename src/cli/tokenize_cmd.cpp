@@ -4,6 +4,7 @@
 // Prints one line per input: space-separated ids, or the decoded text; --json prints [[ids...], ...] or
 // ["text", ...] instead.
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join (only here from fmt 11 on)
 #include <nlohmann/json.hpp>
 
 #include <cerrno>

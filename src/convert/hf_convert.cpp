@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join (only here from fmt 11 on)
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 #include <unistd.h>

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join (only here from fmt 11 on)
 
 #include <map>
 

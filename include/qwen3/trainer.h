@@ -23,6 +23,9 @@ struct TrainOptions {
   // float32 | bfloat16 | auto: the activations' dtype (products, residual stream); auto is bfloat16 on CUDA and
   // the master dtype on CPU (docs/trainer.md says why).
   std::string compute_dtype = "auto";
+  // The device whose rates the step-time model uses in the memory report (h100 | h200 | gb10 | cpu; empty:
+  // cpu on a CPU, h100 on CUDA).
+  std::string predict_device;
   double grad_clip = 1.0;                // 0: off
   std::string loss = "ce";               // ce | scalar
   int64_t train_last_layers = 0;         // <= 0: every parameter

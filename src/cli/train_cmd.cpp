@@ -9,6 +9,7 @@
 #include "qwen3/chat_format.h"
 #include "qwen3/generate.h"
 #include "qwen3/memory_model.h"
+#include "qwen3/step_time_model.h"
 #include "qwen3/model_loader.h"
 #include "qwen3/synth.h"
 #include "qwen3/trainer.h"
@@ -75,6 +76,16 @@ void print_memory_plan(const StepMemoryPlan& plan, const c10::Device& device) {
              "peak {:.1f} MiB\n",
              plan.weights / kMiB, plan.moments / kMiB, plan.gradients / kMiB, plan.saved_activations / kMiB,
              plan.saved_codes / kMiB, plan.peak() / kMiB);
+}
+
+void print_time_plan(const StepTimePlan& plan, const DeviceRates& rates) {
+  fmt::print("predicted time of one step on {} ({:g} bf16 / {:g} fp32 TFLOPS at {:.0f}%, {:g} GB/s at {:.0f}%{}):\n",
+             plan.device, rates.bf16_tflops, rates.fp32_tflops, 100 * rates.matmul_efficiency, rates.memory_gbps,
+             100 * rates.memory_efficiency, rates.unified_memory ? ", memory shared with the CPU" : "");
+  fmt::print("{:<22} {:>12} {:>12} {:>12}\n", "phase", "GFLOP", "GB moved", "ms");
+  for (const auto& p : plan.phases)
+    fmt::print("{:<22} {:>12.1f} {:>12.2f} {:>12.1f}\n", p.phase, p.flops / 1e9, p.bytes / 1e9, p.ms);
+  fmt::print("step {:.1f} ms\n", plan.total_ms());
 }
 
 // The flags whose text becomes a typed option (shared by `train` and `vram-report --predict-only`).
@@ -218,7 +229,11 @@ Command add_vram_report_command(CLI::App& app) {
   auto* run = add_train_flags(sub, f);
   run->add_option("--out", *out, "write the report (JSON) here");
   add_bool_flag(run, "--predict-only", *predict_only,
-                "print the memory model's figures for --config and the flags; load nothing, run nothing");
+                "print the memory and step-time models' figures for --config and the flags; load nothing, run nothing");
+  run->add_option("--predict-device", f->o.predict_device,
+                  "the device whose rates the step-time model uses: h100, h200, gb10 or cpu (default: cpu, or h100 "
+                  "with --device cuda); with --predict-only also the memory model's device")
+      ->check(CLI::IsMember(predict_device_names()));
   return {sub, [f, out, predict_only]() {
             TrainOptions& o = f->o;
             o.steps = 1;
@@ -228,10 +243,14 @@ Command add_vram_report_command(CLI::App& app) {
               if (o.config.empty()) throw UsageError("vram-report --predict-only: --config is required");
               convert_flag_values(*f);
               const Qwen3Config config = load_config(o.config);
-              const c10::Device device(o.device);
+              const std::string rates_name =
+                  !o.predict_device.empty() ? o.predict_device : (c10::Device(o.device).is_cuda() ? "h100" : "cpu");
+              const DeviceRates rates = device_rates(rates_name);
+              const c10::Device device = rates.name == "cpu" ? c10::Device(c10::kCPU) : c10::Device(c10::kCUDA, 0);
               const StepMemoryPlan plan = predict_step_memory(config, !config.tie_word_embeddings, o, device, DenseFileType{},
                                                               device.is_cuda() || build_uses_sdpa());
               print_memory_plan(plan, device);
+              print_time_plan(predict_step_time(config, !config.tie_word_embeddings, o, rates), rates);
               return 0;
             }
             if (out->empty()) throw UsageError("vram-report: --out is required (or --predict-only)");

@@ -86,6 +86,7 @@ void StepMemoryReport::phase(const std::string& name) {
       {"RssMiB", round1(mib(r.rss))},
       {"RssPeakMiB", round1(mib(r.rss_peak))},
       {"PredictedMiB", nullptr},  // filled by finish(): the plan is made after the first phases
+      {"PredictedMs", nullptr},
       // The original's two fields: the process's memory (RSS on CPU, what the CUDA allocator holds on a GPU) and
       // the whole machine's (device) use.
       {"PidMemoryMiB", round1(mib(cpu ? r.rss : r.reserved.value_or(0)))},
@@ -99,6 +100,10 @@ void StepMemoryReport::finish() {
   for (auto& sample : report_["Samples"])
     for (const auto& p : plan_.phases)
       if (sample["Phase"] == p.phase) sample["PredictedMiB"] = round1(mib(p.peak));
+  for (auto& sample : report_["Samples"])
+    for (const auto& p : time_plan_.phases)
+      if (sample["Phase"] == p.phase) sample["PredictedMs"] = round1(p.ms);
+  if (!time_plan_.device.empty()) report_["PredictedTimeDevice"] = time_plan_.device;
   report_["RssPeakSinceStartMiB"] = round1(mib(probe_.read().rss_peak_since_start));
   report_["Predicted"] = {{"WeightsMiB", round1(mib(plan_.weights))},
                           {"MomentsMiB", round1(mib(plan_.moments))},
@@ -120,12 +125,13 @@ void StepMemoryReport::finish() {
 
   fmt::print("memory report ({}; tensor MiB: the {}):\n", report_["Device"].get<std::string>(),
              probe_.device().is_cpu() ? "counting CPU allocator" : "CUDA caching allocator");
-  fmt::print("{:<22} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n", "phase", "ms", "allocated", "reserved",
-             "peak", "predicted", "rss", "rss peak");
+  fmt::print("{:<22} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n", "phase", "ms",
+             time_plan_.device.empty() ? "pred ms" : ("pred " + time_plan_.device).substr(0, 10), "allocated",
+             "reserved", "peak", "predicted", "rss", "rss peak");
   for (const auto& s : report_["Samples"])
-    fmt::print("{:<22} {:>10.1f} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n", s["Phase"].get<std::string>(),
-               s["DurationMs"].get<double>(), cell(s["AllocatedMiB"]), cell(s["ReservedMiB"]), cell(s["PeakMiB"]),
-               cell(s["PredictedMiB"]), cell(s["RssMiB"]), cell(s["RssPeakMiB"]));
+    fmt::print("{:<22} {:>10.1f} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n", s["Phase"].get<std::string>(),
+               s["DurationMs"].get<double>(), cell(s["PredictedMs"]), cell(s["AllocatedMiB"]), cell(s["ReservedMiB"]),
+               cell(s["PeakMiB"]), cell(s["PredictedMiB"]), cell(s["RssMiB"]), cell(s["RssPeakMiB"]));
   fmt::print("report written to {}\n", path_);
 }
 

@@ -10,6 +10,7 @@
 
 #include "qwen3/memory_model.h"
 #include "qwen3/memory_probe.h"
+#include "qwen3/step_time_model.h"
 
 namespace qwen3::train_detail {
 
@@ -17,6 +18,8 @@ class StepMemoryReport {
  public:
   StepMemoryReport(std::string path, const c10::Device& device, nlohmann::json config);
   void set_plan(StepMemoryPlan plan) { plan_ = std::move(plan); }
+  // The step-time model's figures, printed beside the measured durations (PredictedMs in the JSON).
+  void set_time_plan(StepTimePlan plan) { time_plan_ = std::move(plan); }
   // Samples the phase that ends now, then resets the peaks for the next one.
   void phase(const std::string& name);
   // Writes the JSON file (atomically) and prints the table to stdout.
@@ -28,6 +31,7 @@ class StepMemoryReport {
   MemoryProbe probe_;
   nlohmann::json report_;
   StepMemoryPlan plan_;
+  StepTimePlan time_plan_;
   std::chrono::steady_clock::time_point last_;
 };
 

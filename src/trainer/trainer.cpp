@@ -19,6 +19,7 @@
 #include "qwen3/model_loader.h"
 #include "qwen3/nvfp4_linear.h"
 #include "qwen3/nvfp4_ops.h"
+#include "qwen3/step_time_model.h"
 #include "fused_updater.h"
 #include "memory_report.h"
 #include "train_setup.h"
@@ -127,6 +128,8 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
       dense = {static_cast<int>(elem_size(e->type)), scalar_type_of(e->type) == master};
     report->set_plan(predict_step_memory(config, model->has_separate_lm_head(), o, device, dense,
                                          build_uses_sdpa()));
+    const std::string rates = !o.predict_device.empty() ? o.predict_device : (device.is_cuda() ? "h100" : "cpu");
+    report->set_time_plan(predict_step_time(config, model->has_separate_lm_head(), o, device_rates(rates)));
   }
   phase("model_loaded");
   AdamW opt(set.params, o.adamw);

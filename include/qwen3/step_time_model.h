@@ -1,0 +1,50 @@
+// What one training step should take, phase by phase, from the configuration and a named device's rates: the
+// FLOPs of every product and the bytes every pass moves, each turned into time at a documented fraction of the
+// device's peak. The companion of the memory model (memory_model.h); `vram-report --predict-only
+// --predict-device D` prints it, the real report prints it beside the measured durations. The model, its
+// rates and how close it is: docs/performance.md.
+#pragma once
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "qwen3/config.h"
+#include "qwen3/trainer.h"
+
+namespace qwen3 {
+
+// A device as the model sees it. Peak rates are the vendor's dense figures (or, for `cpu`, measured on the
+// development machine); the efficiencies are the fractions of them that training-shaped work reaches.
+struct DeviceRates {
+  std::string name;
+  double bf16_tflops = 0;       // dense bf16 products (tensor cores)
+  double fp32_tflops = 0;       // fp32 products
+  double memory_gbps = 0;       // DRAM (or unified memory) bandwidth, GB/s
+  double matmul_efficiency = 0;
+  double memory_efficiency = 0;
+  bool unified_memory = false;  // GPU memory and process memory are one pool (GB10)
+};
+
+// h100 | h200 | gb10 | cpu; UsageError naming the known ones otherwise.
+DeviceRates device_rates(std::string_view name);
+const std::vector<std::string>& predict_device_names();
+
+struct PhaseTime {
+  std::string phase;     // forward_done | backward_done | optimizer_step_done
+  double flops = 0;      // products
+  double bytes = 0;      // memory traffic outside the products' operands
+  double ms = 0;         // flops at the matmul rate plus bytes at the memory rate (no overlap assumed)
+};
+
+struct StepTimePlan {
+  std::string device;
+  std::vector<PhaseTime> phases;
+  double total_ms() const;
+};
+
+// The device's dtype rules follow the trainer's (compute dtype auto: bf16 on a GPU device, the master dtype
+// on cpu). `separate_head`: the model has its own lm_head.
+StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, const TrainOptions& options,
+                               const DeviceRates& device);
+
+}  // namespace qwen3

@@ -1,0 +1,139 @@
+// The step-time model: FLOPs and bytes of each phase of one training step, turned into time. docs/performance.md.
+#include "qwen3/step_time_model.h"
+
+#include <algorithm>
+
+#include "qwen3/error.h"
+#include "qwen3/layout.h"
+#include "qwen3/nvfp4_linear.h"
+#include "train_setup.h"
+
+namespace qwen3 {
+namespace {
+
+constexpr double kCodeBytes = 9.0 / 16.0;  // NVFP4: half a byte of code and a 16th of a scale byte an element
+
+// Moment state bytes an element the update reads and writes (docs/optim.md's table, both moments).
+double moment_bytes(MomentStorage storage) {
+  switch (storage) {
+    case MomentStorage::float32: return 8;
+    case MomentStorage::bfloat16: return 4;
+    case MomentStorage::int8: return 2.125;
+    case MomentStorage::nvfp4: return 1.128;
+  }
+  return 8;
+}
+
+}  // namespace
+
+const std::vector<std::string>& predict_device_names() {
+  static const std::vector<std::string> names = {"h100", "h200", "gb10", "cpu"};
+  return names;
+}
+
+DeviceRates device_rates(std::string_view name) {
+  // GPUs: the vendors' dense peaks (H100/H200 SXM; GB10: 1 PFLOP FP4 with sparsity, halved for dense and
+  // quartered for bf16, and ~31 TFLOPS fp32 as presented at Hot Chips 2025). Efficiencies: assumptions until
+  // the GPU round measures a step (issue 12). cpu: the development machine (dev-2c), measured: a
+  // [32, 2560] x [2560, 9728] product at 241 GFLOP/s in bf16 and 108 in fp32, memcpy 23.5 GiB/s; the product
+  // rates are already what a training-shaped product reaches, an elementwise ATen pass about half a memcpy.
+  if (name == "h100") return {"h100", 989.0, 67.0, 3350.0, 0.6, 0.7, false};
+  if (name == "h200") return {"h200", 989.0, 67.0, 4800.0, 0.6, 0.7, false};
+  if (name == "gb10") return {"gb10", 125.0, 31.0, 273.0, 0.6, 0.7, true};
+  if (name == "cpu") return {"cpu", 0.241, 0.108, 25.2, 1.0, 0.5, false};
+  std::string known;
+  for (const auto& n : predict_device_names()) known += (known.empty() ? "" : ", ") + n;
+  throw UsageError("--predict-device: unknown '" + std::string(name) + "' (" + known + ")");
+}
+
+double StepTimePlan::total_ms() const {
+  double t = 0;
+  for (const auto& p : phases) t += p.ms;
+  return t;
+}
+
+StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, const TrainOptions& o,
+                               const DeviceRates& device) {
+  const ModelShape s = config.shape();
+  const bool gpu = device.name != "cpu";
+  const c10::Device as_device = gpu ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
+  const double e = o.master_dtype == "bfloat16" ? 2 : 4;
+  const bool compute_bf16 = train_detail::compute_scalar_type(o, as_device) == at::kBFloat16;
+  const double a = compute_bf16 ? 2 : 4;
+  const double B = static_cast<double>(o.data.batch_size), T = static_cast<double>(o.data.seq_len), N = B * T;
+  const double H = s.hidden, Q = s.heads * s.head_dim, KV = s.kv_heads * s.head_dim, I = s.intermediate,
+               V = s.vocab, nh = s.heads, hd = s.head_dim;
+
+  // What trains, per block, and outside the blocks.
+  std::vector<double> projections(s.layers, 0), trained_projections(s.layers, 0);
+  std::vector<bool> block_trains(s.layers, false);
+  double trainable = 0, trainable_in_blocks = 0;
+  bool embedding_trains = false, head_trains = false;
+  for (const auto& spec : qwen3_tensors(s, separate_head)) {
+    double n = 1;
+    for (int64_t d : spec.shape) n *= static_cast<double>(d);
+    const bool trains = train_detail::is_trainable(spec.key, s.layers, o);
+    if (trains) trainable += n;
+    if (spec.key.rfind("model.layers.", 0) == 0) {
+      const int64_t l = std::stoll(spec.key.substr(13));
+      if (trains) trainable_in_blocks += n;
+      if (spec.quantizable) projections[l] += n, trained_projections[l] += trains ? n : 0;
+      block_trains[l] = block_trains[l] || trains;
+    } else if (trains) {
+      embedding_trains = embedding_trains || spec.key == "model.embed_tokens.weight";
+      head_trains = head_trains || spec.key == "lm_head.weight";
+    }
+  }
+  int64_t first_graph_block = embedding_trains ? 0 : s.layers;
+  for (int64_t l = 0; l < s.layers; ++l)
+    if (block_trains[l]) first_graph_block = std::min(first_graph_block, l);
+  const bool head_grad = head_trains || (embedding_trains && !separate_head);
+
+  // Per block: the attention's products (causal: half of the T x T scores), the activations' elementwise
+  // traffic per token (norms, residual adds, RoPE, SwiGLU: an estimate counted in docs/performance.md), and the
+  // weight bytes a product moves besides its operands (the codes read, the dequantized copy written; on a GPU
+  // below kNvfp4KernelMaxRows tokens the kernel reads the codes only).
+  const double attention_flops = 2 * B * nh * T * T * hd;
+  const double activation_bytes = N * a * (12 * H + 2 * (Q + 2 * KV) + 6 * I);
+  const bool kernel_product = gpu && compute_bf16 && N < static_cast<double>(nvfp4::kNvfp4KernelMaxRows);
+  const double forward_weight_bytes_per = kernel_product ? kCodeBytes : (gpu ? kCodeBytes + a : kCodeBytes + 4 + a);
+  const double backward_weight_bytes_per = gpu ? kCodeBytes + a : kCodeBytes + 4 + a;
+
+  PhaseTime forward{"forward_done"}, backward{"backward_done"}, optimizer{"optimizer_step_done"};
+  for (int64_t l = 0; l < s.layers; ++l) {
+    const double block_forward_flops = 2 * N * projections[l] + attention_flops;
+    // Trained projections are quantized from their masters each forward (master read, codes written).
+    const double block_forward_bytes =
+        projections[l] * forward_weight_bytes_per + trained_projections[l] * (e + kCodeBytes) + activation_bytes;
+    forward.flops += block_forward_flops;
+    forward.bytes += block_forward_bytes;
+    if (l < first_graph_block) continue;  // no graph, no backward
+    backward.flops += 2 * N * projections[l] + 2 * N * trained_projections[l] + 2 * attention_flops;
+    backward.bytes += projections[l] * backward_weight_bytes_per + trained_projections[l] * e + 2 * activation_bytes;
+    if (o.grad_checkpoint) backward.flops += block_forward_flops, backward.bytes += block_forward_bytes;
+  }
+  // The sliced loss: the head's product in forward; in backward the logits again, dX and (if it trains) dW.
+  const double head_cast_bytes = V * H * (e + (a != e ? a : 0));
+  const double logits_bytes = N * V * (a + 8);
+  forward.flops += 2 * N * H * V;
+  forward.bytes += head_cast_bytes + logits_bytes;
+  backward.flops += 2 * N * H * V * (head_grad ? 3 : 2);
+  backward.bytes += head_cast_bytes + 2 * logits_bytes + (head_grad ? V * H * e : 0);
+  // The optimizer: the norm reads every gradient once; the fused update reads gradient, master and state and
+  // writes master and state (nvfp4 on a GPU reads the gradient and its state twice, for the row scale).
+  const double state = moment_bytes(o.adamw.moments);
+  const double reread = gpu && o.adamw.moments == MomentStorage::nvfp4 ? e + state : 0;
+  const double per_parameter = e /*norm*/ + e /*grad*/ + 2 * e /*master*/ + 2 * state + reread;
+  // --fused-optimizer: the blocks' updates run inside backward; the optimizer phase has the rest.
+  const double updated_in_backward = o.fused_optimizer ? trainable_in_blocks : 0;
+  backward.bytes += updated_in_backward * per_parameter;
+  optimizer.bytes = (trainable - updated_in_backward) * per_parameter;
+
+  const double matmul_rate = (compute_bf16 ? device.bf16_tflops : device.fp32_tflops) * 1e12 * device.matmul_efficiency;
+  const double memory_rate = device.memory_gbps * 1e9 * device.memory_efficiency;
+  StepTimePlan plan{device.name, {forward, backward, optimizer}};
+  for (PhaseTime& p : plan.phases) p.ms = 1e3 * (p.flops / matmul_rate + p.bytes / memory_rate);
+  return plan;
+}
+
+}  // namespace qwen3

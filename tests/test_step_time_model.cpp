@@ -1,0 +1,127 @@
+// The step-time model: the devices it knows, how its FLOPs and bytes respond to the flags that change the work,
+// and the CLI that prints it.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+
+#include "cli_test_util.h"
+#include "qwen3/error.h"
+#include "qwen3/layout.h"
+#include "qwen3/step_time_model.h"
+
+namespace qwen3 {
+namespace {
+
+Qwen3Config qwen3_4b() {
+  Qwen3Config c = preset_config("qwen3-4b");
+  c.validate("test");
+  return c;
+}
+
+TrainOptions options(int64_t seq_len, int64_t batch = 1) {
+  TrainOptions o;
+  o.data.seq_len = seq_len;
+  o.data.batch_size = batch;
+  o.master_dtype = "bfloat16";
+  o.adamw.moments = MomentStorage::int8;
+  return o;
+}
+
+const PhaseTime& phase(const StepTimePlan& p, const std::string& name) {
+  for (const auto& ph : p.phases)
+    if (ph.phase == name) return ph;
+  throw Error("no phase " + name);
+}
+
+TEST(StepTimeModel, KnowsItsDevicesAndRefusesOthers) {
+  for (const auto& name : predict_device_names()) {
+    const DeviceRates r = device_rates(name);
+    EXPECT_EQ(r.name, name);
+    EXPECT_GT(r.bf16_tflops, 0);
+    EXPECT_GT(r.memory_gbps, 0);
+  }
+  EXPECT_TRUE(device_rates("gb10").unified_memory);
+  EXPECT_THROW(device_rates("tpu"), UsageError);
+}
+
+TEST(StepTimeModel, ForwardFlopsAreTheProductsOfTheTokens) {
+  const Qwen3Config c = qwen3_4b();
+  const ModelShape s = c.shape();
+  const StepTimePlan p = predict_step_time(c, false, options(2048), device_rates("h100"));
+  // 2 N (projection parameters) + the head's 2 N H V + causal attention's 2 B heads T^2 head_dim per layer.
+  double projections = 0;
+  for (const auto& spec : qwen3_tensors(s, false))
+    if (spec.quantizable && spec.key.rfind("model.layers.", 0) == 0)
+      projections += static_cast<double>(spec.shape[0]) * static_cast<double>(spec.shape[1]);
+  const double N = 2048;
+  const double expected = 2 * N * projections + 2 * N * s.hidden * s.vocab +
+                          s.layers * 2.0 * s.heads * N * N * s.head_dim;
+  EXPECT_NEAR(phase(p, "forward_done").flops, expected, 1e-9 * expected);
+  // A full-parameter backward: dX and dW of every projection, twice the attention, the head three times.
+  EXPECT_GT(phase(p, "backward_done").flops, 1.9 * phase(p, "forward_done").flops);
+}
+
+TEST(StepTimeModel, RespondsToTheFlagsThatChangeTheWork) {
+  const Qwen3Config c = qwen3_4b();
+  const DeviceRates h100 = device_rates("h100");
+  const StepTimePlan base = predict_step_time(c, false, options(512), h100);
+  // Twice the batch: twice every product (attention is per sequence).
+  const StepTimePlan twice = predict_step_time(c, false, options(512, 2), h100);
+  EXPECT_NEAR(phase(twice, "forward_done").flops, 2 * phase(base, "forward_done").flops, 1e-6);
+  // Checkpointing recomputes each block's forward in backward.
+  TrainOptions ckpt = options(512);
+  ckpt.grad_checkpoint = true;
+  const StepTimePlan recomputed = predict_step_time(c, false, ckpt, h100);
+  const double head_forward = 2.0 * 512 * c.hidden_size * c.vocab_size;
+  EXPECT_NEAR(phase(recomputed, "backward_done").flops - phase(base, "backward_done").flops,
+              phase(base, "forward_done").flops - head_forward, 1.0);
+  // The last 8 layers: less backward, the same forward.
+  TrainOptions last = options(512);
+  last.train_last_layers = 8;
+  const StepTimePlan partial = predict_step_time(c, false, last, h100);
+  EXPECT_EQ(phase(partial, "forward_done").flops, phase(base, "forward_done").flops);
+  EXPECT_LT(phase(partial, "backward_done").flops, 0.4 * phase(base, "backward_done").flops);
+  // Smaller moments move fewer bytes; the fused optimizer moves the blocks' updates into backward.
+  TrainOptions fp32_moments = options(512);
+  fp32_moments.adamw.moments = MomentStorage::float32;
+  EXPECT_GT(phase(predict_step_time(c, false, fp32_moments, h100), "optimizer_step_done").bytes,
+            1.5 * phase(base, "optimizer_step_done").bytes);
+  TrainOptions fused = options(512);
+  fused.fused_optimizer = true;
+  const StepTimePlan in_backward = predict_step_time(c, false, fused, h100);
+  EXPECT_LT(phase(in_backward, "optimizer_step_done").bytes, 0.2 * phase(base, "optimizer_step_done").bytes);
+  EXPECT_NEAR(phase(in_backward, "backward_done").bytes + phase(in_backward, "optimizer_step_done").bytes,
+              phase(base, "backward_done").bytes + phase(base, "optimizer_step_done").bytes, 1.0);
+  // More bandwidth, same work: never slower.
+  const StepTimePlan h200 = predict_step_time(c, false, options(512), device_rates("h200"));
+  for (size_t i = 0; i < base.phases.size(); ++i) {
+    EXPECT_EQ(h200.phases[i].flops, base.phases[i].flops);
+    EXPECT_LT(h200.phases[i].ms, base.phases[i].ms);
+  }
+  // fp32 compute on a GPU runs at the fp32 rate: much slower.
+  TrainOptions fp32_compute = options(512);
+  fp32_compute.compute_dtype = "float32";
+  EXPECT_GT(predict_step_time(c, false, fp32_compute, h100).total_ms(), 5 * base.total_ms());
+}
+
+TEST(StepTimeModel, PredictOnlyPrintsTheTimeForANamedDevice) {
+  test::TempDir dir;
+  const std::string config = dir.file("config.json");
+  {
+    std::ofstream out(config);
+    out << qwen3_4b().to_json().dump();
+  }
+  auto r = test::run_cli("vram-report --predict-only --config " + config + " --seq-len 2048 --predict-device gb10");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("predicted time of one step on gb10"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("memory shared with the CPU"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("backward_done"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("predicted memory of one step on cuda"), std::string::npos) << r.out;
+  r = test::run_cli("vram-report --predict-only --config " + config + " --predict-device tpu");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--predict-device"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace qwen3

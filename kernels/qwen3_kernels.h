@@ -41,4 +41,33 @@ int launch_nvfp4_matmul(const void* x, KernelDType x_type, int64_t M, int64_t K,
 // for the per-row scale). All pointers device memory, contiguous, as kernels/adamw_step.md lays out.
 int launch_adamw_step(const adamw::ParamView& param, const adamw::StepScalars& scalars, void* stream);
 
+// ---- Fused activation kernels (fused_ops.cu; element rules in fused_ops.cuh; design: fused_ops.md) ----------
+// Activations f32 or bf16, contiguous; the RMSNorm weight f32 or bf16. Each launcher checks its arguments,
+// enqueues on `stream` and never synchronizes.
+
+// y [rows, cols] = T(w) * T(x * rstd) with rstd = 1 / sqrt(mean(x^2) + eps) per row (written to rstd [rows]).
+int launch_rmsnorm_forward(const void* x, KernelDType x_type, const void* w, KernelDType w_type, int64_t rows,
+                           int64_t cols, float eps, void* y, float* rstd, void* stream);
+
+// Rows a chunk of the weight gradient's deterministic reduction sums; the workspace holds a row of partial sums
+// a chunk.
+constexpr int64_t kRmsnormRowsPerChunk = 256;
+int64_t rmsnorm_backward_workspace_floats(int64_t rows, int64_t cols);
+
+// dx [rows, cols] (x's dtype) and dw [cols] (fp32, the sum over rows, in a fixed order) from dy, x, w and the
+// forward's rstd; workspace: rmsnorm_backward_workspace_floats(rows, cols) floats of device memory.
+int launch_rmsnorm_backward(const void* dy, const void* x, KernelDType x_type, const void* w, KernelDType w_type,
+                            const float* rstd, int64_t rows, int64_t cols, void* dx, float* dw, float* workspace,
+                            void* stream);
+
+// HF's rotary embedding of x [batch, seq, heads, head_dim] (contiguous) into out (which may be x: in place) with
+// fp32 tables cos/sin [seq, head_dim]; backward != 0 applies the transposed rotation (the gradient's).
+int launch_rope(const void* x, void* out, KernelDType type, int64_t batch, int64_t seq, int64_t heads,
+                int64_t head_dim, const float* cos, const float* sin, int backward, void* stream);
+
+// out = T(silu(gate)) * up over n elements; and its backward (dgate, dup from dout).
+int launch_swiglu_forward(const void* gate, const void* up, void* out, KernelDType type, int64_t n, void* stream);
+int launch_swiglu_backward(const void* dout, const void* gate, const void* up, void* dgate, void* dup, KernelDType type,
+                           int64_t n, void* stream);
+
 }  // namespace qwen3::kernels

@@ -8,7 +8,7 @@
 # the build folder (BUILD_DIR, default build-gpu/, ignored) keeps the build and the status of every step run so
 # far (BUILD_DIR/gpu-check/status.tsv), and every call ends by writing the table of all of them to stdout and
 # RESULTS_DIR/summary.md. RESULTS_DIR gets four files at most (the device tool returns 8): summary.md,
-# status.tsv, bench_nvfp4_kernels.json and gpu-check-details.tar.gz (every step's log, BUILD_DIR/gpu-check/
+# status.tsv, bench_kernels.json and gpu-check-details.tar.gz (every step's log, BUILD_DIR/gpu-check/
 # results/<stage>/). A failing step is recorded and the next one runs; the exit status is 1 when any step of
 # this call failed.
 #
@@ -447,18 +447,18 @@ stage_sanitize() {
 
 stage_bench() {
   stage_begin bench
-  local d=$stage_dir b=$build_dir/bench/bench_nvfp4_kernels json=$stage_dir/bench_nvfp4_kernels.json
+  local d=$stage_dir b=$build_dir/bench/bench_kernels json=$stage_dir/bench_kernels.json
   if [ ! -x "$b" ]; then
     record bench kernels "$([ "$dry_run" = 1 ] && echo skipped || echo failed)" 0 "no $b (built only with nvcc and the benchmark source)"
     record bench ncu skipped 0 "no benchmark"
     stage_end bench
     return
   fi
-  if ! run_step "$d/bench_nvfp4_kernels.log" 300 "$b" "--benchmark_out=$json" --benchmark_out_format=json \
+  if ! run_step "$d/bench_kernels.log" 300 "$b" "--benchmark_out=$json" --benchmark_out_format=json \
       --benchmark_counters_tabular=true; then
     no_time bench kernels; no_time bench ncu; stage_end bench; return
   fi
-  if grep -q 'no CUDA device' "$d/bench_nvfp4_kernels.log"; then
+  if grep -q 'no CUDA device' "$d/bench_kernels.log"; then
     record bench kernels skipped "$step_s" "no CUDA device: nothing measured$([ "$dry_run" = 1 ] && echo ' (dry run)')"
     record bench ncu skipped 0 "no CUDA device"
     stage_end bench
@@ -497,9 +497,9 @@ EOF
   if [ "$step_rc" = 0 ]; then
     record bench kernels ok "$step_s" "$figures"
   else
-    record bench kernels failed "$step_s" "$(fail_note "$d/bench_nvfp4_kernels.log"); $figures"
+    record bench kernels failed "$step_s" "$(fail_note "$d/bench_kernels.log"); $figures"
   fi
-  grep -E '^(quantize|matmul)' "$d/bench_nvfp4_kernels.log" | head -n 40
+  grep -E '^(quantize|matmul|adamw|fused)' "$d/bench_kernels.log" | head -n 60
 
   if ! have ncu; then
     record bench ncu skipped 0 "ncu absent"
@@ -689,7 +689,7 @@ write_summary() {
   cp "$status_file" "$results/status.tsv"
   # The device tool brings back at most 8 files from $OUT: the details travel as one archive.
   tar -czf "$results/gpu-check-details.tar.gz" -C "$state" results
-  [ -f "$details/bench/bench_nvfp4_kernels.json" ] && cp "$details/bench/bench_nvfp4_kernels.json" "$results/"
+  [ -f "$details/bench/bench_kernels.json" ] && cp "$details/bench/bench_kernels.json" "$results/"
   echo
   cat "$md"
 }

@@ -6,6 +6,7 @@
 #include <torch/autograd.h>
 
 #include "block_segment.h"
+#include "model/activation_ops.h"
 
 #include <algorithm>
 #include <cmath>
@@ -70,11 +71,8 @@ void Qwen3Model::set_compute_dtype(at::ScalarType dtype) {
   compute_dtype_ = dtype;
 }
 
-// fp32 accumulation; the weight is applied in x's dtype (cast when the parameter's differs), as HF does.
 at::Tensor Qwen3Model::rmsnorm(const at::Tensor& x, const at::Tensor& weight) const {
-  const at::Tensor xf = x.to(at::kFloat);
-  const at::Tensor normed = xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + config_.rms_norm_eps);
-  return weight.to(x.scalar_type()) * normed.to(x.scalar_type());
+  return rms_norm(x, weight, config_.rms_norm_eps);
 }
 
 std::pair<at::Tensor, at::Tensor> rope_tables(int64_t head_dim, double theta, int64_t offset, int64_t length,
@@ -91,17 +89,6 @@ std::pair<at::Tensor, at::Tensor> rope_tables(int64_t head_dim, double theta, in
 }
 
 namespace {
-
-at::Tensor rotate_half(const at::Tensor& x) {
-  const int64_t half = x.size(-1) / 2;
-  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-}
-
-// x [B, heads, T, d]; cos/sin [T, d] fp32, applied in x's dtype as HF does.
-at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  const auto c = cos.to(x.scalar_type()), s = sin.to(x.scalar_type());
-  return x * c + rotate_half(x) * s;
-}
 
 // The embedding lookup whose backward adds each row's gradient into the table's .grad() in place (index_add_)
 // instead of returning a dense [V, H] gradient for autograd to accumulate.
@@ -150,11 +137,10 @@ at::Tensor Qwen3Model::block_forward(const Qwen3Block& b, at::Tensor x, const at
   const int64_t B = x.size(0), T = x.size(1);
   const int64_t nh = config_.num_attention_heads, nkv = config_.num_key_value_heads, hd = config_.head_dim;
   const at::Tensor h = rmsnorm(x, b.input_layernorm);
-  at::Tensor q = rmsnorm(project_(h, b.q_proj).view({B, T, nh, hd}), b.q_norm).transpose(1, 2);
-  at::Tensor k = rmsnorm(project_(h, b.k_proj).view({B, T, nkv, hd}), b.k_norm).transpose(1, 2);
+  // RoPE on [B, T, heads, d] (one pass over q and k each), then heads first for attention.
+  const at::Tensor q = rotary(rmsnorm(project_(h, b.q_proj).view({B, T, nh, hd}), b.q_norm), cos, sin).transpose(1, 2);
+  at::Tensor k = rotary(rmsnorm(project_(h, b.k_proj).view({B, T, nkv, hd}), b.k_norm), cos, sin).transpose(1, 2);
   at::Tensor v = project_(h, b.v_proj).view({B, T, nkv, hd}).transpose(1, 2);
-  q = apply_rope(q, cos, sin);
-  k = apply_rope(k, cos, sin);
   if (cache) {
     cache->keys[layer].narrow(2, offset, T).copy_(k);
     cache->values[layer].narrow(2, offset, T).copy_(v);
@@ -164,7 +150,7 @@ at::Tensor Qwen3Model::block_forward(const Qwen3Block& b, at::Tensor x, const at
   const at::Tensor attn = causal_attention(q, k, v).transpose(1, 2).reshape({B, T, nh * hd});
   x = x + project_(attn, b.o_proj);
   const at::Tensor h2 = rmsnorm(x, b.post_attention_layernorm);
-  return x + project_(at::silu(project_(h2, b.gate_proj)) * project_(h2, b.up_proj), b.down_proj);
+  return x + project_(swiglu(project_(h2, b.gate_proj), project_(h2, b.up_proj)), b.down_proj);
 }
 
 at::Tensor Qwen3Model::hidden_states(const at::Tensor& ids, KVCache* cache) {

@@ -1,8 +1,12 @@
-// GPU benchmarks of the NVFP4 kernels (Google Benchmark, cudaEvent timing, manual time):
+// GPU benchmarks of the kernels (Google Benchmark, cudaEvent timing, manual time):
 //  - quantize: effective bandwidth (input bytes read + codes and scales written) against a device-to-device
 //    cudaMemcpy of the input bytes on the same device (a copy moves 2x its size);
 //  - the NVFP4-weight product against cuBLAS bf16 (cublasGemmEx, fp32 compute: what torch::matmul runs) on the
 //    Qwen3-4B projection shapes, M in {1, 16, 4096}: TFLOP/s of both and the speedup.
+//  - the fused AdamW step (every moment storage, fp32 and bf16 masters) on a 4096 x 2560 parameter: the bytes
+//    the update must move per second, as a fraction of the copy;
+//  - the fused activation kernels (RMSNorm forward/backward, RoPE, SwiGLU forward/backward) at Qwen3-4B
+//    training shapes (2048 tokens): bytes moved per second as a fraction of the copy.
 // Weights rotate through enough copies to exceed the L2 cache, so small-M runs measure memory, not L2.
 // Results go to docs/performance.md with the date and the device. Exits 0 with a message when there is no GPU.
 #include <benchmark/benchmark.h>
@@ -198,10 +202,90 @@ const char* type_name(KernelDType type) { return type == KernelDType::f32 ? "f32
 
 }  // namespace
 
+// ---- The fused AdamW step -------------------------------------------------------------------------------------
+
+// Bytes per parameter the update must move (read + write): gradient, master, both moments and their scales.
+double adamw_bytes_per_param(qwen3::kernels::adamw::Moments moments, bool bf16_master) {
+  const double master = bf16_master ? 2 : 4, grad = master;
+  const double state[] = {8, 4, 2.125, 1.128};
+  return grad + 2 * master + 2 * state[static_cast<int>(moments)];
+}
+
+void BM_AdamWStep(benchmark::State& state, qwen3::kernels::adamw::Moments moments, bool bf16_master) {
+  namespace ka = qwen3::kernels::adamw;
+  const int64_t rows = 4096, cols = 2560, n = rows * cols;
+  const int64_t block = moments == ka::Moments::int8 ? ka::kInt8Block : (moments == ka::Moments::nvfp4 ? ka::kNvfp4Block : 1);
+  const size_t elem = bf16_master ? 2 : 4;
+  const double state_bytes[] = {4, 2, 1, 0.5};
+  DeviceMemory master(n * elem), grad(n * elem), m(static_cast<size_t>(n * state_bytes[static_cast<int>(moments)]) + 64),
+      v(static_cast<size_t>(n * state_bytes[static_cast<int>(moments)]) + 64), ms(n / block * 4 + 64), vs(n / block * 4 + 64),
+      mr(rows * 4), vr(rows * 4), copy_in(n * elem), copy_out(n * elem);
+  check(cudaMemset(master.ptr, 0, n * elem), "memset");
+  check(cudaMemset(grad.ptr, 0x3c, n * elem), "memset");
+  ka::ParamView p{};
+  p.master = master.ptr, p.master_bf16 = bf16_master, p.grad = grad.ptr, p.grad_bf16 = bf16_master;
+  p.exp_avg = m.ptr, p.exp_avg_sq = v.ptr, p.exp_avg_scale = ms.ptr, p.exp_avg_sq_scale = vs.ptr;
+  p.exp_avg_row_scale = mr.as<float>(), p.exp_avg_sq_row_scale = vr.as<float>();
+  p.rows = rows, p.cols = cols, p.stored_cols = cols, p.moments = moments;
+  ka::StepScalars sc{};
+  sc.beta1 = 0.9f, sc.one_minus_beta1 = 0.1f, sc.beta2 = 0.999f, sc.one_minus_beta2 = 0.001f;
+  sc.bias_correction2_sqrt = 0.1f, sc.eps = 1e-8f, sc.neg_step_size = -1e-5f, sc.decay_factor = 1.0f, sc.grad_scale = 1.0f;
+  double step_s = 0, copy_s = 0;
+  for (auto _ : state) {
+    step_s = seconds_per_call([&](int) { check(qwen3::kernels::launch_adamw_step(p, sc, nullptr), "adamw"); });
+    copy_s = seconds_per_call([&](int) {
+      check(cudaMemcpyAsync(copy_out.ptr, copy_in.ptr, n * elem, cudaMemcpyDeviceToDevice), "copy");
+    });
+    state.SetIterationTime(step_s);
+  }
+  const double rate = adamw_bytes_per_param(moments, bf16_master) * n / step_s, copy_rate = 2.0 * n * elem / copy_s;
+  state.counters["bytes_per_param"] = adamw_bytes_per_param(moments, bf16_master);
+  state.counters["GB/s"] = rate * 1e-9;
+  state.counters["of_copy"] = rate / copy_rate;
+  state.counters["ms_per_Mparam"] = step_s * 1e3 / (n * 1e-6);
+}
+
+// ---- The fused activation kernels -------------------------------------------------------------------------------
+
+// kind: 0 rmsnorm forward, 1 rmsnorm backward, 2 rope, 3 swiglu forward, 4 swiglu backward; bf16 activations.
+void BM_FusedOp(benchmark::State& state, int kind) {
+  const int64_t tokens = 2048, hidden = 2560, inter = 9728, heads = 32, head_dim = 128;
+  const int64_t n = kind <= 1 ? tokens * hidden : (kind == 2 ? tokens * heads * head_dim : tokens * inter);
+  DeviceMemory a(n * 2), b(n * 2), c(n * 2), d(n * 2), e(n * 2), w(hidden * 4), rstd(tokens * 4), dw(hidden * 4),
+      work(qwen3::kernels::rmsnorm_backward_workspace_floats(tokens, hidden) * 4), tables(tokens * head_dim * 4 * 2);
+  check(cudaMemset(a.ptr, 0x3c, n * 2), "memset");
+  check(cudaMemset(b.ptr, 0x3c, n * 2), "memset");
+  check(cudaMemset(c.ptr, 0x3c, n * 2), "memset");
+  check(cudaMemset(w.ptr, 0, hidden * 4), "memset");
+  check(cudaMemset(tables.ptr, 0, tokens * head_dim * 8), "memset");
+  const auto bf16 = KernelDType::bf16;
+  const char* names[] = {"rmsnorm_forward", "rmsnorm_backward", "rope", "swiglu_forward", "swiglu_backward"};
+  // Bytes each must move: reads and writes of activations (2 bytes an element).
+  const double moved[] = {2.0 * n * 2, 4.0 * n * 2, 2.0 * n * 2, 3.0 * n * 2, 5.0 * n * 2};
+  double op_s = 0, copy_s = 0;
+  for (auto _ : state) {
+    op_s = seconds_per_call([&](int) {
+      switch (kind) {
+        case 0: check(qwen3::kernels::launch_rmsnorm_forward(a.ptr, bf16, w.ptr, KernelDType::f32, tokens, hidden, 1e-6f, b.ptr, rstd.as<float>(), nullptr), "rmsnorm"); break;
+        case 1: check(qwen3::kernels::launch_rmsnorm_backward(c.ptr, a.ptr, bf16, w.ptr, KernelDType::f32, rstd.as<float>(), tokens, hidden, d.ptr, dw.as<float>(), work.as<float>(), nullptr), "rmsnorm backward"); break;
+        case 2: check(qwen3::kernels::launch_rope(a.ptr, b.ptr, bf16, 1, tokens, heads, head_dim, tables.as<float>(), tables.as<float>() + tokens * head_dim, 0, nullptr), "rope"); break;
+        case 3: check(qwen3::kernels::launch_swiglu_forward(a.ptr, b.ptr, d.ptr, bf16, n, nullptr), "swiglu"); break;
+        default: check(qwen3::kernels::launch_swiglu_backward(c.ptr, a.ptr, b.ptr, d.ptr, e.ptr, bf16, n, nullptr), "swiglu backward"); break;
+      }
+    });
+    copy_s = seconds_per_call([&](int) { check(cudaMemcpyAsync(e.ptr, a.ptr, n * 2, cudaMemcpyDeviceToDevice), "copy"); });
+    state.SetIterationTime(op_s);
+  }
+  const double rate = moved[kind] / op_s, copy_rate = 2.0 * n * 2 / copy_s;
+  state.SetLabel(names[kind]);
+  state.counters["GB/s"] = rate * 1e-9;
+  state.counters["of_copy"] = rate / copy_rate;
+}
+
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (qwen3::kernels::cuda_device_count() == 0) {
-    std::printf("bench_nvfp4_kernels: no CUDA device; nothing measured\n");
+    std::printf("bench_kernels: no CUDA device; nothing measured\n");
     return 0;
   }
   const int64_t shapes[][2] = {{4096, 2560}, {1024, 2560}, {2560, 4096}, {9728, 2560}, {2560, 9728}};
@@ -224,6 +308,22 @@ int main(int argc, char** argv) {
           ->Iterations(3)
           ->Unit(benchmark::kMicrosecond);
     }
+  namespace ka = qwen3::kernels::adamw;
+  const char* moment_names[] = {"f32", "bf16", "int8", "nvfp4"};
+  for (ka::Moments moments : {ka::Moments::f32, ka::Moments::bf16, ka::Moments::int8, ka::Moments::nvfp4})
+    for (bool bf16_master : {false, true}) {
+      const std::string name = std::string("adamw/") + moment_names[static_cast<int>(moments)] + "_moments/" +
+                               (bf16_master ? "bf16" : "fp32") + "_master";
+      benchmark::RegisterBenchmark(name.c_str(), BM_AdamWStep, moments, bf16_master)
+          ->UseManualTime()
+          ->Iterations(3)
+          ->Unit(benchmark::kMicrosecond);
+    }
+  for (int kind = 0; kind < 5; ++kind)
+    benchmark::RegisterBenchmark(("fused/" + std::to_string(kind)).c_str(), BM_FusedOp, kind)
+        ->UseManualTime()
+        ->Iterations(3)
+        ->Unit(benchmark::kMicrosecond);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

@@ -1,0 +1,109 @@
+// Element rules of the fused activation kernels (fused_ops.cu): RMSNorm, RoPE and SwiGLU, forward and backward,
+// as __host__ __device__ functions. The kernels run them on the GPU; tests/test_fused_ops.cpp runs them on the
+// host against the model's libtorch formulas (the CPU path), so the arithmetic is checked in every CI run.
+// Values are fp32 in registers; stores round to the activation dtype exactly where the libtorch formula rounds
+// (each libtorch op on bf16 tensors computes in fp32 and rounds its result). Design: kernels/fused_ops.md.
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#include "adamw_update.cuh"
+
+namespace qwen3::kernels::fused {
+
+using adamw::bf16_nearest;
+using adamw::bf16_to_float;
+using codec::add_rn;
+using codec::mul_rn;
+using codec::sub_rn;
+
+// Rounds an fp32 value to the activation dtype and back (identity for fp32).
+template <bool kBf16>
+QWEN3_HD float round_to(float x) {
+  return kBf16 ? bf16_to_float(bf16_nearest(x)) : x;
+}
+
+template <bool kBf16>
+QWEN3_HD float load(const void* p, int64_t i) {
+  return kBf16 ? bf16_to_float(static_cast<const uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
+}
+
+template <bool kBf16>
+QWEN3_HD void store(void* p, int64_t i, float x) {
+  if (kBf16)
+    static_cast<uint16_t*>(p)[i] = bf16_nearest(x);
+  else
+    static_cast<float*>(p)[i] = x;
+}
+
+// ---- RMSNorm: y = T(w) * T(x * rstd), rstd = 1 / sqrt(mean(x^2) + eps) over the row, in fp32 ------------------
+
+QWEN3_HD float rmsnorm_rstd(float sum_of_squares, int64_t cols, float eps) {
+  return 1.0f / sqrtf(add_rn(sum_of_squares / static_cast<float>(cols), eps));
+}
+
+// One output element: the weight cast to the activation dtype times the normalized value cast to it, rounded.
+template <bool kBf16>
+QWEN3_HD float rmsnorm_output(float x, float rstd, float weight) {
+  return round_to<kBf16>(mul_rn(round_to<kBf16>(weight), round_to<kBf16>(mul_rn(x, rstd))));
+}
+
+// Backward: with n = x rstd and g = dy T(w) (the gradient reaching n through its cast), dx = rstd (g - n mean(g n))
+// and the weight's gradient dy T(n) (summed over rows by the caller, in fp32).
+template <bool kBf16>
+QWEN3_HD float rmsnorm_grad_n(float dy, float weight) {
+  return mul_rn(dy, round_to<kBf16>(weight));
+}
+QWEN3_HD float rmsnorm_dx(float grad_n, float n, float mean_grad_n_times_n, float rstd) {
+  return mul_rn(rstd, sub_rn(grad_n, mul_rn(n, mean_grad_n_times_n)));
+}
+template <bool kBf16>
+QWEN3_HD float rmsnorm_dw_term(float dy, float n) {
+  return mul_rn(dy, round_to<kBf16>(n));
+}
+
+// ---- RoPE on one (first half, second half) pair of a head: HF's x cos + rotate_half(x) sin ----------------------
+
+// c1, s1 at the first half's index, c2, s2 at the second's (the tables repeat, so they are equal, but the
+// formula does not need it). Each product and the sum round to the activation dtype, as libtorch's do.
+template <bool kBf16>
+QWEN3_HD void rope_pair(float& x1, float& x2, float c1, float s1, float c2, float s2) {
+  const float tc1 = round_to<kBf16>(c1), ts1 = round_to<kBf16>(s1), tc2 = round_to<kBf16>(c2), ts2 = round_to<kBf16>(s2);
+  const float o1 = round_to<kBf16>(add_rn(round_to<kBf16>(mul_rn(x1, tc1)), round_to<kBf16>(mul_rn(-x2, ts1))));
+  const float o2 = round_to<kBf16>(add_rn(round_to<kBf16>(mul_rn(x2, tc2)), round_to<kBf16>(mul_rn(x1, ts2))));
+  x1 = o1;
+  x2 = o2;
+}
+
+// Its backward: the transposed rotation, dx1 = dy1 c1 + dy2 s2, dx2 = dy2 c2 - dy1 s1, each product and the sum
+// rounded as autograd's accumulation of the two branches' gradients rounds them.
+template <bool kBf16>
+QWEN3_HD void rope_pair_backward(float& dy1, float& dy2, float c1, float s1, float c2, float s2) {
+  const float tc1 = round_to<kBf16>(c1), ts1 = round_to<kBf16>(s1), tc2 = round_to<kBf16>(c2), ts2 = round_to<kBf16>(s2);
+  const float d1 = round_to<kBf16>(add_rn(round_to<kBf16>(mul_rn(dy1, tc1)), round_to<kBf16>(mul_rn(dy2, ts2))));
+  const float d2 = round_to<kBf16>(add_rn(round_to<kBf16>(mul_rn(dy2, tc2)), -round_to<kBf16>(mul_rn(dy1, ts1))));
+  dy1 = d1;
+  dy2 = d2;
+}
+
+// ---- SwiGLU: h = T(silu(g)) * u, rounded ---------------------------------------------------------------------
+
+QWEN3_HD float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+// libtorch's form, x / (1 + e^-x).
+QWEN3_HD float silu(float x) { return x / (1.0f + expf(-x)); }
+
+template <bool kBf16>
+QWEN3_HD float swiglu(float gate, float up) {
+  return round_to<kBf16>(mul_rn(round_to<kBf16>(silu(gate)), up));
+}
+
+// dgate = dh u silu'(g), dup = dh T(silu(g)); silu'(g) = s (1 + g (1 - s)), s = sigmoid(g).
+template <bool kBf16>
+QWEN3_HD void swiglu_backward(float dh, float gate, float up, float& dgate, float& dup) {
+  const float s = sigmoid(gate);
+  dup = round_to<kBf16>(mul_rn(dh, round_to<kBf16>(silu(gate))));
+  const float dsilu = round_to<kBf16>(mul_rn(dh, up));
+  dgate = round_to<kBf16>(mul_rn(dsilu, mul_rn(s, add_rn(1.0f, mul_rn(gate, sub_rn(1.0f, s))))));
+}
+
+}  // namespace qwen3::kernels::fused

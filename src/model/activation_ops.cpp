@@ -1,0 +1,178 @@
+// RMSNorm, RoPE and SwiGLU: libtorch ops (CPU, and the reference), or the fused CUDA kernels through one
+// autograd node each.
+#include "model/activation_ops.h"
+
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+
+#include <string>
+
+#include "qwen3/error.h"
+
+#if defined(QWEN3_WITH_CUDA_KERNELS) && defined(QWEN3_TORCH_HAS_CUDA)
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+
+#include "qwen3_kernels.h"
+#define QWEN3_FUSED_ACTIVATIONS 1
+#endif
+
+namespace qwen3 {
+
+namespace reference {
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const at::Tensor xf = x.to(at::kFloat);
+  const at::Tensor normed = xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return weight.to(x.scalar_type()) * normed.to(x.scalar_type());
+}
+
+at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  const at::Tensor rotated = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+  // [T, d] against [B, T, heads, d]: the tables broadcast over batch and heads.
+  const auto c = cos.to(x.scalar_type()).unsqueeze(1), s = sin.to(x.scalar_type()).unsqueeze(1);
+  return x * c + rotated * s;
+}
+
+at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) { return at::silu(gate) * up; }
+
+}  // namespace reference
+
+#ifdef QWEN3_FUSED_ACTIVATIONS
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+kernels::KernelDType dtype_of(const at::Tensor& t) {
+  return t.scalar_type() == at::kBFloat16 ? kernels::KernelDType::bf16 : kernels::KernelDType::f32;
+}
+
+void* stream_of(const at::Tensor& t) {
+  return static_cast<void*>(c10::cuda::getCurrentCUDAStream(t.device().index()).stream());
+}
+
+void check(int status, const char* what) {
+  if (status != 0)
+    throw Error(std::string(what) + " CUDA kernel failed: " + cudaGetErrorString(static_cast<cudaError_t>(status)));
+}
+
+class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, double eps) {
+    const c10::cuda::CUDAGuard guard(x.device());
+    const at::Tensor xc = x.contiguous(), w = weight.contiguous();
+    const int64_t cols = x.size(-1), rows = xc.numel() / cols;
+    at::Tensor y = at::empty_like(xc);
+    at::Tensor rstd = at::empty({rows}, xc.options().dtype(at::kFloat));
+    check(kernels::launch_rmsnorm_forward(xc.data_ptr(), dtype_of(xc), w.data_ptr(), dtype_of(w), rows, cols,
+                                          static_cast<float>(eps), y.data_ptr(), rstd.data_ptr<float>(), stream_of(xc)),
+          "rmsnorm forward");
+    ctx->save_for_backward({xc, w, rstd});
+    return y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &w = saved[1], &rstd = saved[2];
+    const c10::cuda::CUDAGuard guard(x.device());
+    const at::Tensor dy = grads[0].contiguous();
+    const int64_t cols = x.size(-1), rows = x.numel() / cols;
+    at::Tensor dx = at::empty_like(x);
+    at::Tensor dw = at::empty({cols}, x.options().dtype(at::kFloat));
+    at::Tensor workspace = at::empty({kernels::rmsnorm_backward_workspace_floats(rows, cols)}, dw.options());
+    check(kernels::launch_rmsnorm_backward(dy.data_ptr(), x.data_ptr(), dtype_of(x), w.data_ptr(), dtype_of(w),
+                                           rstd.data_ptr<float>(), rows, cols, dx.data_ptr(), dw.data_ptr<float>(),
+                                           workspace.data_ptr<float>(), stream_of(x)),
+          "rmsnorm backward");
+    return {dx, dw.to(w.scalar_type()), at::Tensor()};
+  }
+};
+
+class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+    const c10::cuda::CUDAGuard guard(x.device());
+    const at::Tensor xc = x.contiguous(), c = cos.contiguous().to(at::kFloat), s = sin.contiguous().to(at::kFloat);
+    at::Tensor out = at::empty_like(xc);
+    check(kernels::launch_rope(xc.data_ptr(), out.data_ptr(), dtype_of(xc), xc.size(0), xc.size(1), xc.size(2),
+                               xc.size(3), c.data_ptr<float>(), s.data_ptr<float>(), 0, stream_of(xc)),
+          "rope");
+    ctx->save_for_backward({c, s});
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor dy = grads[0].contiguous();
+    const c10::cuda::CUDAGuard guard(dy.device());
+    at::Tensor dx = at::empty_like(dy);
+    check(kernels::launch_rope(dy.data_ptr(), dx.data_ptr(), dtype_of(dy), dy.size(0), dy.size(1), dy.size(2),
+                               dy.size(3), saved[0].data_ptr<float>(), saved[1].data_ptr<float>(), 1, stream_of(dy)),
+          "rope backward");
+    return {dx, at::Tensor(), at::Tensor()};
+  }
+};
+
+class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
+    const c10::cuda::CUDAGuard guard(gate.device());
+    const at::Tensor g = gate.contiguous(), u = up.contiguous();
+    at::Tensor out = at::empty_like(g);
+    check(kernels::launch_swiglu_forward(g.data_ptr(), u.data_ptr(), out.data_ptr(), dtype_of(g), g.numel(),
+                                         stream_of(g)),
+          "swiglu");
+    ctx->save_for_backward({g, u});
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &g = saved[0], &u = saved[1];
+    const c10::cuda::CUDAGuard guard(g.device());
+    const at::Tensor dout = grads[0].contiguous();
+    at::Tensor dg = at::empty_like(g), du = at::empty_like(u);
+    check(kernels::launch_swiglu_backward(dout.data_ptr(), g.data_ptr(), u.data_ptr(), dg.data_ptr(), du.data_ptr(),
+                                          dtype_of(g), g.numel(), stream_of(g)),
+          "swiglu backward");
+    return {dg, du};
+  }
+};
+
+}  // namespace
+
+bool fused_activation_ops_take(const at::Tensor& x) {
+  return x.is_cuda() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16);
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const bool weight_ok = weight.scalar_type() == at::kFloat || weight.scalar_type() == at::kBFloat16;
+  if (!fused_activation_ops_take(x) || !weight_ok) return reference::rms_norm(x, weight, eps);
+  return RmsNormFunction::apply(x, weight, eps);
+}
+
+at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  if (!fused_activation_ops_take(x) || x.dim() != 4) return reference::rotary(x, cos, sin);
+  return RotaryFunction::apply(x, cos, sin);
+}
+
+at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {
+  if (!fused_activation_ops_take(gate) || gate.scalar_type() != up.scalar_type() || !gate.sizes().equals(up.sizes()))
+    return reference::swiglu(gate, up);
+  return SwigluFunction::apply(gate, up);
+}
+
+#else  // no CUDA kernels or a CPU-only libtorch: libtorch ops everywhere
+
+bool fused_activation_ops_take(const at::Tensor&) { return false; }
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  return reference::rms_norm(x, weight, eps);
+}
+at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  return reference::rotary(x, cos, sin);
+}
+at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) { return reference::swiglu(gate, up); }
+
+#endif
+
+}  // namespace qwen3

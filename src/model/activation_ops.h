@@ -1,0 +1,26 @@
+// The block's elementwise work: RMSNorm, the rotary embedding, SwiGLU. On CUDA tensors (with the kernels built
+// into a CUDA libtorch) each is one fused kernel forward and one backward (kernels/fused_ops.md); elsewhere, and
+// as the reference the kernels are tested against, libtorch ops as HF computes them.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+namespace qwen3 {
+
+// x [..., H]: fp32 mean of squares, the weight applied in x's dtype (cast when the parameter's differs).
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+// x [B, T, heads, head_dim]; cos/sin [T, head_dim] fp32, applied in x's dtype: x cos + rotate_half(x) sin.
+at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+// silu(gate) * up in their dtype.
+at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);
+
+// The libtorch forms, whatever the device.
+namespace reference {
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);
+}  // namespace reference
+
+// Whether the fused kernels take this activation (a contiguous fp32/bf16 CUDA tensor in a build with them).
+bool fused_activation_ops_take(const at::Tensor& x);
+
+}  // namespace qwen3

@@ -1,0 +1,162 @@
+// The fused activation kernels (kernels/fused_ops.cu) against their element rules run on the host, on raw
+// buffers (any libtorch): RoPE byte for byte, RMSNorm and SwiGLU within the bound of their different
+// reductions and exp. The argument checks run without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "fused_ops.cuh"
+#include "gpu/gpu_test_util.h"
+#include "qwen3_kernels.h"
+
+namespace qwen3 {
+namespace {
+
+namespace f = kernels::fused;
+using gpu_test::DeviceBuffer;
+using kernels::KernelDType;
+
+// Deterministic values in [-scale, scale), as bf16 bit patterns (exact in fp32 too).
+std::vector<uint16_t> bf16_values(size_t n, uint64_t key, float scale) {
+  std::vector<uint16_t> v(n);
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t h = kernels::adamw::random_bits(key, i);
+    v[i] = kernels::adamw::bf16_nearest(static_cast<float>(static_cast<int32_t>(h)) * 0x1p-31f * scale);
+  }
+  return v;
+}
+
+template <typename T>
+void upload(DeviceBuffer& d, const std::vector<T>& h) {
+  ASSERT_EQ(cudaMemcpy(d.at(), h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+}
+template <typename T>
+void download(std::vector<T>& h, const DeviceBuffer& d) {
+  ASSERT_EQ(cudaMemcpy(h.data(), d.at(), h.size() * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+}
+
+float bf(uint16_t b) { return kernels::adamw::bf16_to_float(b); }
+
+TEST(FusedKernels, RopeEqualsTheHostRuleByteForByte) {
+  QWEN3_REQUIRE_GPU();
+  const int64_t B = 2, T = 33, heads = 5, d = 128, n = B * T * heads * d;
+  const std::vector<uint16_t> x = bf16_values(n, 1, 3.0f);
+  std::vector<float> cos(T * d), sin(T * d);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < d; ++i) {
+      const double angle = t * std::pow(1e6, -2.0 * (i % (d / 2)) / d);
+      cos[t * d + i] = static_cast<float>(std::cos(angle)), sin[t * d + i] = static_cast<float>(std::sin(angle));
+    }
+  DeviceBuffer dx(n * 2), dout(n * 2), dcos(T * d * 4), dsin(T * d * 4);
+  upload(dx, x), upload(dcos, cos), upload(dsin, sin);
+  for (int backward = 0; backward < 2; ++backward) {
+    ASSERT_EQ(kernels::launch_rope(dx.at(), dout.at(), KernelDType::bf16, B, T, heads, d,
+                                   reinterpret_cast<const float*>(dcos.at()), reinterpret_cast<const float*>(dsin.at()),
+                                   backward, nullptr), 0);
+    std::vector<uint16_t> got(n);
+    download(got, dout);
+    std::vector<uint16_t> want(x);
+    for (int64_t row = 0; row < B * T * heads; ++row) {
+      const int64_t t = (row / heads) % T;
+      for (int64_t i = 0; i < d / 2; ++i) {
+        float x1 = bf(x[row * d + i]), x2 = bf(x[row * d + i + d / 2]);
+        const float c1 = cos[t * d + i], s1 = sin[t * d + i], c2 = cos[t * d + i + d / 2], s2 = sin[t * d + i + d / 2];
+        if (backward) f::rope_pair_backward<true>(x1, x2, c1, s1, c2, s2);
+        else f::rope_pair<true>(x1, x2, c1, s1, c2, s2);
+        want[row * d + i] = kernels::adamw::bf16_nearest(x1), want[row * d + i + d / 2] = kernels::adamw::bf16_nearest(x2);
+      }
+    }
+    EXPECT_EQ(got, want) << (backward ? "backward" : "forward");
+  }
+}
+
+TEST(FusedKernels, SwigluFollowsTheHostRule) {
+  QWEN3_REQUIRE_GPU();
+  const int64_t n = 300 * 9728 + 7;
+  const std::vector<uint16_t> g = bf16_values(n, 2, 6.0f), u = bf16_values(n, 3, 2.0f), dh = bf16_values(n, 4, 1.0f);
+  DeviceBuffer dg_in(n * 2), du_in(n * 2), ddh(n * 2), dout(n * 2), dgate(n * 2), dup(n * 2);
+  upload(dg_in, g), upload(du_in, u), upload(ddh, dh);
+  ASSERT_EQ(kernels::launch_swiglu_forward(dg_in.at(), du_in.at(), dout.at(), KernelDType::bf16, n, nullptr), 0);
+  ASSERT_EQ(kernels::launch_swiglu_backward(ddh.at(), dg_in.at(), du_in.at(), dgate.at(), dup.at(), KernelDType::bf16, n,
+                                            nullptr), 0);
+  std::vector<uint16_t> out(n), dgv(n), duv(n);
+  download(out, dout), download(dgv, dgate), download(duv, dup);
+  int64_t beyond_one_step = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    float dg, du;
+    f::swiglu_backward<true>(bf(dh[i]), bf(g[i]), bf(u[i]), dg, du);
+    const float want[] = {f::swiglu<true>(bf(g[i]), bf(u[i])), dg, du};
+    const float got[] = {bf(out[i]), bf(dgv[i]), bf(duv[i])};
+    for (int k = 0; k < 3; ++k)  // exp on the device and in libm differ by an ulp: at most one bf16 step apart
+      beyond_one_step += std::fabs(got[k] - want[k]) > std::fabs(want[k]) * (1.0f / 64) + 1e-30f;
+  }
+  EXPECT_EQ(beyond_one_step, 0);
+}
+
+TEST(FusedKernels, RmsNormFollowsTheHostRule) {
+  QWEN3_REQUIRE_GPU();
+  const int64_t rows = 517, cols = 2560;
+  const std::vector<uint16_t> x = bf16_values(rows * cols, 5, 2.0f), dy = bf16_values(rows * cols, 6, 1.0f);
+  std::vector<float> w(cols);
+  for (int64_t c = 0; c < cols; ++c) w[c] = 1.0f + 0.1f * bf(bf16_values(1, 7 + c, 1.0f)[0]);
+  DeviceBuffer dx_in(rows * cols * 2), dw_in(cols * 4), dy_in(rows * cols * 2), y(rows * cols * 2), rstd(rows * 4),
+      dx(rows * cols * 2), dw(cols * 4), work(kernels::rmsnorm_backward_workspace_floats(rows, cols) * 4);
+  upload(dx_in, x), upload(dw_in, w), upload(dy_in, dy);
+  auto* rstd_d = reinterpret_cast<float*>(rstd.at());
+  ASSERT_EQ(kernels::launch_rmsnorm_forward(dx_in.at(), KernelDType::bf16, dw_in.at(), KernelDType::f32, rows, cols, 1e-6f,
+                                            y.at(), rstd_d, nullptr), 0);
+  ASSERT_EQ(kernels::launch_rmsnorm_backward(dy_in.at(), dx_in.at(), KernelDType::bf16, dw_in.at(), KernelDType::f32,
+                                             rstd_d, rows, cols, dx.at(), reinterpret_cast<float*>(dw.at()),
+                                             reinterpret_cast<float*>(work.at()), nullptr), 0);
+  std::vector<uint16_t> yv(rows * cols), dxv(rows * cols);
+  std::vector<float> dwv(cols), dw_want(cols, 0.0);
+  download(yv, y), download(dxv, dx), download(dwv, dw);
+  double worst_y = 0, worst_dx = 0, dx_scale = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    double squares = 0, dot = 0;
+    for (int64_t c = 0; c < cols; ++c) squares += double(bf(x[r * cols + c])) * bf(x[r * cols + c]);
+    const float rs = f::rmsnorm_rstd(static_cast<float>(squares), cols, 1e-6f);
+    for (int64_t c = 0; c < cols; ++c) dot += double(f::rmsnorm_grad_n<true>(bf(dy[r * cols + c]), w[c])) * bf(x[r * cols + c]) * rs;
+    for (int64_t c = 0; c < cols; ++c) {
+      const float n = bf(x[r * cols + c]) * rs;
+      const float want_y = f::rmsnorm_output<true>(bf(x[r * cols + c]), rs, w[c]);
+      worst_y = std::max(worst_y, std::fabs(double(bf(yv[r * cols + c])) - want_y) / (std::fabs(want_y) + 1e-30));
+      const float want_dx = f::rmsnorm_dx(f::rmsnorm_grad_n<true>(bf(dy[r * cols + c]), w[c]), n, static_cast<float>(dot / cols), rs);
+      worst_dx = std::max(worst_dx, std::fabs(double(bf(dxv[r * cols + c])) - want_dx));
+      dx_scale = std::max(dx_scale, std::fabs(double(want_dx)));
+      dw_want[c] += f::rmsnorm_dw_term<true>(bf(dy[r * cols + c]), n);
+    }
+  }
+  EXPECT_LE(worst_y, 1.0 / 64);
+  EXPECT_LE(worst_dx, dx_scale / 64);
+  double worst_dw = 0, dw_scale = 0;
+  for (int64_t c = 0; c < cols; ++c)
+    worst_dw = std::max(worst_dw, std::fabs(double(dwv[c]) - dw_want[c])), dw_scale = std::max(dw_scale, std::fabs(double(dw_want[c])));
+  EXPECT_LE(worst_dw, dw_scale * 1e-3);
+  // The weight gradient's reduction has a fixed order: the same bytes on a second run.
+  std::vector<float> again(cols);
+  ASSERT_EQ(kernels::launch_rmsnorm_backward(dy_in.at(), dx_in.at(), KernelDType::bf16, dw_in.at(), KernelDType::f32,
+                                             rstd_d, rows, cols, dx.at(), reinterpret_cast<float*>(dw.at()),
+                                             reinterpret_cast<float*>(work.at()), nullptr), 0);
+  download(again, dw);
+  EXPECT_EQ(0, std::memcmp(again.data(), dwv.data(), cols * 4));
+}
+
+TEST(FusedKernelLaunch, RejectsBadArgumentsWithoutLaunching) {
+  float dummy[4];
+  EXPECT_NE(kernels::launch_rope(dummy, dummy, KernelDType::bf16, 1, 1, 1, 3, dummy, dummy, 0, nullptr), 0);  // odd d
+  EXPECT_NE(kernels::launch_rope(dummy, dummy, KernelDType::f16, 1, 1, 1, 2, dummy, dummy, 0, nullptr), 0);
+  EXPECT_NE(kernels::launch_swiglu_forward(nullptr, dummy, dummy, KernelDType::f32, 4, nullptr), 0);
+  EXPECT_NE(kernels::launch_rmsnorm_forward(dummy, KernelDType::f32, dummy, KernelDType::f32, 1, 0, 1e-6f, dummy, dummy,
+                                            nullptr), 0);  // no columns
+  EXPECT_NE(kernels::launch_rmsnorm_backward(dummy, dummy, KernelDType::f32, dummy, KernelDType::f32, dummy, 1, 4, dummy,
+                                             dummy, nullptr, nullptr), 0);  // no workspace
+  EXPECT_EQ(kernels::launch_swiglu_forward(dummy, dummy, dummy, KernelDType::f32, 0, nullptr), 0);  // nothing to do
+  EXPECT_EQ(kernels::rmsnorm_backward_workspace_floats(513, 10), 3 * 10);
+}
+
+}  // namespace
+}  // namespace qwen3

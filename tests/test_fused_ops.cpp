@@ -1,0 +1,200 @@
+// The fused activation kernels' element rules (kernels/fused_ops.cuh), run on the host against the model's
+// libtorch formulas (model/activation_ops.h's reference forms), forward and backward, fp32 and bf16: every CI
+// run checks the arithmetic the GPU does. On a CUDA libtorch with a GPU, the fused autograd nodes against the
+// reference forms on the device as well.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/autograd.h>
+
+#include <cmath>
+#include <vector>
+
+#include "fused_ops.cuh"
+#include "model/activation_ops.h"
+#include "qwen3/model.h"
+
+namespace qwen3 {
+namespace {
+
+namespace f = kernels::fused;
+
+// The largest difference in units of the dtype's spacing at the reference's magnitude (bf16: 2^-8 relative).
+double worst_relative(const at::Tensor& got, const at::Tensor& want) {
+  const at::Tensor g = got.to(at::kDouble), w = want.to(at::kDouble);
+  return ((g - w).abs() / (w.abs() + 1e-30)).max().item<double>();
+}
+
+template <bool kBf16>
+std::vector<float> values_of(const at::Tensor& t) {
+  const at::Tensor c = t.to(at::kFloat).contiguous();
+  return std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+}
+
+at::Tensor tensor_of(const std::vector<float>& v, at::IntArrayRef shape, at::ScalarType dtype) {
+  return at::tensor(v, at::kFloat).view(shape).to(dtype);
+}
+
+class FusedOps : public ::testing::TestWithParam<at::ScalarType> {};
+
+TEST_P(FusedOps, RopeForwardAndBackwardAreLibtorchsBytes) {
+  const at::ScalarType dtype = GetParam();
+  const bool bf16 = dtype == at::kBFloat16;
+  const int64_t B = 2, T = 7, heads = 3, d = 16;
+  at::manual_seed(4);
+  const at::Tensor x = at::randn({B, T, heads, d}).to(dtype);
+  const auto [cos, sin] = rope_tables(d, 1e6, 5, T, at::kCPU);
+  at::Tensor xr = x.clone().requires_grad_(true);
+  const at::Tensor want = reference::rotary(xr, cos, sin);
+  const at::Tensor dy = at::randn(want.sizes()).to(dtype);
+  want.backward(dy);
+  std::vector<float> out = values_of<true>(x), grad = values_of<true>(dy);
+  const std::vector<float> c = values_of<false>(cos), s = values_of<false>(sin);
+  for (int64_t row = 0; row < B * T * heads; ++row) {
+    const int64_t t = (row / heads) % T;
+    for (int64_t i = 0; i < d / 2; ++i) {
+      float& x1 = out[row * d + i];
+      float& x2 = out[row * d + i + d / 2];
+      float& g1 = grad[row * d + i];
+      float& g2 = grad[row * d + i + d / 2];
+      const float c1 = c[t * d + i], s1 = s[t * d + i], c2 = c[t * d + i + d / 2], s2 = s[t * d + i + d / 2];
+      if (bf16) {
+        f::rope_pair<true>(x1, x2, c1, s1, c2, s2);
+        f::rope_pair_backward<true>(g1, g2, c1, s1, c2, s2);
+      } else {
+        f::rope_pair<false>(x1, x2, c1, s1, c2, s2);
+        f::rope_pair_backward<false>(g1, g2, c1, s1, c2, s2);
+      }
+    }
+  }
+  EXPECT_TRUE(tensor_of(out, x.sizes(), dtype).equal(want.detach()));
+  EXPECT_TRUE(tensor_of(grad, x.sizes(), dtype).equal(xr.grad()));
+}
+
+TEST_P(FusedOps, SwigluForwardAndBackwardFollowLibtorch) {
+  const at::ScalarType dtype = GetParam();
+  const bool bf16 = dtype == at::kBFloat16;
+  at::manual_seed(5);
+  const at::Tensor gate = (at::randn({64, 48}) * 3).to(dtype), up = at::randn({64, 48}).to(dtype);
+  at::Tensor g = gate.clone().requires_grad_(true), u = up.clone().requires_grad_(true);
+  const at::Tensor want = reference::swiglu(g, u);
+  const at::Tensor dh = at::randn(want.sizes()).to(dtype);
+  want.backward(dh);
+  const std::vector<float> gv = values_of<true>(gate), uv = values_of<true>(up), dv = values_of<true>(dh);
+  std::vector<float> out(gv.size()), dg(gv.size()), du(gv.size());
+  for (size_t i = 0; i < gv.size(); ++i) {
+    out[i] = bf16 ? f::swiglu<true>(gv[i], uv[i]) : f::swiglu<false>(gv[i], uv[i]);
+    if (bf16)
+      f::swiglu_backward<true>(dv[i], gv[i], uv[i], dg[i], du[i]);
+    else
+      f::swiglu_backward<false>(dv[i], gv[i], uv[i], dg[i], du[i]);
+  }
+  // exp differs between libm and libtorch's vectorized one by an ulp, which a bf16 rounding can turn into one
+  // bf16 step of silu and then of the product: within 2^-6 of the largest magnitude (fp32: 1e-5).
+  const double bound = bf16 ? 1.0 / 64 : 1e-5;
+  const auto within = [&](const std::vector<float>& got, const at::Tensor& want_t) {
+    const at::Tensor w = want_t.to(at::kFloat);
+    return (tensor_of(got, gate.sizes(), at::kFloat) - w).abs().max().item<double>() <=
+           bound * w.abs().max().item<double>();
+  };
+  EXPECT_TRUE(within(out, want.detach()));
+  EXPECT_TRUE(within(du, u.grad()));
+  EXPECT_TRUE(within(dg, g.grad()));
+}
+
+TEST_P(FusedOps, RmsNormForwardAndBackwardFollowLibtorch) {
+  const at::ScalarType dtype = GetParam();
+  const bool bf16 = dtype == at::kBFloat16;
+  const int64_t rows = 37, cols = 96;
+  const double eps = 1e-6;
+  at::manual_seed(6);
+  const at::Tensor x = (at::randn({rows, cols}) * 2).to(dtype);
+  const at::Tensor weight = (1 + 0.1 * at::randn({cols}));  // an fp32 master over activations of `dtype`
+  at::Tensor xr = x.clone().requires_grad_(true), wr = weight.clone().requires_grad_(true);
+  const at::Tensor want = reference::rms_norm(xr, wr, eps);
+  const at::Tensor dy = at::randn(want.sizes()).to(dtype);
+  want.backward(dy);
+  const std::vector<float> xv = values_of<true>(x), wv = values_of<false>(weight), dv = values_of<true>(dy);
+  std::vector<float> y(xv.size()), dx(xv.size()), dw(cols, 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    float squares = 0;
+    for (int64_t c = 0; c < cols; ++c) squares = std::fma(xv[r * cols + c], xv[r * cols + c], squares);
+    const float rstd = f::rmsnorm_rstd(squares, cols, static_cast<float>(eps));
+    float dot = 0;
+    for (int64_t c = 0; c < cols; ++c) {
+      const float v = xv[r * cols + c];
+      y[r * cols + c] = bf16 ? f::rmsnorm_output<true>(v, rstd, wv[c]) : f::rmsnorm_output<false>(v, rstd, wv[c]);
+      const float g = bf16 ? f::rmsnorm_grad_n<true>(dv[r * cols + c], wv[c]) : f::rmsnorm_grad_n<false>(dv[r * cols + c], wv[c]);
+      dot = std::fma(g, f::mul_rn(v, rstd), dot);
+    }
+    for (int64_t c = 0; c < cols; ++c) {
+      const float n = f::mul_rn(xv[r * cols + c], rstd);
+      const float g = bf16 ? f::rmsnorm_grad_n<true>(dv[r * cols + c], wv[c]) : f::rmsnorm_grad_n<false>(dv[r * cols + c], wv[c]);
+      dx[r * cols + c] = f::round_to<false>(f::rmsnorm_dx(g, n, dot / static_cast<float>(cols), rstd));
+      dw[c] = f::add_rn(dw[c], bf16 ? f::rmsnorm_dw_term<true>(dv[r * cols + c], n) : f::rmsnorm_dw_term<false>(dv[r * cols + c], n));
+    }
+  }
+  const double bound = bf16 ? 1.0 / 64 : 1e-4;
+  EXPECT_LE(worst_relative(tensor_of(y, x.sizes(), dtype), want.detach()), bf16 ? 1.0 / 128 : 1e-6);
+  const at::Tensor dx_ref = xr.grad().to(at::kFloat);
+  EXPECT_LE((tensor_of(dx, x.sizes(), at::kFloat) - dx_ref).abs().max().item<double>(),
+            bound * dx_ref.abs().max().item<double>());
+  EXPECT_EQ(wr.grad().scalar_type(), at::kFloat);
+  EXPECT_LE((tensor_of(dw, {cols}, at::kFloat) - wr.grad()).abs().max().item<double>(),
+            bound * wr.grad().abs().max().item<double>());
+}
+
+// On a GPU: the fused autograd nodes against the reference forms on the same device tensors.
+TEST_P(FusedOps, CudaNodesFollowTheReferenceForms) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device (or a CPU-only libtorch)";
+  const at::ScalarType dtype = GetParam();
+  const at::Device cuda(at::kCUDA, 0);
+  ASSERT_TRUE(fused_activation_ops_take(at::zeros({1}, at::TensorOptions().device(cuda).dtype(dtype))));
+  at::manual_seed(7);
+  const double bound = dtype == at::kBFloat16 ? 1.0 / 32 : 1e-4;
+  const auto close = [&](const at::Tensor& a, const at::Tensor& b) {
+    const at::Tensor af = a.to(at::kFloat), bf = b.to(at::kFloat);
+    return (af - bf).abs().max().item<double>() <= bound * (bf.abs().max().item<double>() + 1e-12);
+  };
+  // RMSNorm over [tokens, 2560] with an fp32 weight.
+  const at::Tensor x = at::randn({300, 2560}, at::TensorOptions().device(cuda)).to(dtype);
+  const at::Tensor w = 1 + 0.1 * at::randn({2560}, at::TensorOptions().device(cuda));
+  at::Tensor x1 = x.clone().requires_grad_(true), w1 = w.clone().requires_grad_(true);
+  at::Tensor x2 = x.clone().requires_grad_(true), w2 = w.clone().requires_grad_(true);
+  const at::Tensor y1 = rms_norm(x1, w1, 1e-6), y2 = reference::rms_norm(x2, w2, 1e-6);
+  const at::Tensor dy = at::randn_like(y2);
+  y1.backward(dy);
+  y2.backward(dy);
+  EXPECT_TRUE(close(y1, y2));
+  EXPECT_TRUE(close(x1.grad(), x2.grad()));
+  EXPECT_TRUE(close(w1.grad(), w2.grad()));
+  // RoPE over [2, 64, 8, 128]: the same bytes.
+  const auto [cos, sin] = rope_tables(128, 1e6, 0, 64, cuda);
+  const at::Tensor q = at::randn({2, 64, 8, 128}, at::TensorOptions().device(cuda)).to(dtype);
+  at::Tensor q1 = q.clone().requires_grad_(true), q2 = q.clone().requires_grad_(true);
+  const at::Tensor r1 = rotary(q1, cos, sin), r2 = reference::rotary(q2, cos, sin);
+  const at::Tensor dr = at::randn_like(r2);
+  r1.backward(dr);
+  r2.backward(dr);
+  EXPECT_TRUE(r1.equal(r2));
+  EXPECT_TRUE(q1.grad().equal(q2.grad()));
+  // SwiGLU over [300, 9728].
+  const at::Tensor g = at::randn({300, 9728}, at::TensorOptions().device(cuda)).to(dtype);
+  const at::Tensor u = at::randn({300, 9728}, at::TensorOptions().device(cuda)).to(dtype);
+  at::Tensor g1 = g.clone().requires_grad_(true), u1 = u.clone().requires_grad_(true);
+  at::Tensor g2 = g.clone().requires_grad_(true), u2 = u.clone().requires_grad_(true);
+  const at::Tensor h1 = swiglu(g1, u1), h2 = reference::swiglu(g2, u2);
+  const at::Tensor dh = at::randn_like(h2);
+  h1.backward(dh);
+  h2.backward(dh);
+  EXPECT_TRUE(close(h1, h2));
+  EXPECT_TRUE(close(g1.grad(), g2.grad()));
+  EXPECT_TRUE(close(u1.grad(), u2.grad()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Fp32AndBf16, FusedOps, ::testing::Values(at::kFloat, at::kBFloat16),
+                         [](const ::testing::TestParamInfo<at::ScalarType>& info) {
+                           return std::string(info.param == at::kFloat ? "float32" : "bfloat16");
+                         });
+
+}  // namespace
+}  // namespace qwen3

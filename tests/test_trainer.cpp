@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -298,19 +299,26 @@ TEST(TrainCli, SyntheticWeightsAndTheAfterExportSelfTest) {
 namespace qwen3 {
 namespace {
 
+// The per-step losses of a short run on the four pairs, with `change` applied to the base options.
+std::vector<double> pair_run_losses(const test::TempDir& dir, const SynthResult& m, const std::string& name,
+                                    const std::function<void(TrainOptions&)>& change) {
+  std::ofstream(dir.file("pairs.tsv")) << kPairs;
+  TrainOptions o = base_options(m, dir.file("pairs.tsv"));
+  change(o);
+  o.metrics_jsonl = dir.file(name + ".jsonl");
+  run_training(o);
+  return losses_of(o.metrics_jsonl);
+}
+
 TEST(Trainer, GradCheckpointingChangesNothingButMemory) {
   test::TempDir dir;
   const SynthResult m = make_model(dir);
-  std::ofstream(dir.file("pairs.tsv")) << kPairs;
   std::vector<double> runs[2];
-  for (int ckpt = 0; ckpt < 2; ++ckpt) {
-    TrainOptions o = base_options(m, dir.file("pairs.tsv"));
-    o.steps = 4;
-    o.grad_checkpoint = ckpt == 1;
-    o.metrics_jsonl = dir.file("m" + std::to_string(ckpt) + ".jsonl");
-    run_training(o);
-    runs[ckpt] = losses_of(o.metrics_jsonl);
-  }
+  for (int ckpt = 0; ckpt < 2; ++ckpt)
+    runs[ckpt] = pair_run_losses(dir, m, "m" + std::to_string(ckpt), [&](TrainOptions& o) {
+      o.steps = 4;
+      o.grad_checkpoint = ckpt == 1;
+    });
   ASSERT_EQ(runs[0].size(), 4u);
   EXPECT_EQ(runs[0], runs[1]);
 }
@@ -328,17 +336,13 @@ namespace {
 TEST(Trainer, Bf16ComputeFollowsFp32ComputeOnTheTinyModel) {
   test::TempDir dir;
   const SynthResult m = make_model(dir);
-  std::ofstream(dir.file("pairs.tsv")) << kPairs;
   std::vector<double> runs[2];
-  for (int bf16 = 0; bf16 < 2; ++bf16) {
-    TrainOptions o = base_options(m, dir.file("pairs.tsv"));
-    o.steps = 30;
-    o.schedule.lr = 1e-2;
-    o.compute_dtype = bf16 ? "bfloat16" : "float32";
-    o.metrics_jsonl = dir.file("c" + std::to_string(bf16) + ".jsonl");
-    run_training(o);
-    runs[bf16] = losses_of(o.metrics_jsonl);
-  }
+  for (int bf16 = 0; bf16 < 2; ++bf16)
+    runs[bf16] = pair_run_losses(dir, m, "c" + std::to_string(bf16), [&](TrainOptions& o) {
+      o.steps = 30;
+      o.schedule.lr = 1e-2;
+      o.compute_dtype = bf16 ? "bfloat16" : "float32";
+    });
   ASSERT_EQ(runs[0].size(), 30u);
   ASSERT_EQ(runs[1].size(), 30u);
   EXPECT_NE(runs[0], runs[1]);

@@ -184,7 +184,13 @@ TEST(ConvertCli, TiedWithHeadBfloat16AndFlags) {
   EXPECT_EQ(out.entries().back().key, "lm_head.weight");
   EXPECT_EQ(test::run_cli("convert --out " + dir.file("x.dat")).code, 2);
   EXPECT_EQ(test::run_cli("convert --hf-dir " + hf + " --out " + dir.file("x.dat") + " --dtype float32").code, 2);
-  r = test::run_cli("convert --hf-dir " + dir.file("none") + " --out " + dir.file("x.dat"));
+  // The config.json written beside the first output is not replaced unasked (nor the .dat).
+  r = test::run_cli("convert --hf-dir " + hf + " --out " + dir.file("x.dat"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("config.json exists; pass --overwrite"), std::string::npos) << r.err;
+  r = test::run_cli("convert --hf-dir " + hf + " --out " + dir.file("m.dat") + " --overwrite");
+  EXPECT_EQ(r.code, 0) << r.err;
+  r = test::run_cli("convert --hf-dir " + dir.file("none") + " --out " + dir.file("x.dat") + " --overwrite");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("none"), std::string::npos) << r.err;
   r = test::run_cli("convert --hf-dir " + hf + " --out " + hf + "/model-00001-of-00001.safetensors");
@@ -193,7 +199,7 @@ TEST(ConvertCli, TiedWithHeadBfloat16AndFlags) {
   auto big = hf_weights(c, true, all_f32);
   big[3].second[0][0] = 1e6;
   const std::string hf_big = write_hf_dir(dir, "big", c, big, 1, false);
-  r = test::run_cli("convert --hf-dir " + hf_big + " --out " + dir.file("x.dat"));
+  r = test::run_cli("convert --hf-dir " + hf_big + " --out " + dir.file("x.dat") + " --overwrite");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("'" + big[3].first + "'"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("--dtype bfloat16"), std::string::npos) << r.err;

@@ -358,6 +358,22 @@ TEST(ExportCli, FlagsDefaultScaleModeAndWriteFailure) {
   r = test::run_cli(base + " --out " + m.dat);
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("is the input file"), std::string::npos) << r.err;
+  // An existing target is refused (and left as it was) unless --overwrite; a file of the checkpoint never.
+  std::ofstream(dir.file("keep.dat")) << "precious";
+  r = test::run_cli(base + " --out " + dir.file("keep.dat"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("exists; pass --overwrite"), std::string::npos) << r.err;
+  EXPECT_EQ(test::slurp(dir.file("keep.dat")), "precious");
+  r = test::run_cli(base + " --out " + dir.file("keep.dat") + " --overwrite");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(test::read_file(dir.file("keep.dat")) == test::read_file(t.exported));
+  const std::string step = *latest_checkpoint(t.checkpoint);
+  const std::string inside = step + "/tensors.dat";
+  const auto before = test::read_file(inside);
+  r = test::run_cli(base + " --out " + inside + " --overwrite");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("which this command reads"), std::string::npos) << r.err;
+  EXPECT_TRUE(test::read_file(inside) == before);
   r = test::run_cli("export --checkpoint " + dir.file("none") + " --weights " + m.dat + " --out " + dir.file("c.dat"));
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("none: no such checkpoint directory"), std::string::npos) << r.err;

@@ -2,9 +2,13 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <filesystem>
+#include <string>
+#include <vector>
 
 #include "cli_common.h"
 #include "qwen3/hf_convert.h"
+#include "qwen3/output_target.h"
 
 namespace qwen3::cli {
 
@@ -12,6 +16,7 @@ Command add_convert_command(CLI::App& app) {
   struct Options {
     ConvertOptions opt;
     std::string dtype = "float16", scale_mode = "rne";
+    bool overwrite = false;
   };
   auto o = std::make_shared<Options>();
   auto* sub = app.add_subcommand("convert", "Convert a Hugging Face safetensors checkpoint into a .dat");
@@ -25,7 +30,18 @@ Command add_convert_command(CLI::App& app) {
   sub->add_option("--scale-mode", o->scale_mode, "NVFP4 block scales with --nvfp4: rne or search")
       ->check(CLI::IsMember({"rne", "search"}))
       ->capture_default_str();
+  add_bool_flag(sub, "--overwrite", o->overwrite,
+                "replace an existing --out and the config.json beside it (never the input's own files)");
   return {sub, [o]() {
+            // The input's own files (its config.json and shards) are never replaced; the folder itself may hold
+            // the output.
+            std::vector<std::string> inputs;
+            std::error_code ec;
+            for (const auto& e : std::filesystem::directory_iterator(o->opt.hf_dir, ec))
+              if (e.is_regular_file(ec)) inputs.push_back(e.path().string());
+            check_output_target("--out", o->opt.out, o->overwrite, inputs);
+            const std::filesystem::path beside = std::filesystem::absolute(o->opt.out).parent_path() / "config.json";
+            check_output_target("--out (the config.json beside it)", beside.string(), o->overwrite, inputs);
             o->opt.dense_type = elem_type_from_name(o->dtype);
             o->opt.scale_mode = nvfp4::scale_mode_from_name(o->scale_mode);
             const auto t0 = std::chrono::steady_clock::now();

@@ -5,6 +5,7 @@
 
 #include "cli_common.h"
 #include "qwen3/checkpoint_export.h"
+#include "qwen3/output_target.h"
 
 namespace qwen3::cli {
 
@@ -12,6 +13,7 @@ Command add_export_command(CLI::App& app) {
   struct Options {
     CheckpointExportOptions opt;
     std::string scale_mode;  // empty: the checkpoint's
+    bool overwrite = false;
   };
   auto o = std::make_shared<Options>();
   auto* sub = app.add_subcommand("export", "Write a checkpoint's trained weights into a copy of its input .dat");
@@ -21,7 +23,9 @@ Command add_export_command(CLI::App& app) {
   sub->add_option("--out", o->opt.out, "the new .dat (never the input)")->required();
   sub->add_option("--scale-mode", o->scale_mode, "NVFP4 block scales: rne or search (default: the checkpoint's)")
       ->check(CLI::IsMember({"rne", "search"}));
+  add_bool_flag(sub, "--overwrite", o->overwrite, "replace an existing --out (never an input or a checkpoint file)");
   return {sub, [o]() {
+            check_output_target("--out", o->opt.out, o->overwrite, {o->opt.weights}, {o->opt.checkpoint});
             if (!o->scale_mode.empty()) o->opt.scale_mode = nvfp4::scale_mode_from_name(o->scale_mode);
             const auto t0 = std::chrono::steady_clock::now();
             const CheckpointExportResult r = export_checkpoint(o->opt);

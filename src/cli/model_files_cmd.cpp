@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "cli_common.h"
+#include "qwen3/output_target.h"
 #include "qwen3/quantize_dat.h"
 #include "qwen3/synth.h"
 
@@ -59,13 +60,16 @@ Command add_synth_command(CLI::App& app) {
 Command add_quantize_command(CLI::App& app) {
   struct Options {
     std::string in, out, scale_mode = "rne";
+    bool overwrite = false;
   };
   auto o = std::make_shared<Options>();
   auto* sub = app.add_subcommand("quantize", "Quantize a dense .dat's projections and lm_head to NVFP4 pairs");
   sub->add_option("--in", o->in, "dense input .dat (float16, bfloat16 or float32 weights)")->required();
   sub->add_option("--out", o->out, "NVFP4 output .dat (a new file)")->required();
   add_scale_mode(sub, o->scale_mode);
+  add_bool_flag(sub, "--overwrite", o->overwrite, "replace an existing --out (never the input)");
   return {sub, [o]() {
+            check_output_target("--out", o->out, o->overwrite, {o->in});
             const auto t0 = std::chrono::steady_clock::now();
             const QuantizeReport r = quantize_dat_file(o->in, o->out, nvfp4::scale_mode_from_name(o->scale_mode));
             fmt::print("{:<10} {:>8} {:>14}\n", "family", "tensors", "relative error");

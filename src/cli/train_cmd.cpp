@@ -9,6 +9,7 @@
 #include "qwen3/chat_format.h"
 #include "qwen3/generate.h"
 #include "qwen3/memory_model.h"
+#include "qwen3/output_target.h"
 #include "qwen3/step_time_model.h"
 #include "qwen3/model_loader.h"
 #include "qwen3/synth.h"
@@ -26,7 +27,7 @@ struct TrainFlags {
   TrainOptions o;
   std::string model_dir, data_format = "auto", sample_mode = "random", moments = "float32", scale_mode = "rne",
               system, test_prompt = "Who are you?";
-  bool synthetic = false;
+  bool synthetic = false, overwrite = false;
   int64_t test_max_tokens = 0;
 };
 
@@ -113,6 +114,10 @@ void resolve(TrainFlags& f) {
   if (o.steps <= 0 && o.epochs <= 0) throw UsageError("train: give --steps or --epochs");
   convert_flag_values(f);
   resolve_device(o.device);
+  // Before the first step: the export target must not replace anything unasked, nor any input of the run.
+  if (!o.output_dat.empty())
+    check_output_target("--output-dat", o.output_dat, f.overwrite,
+                        {o.weights, o.config, o.tokenizer, o.data.path, o.eval_data}, {o.checkpoint_dir});
 }
 
 // Every flag of `train`, shared with `vram-report` (which runs one step of the same configuration).
@@ -127,6 +132,7 @@ CLI::Option_group* add_train_flags(CLI::App* sub, const std::shared_ptr<TrainFla
   files->add_option("--model-dir", f->model_dir, "folder with config.json and tokenizer.json (fills those flags)");
   files->add_option("--train-data", o.data.path, "TSV prompt<TAB>target pairs or text lines");
   files->add_option("--output-dat", o.output_dat, "export the trained model to this new .dat at the end");
+  add_bool_flag(files, "--overwrite", f->overwrite, "let --output-dat replace an existing file (never an input)");
   files->add_option("--metrics-jsonl", o.metrics_jsonl, "append one JSON object per step");
   add_bool_flag(files, "--synthetic", f->synthetic, "train random weights of --config's shape (tiny without it)");
   files->add_option("--test-max-tokens", f->test_max_tokens, "after export, greedy-reply to --test-prompt with this many tokens")

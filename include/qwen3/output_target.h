@@ -1,0 +1,17 @@
+// The one check every command that writes a user-visible file makes before it starts: nothing a user saved is
+// replaced by accident. docs/export.md ("Output targets").
+#pragma once
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace qwen3 {
+
+// `out` (named `flag` in messages) must not exist unless `overwrite`, must not be a directory, and must never
+// be one of `input_files` (the same file by path or by identity: a link counts) or lie inside one of
+// `input_dirs` (a checkpoint being read), overwrite or not. UsageError (exit 2) naming the flag, the path and
+// the way out.
+void check_output_target(std::string_view flag, const std::string& out, bool overwrite,
+                         const std::vector<std::string>& input_files, const std::vector<std::string>& input_dirs = {});
+
+}  // namespace qwen3

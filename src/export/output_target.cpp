@@ -1,0 +1,48 @@
+#include "qwen3/output_target.h"
+
+#include <filesystem>
+#include <system_error>
+
+#include "qwen3/error.h"
+
+namespace qwen3 {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path resolved(const std::string& p) {
+  std::error_code ec;
+  fs::path r = fs::weakly_canonical(fs::absolute(p), ec);
+  return ec ? fs::absolute(p).lexically_normal() : r;
+}
+
+bool inside(const fs::path& child, const fs::path& dir) {
+  auto c = child.begin();
+  for (auto d = dir.begin(); d != dir.end(); ++d, ++c)
+    if (c == child.end() || *c != *d) return false;
+  return true;
+}
+
+}  // namespace
+
+void check_output_target(std::string_view flag, const std::string& out, bool overwrite,
+                         const std::vector<std::string>& input_files, const std::vector<std::string>& input_dirs) {
+  const std::string name(flag);
+  const fs::path target = resolved(out);
+  std::error_code ec;
+  for (const std::string& in : input_files) {
+    if (in.empty()) continue;
+    const bool same = resolved(in) == target || (fs::exists(in, ec) && fs::exists(out, ec) && fs::equivalent(in, out, ec));
+    if (same) throw UsageError(name + " " + out + " is the input file " + in + " of this command; write somewhere else");
+  }
+  for (const std::string& dir : input_dirs) {
+    if (dir.empty()) continue;
+    if (inside(target, resolved(dir)))
+      throw UsageError(name + " " + out + " is inside " + dir + ", which this command reads; write somewhere else");
+  }
+  if (fs::is_directory(out, ec)) throw UsageError(name + " " + out + " is a directory; give a file path");
+  if (fs::exists(out, ec) && !overwrite)
+    throw UsageError(name + " " + out + " exists; pass --overwrite to replace it (or choose another path)");
+}
+
+}  // namespace qwen3

@@ -1,0 +1,72 @@
+// Output targets: nothing a user saved is replaced unasked, and no command writes over its own inputs
+// (include/qwen3/output_target.h), through the function and through the commands that write files.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "cli_test_util.h"
+#include "qwen3/error.h"
+#include "qwen3/output_target.h"
+
+namespace qwen3 {
+namespace {
+
+TEST(OutputTarget, RefusesExistingFilesUnlessAskedAndInputsAlways) {
+  test::TempDir dir;
+  const std::string in = dir.file("in.dat"), out = dir.file("out.dat");
+  std::ofstream(in) << "input";
+  EXPECT_NO_THROW(check_output_target("--out", out, false, {in}));  // a new file
+  std::ofstream(out) << "old";
+  EXPECT_THROW(check_output_target("--out", out, false, {in}), UsageError);
+  EXPECT_NO_THROW(check_output_target("--out", out, true, {in}));
+  // The input itself, by another spelling, through a symbolic link, through a hard link: never.
+  EXPECT_THROW(check_output_target("--out", dir.file("./in.dat"), true, {in}), UsageError);
+  std::filesystem::create_symlink(in, dir.file("sym.dat"));
+  EXPECT_THROW(check_output_target("--out", dir.file("sym.dat"), true, {in}), UsageError);
+  ASSERT_EQ(::link(in.c_str(), dir.file("hard.dat").c_str()), 0);
+  EXPECT_THROW(check_output_target("--out", dir.file("hard.dat"), true, {in}), UsageError);
+  // Inside a folder being read (a checkpoint), new or not: never. A directory is never a file target.
+  std::filesystem::create_directories(dir.file("ckpt/step-3"));
+  EXPECT_THROW(check_output_target("--out", dir.file("ckpt/step-3/new.dat"), true, {}, {dir.file("ckpt")}), UsageError);
+  EXPECT_NO_THROW(check_output_target("--out", dir.file("ckpt2.dat"), false, {}, {dir.file("ckpt")}));
+  EXPECT_THROW(check_output_target("--out", dir.file("ckpt"), true, {}), UsageError);
+  try {
+    check_output_target("--output-dat", out, false, {});
+    FAIL();
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("--output-dat " + out + " exists; pass --overwrite"), std::string::npos);
+  }
+}
+
+TEST(OutputTarget, QuantizeAndTrainCheckBeforeTheyStart) {
+  test::TempDir dir;
+  auto r = test::run_cli("synth --preset tiny --dense --out-dir " + dir.file("m"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string dense = dir.file("m/model.dat");
+  std::ofstream(dir.file("q.dat")) << "precious";
+  r = test::run_cli("quantize --in " + dense + " --out " + dir.file("q.dat"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(test::slurp(dir.file("q.dat")), "precious");
+  r = test::run_cli("quantize --in " + dense + " --out " + dense + " --overwrite");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("is the input file"), std::string::npos) << r.err;
+  r = test::run_cli("quantize --in " + dense + " --out " + dir.file("q.dat") + " --overwrite");
+  EXPECT_EQ(r.code, 0) << r.err;
+  // train: refused at once (before loading anything), the file untouched; the weights never.
+  std::ofstream(dir.file("t.dat")) << "precious";
+  const std::string train = "train --weights " + dir.file("q.dat") + " --config " + dir.file("m/config.json") +
+                            " --tokenizer t.json --train-data d.tsv --steps 1";
+  r = test::run_cli(train + " --output-dat " + dir.file("t.dat"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--output-dat"), std::string::npos) << r.err;
+  EXPECT_EQ(test::slurp(dir.file("t.dat")), "precious");
+  r = test::run_cli(train + " --output-dat " + dir.file("q.dat") + " --overwrite");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("is the input file"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace qwen3

@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -387,6 +389,71 @@ TEST(Trainer, Bf16ComputeGivesFp32GradientsToExactlyTheTrainableTensors) {
   }
   EXPECT_EQ(with_grad, set.params.size());
   EXPECT_FALSE(model->blocks[0].q_proj.requires_grad());
+}
+
+}  // namespace
+}  // namespace qwen3
+
+namespace qwen3 {
+namespace {
+
+// Re-saving a step that exists swaps the new copy in: its content is the new one, nothing is left behind, and a
+// SIGKILL at any moment of repeated re-saves leaves a complete step-N (one of the two states).
+TEST(Checkpoint, ResavingAStepNeverLeavesItMissingOrEmpty) {
+  test::TempDir dir;
+  const std::string ckpt = dir.file("ckpt");
+  CheckpointState a, b;
+  a.model_hash = b.model_hash = "h";
+  a.step = b.step = 1;
+  a.tensors.emplace_back("t", at::zeros({512, 512}));
+  b.tensors.emplace_back("t", at::ones({512, 512}));
+  save_checkpoint(ckpt, a, 0);
+  const std::string path = save_checkpoint(ckpt, b, 0);
+  EXPECT_TRUE(load_checkpoint(path).tensors[0].second.equal(b.tensors[0].second));
+  size_t entries = 0;
+  for (const auto& e : std::filesystem::directory_iterator(ckpt)) entries += e.path() == path ? 1 : 100;
+  EXPECT_EQ(entries, 1u) << "a temporary or an old copy was left behind";
+  for (int round = 0; round < 6; ++round) {
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0)
+      for (int i = 0;; ++i) save_checkpoint(ckpt, i % 2 ? a : b, 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20 + 23 * round));
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    const auto latest = latest_checkpoint(ckpt);
+    ASSERT_TRUE(latest.has_value()) << "round " << round;
+    const at::Tensor t = load_checkpoint(*latest).tensors.at(0).second;
+    EXPECT_TRUE(t.equal(a.tensors[0].second) || t.equal(b.tensors[0].second));
+  }
+}
+
+// The same step is never saved twice in a run: a signal right after --save-every-steps saved, and --resume with
+// --steps at or below the checkpoint's step, leave the checkpoint on disk as it is.
+TEST(Trainer, AStepOnDiskIsNotSavedAgain) {
+  test::TempDir dir;
+  const SynthResult m = make_model(dir);
+  std::ofstream(dir.file("pairs.tsv")) << kPairs;
+  TrainOptions o = base_options(m, dir.file("pairs.tsv"));
+  o.checkpoint_dir = dir.file("ckpt");
+  o.steps = 3;
+  o.save_every_steps = 1;
+  const std::atomic<int> interrupted{SIGINT};
+  TrainSummary s = run_training(o, &interrupted);  // step 1, its periodic save, then the signal
+  EXPECT_EQ(s.final_step, 1);
+  EXPECT_EQ(s.checkpoints_saved, 1);
+  const std::string step1 = *latest_checkpoint(o.checkpoint_dir);
+  const auto written = std::filesystem::last_write_time(step1 + "/tensors.dat");
+  struct stat before {};
+  ASSERT_EQ(::stat((step1 + "/tensors.dat").c_str(), &before), 0);
+  o.resume = true;
+  o.steps = 1;  // nothing left to do
+  s = run_training(o);
+  EXPECT_EQ(s.checkpoints_saved, 0);
+  struct stat after {};
+  ASSERT_EQ(::stat((step1 + "/tensors.dat").c_str(), &after), 0);
+  EXPECT_EQ(before.st_ino, after.st_ino);
+  EXPECT_EQ(std::filesystem::last_write_time(step1 + "/tensors.dat"), written);
 }
 
 }  // namespace

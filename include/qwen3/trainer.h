@@ -61,6 +61,7 @@ struct TrainSummary {
   double tokens_per_second = 0;
   int stop_signal = 0;           // SIGINT/SIGTERM that ended training early, else 0
   std::string last_checkpoint;
+  int64_t checkpoints_saved = 0;  // in this invocation; a step already on disk is never saved again
   std::string exported;
 };
 

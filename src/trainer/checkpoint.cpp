@@ -89,8 +89,24 @@ std::string save_checkpoint(const std::string& dir, const CheckpointState& state
     }
     fsync_path(tmp / "checkpoint.json", false);
     fsync_path(tmp, true);
-    if (fs::exists(final_path)) fs::remove_all(final_path);  // a re-save of the same step replaces it
-    fs::rename(tmp, final_path);
+    if (fs::exists(final_path)) {
+      // A checkpoint of this step exists: swap the new one in atomically, so that a complete step-N is there at
+      // every instant (removing it first and renaming after left an empty step-N to a SIGKILL in between), then
+      // remove the old one from the temporary name.
+      if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_path.c_str(), RENAME_EXCHANGE) != 0) {
+        // A filesystem without the exchange: the old copy steps aside first (older checkpoints stay complete).
+        std::string aside = (fs::path(dir) / ("." + name + ".old-XXXXXX")).string();
+        if (!::mkdtemp(aside.data())) throw Error(dir + ": cannot create a temporary checkpoint directory");
+        fs::remove(aside);
+        fs::rename(final_path, aside);
+        fs::rename(tmp, final_path);
+        fs::remove_all(aside, ec);
+      } else {
+        fs::remove_all(tmp, ec);  // the old checkpoint, now under the temporary name
+      }
+    } else {
+      fs::rename(tmp, final_path);
+    }
     fsync_path(dir, true);
   } catch (...) {
     fs::remove_all(tmp, ec);

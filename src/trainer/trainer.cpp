@@ -176,14 +176,24 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
                                       {"config", config.to_json()},
                                       {"tied_head", !model->has_separate_lm_head()},
                                       {"scale_mode", nvfp4::scale_mode_name(mode)}};
+  TrainSummary sum;
+  // The step whose checkpoint is on disk already (the one resumed from, or the last saved): saving it again
+  // (a signal right after --save-every-steps saved, or --steps at or below the resumed step) would only rewrite
+  // the same state, so it is not done.
+  int64_t step_on_disk = o.resume && !last_checkpoint.empty() ? step : -1;
   auto save = [&](int64_t at_step) {
     if (o.checkpoint_dir.empty()) return;
+    if (at_step == step_on_disk) {
+      spdlog::info("checkpoint: step {} is saved already ({})", at_step, last_checkpoint);
+      return;
+    }
     last_checkpoint = save_checkpoint(o.checkpoint_dir, make_checkpoint(set, opt, at_step, skipped, hash, o, export_info),
                                       static_cast<int>(o.keep_checkpoints));
+    step_on_disk = at_step;
+    ++sum.checkpoints_saved;
     spdlog::info("checkpoint: {}", last_checkpoint);
   };
 
-  TrainSummary sum;
   double total_ms = 0, total_tokens = 0;
   const auto t_loop = Clock::now();
   spdlog::info("setup took {:.1f} s", std::chrono::duration<double>(t_loop - t_start).count());

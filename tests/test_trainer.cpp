@@ -458,3 +458,53 @@ TEST(Trainer, AStepOnDiskIsNotSavedAgain) {
 
 }  // namespace
 }  // namespace qwen3
+
+namespace qwen3 {
+namespace {
+
+// A diverged state is never saved, and a poisoned checkpoint is never resumed from.
+TEST(Trainer, NonFiniteStatesAreNotSavedNorResumed) {
+  test::TempDir dir;
+  const SynthResult m = make_model(dir);
+  std::ofstream(dir.file("pairs.tsv")) << kPairs;
+  TrainOptions o = base_options(m, dir.file("pairs.tsv"));
+  o.checkpoint_dir = dir.file("ckpt");
+  o.steps = 1;
+  run_training(o);
+  const std::string good = *latest_checkpoint(o.checkpoint_dir);
+  // A learning rate that is finite as a flag but not in fp32 (1e39): the first update makes the weights infinite
+  // while the loss and the norm it was computed from were fine, so the step is not skipped; its save is refused.
+  o.resume = true;
+  o.steps = 3;
+  o.save_every_steps = 1;
+  o.schedule.lr = 1e39;
+  try {
+    run_training(o);
+    FAIL() << "a diverged state was saved";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("refusing to save step 2"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(good), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(*latest_checkpoint(o.checkpoint_dir), good);
+  // A poisoned checkpoint (written by hand, newer than the good one) is passed over on resume.
+  CheckpointState poisoned = load_checkpoint(good);
+  poisoned.step = 5;
+  poisoned.tensors[0].second = poisoned.tensors[0].second.clone().fill_(std::nan(""));
+  save_checkpoint(o.checkpoint_dir, poisoned, 0);
+  o.schedule.lr = 3e-3;
+  o.steps = 1;
+  o.save_every_steps = 0;
+  const TrainSummary s = run_training(o);
+  EXPECT_EQ(s.final_step, 1) << "resumed from the finite step-1, not the poisoned step-5";
+}
+
+TEST(TrainCli, NonFiniteFloatFlagsAreUsageErrors) {
+  for (const char* flag : {"--grad-clip nan", "--lr inf", "--beta2 nan", "--weight-decay -inf", "--min-lr nan"}) {
+    const auto r = test::run_cli(std::string("train --weights w --config c --tokenizer t --train-data d --steps 1 ") + flag);
+    EXPECT_EQ(r.code, 2) << flag;
+    EXPECT_NE(r.err.find("must be a finite number"), std::string::npos) << r.err;
+  }
+}
+
+}  // namespace
+}  // namespace qwen3

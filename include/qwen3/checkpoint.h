@@ -39,6 +39,12 @@ std::string save_checkpoint(const std::string& dir, const CheckpointState& state
 
 // The newest complete checkpoint in `dir`, if any.
 std::optional<std::string> latest_checkpoint(const std::string& dir);
+// Every complete checkpoint of `dir`, oldest first.
+std::vector<std::string> complete_checkpoint_paths(const std::string& dir);
+
+// The first floating-point tensor of `state` holding a NaN or an infinity, or nothing: a state that must not be
+// saved (it would rotate out the good checkpoints) nor resumed from.
+std::optional<std::string> first_nonfinite_tensor(const CheckpointState& state);
 
 // Reads a checkpoint directory; tensors come back as CPU tensors in their saved dtypes, only those whose name
 // starts with `tensor_prefix` (e.g. kMasterWeightPrefix: export needs no optimizer state, which can be twice

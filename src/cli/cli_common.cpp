@@ -3,6 +3,9 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <cmath>
+#include <cstdlib>
+
 #include "qwen3/error.h"
 
 namespace qwen3::cli {
@@ -13,6 +16,18 @@ CLI::Option* add_bool_flag(CLI::App* app, const std::string& names, bool& target
   opt->type_name("[BOOL]");
   opt->default_str(target ? "true" : "false");
   return opt;
+}
+
+CLI::Validator finite_number() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        char* end = nullptr;
+        const double x = std::strtod(value.c_str(), &end);
+        if (value.empty() || end == value.c_str() || *end != '\0') return "must be a number, got '" + value + "'";
+        if (!std::isfinite(x)) return "must be a finite number, got '" + value + "'";
+        return {};
+      },
+      "FINITE");
 }
 
 CLI::Validator non_negative_integer() {

@@ -21,6 +21,10 @@ CLI::Option* add_bool_flag(CLI::App* app, const std::string& names, bool& target
 // For unsigned flags: CLI11 would otherwise wrap "-1" around to 2^64 - 1.
 CLI::Validator non_negative_integer();
 
+// For every floating-point flag: NaN and infinity are refused (CLI11's range checks let NaN through, and a NaN
+// learning rate or clip poisons every weight in one step).
+CLI::Validator finite_number();
+
 void setup_logging(const std::string& level);  // trace|debug|info|warn|error|off; progress goes to stderr
 
 // Registration of each command (one file each).

@@ -124,10 +124,12 @@ Command add_generate_command(CLI::App& app) {
   sub->add_option("--max-new-tokens", f->gen.max_new_tokens, "most tokens to generate")
       ->check(CLI::PositiveNumber)->capture_default_str();
   sub->add_option("--temperature", f->gen.sampling.temperature, "0 = greedy")
+      ->check(finite_number())
       ->check(CLI::Range(0.0, 100.0))->capture_default_str();
   sub->add_option("--top-k", f->gen.sampling.top_k, "keep the k most likely tokens (0 = all)")
       ->check(CLI::NonNegativeNumber)->capture_default_str();
   sub->add_option("--top-p", f->gen.sampling.top_p, "nucleus: smallest set with this much probability")
+      ->check(finite_number())
       ->check(CLI::Range(1e-9, 1.0))->capture_default_str();
   sub->add_option("--seed", f->gen.sampling.seed, "sampling seed")->check(non_negative_integer())->capture_default_str();
   sub->add_option("--prefill-chunk", f->gen.prefill_chunk, "prompt tokens per forward pass")

@@ -154,17 +154,18 @@ CLI::Option_group* add_train_flags(CLI::App* sub, const std::shared_ptr<TrainFla
   sched->add_option("--steps", o.steps, "optimizer steps (or use --epochs)")->check(CLI::NonNegativeNumber);
   sched->add_option("--epochs", o.epochs, "passes over the data")->check(CLI::NonNegativeNumber);
   sched->add_option("--steps-per-epoch", o.steps_per_epoch, "steps per epoch (0: the whole data)")->check(CLI::NonNegativeNumber);
-  sched->add_option("--lr", o.schedule.lr, "peak learning rate")->check(CLI::NonNegativeNumber)->capture_default_str();
+  sched->add_option("--lr", o.schedule.lr, "peak learning rate")->check(finite_number())->check(CLI::NonNegativeNumber)->capture_default_str();
   sched->add_option("--lr-schedule", o.schedule.kind, "constant, cosine or linear")
       ->check(CLI::IsMember({"constant", "cosine", "linear"}))->capture_default_str();
   sched->add_option("--warmup-steps", o.schedule.warmup_steps, "linear warm-up steps")->check(CLI::NonNegativeNumber)->capture_default_str();
-  sched->add_option("--min-lr", o.schedule.min_lr, "final learning rate of cosine/linear")->check(CLI::NonNegativeNumber)->capture_default_str();
+  sched->add_option("--min-lr", o.schedule.min_lr, "final learning rate of cosine/linear")->check(finite_number())->check(CLI::NonNegativeNumber)->capture_default_str();
 
   auto* optim = group("Optimizer");
-  optim->add_option("--beta1", o.adamw.beta1, "AdamW beta1")->check(CLI::Range(0.0, 1.0))->capture_default_str();
-  optim->add_option("--beta2", o.adamw.beta2, "AdamW beta2")->check(CLI::Range(0.0, 1.0))->capture_default_str();
-  optim->add_option("--eps", o.adamw.eps, "AdamW epsilon")->check(CLI::PositiveNumber)->capture_default_str();
+  optim->add_option("--beta1", o.adamw.beta1, "AdamW beta1")->check(finite_number())->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  optim->add_option("--beta2", o.adamw.beta2, "AdamW beta2")->check(finite_number())->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  optim->add_option("--eps", o.adamw.eps, "AdamW epsilon")->check(finite_number())->check(CLI::PositiveNumber)->capture_default_str();
   optim->add_option("--weight-decay", o.adamw.weight_decay, "decoupled weight decay (projections only unless asked)")
+      ->check(finite_number())
       ->check(CLI::NonNegativeNumber)->capture_default_str();
   add_bool_flag(optim, "--decay-norms-and-embeddings", o.decay_norms_and_embeddings, "apply weight decay to norms and the embedding too");
   optim->add_option("--master-dtype", o.master_dtype, "float32 or bfloat16 (stochastic rounding)")
@@ -176,7 +177,7 @@ CLI::Option_group* add_train_flags(CLI::App* sub, const std::shared_ptr<TrainFla
   optim->add_option("--optimizer-state-mode", f->moments, "moment storage: float32, bfloat16, int8 or nvfp4")->capture_default_str();
   optim->add_option("--optimizer-step-chunk-rows,--step-chunk-rows", o.adamw.step_chunk_rows,
                     "rows per optimizer piece (0: whole tensors)")->check(CLI::NonNegativeNumber)->capture_default_str();
-  optim->add_option("--grad-clip", o.grad_clip, "global gradient norm limit (0: off)")->check(CLI::NonNegativeNumber)->capture_default_str();
+  optim->add_option("--grad-clip", o.grad_clip, "global gradient norm limit (0: off)")->check(finite_number())->check(CLI::NonNegativeNumber)->capture_default_str();
   optim->add_option("--max-skipped-steps", o.max_skipped_steps, "abort (with a checkpoint) after this many non-finite steps")
       ->check(CLI::NonNegativeNumber)->capture_default_str();
 

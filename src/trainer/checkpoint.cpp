@@ -119,6 +119,18 @@ std::string save_checkpoint(const std::string& dir, const CheckpointState& state
   return final_path.string();
 }
 
+std::vector<std::string> complete_checkpoint_paths(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& p : complete_checkpoints(dir)) out.push_back(p.string());
+  return out;
+}
+
+std::optional<std::string> first_nonfinite_tensor(const CheckpointState& state) {
+  for (const auto& [name, t] : state.tensors)
+    if (t.is_floating_point() && !at::isfinite(t).all().item<bool>()) return name;
+  return std::nullopt;
+}
+
 std::optional<std::string> latest_checkpoint(const std::string& dir) {
   const auto all = complete_checkpoints(dir);
   if (all.empty()) return std::nullopt;

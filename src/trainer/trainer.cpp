@@ -142,16 +142,26 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
   std::string last_checkpoint;
   if (o.resume) {
     if (o.checkpoint_dir.empty()) throw UsageError("--resume needs --checkpoint-dir");
-    if (auto path = latest_checkpoint(o.checkpoint_dir)) {
-      const CheckpointState s = load_checkpoint(*path);
-      restore_checkpoint(s, set, opt, hash, o, *path);
+    // The newest complete checkpoint whose weights and state are finite (a poisoned one, from before this
+    // check existed or written by hand, is passed over with a warning).
+    const std::vector<std::string> paths = complete_checkpoint_paths(o.checkpoint_dir);
+    bool resumed = false;
+    for (auto it = paths.rbegin(); it != paths.rend() && !resumed; ++it) {
+      const CheckpointState s = load_checkpoint(*it);
+      if (const auto bad = first_nonfinite_tensor(s)) {
+        spdlog::warn("--resume: {} holds non-finite values ('{}'); trying an older checkpoint", *it, *bad);
+        continue;
+      }
+      restore_checkpoint(s, set, opt, hash, o, *it);
       step = s.step;
       skipped = s.skipped_steps;
-      last_checkpoint = *path;
-      spdlog::info("resumed from {} at step {}", *path, step);
-    } else {
-      spdlog::warn("--resume: no checkpoint in {}; starting from the weights", o.checkpoint_dir);
+      last_checkpoint = *it;
+      resumed = true;
+      spdlog::info("resumed from {} at step {}", *it, step);
     }
+    if (!resumed && !paths.empty())
+      throw Error("--resume: every checkpoint in " + o.checkpoint_dir + " holds non-finite values; nothing to resume");
+    if (paths.empty()) spdlog::warn("--resume: no checkpoint in {}; starting from the weights", o.checkpoint_dir);
   }
 
   const DataStats& ds = data.stats();
@@ -187,8 +197,12 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
       spdlog::info("checkpoint: step {} is saved already ({})", at_step, last_checkpoint);
       return;
     }
-    last_checkpoint = save_checkpoint(o.checkpoint_dir, make_checkpoint(set, opt, at_step, skipped, hash, o, export_info),
-                                      static_cast<int>(o.keep_checkpoints));
+    const CheckpointState state = make_checkpoint(set, opt, at_step, skipped, hash, o, export_info);
+    if (const auto bad = first_nonfinite_tensor(state))
+      throw Error(fmt::format("refusing to save step {}: '{}' holds non-finite values (the training diverged); {}",
+                              at_step, *bad,
+                              last_checkpoint.empty() ? "no earlier checkpoint" : "the last good one is " + last_checkpoint));
+    last_checkpoint = save_checkpoint(o.checkpoint_dir, state, static_cast<int>(o.keep_checkpoints));
     step_on_disk = at_step;
     ++sum.checkpoints_saved;
     spdlog::info("checkpoint: {}", last_checkpoint);

@@ -508,3 +508,36 @@ TEST(TrainCli, NonFiniteFloatFlagsAreUsageErrors) {
 
 }  // namespace
 }  // namespace qwen3
+
+namespace qwen3 {
+namespace {
+
+// One trainer per checkpoint directory: a second one (another process, or another lock in this one) is refused
+// at once, naming the holder's pid; a directory that cannot be one is refused before anything loads.
+TEST(Checkpoint, ADirectoryHasOneTrainerAtATime) {
+  test::TempDir dir;
+  const std::string ckpt = dir.file("ckpt");
+  {
+    const CheckpointDirLock held(ckpt);
+    try {
+      const CheckpointDirLock second(ckpt);
+      FAIL() << "two locks on one directory";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("pid " + std::to_string(::getpid())), std::string::npos) << e.what();
+    }
+    const auto r = test::run_cli("train --weights w.dat --config c.json --tokenizer t.json --train-data d.tsv "
+                                 "--steps 1 --checkpoint-dir " + ckpt);
+    EXPECT_EQ(r.code, 1);
+    EXPECT_NE(r.err.find("in use by another trainer (pid " + std::to_string(::getpid()) + ")"), std::string::npos)
+        << r.err;
+  }
+  EXPECT_NO_THROW(CheckpointDirLock{ckpt});  // released with its holder
+  std::ofstream(dir.file("file")) << "x";
+  const auto r = test::run_cli("train --weights w.dat --config c.json --tokenizer t.json --train-data d.tsv "
+                               "--steps 1 --checkpoint-dir " + dir.file("file"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("not usable as a checkpoint directory"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace qwen3

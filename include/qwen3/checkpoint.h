@@ -39,6 +39,20 @@ std::string save_checkpoint(const std::string& dir, const CheckpointState& state
 
 // The newest complete checkpoint in `dir`, if any.
 std::optional<std::string> latest_checkpoint(const std::string& dir);
+// An exclusive lock on a checkpoint directory for as long as it lives (flock on `dir/.lock`, which holds the
+// holder's pid): two trainers on one directory would delete each other's checkpoints. Creates the directory;
+// Error naming the holder's pid when another process has it, or why the directory is not usable.
+class CheckpointDirLock {
+ public:
+  explicit CheckpointDirLock(const std::string& dir);
+  ~CheckpointDirLock();
+  CheckpointDirLock(const CheckpointDirLock&) = delete;
+  CheckpointDirLock& operator=(const CheckpointDirLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 // Every complete checkpoint of `dir`, oldest first.
 std::vector<std::string> complete_checkpoint_paths(const std::string& dir);
 

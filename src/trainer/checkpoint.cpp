@@ -5,6 +5,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // fmt::join (only here from fmt 11 on)
 #include <unistd.h>
+#include <cstring>
+#include <cerrno>
+#include <sys/file.h>
 
 #include <filesystem>
 #include <fstream>
@@ -117,6 +120,34 @@ std::string save_checkpoint(const std::string& dir, const CheckpointState& state
     for (size_t i = 0; i + keep < all.size(); ++i) fs::remove_all(all[i], ec);
   }
   return final_path.string();
+}
+
+CheckpointDirLock::CheckpointDirLock(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec || !fs::is_directory(dir))
+    throw Error(dir + ": not usable as a checkpoint directory" + (ec ? ": " + ec.message() : ": not a directory"));
+  const std::string path = (fs::path(dir) / ".lock").string();
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw Error(path + ": cannot open the checkpoint directory's lock: " + std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char holder[32] = {0};
+    const ssize_t n = ::pread(fd_, holder, sizeof(holder) - 1, 0);
+    ::close(fd_);
+    fd_ = -1;
+    if (err == EWOULDBLOCK)
+      throw Error(dir + " is in use by another trainer (pid " + (n > 0 ? std::string(holder, strnlen(holder, n)) : "?") +
+                  "); one trainer per --checkpoint-dir");
+    throw Error(path + ": cannot lock: " + std::strerror(err));
+  }
+  const std::string pid = std::to_string(::getpid());
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size()))
+    throw Error(path + ": cannot write the lock holder's pid: " + std::strerror(errno));
+}
+
+CheckpointDirLock::~CheckpointDirLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the lock
 }
 
 std::vector<std::string> complete_checkpoint_paths(const std::string& dir) {

@@ -90,6 +90,9 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
     if (report) report->phase(name);
   };
   phase("start");
+  // One trainer per checkpoint directory, checked (and the directory made) before anything loads.
+  std::optional<CheckpointDirLock> checkpoint_lock;
+  if (!o.checkpoint_dir.empty()) checkpoint_lock.emplace(o.checkpoint_dir);
   const Qwen3Config config = load_config(o.config);
   const Tokenizer tok = Tokenizer::from_file(o.tokenizer);
   TrainingData data(tok, o.data);

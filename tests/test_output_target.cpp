@@ -18,23 +18,34 @@ TEST(OutputTarget, RefusesExistingFilesUnlessAskedAndInputsAlways) {
   test::TempDir dir;
   const std::string in = dir.file("in.dat"), out = dir.file("out.dat");
   std::ofstream(in) << "input";
-  EXPECT_NO_THROW(check_output_target("--out", out, false, {in}));  // a new file
+  EXPECT_NO_THROW(prepare_output_target("--out", out, false, {in}));  // a new file
   std::ofstream(out) << "old";
-  EXPECT_THROW(check_output_target("--out", out, false, {in}), UsageError);
-  EXPECT_NO_THROW(check_output_target("--out", out, true, {in}));
+  EXPECT_THROW(prepare_output_target("--out", out, false, {in}), UsageError);
+  EXPECT_NO_THROW(prepare_output_target("--out", out, true, {in}));
   // The input itself, by another spelling, through a symbolic link, through a hard link: never.
-  EXPECT_THROW(check_output_target("--out", dir.file("./in.dat"), true, {in}), UsageError);
+  EXPECT_THROW(prepare_output_target("--out", dir.file("./in.dat"), true, {in}), UsageError);
   std::filesystem::create_symlink(in, dir.file("sym.dat"));
-  EXPECT_THROW(check_output_target("--out", dir.file("sym.dat"), true, {in}), UsageError);
+  EXPECT_THROW(prepare_output_target("--out", dir.file("sym.dat"), true, {in}), UsageError);
   ASSERT_EQ(::link(in.c_str(), dir.file("hard.dat").c_str()), 0);
-  EXPECT_THROW(check_output_target("--out", dir.file("hard.dat"), true, {in}), UsageError);
+  EXPECT_THROW(prepare_output_target("--out", dir.file("hard.dat"), true, {in}), UsageError);
   // Inside a folder being read (a checkpoint), new or not: never. A directory is never a file target.
   std::filesystem::create_directories(dir.file("ckpt/step-3"));
-  EXPECT_THROW(check_output_target("--out", dir.file("ckpt/step-3/new.dat"), true, {}, {dir.file("ckpt")}), UsageError);
-  EXPECT_NO_THROW(check_output_target("--out", dir.file("ckpt2.dat"), false, {}, {dir.file("ckpt")}));
-  EXPECT_THROW(check_output_target("--out", dir.file("ckpt"), true, {}), UsageError);
+  EXPECT_THROW(prepare_output_target("--out", dir.file("ckpt/step-3/new.dat"), true, {}, {dir.file("ckpt")}), UsageError);
+  EXPECT_NO_THROW(prepare_output_target("--out", dir.file("ckpt2.dat"), false, {}, {dir.file("ckpt")}));
+  EXPECT_THROW(prepare_output_target("--out", dir.file("ckpt"), true, {}), UsageError);
+  // A missing folder is made; one that cannot be is a runtime error (exit 1), before anything runs.
+  EXPECT_NO_THROW(prepare_output_target("--out", dir.file("new/sub/out.dat"), false, {}));
+  EXPECT_TRUE(std::filesystem::is_directory(dir.file("new/sub")));
   try {
-    check_output_target("--output-dat", out, false, {});
+    prepare_output_target("--out", "/proc/qwen3-no-such/out.dat", false, {});
+    FAIL();
+  } catch (const UsageError&) {
+    FAIL() << "a folder that cannot be made is not a usage error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot create its folder"), std::string::npos) << e.what();
+  }
+  try {
+    prepare_output_target("--output-dat", out, false, {});
     FAIL();
   } catch (const UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("--output-dat " + out + " exists; pass --overwrite"), std::string::npos);
@@ -66,6 +77,9 @@ TEST(OutputTarget, QuantizeAndTrainCheckBeforeTheyStart) {
   r = test::run_cli(train + " --output-dat " + dir.file("q.dat") + " --overwrite");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("is the input file"), std::string::npos) << r.err;
+  r = test::run_cli(train + " --output-dat /proc/qwen3-no-such/t.dat");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("cannot create its folder"), std::string::npos) << r.err;
 }
 
 }  // namespace

@@ -9,9 +9,10 @@ namespace qwen3 {
 
 // `out` (named `flag` in messages) must not exist unless `overwrite`, must not be a directory, and must never
 // be one of `input_files` (the same file by path or by identity: a link counts) or lie inside one of
-// `input_dirs` (a checkpoint being read), overwrite or not. UsageError (exit 2) naming the flag, the path and
-// the way out.
-void check_output_target(std::string_view flag, const std::string& out, bool overwrite,
+// `input_dirs` (a checkpoint being read), overwrite or not: UsageError (exit 2) naming the flag, the path and
+// the way out. Then its folder is made if missing and must be writable (Error, exit 1, with the OS reason), so
+// a run fails before it starts rather than after hours of training.
+void prepare_output_target(std::string_view flag, const std::string& out, bool overwrite,
                          const std::vector<std::string>& input_files, const std::vector<std::string>& input_dirs = {});
 
 }  // namespace qwen3

@@ -39,9 +39,9 @@ Command add_convert_command(CLI::App& app) {
             std::error_code ec;
             for (const auto& e : std::filesystem::directory_iterator(o->opt.hf_dir, ec))
               if (e.is_regular_file(ec)) inputs.push_back(e.path().string());
-            check_output_target("--out", o->opt.out, o->overwrite, inputs);
+            prepare_output_target("--out", o->opt.out, o->overwrite, inputs);
             const std::filesystem::path beside = std::filesystem::absolute(o->opt.out).parent_path() / "config.json";
-            check_output_target("--out (the config.json beside it)", beside.string(), o->overwrite, inputs);
+            prepare_output_target("--out (the config.json beside it)", beside.string(), o->overwrite, inputs);
             o->opt.dense_type = elem_type_from_name(o->dtype);
             o->opt.scale_mode = nvfp4::scale_mode_from_name(o->scale_mode);
             const auto t0 = std::chrono::steady_clock::now();

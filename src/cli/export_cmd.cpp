@@ -25,7 +25,7 @@ Command add_export_command(CLI::App& app) {
       ->check(CLI::IsMember({"rne", "search"}));
   add_bool_flag(sub, "--overwrite", o->overwrite, "replace an existing --out (never an input or a checkpoint file)");
   return {sub, [o]() {
-            check_output_target("--out", o->opt.out, o->overwrite, {o->opt.weights}, {o->opt.checkpoint});
+            prepare_output_target("--out", o->opt.out, o->overwrite, {o->opt.weights}, {o->opt.checkpoint});
             if (!o->scale_mode.empty()) o->opt.scale_mode = nvfp4::scale_mode_from_name(o->scale_mode);
             const auto t0 = std::chrono::steady_clock::now();
             const CheckpointExportResult r = export_checkpoint(o->opt);

@@ -69,7 +69,7 @@ Command add_quantize_command(CLI::App& app) {
   add_scale_mode(sub, o->scale_mode);
   add_bool_flag(sub, "--overwrite", o->overwrite, "replace an existing --out (never the input)");
   return {sub, [o]() {
-            check_output_target("--out", o->out, o->overwrite, {o->in});
+            prepare_output_target("--out", o->out, o->overwrite, {o->in});
             const auto t0 = std::chrono::steady_clock::now();
             const QuantizeReport r = quantize_dat_file(o->in, o->out, nvfp4::scale_mode_from_name(o->scale_mode));
             fmt::print("{:<10} {:>8} {:>14}\n", "family", "tensors", "relative error");

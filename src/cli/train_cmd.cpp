@@ -116,7 +116,7 @@ void resolve(TrainFlags& f) {
   resolve_device(o.device);
   // Before the first step: the export target must not replace anything unasked, nor any input of the run.
   if (!o.output_dat.empty())
-    check_output_target("--output-dat", o.output_dat, f.overwrite,
+    prepare_output_target("--output-dat", o.output_dat, f.overwrite,
                         {o.weights, o.config, o.tokenizer, o.data.path, o.eval_data}, {o.checkpoint_dir});
 }
 

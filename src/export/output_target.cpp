@@ -1,5 +1,9 @@
 #include "qwen3/output_target.h"
 
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <system_error>
 
@@ -25,7 +29,7 @@ bool inside(const fs::path& child, const fs::path& dir) {
 
 }  // namespace
 
-void check_output_target(std::string_view flag, const std::string& out, bool overwrite,
+void prepare_output_target(std::string_view flag, const std::string& out, bool overwrite,
                          const std::vector<std::string>& input_files, const std::vector<std::string>& input_dirs) {
   const std::string name(flag);
   const fs::path target = resolved(out);
@@ -43,6 +47,11 @@ void check_output_target(std::string_view flag, const std::string& out, bool ove
   if (fs::is_directory(out, ec)) throw UsageError(name + " " + out + " is a directory; give a file path");
   if (fs::exists(out, ec) && !overwrite)
     throw UsageError(name + " " + out + " exists; pass --overwrite to replace it (or choose another path)");
+  const fs::path folder = fs::absolute(out).parent_path();
+  fs::create_directories(folder, ec);
+  if (ec) throw Error(name + " " + out + ": cannot create its folder " + folder.string() + ": " + ec.message());
+  if (::access(folder.c_str(), W_OK) != 0)
+    throw Error(name + " " + out + ": its folder " + folder.string() + " is not writable: " + std::strerror(errno));
 }
 
 }  // namespace qwen3

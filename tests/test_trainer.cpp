@@ -541,3 +541,31 @@ TEST(Checkpoint, ADirectoryHasOneTrainerAtATime) {
 
 }  // namespace
 }  // namespace qwen3
+
+namespace qwen3 {
+namespace {
+
+// --resume with nothing to resume is an error (a typo, or a step-N folder given as the checkpoint folder),
+// unless --resume-if-present.
+TEST(Trainer, ResumeWithNothingToResumeIsAnError) {
+  test::TempDir dir;
+  const SynthResult m = make_model(dir);
+  std::ofstream(dir.file("pairs.tsv")) << kPairs;
+  TrainOptions o = base_options(m, dir.file("pairs.tsv"));
+  o.steps = 1;
+  o.resume = true;
+  o.checkpoint_dir = dir.file("ckpt/step-00000004");
+  try {
+    run_training(o);
+    FAIL() << "trained from the weights";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("give its parent folder"), std::string::npos) << e.what();
+  }
+  o.checkpoint_dir = dir.file("empty");
+  EXPECT_THROW(run_training(o), Error);
+  o.resume_if_present = true;
+  EXPECT_EQ(run_training(o).final_step, 1);
+}
+
+}  // namespace
+}  // namespace qwen3

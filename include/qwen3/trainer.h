@@ -47,7 +47,8 @@ struct TrainOptions {
   std::string checkpoint_dir;
   int64_t save_every_steps = 0;  // 0: only at the end (and on a signal)
   int64_t keep_checkpoints = 2;
-  bool resume = false;
+  bool resume = false;             // an error when --checkpoint-dir holds no checkpoint ...
+  bool resume_if_present = false;  // ... unless this: then training starts from the weights
   int64_t max_skipped_steps = 10;
   std::string output_dat;
 };

@@ -112,6 +112,7 @@ void resolve(TrainFlags& f) {
                              {"--train-data", &o.data.path}})
     if (value->empty()) throw UsageError(std::string("train: ") + name + " is required");
   if (o.steps <= 0 && o.epochs <= 0) throw UsageError("train: give --steps or --epochs");
+  if (o.resume_if_present) o.resume = true;
   convert_flag_values(f);
   resolve_device(o.device);
   // Before the first step: the export target must not replace anything unasked, nor any input of the run.
@@ -197,7 +198,9 @@ CLI::Option_group* add_train_flags(CLI::App* sub, const std::shared_ptr<TrainFla
   run->add_option("--save-every-steps", o.save_every_steps, "checkpoint every K steps (0: at the end only)")
       ->check(CLI::NonNegativeNumber)->capture_default_str();
   run->add_option("--keep-checkpoints", o.keep_checkpoints, "newest checkpoints kept (0: all)")->check(CLI::NonNegativeNumber)->capture_default_str();
-  add_bool_flag(run, "--resume", o.resume, "continue from the newest checkpoint in --checkpoint-dir");
+  add_bool_flag(run, "--resume", o.resume, "continue from the newest checkpoint in --checkpoint-dir (an error if none)");
+  add_bool_flag(run, "--resume-if-present", o.resume_if_present,
+                "--resume when --checkpoint-dir holds a checkpoint, else start from the weights");
   run->add_option("--eval-every", o.eval_every, "evaluate --eval-data every K steps")->check(CLI::NonNegativeNumber);
   add_bool_flag(run, "--fused-optimizer", o.fused_optimizer,
                 "update each block during backward and free its gradients (clipping per block: docs/trainer.md)");
@@ -261,7 +264,7 @@ Command add_vram_report_command(CLI::App& app) {
               return 0;
             }
             if (out->empty()) throw UsageError("vram-report: --out is required (or --predict-only)");
-            if (!o.output_dat.empty() || !o.checkpoint_dir.empty() || o.resume)
+            if (!o.output_dat.empty() || !o.checkpoint_dir.empty() || o.resume || o.resume_if_present)
               throw UsageError("vram-report runs one step and writes only the report: drop --output-dat, "
                                "--checkpoint-dir and --resume");
             o.vram_report = *out;

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <map>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <optional>
@@ -164,7 +165,15 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
     }
     if (!resumed && !paths.empty())
       throw Error("--resume: every checkpoint in " + o.checkpoint_dir + " holds non-finite values; nothing to resume");
-    if (paths.empty()) spdlog::warn("--resume: no checkpoint in {}; starting from the weights", o.checkpoint_dir);
+    if (paths.empty()) {
+      if (!o.resume_if_present) {
+        const bool is_a_step = std::filesystem::path(o.checkpoint_dir).filename().string().rfind("step-", 0) == 0;
+        throw Error("--resume: no checkpoint in " + o.checkpoint_dir +
+                    (is_a_step ? " (that is a checkpoint itself: give its parent folder)" : "") +
+                    "; --resume-if-present starts from the weights when there is none");
+      }
+      spdlog::warn("--resume-if-present: no checkpoint in {}; starting from the weights", o.checkpoint_dir);
+    }
   }
 
   const DataStats& ds = data.stats();

@@ -569,3 +569,36 @@ TEST(Trainer, ResumeWithNothingToResumeIsAnError) {
 
 }  // namespace
 }  // namespace qwen3
+
+namespace qwen3 {
+namespace {
+
+// Resuming with another weights file of the same layout is refused, as export refuses it.
+TEST(Trainer, ResumeRefusesAnotherFileOfTheSameLayout) {
+  test::TempDir dir;
+  const SynthResult m = make_model(dir);
+  SynthOptions other;
+  other.config = test::trainable_tiny_config();
+  other.seed = 12345;
+  other.out_dir = dir.file("other");
+  const SynthResult o_model = write_synthetic_model(other);
+  std::ofstream(dir.file("pairs.tsv")) << kPairs;
+  TrainOptions o = base_options(m, dir.file("pairs.tsv"));
+  o.checkpoint_dir = dir.file("ckpt");
+  o.steps = 1;
+  run_training(o);
+  o.resume = true;
+  o.steps = 2;
+  o.weights = o_model.dat_path;
+  try {
+    run_training(o);
+    FAIL() << "resumed onto another model's frozen tensors";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("stored values differ"), std::string::npos) << e.what();
+  }
+  o.weights = m.dat_path;
+  EXPECT_EQ(run_training(o).final_step, 2);
+}
+
+}  // namespace
+}  // namespace qwen3

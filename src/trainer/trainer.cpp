@@ -56,9 +56,15 @@ CheckpointState make_checkpoint(const TrainableSet& set, const AdamW& opt, int64
 }
 
 void restore_checkpoint(const CheckpointState& s, TrainableSet& set, AdamW& opt, const std::string& hash,
-                        const TrainOptions& o, const std::string& path) {
+                        const std::string& sample_hash, const TrainOptions& o, const std::string& path) {
   if (s.model_hash != hash)
     throw Error(path + ": this checkpoint belongs to another model (config or weight file differ)");
+  // The layout hash cannot tell two models of one shape apart; the frozen tensors would come from the other
+  // one. The sample hash of the stored values (as `export` checks it) can; checkpoints from before it carry
+  // only the layout hash and are checked as far as that goes.
+  if (s.extra.contains("weights_sample_hash") && s.extra["weights_sample_hash"] != sample_hash)
+    throw Error(path + ": was not trained from " + o.weights +
+                " (same layout, but the stored values differ from the checkpoint's input)");
   const nlohmann::json now = resume_flags(o);
   std::string diff;
   for (auto& [k, v] : now.items())
@@ -156,7 +162,7 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
         spdlog::warn("--resume: {} holds non-finite values ('{}'); trying an older checkpoint", *it, *bad);
         continue;
       }
-      restore_checkpoint(s, set, opt, hash, o, *it);
+      restore_checkpoint(s, set, opt, hash, weights_sample_hash(reader), o, *it);
       step = s.step;
       skipped = s.skipped_steps;
       last_checkpoint = *it;

@@ -602,3 +602,38 @@ TEST(Trainer, ResumeRefusesAnotherFileOfTheSameLayout) {
 
 }  // namespace
 }  // namespace qwen3
+
+namespace qwen3 {
+namespace {
+
+// checkpoint.json names the moment storage; a file from before (the ordinal) still resumes.
+TEST(Trainer, CheckpointNamesTheMomentStorageAndReadsOldOrdinals) {
+  test::TempDir dir;
+  const SynthResult m = make_model(dir);
+  std::ofstream(dir.file("pairs.tsv")) << kPairs;
+  TrainOptions o = base_options(m, dir.file("pairs.tsv"));
+  o.checkpoint_dir = dir.file("ckpt");
+  o.steps = 1;
+  o.adamw.moments = MomentStorage::int8;
+  run_training(o);
+  const std::string json_path = *latest_checkpoint(o.checkpoint_dir) + "/checkpoint.json";
+  nlohmann::json meta = nlohmann::json::parse(test::slurp(json_path));
+  EXPECT_EQ(meta["flags"]["optimizer_state_mode"], "int8");
+  meta["flags"]["optimizer_state_mode"] = 2;  // as older versions wrote it
+  std::ofstream(json_path) << meta.dump(2);
+  o.resume = true;
+  o.steps = 2;
+  o.adamw.moments = MomentStorage::nvfp4;
+  try {
+    run_training(o);
+    FAIL() << "resumed int8 moments as nvfp4";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("optimizer_state_mode (checkpoint \"int8\", now \"nvfp4\")"), std::string::npos)
+        << e.what();
+  }
+  o.adamw.moments = MomentStorage::int8;
+  EXPECT_EQ(run_training(o).final_step, 2);
+}
+
+}  // namespace
+}  // namespace qwen3

@@ -97,7 +97,7 @@ std::string model_hash(const Qwen3Config& config, const DatReader& reader) {
 
 nlohmann::json resume_flags(const TrainOptions& o) {
   return {{"master_dtype", o.master_dtype},
-          {"optimizer_state_mode", static_cast<int>(o.adamw.moments)},
+          {"optimizer_state_mode", moment_storage_name(o.adamw.moments)},  // a name (older files: the ordinal)
           {"train_last_layers", o.train_last_layers},
           {"freeze_embeddings", o.freeze_embeddings},
           {"train_lm_head", o.train_lm_head},

@@ -66,10 +66,17 @@ void restore_checkpoint(const CheckpointState& s, TrainableSet& set, AdamW& opt,
     throw Error(path + ": was not trained from " + o.weights +
                 " (same layout, but the stored values differ from the checkpoint's input)");
   const nlohmann::json now = resume_flags(o);
+  nlohmann::json saved = s.flags;
+  // Checkpoints written before the moment storage was stored by name hold its ordinal (float32 0, bfloat16 1,
+  // int8 2, nvfp4 3).
+  if (saved.contains("optimizer_state_mode") && saved["optimizer_state_mode"].is_number_integer()) {
+    const int ordinal = saved["optimizer_state_mode"].get<int>();
+    if (ordinal >= 0 && ordinal <= 3) saved["optimizer_state_mode"] = moment_storage_name(static_cast<MomentStorage>(ordinal));
+  }
   std::string diff;
   for (auto& [k, v] : now.items())
-    if (!s.flags.contains(k) || s.flags.at(k) != v)
-      diff += fmt::format(" {} (checkpoint {}, now {})", k, s.flags.value(k, nlohmann::json()).dump(), v.dump());
+    if (!saved.contains(k) || saved.at(k) != v)
+      diff += fmt::format(" {} (checkpoint {}, now {})", k, saved.value(k, nlohmann::json()).dump(), v.dump());
   if (!diff.empty()) throw Error(path + ": flags differ from the checkpoint's:" + diff);
   std::map<std::string, at::Tensor> by_name(s.tensors.begin(), s.tensors.end());
   torch::NoGradGuard no_grad;

@@ -270,3 +270,32 @@ TEST(DatWriter, WriteFailureLeavesNothingBehind) {
 
 }  // namespace
 }  // namespace qwen3
+
+namespace qwen3 {
+namespace {
+
+// A writer removes the temporaries of its target that a dead writer left, and only those: a live writer holds a
+// lock on its own.
+TEST(DatWriter, RemovesStaleTemporariesOfItsTargetOnly) {
+  test::TempDir dir;
+  const std::string target = dir.file("out.dat");
+  const std::string stale = dir.file(".out.dat.tmp-AbC123"), other = dir.file(".other.dat.tmp-AbC123");
+  std::ofstream(stale) << "left by a killed export";
+  std::ofstream(other) << "another target's";
+  DatWriter live(target, 1);  // removes the stale one, keeps its own
+  EXPECT_FALSE(std::filesystem::exists(stale));
+  EXPECT_TRUE(std::filesystem::exists(other));
+  EXPECT_TRUE(std::filesystem::exists(live.temp_path()));
+  {
+    DatWriter second(target, 0);  // the first writer is alive: its temporary stays
+    EXPECT_TRUE(std::filesystem::exists(live.temp_path()));
+    second.commit();
+  }
+  const uint8_t byte = 7;
+  live.write_entry("k", ElemType::UInt8, {1}, &byte, 1);
+  live.commit();
+  EXPECT_EQ(DatReader(target).entries().size(), 1u);
+}
+
+}  // namespace
+}  // namespace qwen3

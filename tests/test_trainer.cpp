@@ -637,3 +637,22 @@ TEST(Trainer, CheckpointNamesTheMomentStorageAndReadsOldOrdinals) {
 
 }  // namespace
 }  // namespace qwen3
+
+namespace qwen3 {
+namespace {
+
+// Holding the directory's lock, a trainer removes the temporaries of interrupted saves it finds there.
+TEST(Checkpoint, TheLockHolderRemovesStaleSaveTemporaries) {
+  test::TempDir dir;
+  const std::string ckpt = dir.file("ckpt");
+  std::filesystem::create_directories(ckpt + "/.step-00000003.tmp-Ab12Cd/x");
+  std::filesystem::create_directories(ckpt + "/.step-00000002.old-Ab12Cd");
+  std::filesystem::create_directories(ckpt + "/step-00000001");
+  const CheckpointDirLock lock(ckpt);
+  EXPECT_FALSE(std::filesystem::exists(ckpt + "/.step-00000003.tmp-Ab12Cd"));
+  EXPECT_FALSE(std::filesystem::exists(ckpt + "/.step-00000002.old-Ab12Cd"));
+  EXPECT_TRUE(std::filesystem::exists(ckpt + "/step-00000001"));
+}
+
+}  // namespace
+}  // namespace qwen3

@@ -1,7 +1,9 @@
 // DatWriter: streams entries into a temporary file beside the target and renames it into place only after
 // every announced byte was written and fsynced, so a crash or a full disk never leaves a partial file under
 // the target name.
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <libgen.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -37,6 +39,24 @@ void fsync_dir(const std::string& dir) {
   ::close(fd);
 }
 
+// Temporaries of `target` left by a writer that died (a killed export leaves tens of GB): each live writer holds
+// an exclusive flock on its temporary, so one that can be locked now has no writer and is provably stale.
+void remove_stale_temporaries(const std::string& dir, const std::string& base) {
+  const std::string prefix = "." + base + ".tmp-";
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.size() != prefix.size() + 6 || name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string path = dir + "/" + name;
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) continue;
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) ::unlink(path.c_str());
+    ::close(fd);
+  }
+  ::closedir(d);
+}
+
 }  // namespace
 
 DatWriter::DatWriter(const std::string& target, uint64_t entry_count)
@@ -46,9 +66,11 @@ DatWriter::DatWriter(const std::string& target, uint64_t entry_count)
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
     throw Error(target + ": directory '" + dir + "' does not exist");
+  remove_stale_temporaries(dir, base_of(target));
   std::string pattern = dir + "/." + base_of(target) + ".tmp-XXXXXX";
   fd_ = ::mkostemp(pattern.data(), O_CLOEXEC);
   if (fd_ < 0) throw Error(target + ": cannot create a temporary file in '" + dir + "': " + std::strerror(errno));
+  ::flock(fd_, LOCK_EX);  // held until the file is renamed or discarded: marks it as live for other writers
   temp_path_ = pattern;
   ::fchmod(fd_, 0644);  // mkstemp creates 0600; a weight file is as readable as any other output
   uint8_t tmp[leb128::kMaxBytes];

@@ -141,6 +141,13 @@ CheckpointDirLock::CheckpointDirLock(const std::string& dir) {
                   "); one trainer per --checkpoint-dir");
     throw Error(path + ": cannot lock: " + std::strerror(err));
   }
+  // Holding the directory's lock, no other trainer can be writing here: temporaries of interrupted saves
+  // (".step-N.tmp-*", ".step-N.old-*") are provably stale.
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(".step-", 0) == 0 && (name.find(".tmp-") != std::string::npos || name.find(".old-") != std::string::npos))
+      fs::remove_all(e.path(), ec);
+  }
   const std::string pid = std::to_string(::getpid());
   if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size()))
     throw Error(path + ": cannot write the lock holder's pid: " + std::strerror(errno));

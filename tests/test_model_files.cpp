@@ -2,12 +2,17 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include "cli_test_util.h"
 #include "qwen3/config.h"
 #include "qwen3/dat_tensor.h"
 #include "qwen3/nvfp4.h"
 #include "qwen3/quantize_dat.h"
 #include "qwen3/synth.h"
+#include "qwen3/model_loader.h"
+#include "qwen3/dat.h"
+#include "tiny_model_util.h"
 
 namespace qwen3 {
 namespace {
@@ -167,6 +172,48 @@ TEST(Cli, SynthAndQuantizeFlags) {
   EXPECT_NE(r.out.find("nvfp4 pairs: 22"), std::string::npos) << r.out;
   r = test::run_cli("quantize --in " + dir.file("m/model.dat") + " --out " + dir.file("m/model.dat"));
   EXPECT_EQ(r.code, 2) << r.err;
+}
+
+}  // namespace
+}  // namespace qwen3
+
+namespace qwen3 {
+namespace {
+
+// A NaN E4M3 scale code (0x7F/0xFF) is refused at load, naming the entry and the first bad block, instead of
+// decoding to NaN (generate printed garbage, eval nan, exit 0).
+TEST(Loader, NanScaleCodesAreRefusedNamingTheBlock) {
+  test::TempDir dir;
+  SynthOptions opt;
+  opt.config = test::trainable_tiny_config();
+  opt.out_dir = dir.file("m");
+  const SynthResult m = write_synthetic_model(opt);
+  const std::string key = "model.layers.0.mlp.up_proj.weight";
+  uint64_t offset = 0;
+  int64_t per_row = 0;
+  {
+    const DatReader r(m.dat_path);
+    const DatEntry& e = r.at(key + std::string(kScaleSuffix));
+    per_row = e.shape.back();
+    offset = e.payload_offset + 2 * per_row + 3;  // row 2, block 3
+  }
+  {
+    std::fstream f(m.dat_path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(offset));
+    f.put(static_cast<char>(0xFF));
+  }
+  const DatReader r(m.dat_path);
+  try {
+    load_model(r, load_config(m.config_path), at::kFloat, at::kCPU);
+    FAIL() << "a NaN scale code was loaded";
+  } catch (const DatError& e) {
+    EXPECT_NE(std::string(e.what()).find(key + ".scale' holds a NaN E4M3 scale code"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("row 2, block 3"), std::string::npos) << e.what();
+  }
+  const auto g = test::run_cli("generate --weights " + m.dat_path + " --config " + m.config_path +
+                               " --prompt-ids '1 2 3' --max-new-tokens 2 --print-ids");
+  EXPECT_EQ(g.code, 1);
+  EXPECT_NE(g.err.find("NaN E4M3 scale code"), std::string::npos) << g.err;
 }
 
 }  // namespace

@@ -41,8 +41,20 @@ at::Tensor read_weight(const DatReader& reader, const std::string& key, at::Scal
   if (!q) throw DatError(reader.path() + ": no entry '" + key + "' (dense or NVFP4 pair)");
   const DatEntry& s = reader.at(key + std::string(kScaleSuffix));
   const at::Tensor codes = read_tensor(reader, *q).to(device);
-  at::Tensor scales = read_tensor(reader, s).to(device);
-  return nvfp4::dequantize(codes, scales, dtype);
+  at::Tensor scales = read_tensor(reader, s);
+  // E4M3 codes 0x7F and 0xFF are NaN: such a block would decode to NaN and every output after it. Checked on
+  // the host before the tensor moves, naming the first bad block.
+  if (scales.scalar_type() == at::kByte) {
+    const at::Tensor bytes = scales.contiguous().view(-1);
+    const at::Tensor bad = at::bitwise_and(bytes, 0x7F).eq(0x7F).nonzero();
+    if (bad.numel() > 0) {
+      const int64_t i = bad[0][0].item<int64_t>(), per_row = scales.dim() >= 2 ? scales.size(-1) : scales.numel();
+      throw DatError(reader.path() + ": entry '" + key + std::string(kScaleSuffix) + "' holds a NaN E4M3 scale code (" +
+                     std::to_string(bad.size(0)) + " blocks; the first is row " + std::to_string(i / per_row) +
+                     ", block " + std::to_string(i % per_row) + ")");
+    }
+  }
+  return nvfp4::dequantize(codes, scales.to(device), dtype);
 }
 
 std::shared_ptr<Qwen3Model> load_model(const DatReader& reader, const Qwen3Config& config, at::ScalarType dtype,

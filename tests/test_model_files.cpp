@@ -70,6 +70,19 @@ TEST(Config, InvalidConfigsNameTheField) {
   j = good;
   j["hidden_act"] = "gelu";
   expect_error(j, "hidden_act");
+  // Sizes whose products would overflow (2^60 heads made synth divide by zero; 2^62 tokens of vocabulary gave
+  // vram-report nonsense with exit 0): named, before anything multiplies them.
+  j = good;
+  j["num_attention_heads"] = int64_t{1} << 60;
+  expect_error(j, "num_attention_heads 1152921504606846976 is beyond 2^16");
+  j = good;
+  j["vocab_size"] = int64_t{1} << 62;
+  expect_error(j, "vocab_size 4611686018427387904 is beyond 2^24");
+  j = good;
+  j["num_attention_heads"] = 4096;
+  j["num_key_value_heads"] = 4096;
+  j["head_dim"] = 8192;
+  expect_error(j, "num_attention_heads * head_dim (33554432) is beyond 2^24");
   EXPECT_THROW(preset_config("huge"), UsageError);
 }
 

@@ -57,6 +57,20 @@ void Qwen3Config::validate(const std::string& origin) const {
       {"vocab_size", vocab_size}};
   for (auto [name, v] : positive)
     if (v <= 0) throw fail(std::string(name) + " must be positive, got " + std::to_string(v));
+  // Sane upper bounds, so that no product of sizes below can overflow (a head count of 2^60 made synth divide
+  // by zero): 2^24 for widths and the vocabulary (Qwen3 uses 151,936), 2^16 for counts and head_dim.
+  const std::pair<const char*, int64_t> bounded[] = {
+      {"hidden_size", hidden_size}, {"intermediate_size", intermediate_size}, {"vocab_size", vocab_size}};
+  for (auto [name, v] : bounded)
+    if (v > (int64_t{1} << 24)) throw fail(std::string(name) + " " + std::to_string(v) + " is beyond 2^24");
+  const std::pair<const char*, int64_t> counts[] = {{"num_hidden_layers", num_hidden_layers},
+                                                    {"num_attention_heads", num_attention_heads},
+                                                    {"num_key_value_heads", num_key_value_heads},
+                                                    {"head_dim", head_dim}};
+  for (auto [name, v] : counts)
+    if (v > (int64_t{1} << 16)) throw fail(std::string(name) + " " + std::to_string(v) + " is beyond 2^16");
+  if (num_attention_heads * head_dim > (int64_t{1} << 24))
+    throw fail("num_attention_heads * head_dim (" + std::to_string(num_attention_heads * head_dim) + ") is beyond 2^24");
   if (num_attention_heads % num_key_value_heads != 0)
     throw fail("num_attention_heads (" + std::to_string(num_attention_heads) +
                ") must be a multiple of num_key_value_heads (" + std::to_string(num_key_value_heads) + ")");

@@ -84,6 +84,17 @@ TEST(Config, InvalidConfigsNameTheField) {
   j["head_dim"] = 8192;
   expect_error(j, "num_attention_heads * head_dim (33554432) is beyond 2^24");
   EXPECT_THROW(preset_config("huge"), UsageError);
+  // A value is quoted in a message by an excerpt, never whole.
+  j = good;
+  j["hidden_size"] = json::array();
+  for (int i = 0; i < 1000; ++i) j["hidden_size"].push_back(i);
+  try {
+    config_from_json(j, "c.json");
+    ADD_FAILURE() << "accepted an array size";
+  } catch (const Error& e) {
+    EXPECT_LT(std::string(e.what()).size(), 160u) << e.what();
+    EXPECT_NE(std::string(e.what()).find("..."), std::string::npos) << e.what();
+  }
 }
 
 TEST(Synth, WritesTheRealLayoutDeterministically) {
@@ -192,6 +203,20 @@ TEST(Cli, SynthAndQuantizeFlags) {
 
 namespace qwen3 {
 namespace {
+
+// Deeply nested JSON (which exhausted the stack while parsing or while a message dumped it) stops at 64 levels
+// with an error naming the file.
+TEST(Config, DeeplyNestedJsonIsAnErrorNamingTheFile) {
+  test::TempDir dir;
+  const std::string path = dir.file("config.json");
+  std::ofstream(path) << "{\"hidden_size\": " << std::string(1000000, '[') << std::string(1000000, ']') << "}";
+  try {
+    load_config(path);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), path + ": JSON nested deeper than 64 levels");
+  }
+}
 
 // A NaN E4M3 scale code (0x7F/0xFF) is refused at load, naming the entry and the first bad block, instead of
 // decoding to NaN (generate printed garbage, eval nan, exit 0).

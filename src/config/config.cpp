@@ -1,4 +1,5 @@
 #include "qwen3/config.h"
+#include "qwen3/json_limits.h"
 
 #include <algorithm>
 #include <fstream>
@@ -16,21 +17,21 @@ int64_t get_int(const json& j, const char* key, const std::string& origin, bool 
     if (required) throw Error(origin + ": missing field \"" + key + "\"");
     return fallback;
   }
-  if (!it->is_number_integer()) throw Error(origin + ": field \"" + key + "\" must be an integer, got " + it->dump());
+  if (!it->is_number_integer()) throw Error(origin + ": field \"" + key + "\" must be an integer, got " + json_excerpt(*it));
   return it->get<int64_t>();
 }
 
 double get_number(const json& j, const char* key, const std::string& origin, double fallback) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return fallback;
-  if (!it->is_number()) throw Error(origin + ": field \"" + key + "\" must be a number, got " + it->dump());
+  if (!it->is_number()) throw Error(origin + ": field \"" + key + "\" must be a number, got " + json_excerpt(*it));
   return it->get<double>();
 }
 
 bool get_bool(const json& j, const char* key, const std::string& origin, bool fallback) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return fallback;
-  if (!it->is_boolean()) throw Error(origin + ": field \"" + key + "\" must be true or false, got " + it->dump());
+  if (!it->is_boolean()) throw Error(origin + ": field \"" + key + "\" must be true or false, got " + json_excerpt(*it));
   return it->get<bool>();
 }
 
@@ -140,9 +141,9 @@ Qwen3Config config_from_json(const json& j, const std::string& origin) {
   }
   if (auto it = j.find("torch_dtype"); it != j.end() && it->is_string()) c.torch_dtype = it->get<std::string>();
   if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null())
-    throw Error(origin + ": rope_scaling " + it->dump() + " is not supported (only null)");
+    throw Error(origin + ": rope_scaling " + json_excerpt(*it) + " is not supported (only null)");
   if (auto it = j.find("hidden_act"); it != j.end() && *it != "silu")
-    throw Error(origin + ": hidden_act " + it->dump() + " is not supported (only \"silu\")");
+    throw Error(origin + ": hidden_act " + json_excerpt(*it) + " is not supported (only \"silu\")");
   if (get_bool(j, "attention_bias", origin, false)) throw Error(origin + ": attention_bias true is not supported");
   c.validate(origin);
   return c;
@@ -153,7 +154,7 @@ Qwen3Config load_config(const std::string& path) {
   if (!f) throw Error(path + ": cannot open config");
   json j;
   try {
-    j = json::parse(f);
+    j = json::parse(f, depth_limited(path));
   } catch (const json::parse_error& e) {
     throw Error(path + ": invalid JSON: " + e.what());
   }

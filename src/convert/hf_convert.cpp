@@ -1,4 +1,5 @@
 #include "qwen3/hf_convert.h"
+#include "qwen3/json_limits.h"
 
 #include <ATen/ATen.h>
 #include <fcntl.h>
@@ -44,7 +45,7 @@ std::vector<std::string> shard_names_from_index(const fs::path& index_path, std:
   if (!f) throw Error(index_path.string() + ": cannot open");
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(f);
+    j = nlohmann::json::parse(f, depth_limited(index_path.string()));
   } catch (const nlohmann::json::exception& e) {
     throw Error(index_path.string() + ": invalid JSON: " + e.what());
   }

@@ -6,6 +6,8 @@
 #include <limits>
 #include <set>
 
+#include "qwen3/json_limits.h"
+
 namespace qwen3 {
 namespace {
 
@@ -21,7 +23,7 @@ constexpr DtypeSize kDtypes[] = {{"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2"
                                  {"U32", 4},  {"F32", 4}, {"F64", 8}, {"I64", 8},     {"U64", 8}};
 
 uint64_t to_u64(const nlohmann::json& v, const std::string& what) {
-  if (!v.is_number_unsigned()) throw Error(what + " is not a non-negative integer: " + v.dump());
+  if (!v.is_number_unsigned()) throw Error(what + " is not a non-negative integer: " + json_excerpt(v));
   return v.get<uint64_t>();
 }
 
@@ -88,7 +90,7 @@ void SafetensorsFile::parse_header() {
   };
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(text, note_keys);
+    header = nlohmann::json::parse(text, depth_limited(file, note_keys));
   } catch (const nlohmann::json::exception& e) {
     throw Error(file + ": safetensors header is not valid JSON: " + e.what());
   }
@@ -126,14 +128,14 @@ void SafetensorsFile::parse_header() {
       t.shape.push_back(static_cast<int64_t>(std::min<uint64_t>(dim, std::numeric_limits<int64_t>::max())));
     }
     if (overflow || numel > std::numeric_limits<uint64_t>::max() / elem)
-      throw Error(where + "shape " + shape.dump() + " overflows 64-bit byte counts");
+      throw Error(where + "shape " + json_excerpt(shape) + " overflows 64-bit byte counts");
     const nlohmann::json& offsets = info["data_offsets"];
     if (!offsets.is_array() || offsets.size() != 2) throw Error(where + "data_offsets is not [begin, end]");
     const uint64_t begin = to_u64(offsets[0], where + "data_offsets begin");
     const uint64_t end = to_u64(offsets[1], where + "data_offsets end");
-    if (end < begin) throw Error(where + "data_offsets " + offsets.dump() + " end before they begin");
+    if (end < begin) throw Error(where + "data_offsets " + json_excerpt(offsets) + " end before they begin");
     if (end > data_bytes)
-      throw Error(where + "data_offsets " + offsets.dump() + " run past the " + std::to_string(data_bytes) +
+      throw Error(where + "data_offsets " + json_excerpt(offsets) + " run past the " + std::to_string(data_bytes) +
                   "-byte data section");
     t.nbytes = end - begin;
     if (t.nbytes != numel * elem)

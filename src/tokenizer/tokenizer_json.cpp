@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "qwen3/error.h"
+#include "qwen3/json_limits.h"
 #include "tokenizer_impl.h"
 #include "unicode_text.h"
 
@@ -244,7 +245,7 @@ std::shared_ptr<Tokenizer::Impl> load_tokenizer_json(std::string_view json_text,
   Loader load(source);
   json root;
   try {
-    root = json::parse(json_text.begin(), json_text.end());
+    root = json::parse(json_text.begin(), json_text.end(), depth_limited(source));
   } catch (const json::exception& e) {
     load.fail(std::string("not valid JSON (") + e.what() + ")");
   }

@@ -13,6 +13,7 @@
 #include <fstream>
 
 #include "qwen3/dat.h"
+#include "qwen3/json_limits.h"
 #include "qwen3/dat_tensor.h"
 
 namespace qwen3 {
@@ -181,13 +182,13 @@ CheckpointState load_checkpoint(const std::string& path, const std::string& tens
   if (!f) throw Error(path + ": not a checkpoint (no checkpoint.json)");
   nlohmann::json meta;
   try {
-    meta = nlohmann::json::parse(f);
+    meta = nlohmann::json::parse(f, depth_limited((p / "checkpoint.json").string()));
   } catch (const nlohmann::json::exception& e) {
     throw Error((p / "checkpoint.json").string() + ": invalid JSON: " + e.what());
   }
   if (meta.value("magic", "") != kCheckpointMagic) throw Error(path + ": not a qwen3-train checkpoint (wrong magic)");
   if (meta.value("format_version", -1) != kCheckpointFormatVersion)
-    throw Error(path + ": checkpoint format version " + meta.value("format_version", nlohmann::json()).dump() +
+    throw Error(path + ": checkpoint format version " + json_excerpt(meta.value("format_version", nlohmann::json())) +
                 " is not supported (this build reads version " + std::to_string(kCheckpointFormatVersion) + ")");
   CheckpointState s;
   try {

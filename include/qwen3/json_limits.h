@@ -1,0 +1,36 @@
+// Bounds for JSON read from files (config.json, checkpoint.json, tokenizer.json, safetensors headers): a nesting
+// depth past which parsing stops with a clear error (deeply nested input exhausts the stack in parsing, in
+// destruction and in dump), and a short excerpt of a value for error messages instead of its whole dump.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+#include "qwen3/error.h"
+
+namespace qwen3 {
+
+// Far deeper than any file this tool reads (a tokenizer.json nests about 6 levels).
+constexpr int kMaxJsonDepth = 64;
+
+// A parser callback that refuses nesting deeper than kMaxJsonDepth with an Error naming `origin`; `also` runs
+// for every event.
+template <typename Also>
+auto depth_limited(const std::string& origin, Also also) {
+  return [origin, also](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) mutable {
+    if (depth > kMaxJsonDepth)
+      throw Error(origin + ": JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+    return also(depth, event, parsed);
+  };
+}
+inline auto depth_limited(const std::string& origin) {
+  return depth_limited(origin, [](int, nlohmann::json::parse_event_t, nlohmann::json&) { return true; });
+}
+
+// At most 60 characters of a value's JSON text, for messages.
+inline std::string json_excerpt(const nlohmann::json& value) {
+  std::string text = value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return text.size() <= 60 ? text : text.substr(0, 57) + "...";
+}
+
+}  // namespace qwen3

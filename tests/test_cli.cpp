@@ -92,3 +92,19 @@ TEST(Cli, InspectPrintsTableAndJson) {
 
 }  // namespace
 }  // namespace qwen3
+
+namespace qwen3 {
+namespace {
+
+// Results that cannot be written (a full device) are an error, exit 1, not a silent success.
+TEST(Cli, AFullDeviceIsAnErrorNotASuccess) {
+  const std::string tokenize = "tokenize --tokenizer " + std::string(QWEN3_SOURCE_DIR) + "/tests/data/tiny_tokenizer.json --text 'hello world'";
+  auto r = test::run_cli(tokenize + " >/dev/null");
+  EXPECT_EQ(r.code, 0) << r.err;
+  r = test::run_cli(tokenize + " >/dev/full");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("cannot write the results to standard output"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace qwen3

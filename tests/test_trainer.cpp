@@ -656,3 +656,24 @@ TEST(Checkpoint, TheLockHolderRemovesStaleSaveTemporaries) {
 
 }  // namespace
 }  // namespace qwen3
+
+namespace qwen3 {
+namespace {
+
+TEST(Trainer, MetricsOnAFullDeviceAreAnError) {
+  test::TempDir dir;
+  const SynthResult m = make_model(dir);
+  std::ofstream(dir.file("pairs.tsv")) << kPairs;
+  TrainOptions o = base_options(m, dir.file("pairs.tsv"));
+  o.steps = 1;
+  o.metrics_jsonl = "/dev/full";
+  try {
+    run_training(o);
+    FAIL() << "metrics written to a full device passed for success";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("/dev/full: write failed"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace qwen3

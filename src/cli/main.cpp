@@ -3,7 +3,11 @@
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <new>
+#include <string>
 
 #include "cli_common.h"
 #include "qwen3/error.h"
@@ -51,7 +55,14 @@ int run(int argc, char** argv) {
   }
   setup_logging(log_level);
   for (auto& c : commands)
-    if (c.app->parsed()) return c.run();
+    if (c.app->parsed()) {
+      const int code = c.run();
+      // Results go to stdout; a full device or a closed pipe must not pass for success (tokenize and generate
+      // reported nothing on /dev/full). One check here covers every command.
+      if (std::fflush(stdout) != 0 || std::ferror(stdout))
+        throw qwen3::Error(std::string("cannot write the results to standard output: ") + std::strerror(errno));
+      return code;
+    }
   return 2;  // unreachable: require_subcommand(1)
 }
 

@@ -328,6 +328,7 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
                           {"skipped", bad}};
       if (eval_loss) m["eval_loss"] = *eval_loss;
       metrics << m.dump() << "\n" << std::flush;
+      if (!metrics) throw Error(o.metrics_jsonl + ": write failed (metrics; the device may be full)");
     }
     if (skipped > o.max_skipped_steps) {
       save(step + 1);

@@ -90,11 +90,6 @@ TEST(Cli, InspectPrintsTableAndJson) {
   EXPECT_EQ(j["parameters"], 128 + 128 + 16 + 3 + 1);
 }
 
-}  // namespace
-}  // namespace qwen3
-
-namespace qwen3 {
-namespace {
 
 // Results that cannot be written (a full device) are an error, exit 1, not a silent success.
 TEST(Cli, AFullDeviceIsAnErrorNotASuccess) {

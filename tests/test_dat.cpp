@@ -268,11 +268,6 @@ TEST(DatWriter, WriteFailureLeavesNothingBehind) {
   EXPECT_TRUE(std::filesystem::is_empty(dir.path())) << "a partial or temporary file survived";
 }
 
-}  // namespace
-}  // namespace qwen3
-
-namespace qwen3 {
-namespace {
 
 // A writer removes the temporaries of its target that a dead writer left, and only those: a live writer holds a
 // lock on its own.

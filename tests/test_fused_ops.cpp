@@ -24,7 +24,6 @@ double worst_relative(const at::Tensor& got, const at::Tensor& want) {
   return ((g - w).abs() / (w.abs() + 1e-30)).max().item<double>();
 }
 
-template <bool kBf16>
 std::vector<float> values_of(const at::Tensor& t) {
   const at::Tensor c = t.to(at::kFloat).contiguous();
   return std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
@@ -47,8 +46,8 @@ TEST_P(FusedOps, RopeForwardAndBackwardAreLibtorchsBytes) {
   const at::Tensor want = reference::rotary(xr, cos, sin);
   const at::Tensor dy = at::randn(want.sizes()).to(dtype);
   want.backward(dy);
-  std::vector<float> out = values_of<true>(x), grad = values_of<true>(dy);
-  const std::vector<float> c = values_of<false>(cos), s = values_of<false>(sin);
+  std::vector<float> out = values_of(x), grad = values_of(dy);
+  const std::vector<float> c = values_of(cos), s = values_of(sin);
   for (int64_t row = 0; row < B * T * heads; ++row) {
     const int64_t t = (row / heads) % T;
     for (int64_t i = 0; i < d / 2; ++i) {
@@ -79,7 +78,7 @@ TEST_P(FusedOps, SwigluForwardAndBackwardFollowLibtorch) {
   const at::Tensor want = reference::swiglu(g, u);
   const at::Tensor dh = at::randn(want.sizes()).to(dtype);
   want.backward(dh);
-  const std::vector<float> gv = values_of<true>(gate), uv = values_of<true>(up), dv = values_of<true>(dh);
+  const std::vector<float> gv = values_of(gate), uv = values_of(up), dv = values_of(dh);
   std::vector<float> out(gv.size()), dg(gv.size()), du(gv.size());
   for (size_t i = 0; i < gv.size(); ++i) {
     out[i] = bf16 ? f::swiglu<true>(gv[i], uv[i]) : f::swiglu<false>(gv[i], uv[i]);
@@ -113,7 +112,7 @@ TEST_P(FusedOps, RmsNormForwardAndBackwardFollowLibtorch) {
   const at::Tensor want = reference::rms_norm(xr, wr, eps);
   const at::Tensor dy = at::randn(want.sizes()).to(dtype);
   want.backward(dy);
-  const std::vector<float> xv = values_of<true>(x), wv = values_of<false>(weight), dv = values_of<true>(dy);
+  const std::vector<float> xv = values_of(x), wv = values_of(weight), dv = values_of(dy);
   std::vector<float> y(xv.size()), dx(xv.size()), dw(cols, 0.0f);
   for (int64_t r = 0; r < rows; ++r) {
     float squares = 0;

@@ -102,11 +102,6 @@ TEST_F(ModelCli, EvalPrintsPerSequenceAndTokenWeightedMean) {
   EXPECT_NE(r.out.find("mean loss"), std::string::npos) << r.out;
 }
 
-}  // namespace
-}  // namespace qwen3
-
-namespace qwen3 {
-namespace {
 
 // The offline smoke (the built-in tiny tokenizer, which tests/data holds too): its replies take many more
 // tokens, and 20 steps left "I am Qwen." half learned; it now trains long enough to pass.

@@ -198,11 +198,6 @@ TEST(Cli, SynthAndQuantizeFlags) {
   EXPECT_EQ(r.code, 2) << r.err;
 }
 
-}  // namespace
-}  // namespace qwen3
-
-namespace qwen3 {
-namespace {
 
 // Deeply nested JSON (which exhausted the stack while parsing or while a message dumped it) stops at 64 levels
 // with an error naming the file.

@@ -243,11 +243,6 @@ INSTANTIATE_TEST_SUITE_P(
              (info.param.master == at::kFloat ? "float32" : "bfloat16");
     });
 
-}  // namespace
-}  // namespace qwen3
-
-namespace qwen3 {
-namespace {
 
 // The trainer's clipping: the factor handed to step() gives the bytes of scaling the gradients first, in fp32
 // and rounded back to the gradient's dtype (libtorch 1.13's in-place mul_ of a bf16 tensor rounds the factor

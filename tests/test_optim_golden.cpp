@@ -6,10 +6,12 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "adamw_update.cuh"
 #include "optim_test_util.h"
 #include "qwen3/optim.h"
 
@@ -91,6 +93,18 @@ TEST_P(AdamWGolden, CudaStepGivesTheSameBytes) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device (or a CPU-only libtorch): the GPU step is not checked here";
   const GoldenCase c = GetParam();
   EXPECT_EQ(three_steps_hash(c.storage, c.master, 0, at::Device(at::kCUDA, 0)), c.expected);
+}
+
+// The element rules' own forms of two tables (written for vectorizing host loops) equal the originals: the
+// E2M1 values of the codec, and int8's log levels float(2^(-c/8)).
+TEST(AdamWRules, TablesEqualTheirDefinitions) {
+  for (uint32_t code = 0; code < 16; ++code)
+    EXPECT_EQ(kernels::codec::float_bits(kernels::adamw::e2m1_value(code)),
+              kernels::codec::float_bits(kernels::codec::e2m1_to_float(code)))
+        << code;
+  for (uint32_t code = 0; code < 256; ++code)
+    EXPECT_EQ(kernels::adamw::int8_log_level(code), static_cast<float>(std::exp2(-static_cast<double>(code) / 8.0)))
+        << code;
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -39,6 +39,14 @@ SynthResult make_model(const test::TempDir& dir, const std::string& name = "m") 
 
 const char* kPairs = "hi\tworld\nname?\tqwen\nabc\txyz\ncolor\tblue\n";
 
+TrainOptions base_options(const SynthResult& m, const std::string& data);
+
+// The four pairs written into `dir`, and the base options to train on them.
+TrainOptions pair_options(const test::TempDir& dir, const SynthResult& m) {
+  std::ofstream(dir.file("pairs.tsv")) << kPairs;
+  return base_options(m, dir.file("pairs.tsv"));
+}
+
 TrainOptions base_options(const SynthResult& m, const std::string& data) {
   TrainOptions o;
   o.weights = m.dat_path;
@@ -55,8 +63,7 @@ TrainOptions base_options(const SynthResult& m, const std::string& data) {
 TEST(Trainer, OverfitsFourPairsUntilGreedyGenerationReproducesTheTargets) {
   test::TempDir dir;
   const SynthResult m = make_model(dir);
-  std::ofstream(dir.file("pairs.tsv")) << kPairs;
-  TrainOptions o = base_options(m, dir.file("pairs.tsv"));
+  TrainOptions o = pair_options(dir, m);
   o.steps = 150;
   o.schedule.lr = 1e-2;
   o.output_dat = dir.file("trained.dat");
@@ -82,8 +89,7 @@ TEST(Trainer, OverfitsFourPairsUntilGreedyGenerationReproducesTheTargets) {
 TEST(Trainer, GradientsReachEveryTrainableTensorAndOnlyThose) {
   test::TempDir dir;
   const SynthResult m = make_model(dir);
-  std::ofstream(dir.file("pairs.tsv")) << kPairs;
-  TrainOptions o = base_options(m, dir.file("pairs.tsv"));
+  TrainOptions o = pair_options(dir, m);
   const Tokenizer tok = Tokenizer::from_file(tiny_tokenizer());
   TrainingData data(tok, o.data);
   for (int64_t last : {0, 1}) {
@@ -160,8 +166,7 @@ TEST(Trainer, ResumeEqualsAnUninterruptedRunBitForBit) {
 TEST(Trainer, ResumeRefusesAnotherModelOrIncompatibleFlags) {
   test::TempDir dir;
   const SynthResult m = make_model(dir);
-  std::ofstream(dir.file("pairs.tsv")) << kPairs;
-  TrainOptions o = base_options(m, dir.file("pairs.tsv"));
+  TrainOptions o = pair_options(dir, m);
   o.steps = 1;
   o.checkpoint_dir = dir.file("ckpt");
   run_training(o);
@@ -257,11 +262,6 @@ TEST(TrainCli, FlagsAliasesAndSignals) {
   EXPECT_EQ(load_checkpoint(*latest).step, static_cast<int64_t>(losses_of(metrics).size()));
 }
 
-}  // namespace
-}  // namespace qwen3
-
-namespace qwen3 {
-namespace {
 
 TEST(Trainer, LossDecreasesOnPlainText) {
   test::TempDir dir;
@@ -295,17 +295,11 @@ TEST(TrainCli, SyntheticWeightsAndTheAfterExportSelfTest) {
   EXPECT_NE(r.err.find("--output-dat"), std::string::npos) << r.err;
 }
 
-}  // namespace
-}  // namespace qwen3
-
-namespace qwen3 {
-namespace {
 
 // The per-step losses of a short run on the four pairs, with `change` applied to the base options.
 std::vector<double> pair_run_losses(const test::TempDir& dir, const SynthResult& m, const std::string& name,
                                     const std::function<void(TrainOptions&)>& change) {
-  std::ofstream(dir.file("pairs.tsv")) << kPairs;
-  TrainOptions o = base_options(m, dir.file("pairs.tsv"));
+  TrainOptions o = pair_options(dir, m);
   change(o);
   o.metrics_jsonl = dir.file(name + ".jsonl");
   run_training(o);
@@ -325,11 +319,6 @@ TEST(Trainer, GradCheckpointingChangesNothingButMemory) {
   EXPECT_EQ(runs[0], runs[1]);
 }
 
-}  // namespace
-}  // namespace qwen3
-
-namespace qwen3 {
-namespace {
 
 // bf16 compute over fp32 masters (--compute-dtype bfloat16): over 30 steps of overfitting (loss 5.9 -> 0.004)
 // every step's loss is within 3% of the fp32-compute run's first loss (0.9% measured: bf16 keeps 8 bits, so
@@ -361,8 +350,7 @@ TEST(Trainer, Bf16ComputeFollowsFp32ComputeOnTheTinyModel) {
 TEST(Trainer, Bf16ComputeGivesFp32GradientsToExactlyTheTrainableTensors) {
   test::TempDir dir;
   const SynthResult m = make_model(dir);
-  std::ofstream(dir.file("pairs.tsv")) << kPairs;
-  TrainOptions o = base_options(m, dir.file("pairs.tsv"));
+  TrainOptions o = pair_options(dir, m);
   o.train_last_layers = 1;
   const Tokenizer tok = Tokenizer::from_file(tiny_tokenizer());
   TrainingData data(tok, o.data);
@@ -391,11 +379,6 @@ TEST(Trainer, Bf16ComputeGivesFp32GradientsToExactlyTheTrainableTensors) {
   EXPECT_FALSE(model->blocks[0].q_proj.requires_grad());
 }
 
-}  // namespace
-}  // namespace qwen3
-
-namespace qwen3 {
-namespace {
 
 // Re-saving a step that exists swaps the new copy in: its content is the new one, nothing is left behind, and a
 // SIGKILL at any moment of repeated re-saves leaves a complete step-N (one of the two states).
@@ -433,8 +416,7 @@ TEST(Checkpoint, ResavingAStepNeverLeavesItMissingOrEmpty) {
 TEST(Trainer, AStepOnDiskIsNotSavedAgain) {
   test::TempDir dir;
   const SynthResult m = make_model(dir);
-  std::ofstream(dir.file("pairs.tsv")) << kPairs;
-  TrainOptions o = base_options(m, dir.file("pairs.tsv"));
+  TrainOptions o = pair_options(dir, m);
   o.checkpoint_dir = dir.file("ckpt");
   o.steps = 3;
   o.save_every_steps = 1;
@@ -456,18 +438,12 @@ TEST(Trainer, AStepOnDiskIsNotSavedAgain) {
   EXPECT_EQ(std::filesystem::last_write_time(step1 + "/tensors.dat"), written);
 }
 
-}  // namespace
-}  // namespace qwen3
-
-namespace qwen3 {
-namespace {
 
 // A diverged state is never saved, and a poisoned checkpoint is never resumed from.
 TEST(Trainer, NonFiniteStatesAreNotSavedNorResumed) {
   test::TempDir dir;
   const SynthResult m = make_model(dir);
-  std::ofstream(dir.file("pairs.tsv")) << kPairs;
-  TrainOptions o = base_options(m, dir.file("pairs.tsv"));
+  TrainOptions o = pair_options(dir, m);
   o.checkpoint_dir = dir.file("ckpt");
   o.steps = 1;
   run_training(o);
@@ -506,11 +482,6 @@ TEST(TrainCli, NonFiniteFloatFlagsAreUsageErrors) {
   }
 }
 
-}  // namespace
-}  // namespace qwen3
-
-namespace qwen3 {
-namespace {
 
 // One trainer per checkpoint directory: a second one (another process, or another lock in this one) is refused
 // at once, naming the holder's pid; a directory that cannot be one is refused before anything loads.
@@ -539,19 +510,13 @@ TEST(Checkpoint, ADirectoryHasOneTrainerAtATime) {
   EXPECT_NE(r.err.find("not usable as a checkpoint directory"), std::string::npos) << r.err;
 }
 
-}  // namespace
-}  // namespace qwen3
-
-namespace qwen3 {
-namespace {
 
 // --resume with nothing to resume is an error (a typo, or a step-N folder given as the checkpoint folder),
 // unless --resume-if-present.
 TEST(Trainer, ResumeWithNothingToResumeIsAnError) {
   test::TempDir dir;
   const SynthResult m = make_model(dir);
-  std::ofstream(dir.file("pairs.tsv")) << kPairs;
-  TrainOptions o = base_options(m, dir.file("pairs.tsv"));
+  TrainOptions o = pair_options(dir, m);
   o.steps = 1;
   o.resume = true;
   o.checkpoint_dir = dir.file("ckpt/step-00000004");
@@ -567,11 +532,6 @@ TEST(Trainer, ResumeWithNothingToResumeIsAnError) {
   EXPECT_EQ(run_training(o).final_step, 1);
 }
 
-}  // namespace
-}  // namespace qwen3
-
-namespace qwen3 {
-namespace {
 
 // Resuming with another weights file of the same layout is refused, as export refuses it.
 TEST(Trainer, ResumeRefusesAnotherFileOfTheSameLayout) {
@@ -582,8 +542,7 @@ TEST(Trainer, ResumeRefusesAnotherFileOfTheSameLayout) {
   other.seed = 12345;
   other.out_dir = dir.file("other");
   const SynthResult o_model = write_synthetic_model(other);
-  std::ofstream(dir.file("pairs.tsv")) << kPairs;
-  TrainOptions o = base_options(m, dir.file("pairs.tsv"));
+  TrainOptions o = pair_options(dir, m);
   o.checkpoint_dir = dir.file("ckpt");
   o.steps = 1;
   run_training(o);
@@ -600,18 +559,12 @@ TEST(Trainer, ResumeRefusesAnotherFileOfTheSameLayout) {
   EXPECT_EQ(run_training(o).final_step, 2);
 }
 
-}  // namespace
-}  // namespace qwen3
-
-namespace qwen3 {
-namespace {
 
 // checkpoint.json names the moment storage; a file from before (the ordinal) still resumes.
 TEST(Trainer, CheckpointNamesTheMomentStorageAndReadsOldOrdinals) {
   test::TempDir dir;
   const SynthResult m = make_model(dir);
-  std::ofstream(dir.file("pairs.tsv")) << kPairs;
-  TrainOptions o = base_options(m, dir.file("pairs.tsv"));
+  TrainOptions o = pair_options(dir, m);
   o.checkpoint_dir = dir.file("ckpt");
   o.steps = 1;
   o.adamw.moments = MomentStorage::int8;
@@ -635,11 +588,6 @@ TEST(Trainer, CheckpointNamesTheMomentStorageAndReadsOldOrdinals) {
   EXPECT_EQ(run_training(o).final_step, 2);
 }
 
-}  // namespace
-}  // namespace qwen3
-
-namespace qwen3 {
-namespace {
 
 // Holding the directory's lock, a trainer removes the temporaries of interrupted saves it finds there.
 TEST(Checkpoint, TheLockHolderRemovesStaleSaveTemporaries) {
@@ -654,17 +602,11 @@ TEST(Checkpoint, TheLockHolderRemovesStaleSaveTemporaries) {
   EXPECT_TRUE(std::filesystem::exists(ckpt + "/step-00000001"));
 }
 
-}  // namespace
-}  // namespace qwen3
-
-namespace qwen3 {
-namespace {
 
 TEST(Trainer, MetricsOnAFullDeviceAreAnError) {
   test::TempDir dir;
   const SynthResult m = make_model(dir);
-  std::ofstream(dir.file("pairs.tsv")) << kPairs;
-  TrainOptions o = base_options(m, dir.file("pairs.tsv"));
+  TrainOptions o = pair_options(dir, m);
   o.steps = 1;
   o.metrics_jsonl = "/dev/full";
   try {

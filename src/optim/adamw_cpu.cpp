@@ -30,9 +30,7 @@ using ka::Moments;
 // Elements a parallel task should cover at least (ATen's own grain for elementwise loops).
 constexpr int64_t kGrainElements = 32768;
 
-// The random bits of the elements first + i of one row: the high half of the element index is the row start's
-// (a row that crosses a multiple of 2^32 elements is split by the callers' loops through `bits_at`), so the
-// loops work on 32-bit lanes only and vectorize.
+// The random bits, and the uniform draw, of element `index` of the stream `key`.
 QWEN3_ROW_BODY uint32_t bits_at(uint64_t key, int64_t index) { return ka::random_bits(key, static_cast<uint64_t>(index)); }
 QWEN3_ROW_BODY float uniform_at(uint64_t key, int64_t index) { return ka::uniform_from_bits(bits_at(key, index)); }
 

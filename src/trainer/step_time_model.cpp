@@ -6,23 +6,13 @@
 #include "qwen3/error.h"
 #include "qwen3/layout.h"
 #include "qwen3/nvfp4_linear.h"
+#include "qwen3/optim.h"
 #include "train_setup.h"
 
 namespace qwen3 {
 namespace {
 
 constexpr double kCodeBytes = 9.0 / 16.0;  // NVFP4: half a byte of code and a 16th of a scale byte an element
-
-// Moment state bytes an element the update reads and writes (docs/optim.md's table, both moments).
-double moment_bytes(MomentStorage storage) {
-  switch (storage) {
-    case MomentStorage::float32: return 8;
-    case MomentStorage::bfloat16: return 4;
-    case MomentStorage::int8: return 2.125;
-    case MomentStorage::nvfp4: return 1.128;
-  }
-  return 8;
-}
 
 }  // namespace
 
@@ -68,15 +58,17 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
   std::vector<double> projections(s.layers, 0), trained_projections(s.layers, 0);
   std::vector<bool> block_trains(s.layers, false);
   double trainable = 0, trainable_in_blocks = 0;
+  double state_bytes = 0, state_bytes_in_blocks = 0;  // both moments and their scales (the optimizer's own count)
   bool embedding_trains = false, head_trains = false;
   for (const auto& spec : qwen3_tensors(s, separate_head)) {
     double n = 1;
     for (int64_t d : spec.shape) n *= static_cast<double>(d);
     const bool trains = train_detail::is_trainable(spec.key, s.layers, o);
-    if (trains) trainable += n;
+    const double state = trains ? static_cast<double>(moment_state_bytes(spec.shape, o.adamw.moments)) : 0;
+    if (trains) trainable += n, state_bytes += state;
     if (spec.key.rfind("model.layers.", 0) == 0) {
       const int64_t l = std::stoll(spec.key.substr(13));
-      if (trains) trainable_in_blocks += n;
+      if (trains) trainable_in_blocks += n, state_bytes_in_blocks += state;
       if (spec.quantizable) projections[l] += n, trained_projections[l] += trains ? n : 0;
       block_trains[l] = block_trains[l] || trains;
     } else if (trains) {
@@ -121,13 +113,14 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
   backward.bytes += head_cast_bytes + 2 * logits_bytes + (head_grad ? V * H * e : 0);
   // The optimizer: the norm reads every gradient once; the fused update reads gradient, master and state and
   // writes master and state (nvfp4 on a GPU reads the gradient and its state twice, for the row scale).
-  const double state = moment_bytes(o.adamw.moments);
-  const double reread = gpu && o.adamw.moments == MomentStorage::nvfp4 ? e + state : 0;
-  const double per_parameter = e /*norm*/ + e /*grad*/ + 2 * e /*master*/ + 2 * state + reread;
+  const bool reread = gpu && o.adamw.moments == MomentStorage::nvfp4;
+  const auto update_bytes = [&](double params, double state) {
+    return params * (e /*norm*/ + e /*grad*/ + 2 * e /*master*/ + (reread ? e : 0)) + state * (reread ? 3 : 2);
+  };
   // --fused-optimizer: the blocks' updates run inside backward; the optimizer phase has the rest.
-  const double updated_in_backward = o.fused_optimizer ? trainable_in_blocks : 0;
-  backward.bytes += updated_in_backward * per_parameter;
-  optimizer.bytes = (trainable - updated_in_backward) * per_parameter;
+  const double in_backward = o.fused_optimizer ? 1 : 0;
+  backward.bytes += in_backward * update_bytes(trainable_in_blocks, state_bytes_in_blocks);
+  optimizer.bytes = update_bytes(trainable - in_backward * trainable_in_blocks, state_bytes - in_backward * state_bytes_in_blocks);
 
   const double matmul_rate = (compute_bf16 ? device.bf16_tflops : device.fp32_tflops) * 1e12 * device.matmul_efficiency;
   const double memory_rate = device.memory_gbps * 1e9 * device.memory_efficiency;

@@ -79,6 +79,13 @@ QWEN3_HD uint32_t random_bits(uint64_t key, uint64_t index) {
   return random_bits_split(key, static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32));
 }
 
+// How many of the `count` indices from `index` on share its high 32 bits (1..count): the host loops draw a run
+// of them with 32-bit lanes, random_bits_split(key, low + k, high), the same bits as random_bits.
+QWEN3_HD uint64_t indices_sharing_high_bits(uint64_t index, uint64_t count) {
+  const uint64_t to_next = (uint64_t{1} << 32) - (index & 0xFFFFFFFFu);
+  return count < to_next ? count : to_next;
+}
+
 // Uniform in [0, 1) from the top 24 bits (exact in fp32).
 QWEN3_HD float uniform_from_bits(uint32_t bits) { return static_cast<float>(bits >> 8) * 5.9604644775390625e-8f; }
 

@@ -107,6 +107,22 @@ TEST(AdamWRules, TablesEqualTheirDefinitions) {
         << code;
 }
 
+// The host loops draw the random stream in runs of 32-bit indices: a run stops where the high bits change, and
+// its bits are the 64-bit index's.
+TEST(AdamWRules, RandomRunsStopWhereTheHighBitsChange) {
+  namespace ka = kernels::adamw;
+  constexpr uint64_t kTwo32 = uint64_t{1} << 32;
+  EXPECT_EQ(ka::indices_sharing_high_bits(0, 2560), 2560u);
+  EXPECT_EQ(ka::indices_sharing_high_bits(kTwo32 - 3, 10), 3u);
+  EXPECT_EQ(ka::indices_sharing_high_bits(kTwo32, 10), 10u);
+  EXPECT_EQ(ka::indices_sharing_high_bits(3 * kTwo32 - 1, 2), 1u);
+  const uint64_t key = 0x0123456789ABCDEFULL;
+  for (uint64_t index : {kTwo32 - 2, kTwo32 - 1, kTwo32, 5 * kTwo32 + 7}) {
+    const auto low = static_cast<uint32_t>(index), high = static_cast<uint32_t>(index >> 32);
+    EXPECT_EQ(ka::random_bits_split(key, low, high), ka::random_bits(key, index)) << index;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     AllStorages, AdamWGolden,
     ::testing::Values(GoldenCase{MomentStorage::float32, at::kFloat, 0x5f492fa611c1ceb7ULL},

@@ -82,14 +82,16 @@ QWEN3_ROW_BODY void encode_int8(const ka::ParamView& p, bool second, int64_t r, 
   }
 }
 
-// The row's fp32 scale needs the row's largest |m| (or sqrt(v)) before any element is encoded. Whole-row loops
-// (each simple enough to vectorize) rather than one pass per 16-block: a block is one AVX-512 vector, and the
-// per-block loop overhead dominated.
+// The row's fp32 scale needs the row's largest |m| (or sqrt(v)) before any element is encoded. Four passes over
+// the row: block maxima of the raw bits, the scale of each element's block, the fused stochastic rounding, the
+// packing. The maxima need neither the magnitudes nor their normalized values: sqrt and a division by the
+// positive row scale are correctly rounded and so monotone, hence the largest sqrt(v) is sqrt(largest v) and the
+// largest normalized magnitude is the normalized largest one, the very values the element-wise order gives.
 struct Nvfp4RowScratch {
-  std::vector<float> magnitude, scale, uniform;
+  std::vector<float> block_max, scale;
   std::vector<uint8_t> code;
   void resize(int64_t n) {
-    magnitude.resize(n), scale.resize(n), uniform.resize(n), code.resize(n);
+    block_max.resize(n / ka::kNvfp4Block), scale.resize(n), code.resize(n);
   }
 };
 
@@ -97,28 +99,51 @@ QWEN3_ROW_BODY void encode_nvfp4(const ka::ParamView& p, bool second, int64_t r,
                                  Nvfp4RowScratch& scratch) {
   constexpr int kB = ka::kNvfp4Block;
   const int64_t n = p.stored_cols, blocks = n / kB, first = r * n;
-  float* mag = scratch.magnitude.data();
+  float* block_max = scratch.block_max.data();
   float* scale = scratch.scale.data();
-  float* uniform = scratch.uniform.data();
   uint8_t* code = scratch.code.data();
-  if (second)
-    for (int64_t c = 0; c < n; ++c) mag[c] = std::sqrt(in[c]);
-  else
-    for (int64_t c = 0; c < n; ++c) mag[c] = std::fabs(in[c]);
-  const float row_scale = ka::nvfp4_row_scale(max_of_nonnegative(mag, n));
-  for (int64_t c = 0; c < n; ++c) mag[c] = ka::div_rn(mag[c], row_scale);  // now normalized
+  // v >= 0 (a NaN, whatever its sign, is the largest pattern either way); m by its magnitude's bits.
+  const uint32_t magnitude_mask = second ? 0xFFFFFFFFu : 0x7FFFFFFFu;
+  uint32_t row_top = 0;
+  for (int64_t b = 0; b < blocks; ++b) {
+    uint32_t top = 0;
+    for (int i = 0; i < kB; ++i) top = std::max(top, ka::float_bits(in[b * kB + i]) & magnitude_mask);
+    block_max[b] = second ? std::sqrt(ka::bits_to_float(top)) : ka::bits_to_float(top);
+    row_top = std::max(row_top, ka::float_bits(block_max[b]));
+  }
+  const float row_scale = ka::nvfp4_row_scale(ka::bits_to_float(row_top));
   auto* scales = static_cast<uint8_t*>(second ? p.exp_avg_sq_scale : p.exp_avg_scale) + r * blocks;
   for (int64_t b = 0; b < blocks; ++b) {
-    scales[b] = ka::nvfp4_unclipped_scale_code(max_of_nonnegative(mag + b * kB, kB));
+    scales[b] = ka::nvfp4_unclipped_scale_code(ka::div_rn(block_max[b], row_scale));
     const float block_scale = kernels::codec::e4m3_to_float(scales[b]);
     for (int i = 0; i < kB; ++i) scale[b * kB + i] = block_scale;
   }
-  for (int64_t c = 0; c < n; ++c) uniform[c] = uniform_at(key, first + c);
-  if (second) {
-    for (int64_t c = 0; c < n; ++c) code[c] = static_cast<uint8_t>(ka::nvfp4_stochastic_magnitude<true>(mag[c], scale[c], uniform[c]));
-  } else {  // the sign where the magnitude is not zero (no -0 is written)
-    for (int64_t c = 0; c < n; ++c) code[c] = static_cast<uint8_t>(ka::nvfp4_stochastic_magnitude<false>(mag[c], scale[c], uniform[c]));
-    for (int64_t c = 0; c < n; ++c) code[c] |= (code[c] != 0) & (in[c] < 0.0f) ? 8u : 0u;
+  // The rounding in pieces whose element indices share their high 32 bits (the whole row but where it crosses a
+  // multiple of 2^32), so that the random stream is indexed with 32-bit lanes: a 64-bit index vector and its
+  // narrowing cost as much as the rounding.
+  for (int64_t c0 = 0; c0 < n;) {
+    const auto index = static_cast<uint64_t>(first + c0);
+    const auto low = static_cast<uint32_t>(index), high = static_cast<uint32_t>(index >> 32);
+    const auto count = static_cast<uint32_t>(ka::indices_sharing_high_bits(index, static_cast<uint64_t>(n - c0)));
+    const float* x = in + c0;
+    const float* piece_scale = scale + c0;
+    uint8_t* piece_code = code + c0;
+    if (second) {
+      for (uint32_t k = 0; k < count; ++k) {
+        const float uniform = ka::uniform_from_bits(ka::random_bits_split(key, low + k, high));
+        piece_code[k] = static_cast<uint8_t>(
+            ka::nvfp4_stochastic_magnitude<true>(ka::div_rn(std::sqrt(x[k]), row_scale), piece_scale[k], uniform));
+      }
+    } else {  // the sign where the magnitude is not zero (no -0 is written)
+      for (uint32_t k = 0; k < count; ++k) {
+        const float uniform = ka::uniform_from_bits(ka::random_bits_split(key, low + k, high));
+        const uint32_t magnitude =
+            ka::nvfp4_stochastic_magnitude<false>(ka::div_rn(std::fabs(x[k]), row_scale), piece_scale[k], uniform);
+        const uint32_t sign = x[k] < 0.0f ? 8u : 0u;
+        piece_code[k] = static_cast<uint8_t>(magnitude | (magnitude != 0 ? sign : 0u));
+      }
+    }
+    c0 += count;
   }
   auto* codes = static_cast<uint8_t*>(second ? p.exp_avg_sq : p.exp_avg) + first / 2;
   for (int64_t j = 0; j < n / 2; ++j) codes[j] = static_cast<uint8_t>(code[2 * j] | (code[2 * j + 1] << 4));
@@ -136,12 +161,19 @@ QWEN3_ROW_BODY void decode_nvfp4(const ka::ParamView& p, bool second, int64_t r,
     const float block_scale = kernels::codec::e4m3_to_float(scales[b]);
     for (int i = 0; i < kB; ++i) scale[b * kB + i] = block_scale;
   }
-  for (int64_t j = 0; j < n / 2; ++j) {
-    out[2 * j] = ka::nvfp4_decode_value(codes[j] & 0xFu, scale[2 * j], row_scale);
-    out[2 * j + 1] = ka::nvfp4_decode_value(codes[j] >> 4, scale[2 * j + 1], row_scale);
+  if (second) {  // v is stored as sqrt(v)
+    for (int64_t j = 0; j < n / 2; ++j) {
+      const float low = ka::nvfp4_decode_value(codes[j] & 0xFu, scale[2 * j], row_scale);
+      const float high = ka::nvfp4_decode_value(codes[j] >> 4, scale[2 * j + 1], row_scale);
+      out[2 * j] = ka::mul_rn(low, low);
+      out[2 * j + 1] = ka::mul_rn(high, high);
+    }
+  } else {
+    for (int64_t j = 0; j < n / 2; ++j) {
+      out[2 * j] = ka::nvfp4_decode_value(codes[j] & 0xFu, scale[2 * j], row_scale);
+      out[2 * j + 1] = ka::nvfp4_decode_value(codes[j] >> 4, scale[2 * j + 1], row_scale);
+    }
   }
-  if (second)  // v is stored as sqrt(v)
-    for (int64_t c = 0; c < n; ++c) out[c] = ka::mul_rn(out[c], out[c]);
 }
 
 // m and v of one row, fresh, then the master: one pass over the row buffers.

@@ -96,9 +96,53 @@ TEST(DataLines, BlankLinesAndCommentsAreIgnoredNotBad) {
   const DataFile file("\xEF\xBB\xBF# comment\n\n   \r\n  # indented comment\nab\txyz\n\n");
   const TrainingData data(tiny_tokenizer(), data_options(file.path(), DataFormat::tsv));
   EXPECT_EQ(data.stats().lines, 6);
-  EXPECT_EQ(data.stats().ignored, 5);
+  EXPECT_EQ(data.stats().blank, 3);
+  EXPECT_EQ(data.stats().comments, 2);
   EXPECT_EQ(data.stats().samples, 1);
   EXPECT_EQ(data.stats().skipped, 0);
+}
+
+// The summary counts comments, and an empty prefix turns them off: `#include <stdio.h>` is a real prompt.
+TEST(DataLines, CommentsAreCountedAndAnEmptyPrefixTurnsThemOff) {
+  const DataFile file("# format: prompt<TAB>target\n#include <stdio.h>\tC\nab\txyz\n");
+  {
+    LogCapture log;
+    const TrainingData data(tiny_tokenizer(), data_options(file.path(), DataFormat::auto_detect));
+    EXPECT_EQ(data.stats().comments, 2);
+    EXPECT_EQ(data.stats().samples, 1);
+    EXPECT_NE(log.text().find("2 comments starting '#'"), std::string::npos) << log.text();
+  }
+  DataOptions opt = data_options(file.path(), DataFormat::tsv);
+  opt.comment_prefix = "";
+  const TrainingData data(tiny_tokenizer(), opt);
+  EXPECT_EQ(data.stats().comments, 0);
+  EXPECT_EQ(data.stats().samples, 2);   // "#include <stdio.h>" -> "C" and "ab" -> "xyz"
+  EXPECT_EQ(data.stats().skipped, 1);   // the header has no TAB: a bad line now, not a silent comment
+  EXPECT_EQ(data.batch(0, 0).lines, std::vector<int64_t>({2}));  // batches name their rows' lines
+}
+
+// A file that looks like JSON is refused under auto (naming the line) instead of being trained as raw text;
+// forcing text reads it as text. Text that merely starts with a bracket is text.
+TEST(DataLines, JsonLooksAreRefusedUnderAuto) {
+  for (const char* content : {"# chat\n{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n",
+                              "[\n  {\"instruction\": \"a\", \"output\": \"b\"}\n]\n", "[{\"text\": \"ab\"}]\n",
+                              "{\"text\": \"a\tb\"}\n"}) {
+    const DataFile file(content);
+    try {
+      const TrainingData data(tiny_tokenizer(), data_options(file.path(), DataFormat::auto_detect));
+      ADD_FAILURE() << "accepted: " << content;
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("looks like JSON"), std::string::npos) << what;
+      EXPECT_NE(what.find(file.path() + ":" + (content[0] == '#' ? "2" : "1")), std::string::npos) << what;
+    }
+    EXPECT_NO_THROW(TrainingData(tiny_tokenizer(), data_options(file.path(), DataFormat::text))) << content;
+  }
+  for (const char* content : {"[INST] hello there\n", "{braces} are fine\n", "[1, 2\n"}) {
+    const DataFile file(content);
+    EXPECT_EQ(TrainingData(tiny_tokenizer(), data_options(file.path(), DataFormat::auto_detect)).format(), DataFormat::text)
+        << content;
+  }
 }
 
 const char* const kBadTsv =

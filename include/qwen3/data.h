@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "qwen3/tokenizer.h"
 
@@ -33,12 +34,14 @@ struct DataOptions {
   SampleMode sample_mode = SampleMode::random;
   uint64_t seed = 0;
   bool strict = false;                // a bad line is a fatal Error instead of a skipped, counted one
+  std::string comment_prefix = "#";   // a trimmed line starting with it is a comment; empty: no comments
   int64_t max_bad_line_warnings = 20;  // one warning per bad line up to this many, then a summary
 };
 
 struct DataStats {
   int64_t lines = 0;        // physical lines in the file
-  int64_t ignored = 0;      // empty lines and `#` comments (not bad)
+  int64_t blank = 0;        // empty (after trimming) lines
+  int64_t comments = 0;     // lines starting with the comment prefix (not bad; the summary counts them)
   int64_t samples = 0;      // token sequences that batches draw from (a long text line gives several)
   int64_t skipped = 0;      // bad lines left out (always 0 with strict)
   int64_t tokens = 0;       // tokens kept, each line's once (after truncation)
@@ -52,6 +55,7 @@ struct Batch {
   at::Tensor target_ids;  // int64 [B, T]: the next token of each input position, -100 where no loss
   int64_t loss_tokens = 0;  // targets != -100
   int64_t tokens = 0;       // input positions that are not padding
+  std::vector<int64_t> lines;  // per row, the file line of its (padded) or its first (packed) sample
 };
 
 class TrainingData {

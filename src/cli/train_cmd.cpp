@@ -150,6 +150,8 @@ CLI::Option_group* add_train_flags(CLI::App* sub, const std::shared_ptr<TrainFla
   data->add_option("--sample-mode", f->sample_mode, "random or sequential")->capture_default_str();
   data->add_option("--seed", o.data.seed, "data order and stochastic rounding")->check(non_negative_integer())->capture_default_str();
   add_bool_flag(data, "--strict-data", o.data.strict, "a bad data line is fatal instead of skipped");
+  data->add_option("--comment-prefix", o.data.comment_prefix, "lines starting with it are comments ('': none)")
+      ->capture_default_str();
 
   auto* sched = group("Steps and schedule");
   sched->add_option("--steps", o.steps, "optimizer steps (or use --epochs)")->check(CLI::NonNegativeNumber);

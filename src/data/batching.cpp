@@ -11,6 +11,7 @@ namespace {
 constexpr int64_t kNoLoss = -100;  // at::cross_entropy's default ignore_index
 
 struct Row {
+  int64_t line = 0;  // the file line of the row's (first) sample
   std::vector<TokenId> ids;
   std::vector<uint8_t> is_target;  // per token: may token i be the target of position i - 1
 };
@@ -43,6 +44,7 @@ Batch to_batch(const std::vector<Row>& rows, TokenId pad_id) {
       }
     }
     b.tokens += positions;
+    b.lines.push_back(row.line);
   }
   return b;
 }
@@ -55,6 +57,7 @@ Batch TrainingData::Impl::padded_batch(const EpochOrder& epoch, int64_t index) c
   std::vector<Row> rows(static_cast<size_t>(last - first));
   for (int64_t r = first; r < last; ++r) {
     const SampleSpan& sample = samples[static_cast<size_t>(epoch.order[static_cast<size_t>(r)])];
+    rows[static_cast<size_t>(r - first)].line = sample.line;
     append_tokens(*this, sample, 0, sample.length, rows[static_cast<size_t>(r - first)]);
   }
   return to_batch(rows, pad_id);
@@ -72,6 +75,7 @@ Batch TrainingData::Impl::packed_batch(const EpochOrder& epoch, int64_t index) c
     auto k = static_cast<size_t>(
         std::upper_bound(epoch.stream_begin.begin(), epoch.stream_begin.end(), pos) - epoch.stream_begin.begin() - 1);
     Row& row = rows[static_cast<size_t>(r - first)];
+    row.line = samples[static_cast<size_t>(epoch.order[k])].line;
     while (pos < end) {
       const SampleSpan& sample = samples[static_cast<size_t>(epoch.order[k])];
       const int64_t offset = pos - epoch.stream_begin[k];

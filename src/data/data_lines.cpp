@@ -1,6 +1,7 @@
 #include "data/data_lines.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 
@@ -36,9 +37,20 @@ std::string_view trim_ascii_space(std::string_view text) {
   return text.substr(begin, end - begin);
 }
 
-bool is_blank_or_comment(std::string_view line) {
+LineKind classify_line(std::string_view line, std::string_view comment_prefix) {
   const std::string_view trimmed = trim_ascii_space(line);
-  return trimmed.empty() || trimmed.front() == '#';
+  if (trimmed.empty()) return LineKind::blank;
+  if (!comment_prefix.empty() && trimmed.substr(0, comment_prefix.size()) == comment_prefix) return LineKind::comment;
+  return LineKind::sample;
+}
+
+bool looks_like_json(std::string_view line) {
+  const std::string_view t = trim_ascii_space(line);
+  if (t.empty() || (t.front() != '{' && t.front() != '[')) return false;
+  if (t.size() == 1 || t.substr(0, 2) == "[{" || t.substr(0, 2) == "{\"") return true;
+  // A whole object or array on the line (accept builds no value: its parser keeps its own stack, so deep
+  // nesting costs no recursion).
+  return nlohmann::json::accept(t.begin(), t.end());
 }
 
 LineSample tsv_line_sample(const Tokenizer& tokenizer, std::string_view line,

@@ -11,10 +11,10 @@
 
 namespace qwen3::data {
 
-enum class LineKind { ignored, sample, bad };
+enum class LineKind { blank, comment, sample, bad };
 
 struct LineSample {
-  LineKind kind = LineKind::ignored;
+  LineKind kind = LineKind::blank;
   std::vector<TokenId> ids;
   std::vector<uint8_t> loss_mask;  // 1 where the token is a target that carries loss; same length as ids
   bool prompt_truncated = false;   // TSV: prompt tokens were dropped on the left to fit seq_len + 1
@@ -24,8 +24,13 @@ struct LineSample {
 // Strips ASCII whitespace (space, \t, \n, \v, \f, \r) from both ends; other Unicode spaces stay.
 std::string_view trim_ascii_space(std::string_view text);
 
-// Empty after trimming, or its first non-space character is '#'.
-bool is_blank_or_comment(std::string_view line);
+// Blank: empty after trimming. Comment: the trimmed line starts with `comment_prefix` (never when it is empty).
+// Otherwise a data line (LineKind::sample).
+LineKind classify_line(std::string_view line, std::string_view comment_prefix);
+
+// A trimmed line that starts a JSON file or is a JSON record: "{" or "[" alone, `[{`, `{"`, or a whole JSON
+// object or array. Plain text such as "[INST] hi" or "{braces}" is not.
+bool looks_like_json(std::string_view line);
 
 // `line` is a physical line without its "\n" (a trailing "\r" is trimmed like any space).
 // TSV: split at the first TAB of the raw line, each side trimmed, rendered with the chat format; a sample

@@ -26,17 +26,28 @@ struct NumberedLine {
   std::string text;    // without its "\n"
 };
 
-// `auto`: TSV when the first line that is neither blank nor a comment has a TAB, else text.
-std::optional<DataFormat> detect_format(const std::vector<NumberedLine>& chunk) {
-  for (const NumberedLine& line : chunk)
-    if (!data::is_blank_or_comment(line.text))
-      return line.text.find('\t') != std::string::npos ? DataFormat::tsv : DataFormat::text;
+// `auto`: TSV when the first data line (neither blank nor a comment) has a TAB, else text. A first data line
+// that looks like JSON is refused: trained as text it would teach the model JSON syntax without a word.
+std::optional<DataFormat> detect_format(const std::vector<NumberedLine>& chunk, const DataOptions& opt) {
+  for (const NumberedLine& line : chunk) {
+    if (data::classify_line(line.text, opt.comment_prefix) != data::LineKind::sample) continue;
+    if (data::looks_like_json(line.text))
+      throw Error(fmt::format("{}:{}: the data looks like JSON (a JSONL record or a JSON array); qwen3-train reads "
+                              "prompt<TAB>target pairs and plain text lines (docs/data.md): convert it, or pass "
+                              "--data-format text to train on the raw lines",
+                              opt.path, line.number));
+    return line.text.find('\t') != std::string::npos ? DataFormat::tsv : DataFormat::text;
+  }
   return std::nullopt;
 }
 
 data::LineSample line_sample(const Tokenizer& tokenizer, const std::string& line, DataFormat format,
                              const DataOptions& opt) {
-  if (data::is_blank_or_comment(line)) return {};
+  if (const data::LineKind kind = data::classify_line(line, opt.comment_prefix); kind != data::LineKind::sample) {
+    data::LineSample s;
+    s.kind = kind;
+    return s;
+  }
   try {
     return format == DataFormat::tsv ? data::tsv_line_sample(tokenizer, line, opt.system, opt.seq_len)
                                      : data::text_line_sample(tokenizer, line);
@@ -68,7 +79,7 @@ class BadLineReport {
 
 // The line's tokens go into the flat buffer once; its samples are windows of at most seq_len + 1 tokens that
 // overlap by one token, so every next-token target of the line is in exactly one window.
-void append_line(TrainingData::Impl& d, const data::LineSample& line) {
+void append_line(TrainingData::Impl& d, const data::LineSample& line, int64_t line_number) {
   const auto base = static_cast<int64_t>(d.tokens.size());
   const auto length = static_cast<int64_t>(line.ids.size());
   const int64_t seq_len = d.options.seq_len;
@@ -76,7 +87,7 @@ void append_line(TrainingData::Impl& d, const data::LineSample& line) {
   d.loss_mask.insert(d.loss_mask.end(), line.loss_mask.begin(), line.loss_mask.end());
   int64_t windows = 0;
   for (int64_t start = 0; start + 1 < length; start += seq_len, ++windows)
-    d.samples.push_back(SampleSpan{base + start, std::min(seq_len + 1, length - start)});
+    d.samples.push_back(SampleSpan{base + start, std::min(seq_len + 1, length - start), line_number});
   d.stats.tokens += length;
   for (int64_t i = 1; i < length; ++i) d.stats.loss_tokens += line.loss_mask[static_cast<size_t>(i)];
   d.stats.split_lines += windows > 1;
@@ -108,7 +119,7 @@ void load_training_data(const Tokenizer& tokenizer, TrainingData::Impl& d) {
     }
     if (in.bad()) throw Error(fmt::format("error reading training data '{}' after line {}", opt.path, line_number));
     if (chunk.empty()) break;
-    if (!format) format = detect_format(chunk);
+    if (!format) format = detect_format(chunk, opt);
     // Until a data line decides the format every line is blank or a comment, so the fallback is never used.
     const DataFormat chunk_format = format.value_or(DataFormat::text);
 
@@ -118,13 +129,15 @@ void load_training_data(const Tokenizer& tokenizer, TrainingData::Impl& d) {
     });
     for (size_t i = 0; i < chunk.size(); ++i) {
       const data::LineSample& r = results[i];
-      if (r.kind == data::LineKind::ignored) {
-        ++d.stats.ignored;
+      if (r.kind == data::LineKind::blank) {
+        ++d.stats.blank;
+      } else if (r.kind == data::LineKind::comment) {
+        ++d.stats.comments;
       } else if (r.kind == data::LineKind::bad) {
         bad_lines.add(chunk[i].number, r.reason);
       } else {
         if (r.prompt_truncated && first_truncated_line == 0) first_truncated_line = chunk[i].number;
-        append_line(d, r);
+        append_line(d, r, chunk[i].number);
       }
     }
   }
@@ -138,8 +151,8 @@ void load_training_data(const Tokenizer& tokenizer, TrainingData::Impl& d) {
                  "the left (the first at line {})",
                  opt.path, d.stats.truncated, opt.seq_len + 1, first_truncated_line);
   if (d.samples.empty())
-    throw Error(fmt::format("training data '{}' has no samples ({} lines: {} blank or comments, {} bad)", opt.path,
-                            d.stats.lines, d.stats.ignored, d.stats.skipped));
+    throw Error(fmt::format("training data '{}' has no samples ({} lines: {} blank, {} comments, {} bad)", opt.path,
+                            d.stats.lines, d.stats.blank, d.stats.comments, d.stats.skipped));
   d.tokens.shrink_to_fit();
   d.loss_mask.shrink_to_fit();
   d.samples.shrink_to_fit();

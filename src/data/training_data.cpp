@@ -47,9 +47,11 @@ TrainingData::TrainingData(const Tokenizer& tok, DataOptions opt) : impl_(std::m
   d.rows_per_epoch = d.options.pack ? (d.stream_tokens - 1 + seq_len - 1) / seq_len : d.stats.samples;
 
   const DataStats& s = d.stats;
-  spdlog::info("data: {} ({}): {} lines, {} samples, {} tokens, {} loss tokens, {} skipped, {} truncated, {} split",
-               d.options.path, to_string(d.format), s.lines, s.samples, s.tokens, s.loss_tokens, s.skipped,
-               s.truncated, s.split_lines);
+  spdlog::info("data: {} ({}): {} lines ({} blank, {} comments{}), {} samples, {} tokens, {} loss tokens, {} skipped, "
+               "{} truncated, {} split",
+               d.options.path, to_string(d.format), s.lines, s.blank, s.comments,
+               d.options.comment_prefix.empty() ? ": comments off" : fmt::format(" starting '{}'", d.options.comment_prefix),
+               s.samples, s.tokens, s.loss_tokens, s.skipped, s.truncated, s.split_lines);
   spdlog::info("data: {} {} rows of <= {} tokens -> {} batches of <= {} per epoch, {} order", rows_per_epoch(),
                d.options.pack ? "packed" : "padded", seq_len, batches_per_epoch(), d.options.batch_size,
                to_string(d.options.sample_mode));

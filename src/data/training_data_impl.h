@@ -13,6 +13,7 @@ namespace qwen3 {
 struct SampleSpan {
   int64_t begin = 0;   // index of the first token in Impl::tokens
   int64_t length = 0;  // 2 ..= seq_len + 1 tokens
+  int64_t line = 0;    // the file line it came from (1-based)
 };
 
 // One epoch's sample order and, for packing, where each sample starts in the concatenated stream.

@@ -196,8 +196,8 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
   spdlog::info("device {}, master {}, compute {}, moments {:.1f} MiB, scale mode {}, loss {}", device.str(),
                o.master_dtype, compute == at::kFloat ? "float32" : "bfloat16",
                opt.state_bytes() / 1048576.0, nvfp4::scale_mode_name(mode), o.loss);
-  spdlog::info("data: {} samples, {} tokens ({} with loss), {} skipped lines; {} batches/epoch; {} steps",
-               ds.samples, ds.tokens, ds.loss_tokens, ds.skipped, data.batches_per_epoch(), steps);
+  spdlog::info("data: {} samples, {} tokens ({} with loss), {} skipped lines, {} comment lines; {} batches/epoch; {} steps",
+               ds.samples, ds.tokens, ds.loss_tokens, ds.skipped, ds.comments, data.batches_per_epoch(), steps);
 
   std::ofstream metrics;
   if (!o.metrics_jsonl.empty()) {

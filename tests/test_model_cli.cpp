@@ -102,6 +102,54 @@ TEST_F(ModelCli, EvalPrintsPerSequenceAndTokenWeightedMean) {
   EXPECT_NE(r.out.find("mean loss"), std::string::npos) << r.out;
 }
 
+// One definition (issue 14 point 13): `eval --data` scores what training's eval_loss scores — a pair's target
+// and its <|im_end|>, never the prompt, with the --system prompt rendered — and gives the same figure for the
+// same file, weights and --seq-len (a 1-step run at lr 0 leaves the weights as they are).
+TEST_F(ModelCli, EvalDataEqualsTrainingsEvalLoss) {
+  const std::string tsv = dir_->file("held_out.tsv");
+  std::ofstream(tsv) << "# format: prompt<TAB>target\nhello\tworld\nwhat is two and two\tfour\n";
+  const std::string common = " --tokenizer " + tiny_tokenizer() + " --system 'be brief' --seq-len 96";
+  auto r = run_cli("eval " + model_flags() + " --data " + tsv + common + " --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["sequences"].size(), 2u);
+  EXPECT_EQ(j["sequences"][0]["line"], 2);
+  EXPECT_EQ(j["sequences"][0]["tokens"], 4);  // "world" (3 tokens of the tiny tokenizer) and <|im_end|>
+  EXPECT_EQ(j["sequences"][1]["tokens"], 5);  // "four" (4) and <|im_end|>
+
+  // The figures differ by the head only: this tied model's file also stores an NVFP4 lm_head, which inference
+  // uses, while training ties the head to the fp16 embedding (as HF does; docs/data.md) — 4e-5 relative here.
+  const std::string metrics = dir_->file("eval_metrics.jsonl");
+  r = run_cli("train " + model_flags() + " --train-data " + tsv + " --eval-data " + tsv + common +
+              " --steps 1 --lr 0 --eval-every 1 --metrics-jsonl " + metrics);
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::ifstream in(metrics);
+  std::string line;
+  ASSERT_TRUE(std::getline(in, line));
+  const double train_eval = nlohmann::json::parse(line)["eval_loss"];
+  EXPECT_NEAR(train_eval, j["mean_loss"].get<double>(), 1e-4 * train_eval);
+}
+
+// A line far longer than the window is scored in windows of --seq-len + 1 tokens (each target once), not in one
+// forward of the whole line; a window beyond the model's positions is refused up front.
+TEST_F(ModelCli, EvalScoresLongLinesInWindows) {
+  const std::string text = dir_->file("long.txt");
+  std::ofstream(text) << std::string(1000, 'a') << "\n";  // 250 tokens of the tiny tokenizer
+  auto r = run_cli("eval " + model_flags() + " --data " + text + " --tokenizer " + tiny_tokenizer() +
+                   " --seq-len 32 --batch-size 3 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["sequences"].size(), 8u);  // 249 targets in windows of 32
+  int64_t scored = 0;
+  for (const auto& s : j["sequences"]) {
+    EXPECT_EQ(s["line"], 1);
+    scored += s["tokens"].get<int64_t>();
+  }
+  EXPECT_EQ(scored, 249);
+  r = run_cli("eval " + model_flags() + " --data " + text + " --tokenizer " + tiny_tokenizer() + " --seq-len 100000");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("max_position_embeddings"), std::string::npos) << r.err;
+}
 
 // The offline smoke (the built-in tiny tokenizer, which tests/data holds too): its replies take many more
 // tokens, and 20 steps left "I am Qwen." half learned; it now trains long enough to pass.

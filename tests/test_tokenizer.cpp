@@ -35,6 +35,21 @@ TEST(Tokenizer, MergesApplyByRankLeftmostFirst) {
   EXPECT_EQ(t.encode(""), Ids{});
 }
 
+// Ids the model's embedding lacks are refused up front, naming the config (not "index out of range in self").
+TEST(Tokenizer, MustFitTheModelsVocabulary) {
+  const Tokenizer& t = tiny_tokenizer();
+  ASSERT_EQ(t.vocab_size(), 277u);
+  EXPECT_NO_THROW(t.check_fits_model(277, "config.json"));
+  try {
+    t.check_fits_model(276, "m/config.json");
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ids up to 276 but the model's vocab_size is 276 (m/config.json)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Tokenizer, BytesWithoutMergesStayBytes) {
   const Tokenizer& t = tiny_tokenizer();
   EXPECT_EQ(t.encode("xyz"), Ids({'x', 'y', 'z'}));

@@ -46,6 +46,9 @@ class Tokenizer {
   const std::vector<AddedToken>& added_tokens() const;
   // One more than the largest id, so every valid id is below it.
   size_t vocab_size() const;
+  // Error naming `model_origin` when this tokenizer has ids the model's embedding lacks (vocab_size() is more
+  // than the model's vocab_size): checked up front instead of an index error in the first forward.
+  void check_fits_model(int64_t model_vocab_size, const std::string& model_origin) const;
   size_t merge_count() const;
 
   struct Impl;

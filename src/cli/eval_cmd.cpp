@@ -1,13 +1,16 @@
-// `eval`: next-token cross-entropy of each sequence of a file, per sequence and token-weighted overall.
-// Sequences are lines of ids (--token-ids-file) or lines of text / TSV pairs tokenized (--data): a TSV line
-// is rendered in the chat format, a plain line is encoded as it is. Empty lines and lines starting with '#'
-// are skipped, as in the original's data files.
+// `eval`: next-token cross-entropy per sample and token-weighted overall. --data reads a training-format file
+// with the trainer's own rules and scores it with the function training's eval_loss uses (qwen3/evaluate.h):
+// the same file, weights and --seq-len give the same figure. --token-ids-file scores lines of ids, every token
+// after a window's first. Both cut long sequences into windows of --seq-len + 1 tokens (docs/data.md).
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 
-#include "qwen3/chat_format.h"
+#include "data/data_lines.h"
+#include "qwen3/evaluate.h"
 #include "qwen3/generate.h"
 #include "qwen3/model_loader.h"
 #include "runtime_options.h"
@@ -16,71 +19,74 @@ namespace qwen3::cli {
 namespace {
 
 struct EvalFlags {
-  std::string weights, config, ids_file, data, tokenizer;
+  std::string weights, config, ids_file, data, tokenizer, data_format = "auto", system;
+  DataOptions data_options;
   RuntimeOptions runtime;
   bool json = false;
 };
 
-struct Sequence {
-  int line = 0;
-  std::vector<int64_t> ids;
-};
+constexpr int64_t kDefaultEvalSeqLen = 2048;
 
-std::vector<Sequence> read_sequences(const EvalFlags& f) {
-  const std::string& path = f.ids_file.empty() ? f.data : f.ids_file;
-  std::ifstream in(path);
-  if (!in) throw Error(path + ": cannot open");
-  std::optional<Tokenizer> tok;
-  if (!f.data.empty()) tok.emplace(Tokenizer::from_file(f.tokenizer));
-  std::vector<Sequence> out;
+// Lines of ids: windows of seq_len + 1 ids overlapping by one, each scored on its own (as the data's text rule).
+Evaluation evaluate_id_lines(Qwen3Model& model, const EvalFlags& f) {
+  std::ifstream in(f.ids_file);
+  if (!in) throw Error(fmt::format("cannot open '{}': {}", f.ids_file, std::strerror(errno)));
+  const int64_t seq_len = f.data_options.seq_len;
+  Evaluation out;
+  double weighted = 0;
   std::string line;
-  for (int n = 1; std::getline(in, line); ++n) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    const size_t first = line.find_first_not_of(" \t");
-    if (first == std::string::npos || line[first] == '#') continue;
-    const std::string where = path + ":" + std::to_string(n);
-    Sequence s{n, {}};
-    if (tok) {
-      const size_t tab = line.find('\t');
-      std::vector<TokenId> ids;
-      if (tab == std::string::npos)
-        ids = tok->encode(line);
-      else
-        ids = render_chat(*tok, ChatTurn{std::nullopt, line.substr(0, tab), line.substr(tab + 1)}).ids;
-      s.ids.assign(ids.begin(), ids.end());
-    } else {
-      s.ids = parse_token_ids(line, where);
+  for (int64_t n = 1; std::getline(in, line); ++n) {
+    if (data::classify_line(line, f.data_options.comment_prefix) != data::LineKind::sample) continue;
+    const std::string where = fmt::format("{}:{}", f.ids_file, n);
+    const std::vector<int64_t> ids = parse_token_ids(std::string(data::trim_ascii_space(line)), where);
+    if (ids.size() < 2) throw Error(where + ": a sequence needs at least 2 tokens");
+    for (size_t start = 0; start + 1 < ids.size(); start += static_cast<size_t>(seq_len)) {
+      const size_t end = std::min(ids.size(), start + static_cast<size_t>(seq_len) + 1);
+      const SequenceLoss l = sequence_loss(model, std::vector<int64_t>(ids.begin() + start, ids.begin() + end));
+      out.samples.push_back(SampleLoss{n, l.tokens, l.loss});
+      weighted += l.loss * static_cast<double>(l.tokens);
+      out.loss_tokens += l.tokens;
     }
-    if (s.ids.size() < 2) throw Error(where + ": a sequence needs at least 2 tokens");
-    out.push_back(std::move(s));
   }
-  if (out.empty()) throw Error(path + ": no sequences");
+  if (out.samples.empty()) throw Error(f.ids_file + ": no sequences");
+  out.mean_loss = weighted / static_cast<double>(out.loss_tokens);
   return out;
 }
 
-int run_eval(const EvalFlags& f) {
+int run_eval(EvalFlags& f) {
   if (f.ids_file.empty() == f.data.empty()) throw UsageError("eval: give exactly one of --token-ids-file and --data");
   if (!f.data.empty() && f.tokenizer.empty()) throw UsageError("eval: --data needs --tokenizer");
-  const auto sequences = read_sequences(f);
+  if (f.data.empty() && (!f.tokenizer.empty() || !f.system.empty() || f.data_format != "auto"))
+    throw UsageError("eval: --tokenizer, --system and --data-format apply to --data only");
   const Qwen3Config config = load_config(f.config);
+  DataOptions& d = f.data_options;
+  if (d.seq_len > config.max_position_embeddings)
+    throw UsageError(fmt::format("eval: --seq-len {} is beyond the model's max_position_embeddings {} ({})", d.seq_len,
+                                 config.max_position_embeddings, f.config));
+  std::optional<TrainingData> data;
+  if (!f.data.empty()) {
+    const Tokenizer tok = Tokenizer::from_file(f.tokenizer);
+    tok.check_fits_model(config.vocab_size, f.config);
+    d.path = f.data;
+    d.format = parse_data_format(f.data_format);
+    if (!f.system.empty()) d.system = f.system;
+    d.sample_mode = SampleMode::sequential;
+    data.emplace(tok, d);
+  }
   const auto device = resolve_device(f.runtime.device);
   DatReader reader(f.weights);
   auto model = load_model(reader, config, resolve_dtype(f.runtime.dtype, device), device);
+  const Evaluation e = data ? evaluate(*model, *data) : evaluate_id_lines(*model, f);
+  if (e.samples.empty()) throw Error(f.data + ": no target carries loss");
   nlohmann::json rows = nlohmann::json::array();
-  double weighted = 0;
-  int64_t tokens = 0;
-  for (const auto& s : sequences) {
-    const SequenceLoss l = sequence_loss(*model, s.ids);
-    weighted += l.loss * l.tokens;
-    tokens += l.tokens;
-    rows.push_back({{"tokens", l.tokens}, {"loss", l.loss}});
-    if (!f.json) fmt::print("line {}: {} tokens, loss {:.6f}\n", s.line, l.tokens, l.loss);
+  for (const SampleLoss& s : e.samples) {
+    rows.push_back({{"line", s.line}, {"tokens", s.loss_tokens}, {"loss", s.loss}});
+    if (!f.json) fmt::print("line {}: {} tokens, loss {:.6f}\n", s.line, s.loss_tokens, s.loss);
   }
-  const double mean = weighted / tokens;
   if (f.json)
-    fmt::print("{}\n", nlohmann::json{{"sequences", rows}, {"mean_loss", mean}}.dump());
+    fmt::print("{}\n", nlohmann::json{{"sequences", rows}, {"mean_loss", e.mean_loss}}.dump());
   else
-    fmt::print("mean loss {:.6f} over {} tokens in {} sequences\n", mean, tokens, sequences.size());
+    fmt::print("mean loss {:.6f} over {} tokens in {} samples\n", e.mean_loss, e.loss_tokens, e.samples.size());
   return 0;
 }
 
@@ -88,13 +94,24 @@ int run_eval(const EvalFlags& f) {
 
 Command add_eval_command(CLI::App& app) {
   auto f = std::make_shared<EvalFlags>();
-  auto* sub = app.add_subcommand("eval", "Next-token cross-entropy of sequences under a .dat model");
+  f->data_options.seq_len = kDefaultEvalSeqLen;
+  auto* sub = app.add_subcommand("eval", "Next-token cross-entropy of held-out data under a .dat model");
   sub->add_option("--weights", f->weights, "model .dat (NVFP4 or dense)")->required();
   sub->add_option("--config", f->config, "config.json")->required();
+  sub->add_option("--data", f->data, "training-format data: prompt<TAB>target pairs or text lines (needs --tokenizer)");
   sub->add_option("--token-ids-file", f->ids_file, "one sequence of space-separated ids a line");
-  sub->add_option("--data", f->data, "one text line or prompt<TAB>target pair a line (needs --tokenizer)");
   sub->add_option("--tokenizer", f->tokenizer, "tokenizer.json for --data");
-  add_bool_flag(sub, "--json", f->json, "print {\"sequences\": [{\"tokens\", \"loss\"}], \"mean_loss\"}");
+  sub->add_option("--data-format", f->data_format, "auto, tsv or text (as train)")->capture_default_str();
+  sub->add_option("--system", f->system, "system prompt for TSV pairs (as train)");
+  sub->add_option("--seq-len", f->data_options.seq_len,
+                  "positions per window; longer samples are scored in windows (as train's eval_loss)")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  sub->add_option("--batch-size", f->data_options.batch_size, "samples per forward (the figures do not depend on it)")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  sub->add_option("--comment-prefix", f->data_options.comment_prefix, "lines starting with it are comments ('': none)")
+      ->capture_default_str();
+  add_bool_flag(sub, "--strict-data", f->data_options.strict, "a bad data line is fatal instead of skipped");
+  add_bool_flag(sub, "--json", f->json, "print {\"sequences\": [{\"line\", \"tokens\", \"loss\"}], \"mean_loss\"}");
   add_runtime_options(sub, f->runtime);
   return {sub, [f]() { return run_eval(*f); }};
 }

@@ -71,6 +71,7 @@ int run_generate(const GenerateFlags& f) {
   std::optional<Tokenizer> tok;
   if (!f.tokenizer.empty()) tok.emplace(Tokenizer::from_file(f.tokenizer));
   const Qwen3Config config = load_config(f.config);
+  if (tok) tok->check_fits_model(config.vocab_size, f.config);
   const auto device = resolve_device(f.runtime.device);
   const auto dtype = resolve_dtype(f.runtime.dtype, device);
 

@@ -1,4 +1,6 @@
 // Encoding and decoding (the file is read in tokenizer_json.cpp).
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstring>
 #include <fstream>
@@ -240,6 +242,13 @@ TokenId Tokenizer::added_token_id(std::string_view content) const {
 
 const std::vector<AddedToken>& Tokenizer::added_tokens() const { return impl_->added; }
 size_t Tokenizer::vocab_size() const { return impl_->token_kind.size(); }
+
+void Tokenizer::check_fits_model(int64_t model_vocab_size, const std::string& model_origin) const {
+  if (static_cast<int64_t>(vocab_size()) > model_vocab_size)
+    throw Error(fmt::format("the tokenizer has ids up to {} but the model's vocab_size is {} ({}): a tokenizer of "
+                            "another model?",
+                            vocab_size() - 1, model_vocab_size, model_origin));
+}
 size_t Tokenizer::merge_count() const { return impl_->merge_count; }
 
 std::string nfc_normalize(std::string_view text) {

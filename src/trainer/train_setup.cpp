@@ -78,19 +78,6 @@ at::Tensor compute_loss(Qwen3Model& model, const Batch& batch, const std::string
   return per_position.masked_select(mask).mean();
 }
 
-double evaluate(Qwen3Model& model, const TrainingData& data) {
-  torch::NoGradGuard no_grad;
-  double sum = 0;
-  int64_t count = 0;
-  for (int64_t i = 0; i < data.batches_per_epoch(); ++i) {
-    const Batch b = data.batch(0, i);
-    if (b.loss_tokens == 0) continue;
-    sum += compute_loss(model, b, "ce").item<double>() * b.loss_tokens;
-    count += b.loss_tokens;
-  }
-  return count ? sum / count : 0.0;
-}
-
 std::string model_hash(const Qwen3Config& config, const DatReader& reader) {
   return stable_hash(config.to_json().dump() + weights_hash(reader));
 }

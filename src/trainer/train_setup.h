@@ -39,9 +39,6 @@ at::ScalarType compute_scalar_type(const TrainOptions& opt, const c10::Device& d
 // original's L1 between the final hidden states and the (detached) embeddings of the target tokens.
 at::Tensor compute_loss(Qwen3Model& model, const Batch& batch, const std::string& kind);
 
-// Token-weighted mean cross-entropy over every batch of `data`, without gradients.
-double evaluate(Qwen3Model& model, const TrainingData& data);
-
 // Ties a checkpoint to its input: the config and the file's keys, types and shapes.
 std::string model_hash(const Qwen3Config& config, const DatReader& reader);
 // Flags that must agree between a checkpoint and a resumed run.

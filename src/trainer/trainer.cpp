@@ -15,6 +15,7 @@
 
 #include "qwen3/checkpoint.h"
 #include "qwen3/dat_tensor.h"
+#include "qwen3/evaluate.h"
 #include "qwen3/exporter.h"
 #include "qwen3/memory_model.h"
 #include "qwen3/model_loader.h"
@@ -109,12 +110,14 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
   if (!o.checkpoint_dir.empty()) checkpoint_lock.emplace(o.checkpoint_dir);
   const Qwen3Config config = load_config(o.config);
   const Tokenizer tok = Tokenizer::from_file(o.tokenizer);
+  tok.check_fits_model(config.vocab_size, o.config);
   TrainingData data(tok, o.data);
   std::optional<TrainingData> eval_data;
   if (!o.eval_data.empty()) {
     DataOptions eo = o.data;
     eo.path = o.eval_data;
     eo.sample_mode = SampleMode::sequential;
+    eo.pack = false;  // each held-out sample on its own context, as `eval --data` scores it
     eval_data.emplace(tok, eo);
   }
   const c10::Device device(o.device);
@@ -315,7 +318,7 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
     if (sum.steps_done == 1) sum.first_loss = loss_value;
     sum.last_loss = loss_value;
     std::optional<double> eval_loss;
-    if (eval_data && o.eval_every > 0 && (step + 1) % o.eval_every == 0) eval_loss = evaluate(*model, *eval_data);
+    if (eval_data && o.eval_every > 0 && (step + 1) % o.eval_every == 0) eval_loss = evaluate(*model, *eval_data).mean_loss;
     if (o.log_every > 0 && ((step + 1) % o.log_every == 0 || step + 1 == steps)) {
       const double eta = total_ms / sum.steps_done * (steps - step - 1) / 1000.0;
       spdlog::info("step {}/{} | loss {:.4f} | norm {:.2f} | lr {:.1e} | {:.0f} ms | {} tok/s | eta {}{}", step + 1,

@@ -1,0 +1,30 @@
+// Held-out next-token cross-entropy: the one definition that `eval --data` and training's `eval_loss` share
+// (docs/data.md, "Evaluation"). The data's own rules decide what is scored: a TSV pair's target and its
+// <|im_end|> (never the prompt), every token of a text line but its first; long text lines are scored in the
+// data's windows of seq_len + 1 tokens, each window on its own context.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "qwen3/data.h"
+#include "qwen3/model.h"
+
+namespace qwen3 {
+
+struct SampleLoss {
+  int64_t line = 0;         // the file line of the sample (a long text line gives several samples)
+  int64_t loss_tokens = 0;  // targets scored
+  double loss = 0;          // mean cross-entropy over them (nats)
+};
+
+struct Evaluation {
+  double mean_loss = 0;              // token-weighted over every sample (0 when nothing is scored)
+  int64_t loss_tokens = 0;
+  std::vector<SampleLoss> samples;   // in batch order: file order for sequential data
+};
+
+// Every batch of epoch 0 of padded `data` (packed rows would mix samples: Error), without gradients; each
+// row is scored on its own, so the figures do not depend on the batch size beyond float rounding.
+Evaluation evaluate(Qwen3Model& model, const TrainingData& data);
+
+}  // namespace qwen3

@@ -263,6 +263,48 @@ TEST(TrainCli, FlagsAliasesAndSignals) {
 }
 
 
+// Flags that contradict each other, or would be silently ignored, are usage errors (exit 2) naming them, before
+// anything loads where the flags alone decide it; --eval-data alone is scored once, after the last step.
+TEST(TrainCli, ContradictoryOrIgnoredFlagsAreRefused) {
+  test::TempDir dir;
+  const SynthResult m = make_model(dir);
+  std::ofstream(dir.file("pairs.tsv")) << kPairs;
+  const std::string base = "train --weights " + m.dat_path + " --config " + m.config_path + " --tokenizer " +
+                           tiny_tokenizer() + " --train-data " + dir.file("pairs.tsv");
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {" --steps 2 --epochs 1", "not both"},
+      {" --steps 2 --steps-per-epoch 3", "--steps-per-epoch applies with --epochs"},
+      {" --steps 2 --synthetic", "drop --weights or --synthetic"},
+      {" --steps 2 --eval-every 1", "--eval-every needs --eval-data"},
+      {" --steps 2 --train-lm-head", "--train-lm-head applies with --train-last-layers"},
+      {" --steps 2 --warmup-steps 3", "--warmup-steps 3 exceeds --steps 2"},
+      {" --epochs 1 --warmup-steps 30", "--warmup-steps 30 exceeds the 4 steps of --epochs 1"},
+      {" --steps 2 --train-last-layers 1 --train-lm-head", "this model's head is its embedding"},
+      {" --steps 2 --seq-len 100000", "beyond the model's max_position_embeddings"},
+  };
+  for (const auto& [flags, message] : refused) {
+    const auto r = test::run_cli(base + flags);
+    EXPECT_EQ(r.code, 2) << flags << ": " << r.err;
+    EXPECT_NE(r.err.find(message), std::string::npos) << flags << ": " << r.err;
+  }
+  // A config with fewer layers than the file would train (and export) part of the model: refused.
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(m.config_path));
+  config["num_hidden_layers"] = 1;
+  std::ofstream(dir.file("one_layer.json")) << config.dump();
+  auto r = test::run_cli("train --weights " + m.dat_path + " --config " + dir.file("one_layer.json") + " --tokenizer " +
+                         tiny_tokenizer() + " --train-data " + dir.file("pairs.tsv") + " --steps 1");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("the file has 2 layers, the config's num_hidden_layers is 1"), std::string::npos) << r.err;
+
+  const std::string metrics = dir.file("m.jsonl");
+  r = test::run_cli(base + " --steps 3 --eval-data " + dir.file("pairs.tsv") + " --metrics-jsonl " + metrics);
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::ifstream in(metrics);
+  std::vector<bool> has_eval;
+  for (std::string line; std::getline(in, line);) has_eval.push_back(nlohmann::json::parse(line).contains("eval_loss"));
+  EXPECT_EQ(has_eval, std::vector<bool>({false, false, true}));
+}
+
 TEST(Trainer, LossDecreasesOnPlainText) {
   test::TempDir dir;
   const SynthResult m = make_model(dir);

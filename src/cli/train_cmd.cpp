@@ -100,6 +100,24 @@ void convert_flag_values(TrainFlags& f) {
   o.scale_mode = nvfp4::scale_mode_from_name(f.scale_mode);
 }
 
+// Flags that contradict each other or would be silently ignored (docs/cli.md, "Flag combinations"). Only
+// `train`: vram-report runs one step of whatever the flags say.
+void check_flag_combinations(const TrainFlags& f) {
+  const TrainOptions& o = f.o;
+  if (o.steps > 0 && o.epochs > 0) throw UsageError("train: give --steps or --epochs, not both");
+  if (o.steps_per_epoch > 0 && o.epochs <= 0)
+    throw UsageError("train: --steps-per-epoch applies with --epochs only");
+  if (f.synthetic && !o.weights.empty())
+    throw UsageError("train: --synthetic trains random weights of --config's shape: drop --weights or --synthetic");
+  if (o.eval_every > 0 && o.eval_data.empty()) throw UsageError("train: --eval-every needs --eval-data");
+  if (o.train_lm_head && o.train_last_layers <= 0)
+    throw UsageError("train: --train-lm-head applies with --train-last-layers (without it every tensor trains, the "
+                     "head included)");
+  if (o.steps > 0 && o.schedule.warmup_steps > o.steps)
+    throw UsageError(fmt::format("train: --warmup-steps {} exceeds --steps {}: the learning rate would never reach --lr",
+                                 o.schedule.warmup_steps, o.steps));
+}
+
 void resolve(TrainFlags& f) {
   TrainOptions& o = f.o;
   if (f.test_max_tokens > 0 && o.output_dat.empty()) throw UsageError("--test-max-tokens needs --output-dat");
@@ -218,6 +236,7 @@ Command add_train_command(CLI::App& app) {
       ->add_option("--vram-report,--train-step-vram-report", f->o.vram_report,
                    "write the first step's per-phase memory report (JSON) here and print it");
   return {sub, [f]() {
+            check_flag_combinations(*f);
             resolve(*f);
             g_stop_signal.store(0);
             std::signal(SIGINT, on_stop_signal);

@@ -2,10 +2,14 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "qwen3/error.h"
 #include "qwen3/lm_loss.h"
+
+#include <algorithm>
 
 namespace qwen3 {
 namespace {
@@ -54,7 +58,18 @@ std::vector<int64_t> generate(Qwen3Model& model, const std::vector<int64_t>& pro
   torch::NoGradGuard no_grad;
   Sampler sampler(options.sampling);
   const int64_t n = static_cast<int64_t>(prompt.size());
-  KVCache cache = model.make_cache(1, n + std::max<int64_t>(options.max_new_tokens, 1));
+  // Positions past max_position_embeddings are outside what the model was trained for: the prompt must fit,
+  // and generation stops there (the cache is never sized past it, whatever --max-new-tokens says).
+  const int64_t positions = model.config().max_position_embeddings;
+  if (n >= positions)
+    throw UsageError(fmt::format("the prompt has {} tokens; the model's max_position_embeddings {} leaves no room to "
+                                 "generate",
+                                 n, positions));
+  const int64_t new_tokens = std::min(options.max_new_tokens, positions - n);
+  if (new_tokens < options.max_new_tokens)
+    spdlog::warn("generate: at most {} new tokens: the prompt's {} and max_position_embeddings {}", new_tokens, n,
+                 positions);
+  KVCache cache = model.make_cache(1, n + std::max<int64_t>(new_tokens, 1));
   const at::Tensor ids = at::tensor(prompt, at::kLong).unsqueeze(0);
   at::Tensor last_hidden;
   for (int64_t start = 0; start < n; start += options.prefill_chunk) {
@@ -62,12 +77,12 @@ std::vector<int64_t> generate(Qwen3Model& model, const std::vector<int64_t>& pro
     last_hidden = model.hidden_states(ids.narrow(1, start, len), &cache).select(1, len - 1);
   }
   std::vector<int64_t> out;
-  for (int64_t step = 0; step < options.max_new_tokens; ++step) {
+  for (int64_t step = 0; step < new_tokens; ++step) {
     const int64_t next = sampler.next(model.logits(last_hidden)[0]);
     out.push_back(next);
     if (on_token) on_token(next);
     if (std::find(options.stop_ids.begin(), options.stop_ids.end(), next) != options.stop_ids.end()) break;
-    if (step + 1 == options.max_new_tokens) break;
+    if (step + 1 == new_tokens) break;
     last_hidden = model.hidden_states(at::tensor({next}, at::kLong).unsqueeze(0), &cache).select(1, 0);
   }
   return out;

@@ -6,7 +6,9 @@
 #include <spdlog/spdlog.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <algorithm>
 #include <set>
+#include <string_view>
 
 #include "qwen3/dat_tensor.h"
 #include "qwen3/nvfp4_ops.h"
@@ -76,6 +78,19 @@ std::shared_ptr<Qwen3Model> load_model(const DatReader& reader, const Qwen3Confi
                                      shape_text(spec.shape)));
     used.insert({spec.key, spec.key + std::string(kQdataSuffix), spec.key + std::string(kScaleSuffix)});
   }
+  // Blocks past the config's count would be silently left out of the model (and out of any export).
+  int64_t file_layers = 0;
+  constexpr std::string_view kLayerPrefix = "model.layers.";
+  for (const auto& e : reader.entries())
+    if (e.key.rfind(kLayerPrefix, 0) == 0) {
+      const size_t end = e.key.find('.', kLayerPrefix.size());
+      const std::string index = e.key.substr(kLayerPrefix.size(), end - kLayerPrefix.size());
+      if (!index.empty() && index.size() < 10 && index.find_first_not_of("0123456789") == std::string::npos)
+        file_layers = std::max<int64_t>(file_layers, std::stoll(index) + 1);
+    }
+  if (file_layers > config.num_hidden_layers)
+    problems.push_back(fmt::format("the file has {} layers, the config's num_hidden_layers is {}", file_layers,
+                                   config.num_hidden_layers));
   if (!problems.empty()) {
     std::string msg = reader.path() + ": does not match the config (" + std::to_string(problems.size()) + " problems): ";
     for (size_t i = 0; i < problems.size() && i < 12; ++i) msg += (i ? "; " : "") + problems[i];

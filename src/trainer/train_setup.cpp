@@ -39,6 +39,9 @@ TrainableSet select_trainable(Qwen3Model& model, const TrainOptions& opt) {
   if (opt.train_last_layers > layers)
     throw UsageError("--train-last-layers " + std::to_string(opt.train_last_layers) + " exceeds the model's " +
                      std::to_string(layers) + " layers");
+  if (opt.train_lm_head && !model.has_separate_lm_head())
+    throw UsageError("--train-lm-head: this model's head is its embedding (tied), which trains unless "
+                     "--freeze-embeddings; drop --train-lm-head");
   for (auto& [key, t] : model.named_weights()) {
     set.total_parameters += t.numel();
     const bool train = is_trainable(key, layers, opt);

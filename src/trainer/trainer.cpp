@@ -111,6 +111,9 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
   const Qwen3Config config = load_config(o.config);
   const Tokenizer tok = Tokenizer::from_file(o.tokenizer);
   tok.check_fits_model(config.vocab_size, o.config);
+  if (o.data.seq_len > config.max_position_embeddings)
+    throw UsageError(fmt::format("--seq-len {} is beyond the model's max_position_embeddings {} ({})", o.data.seq_len,
+                                 config.max_position_embeddings, o.config));
   TrainingData data(tok, o.data);
   std::optional<TrainingData> eval_data;
   if (!o.eval_data.empty()) {
@@ -156,6 +159,10 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
   phase("optimizer_state_ready");
 
   const int64_t steps = total_steps(o, data);
+  if (o.epochs > 0 && o.schedule.warmup_steps > steps)  // with --steps the CLI checked it before loading
+    throw UsageError(fmt::format("--warmup-steps {} exceeds the {} steps of --epochs {}: the learning rate would "
+                                 "never reach --lr",
+                                 o.schedule.warmup_steps, steps, o.epochs));
   LrSchedule schedule = o.schedule;
   schedule.total_steps = steps;
   int64_t step = 0, skipped = 0;
@@ -318,7 +325,9 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
     if (sum.steps_done == 1) sum.first_loss = loss_value;
     sum.last_loss = loss_value;
     std::optional<double> eval_loss;
-    if (eval_data && o.eval_every > 0 && (step + 1) % o.eval_every == 0) eval_loss = evaluate(*model, *eval_data).mean_loss;
+    // --eval-data alone: scored once, after the last step.
+    const bool eval_now = o.eval_every > 0 ? (step + 1) % o.eval_every == 0 : step + 1 == steps;
+    if (eval_data && eval_now) eval_loss = evaluate(*model, *eval_data).mean_loss;
     if (o.log_every > 0 && ((step + 1) % o.log_every == 0 || step + 1 == steps)) {
       const double eta = total_ms / sum.steps_done * (steps - step - 1) / 1000.0;
       spdlog::info("step {}/{} | loss {:.4f} | norm {:.2f} | lr {:.1e} | {:.0f} ms | {} tok/s | eta {}{}", step + 1,

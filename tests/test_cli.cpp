@@ -26,7 +26,9 @@ TEST(Cli, UsageErrorsExitWithTwoAndNameTheFlag) {
   EXPECT_EQ(r.code, 2);
   r = run_cli("frobnicate");
   EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.err.find("frobnicate"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("unknown command 'frobnicate' (commands: smoke, train,"), std::string::npos) << r.err;
+  r = run_cli("--log-level warn frobnicate x");
+  EXPECT_NE(r.err.find("unknown command 'frobnicate'"), std::string::npos) << r.err;
   r = run_cli("inspect x.dat --no-such-flag");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("--no-such-flag"), std::string::npos) << r.err;
@@ -90,6 +92,34 @@ TEST(Cli, InspectPrintsTableAndJson) {
   EXPECT_EQ(j["parameters"], 128 + 128 + 16 + 3 + 1);
 }
 
+
+// Messages name the cause in a line: a range error quotes the value (not DBL_MAX's 309 digits), a learning rate
+// of 1e300 is a usage error, a directory given as a file says so, a file that cannot be opened gives the OS's
+// reason, and a checkpoint.json field of the wrong type is named.
+TEST(Cli, MessagesNameTheirCauseBriefly) {
+  test::TempDir dir;
+  auto r = run_cli("train --lr -1");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--lr: must be at least 0, got '-1'"), std::string::npos) << r.err;
+  EXPECT_LT(r.err.size(), 200u) << r.err;
+  r = run_cli("train --steps -3");
+  EXPECT_LT(r.err.size(), 200u) << r.err;
+  r = run_cli("train --lr 1e30");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--lr: must be at most 1"), std::string::npos) << r.err;
+  r = run_cli("train --grad-clip 1e39");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("float32's range"), std::string::npos) << r.err;
+  r = run_cli("train --beta2 1");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("must be in [0, 1)"), std::string::npos) << r.err;
+  r = run_cli("tokenize --tokenizer " + dir.path().string() + " --text hi");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("tokenizer " + dir.path().string() + ": is a directory, not a file"), std::string::npos) << r.err;
+  r = run_cli("generate --weights w.dat --config " + dir.file("none.json") + " --prompt-ids 1 --print-ids");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("none.json: cannot open (No such file or directory)"), std::string::npos) << r.err;
+}
 
 // Results that cannot be written (a full device) are an error, exit 1, not a silent success.
 TEST(Cli, AFullDeviceIsAnErrorNotASuccess) {

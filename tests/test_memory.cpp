@@ -309,6 +309,12 @@ TEST(VramReportCli, PredictOnlyAndBadFlags) {
                                                     dir.file("x.dat") + " --weights " + m.dat_path);
   EXPECT_EQ(with_export.code, 2);
   EXPECT_NE(with_export.err.find("--output-dat"), std::string::npos) << with_export.err;
+  // Its help lists only flags it takes: none of a run's length, checkpoints, export or evaluation.
+  const test::CliResult help = test::run_cli("vram-report --help");
+  EXPECT_EQ(help.code, 0);
+  for (const char* flag : {"--output-dat", "--resume", "--checkpoint-dir", "--steps ", "--epochs", "--eval-every"})
+    EXPECT_EQ(help.out.find(flag), std::string::npos) << flag;
+  EXPECT_NE(help.out.find("--seq-len"), std::string::npos);
   std::ofstream(dir.file("pairs.tsv")) << "hi\tworld\n";
   const test::CliResult unwritable = test::run_cli(
       "vram-report --out " + dir.file("no/such/dir/r.json") + " --weights " + m.dat_path + " --config " +

@@ -55,13 +55,33 @@ TEST_F(ModelCli, GenerateChecksItsFlags) {
   r = run_cli("generate " + model_flags() + " --prompt-ids '1 2' --prompt hi --tokenizer " + tiny_tokenizer());
   EXPECT_EQ(r.code, 2);
   r = run_cli("generate " + model_flags() + " --prompt-ids '1 x' --print-ids");
-  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.code, 2);  // the text of a flag
   EXPECT_NE(r.err.find("'x' is not a token id"), std::string::npos) << r.err;
   r = run_cli("generate " + model_flags() + " --prompt-ids '1 999999' --print-ids");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("outside the vocabulary"), std::string::npos) << r.err;
   r = run_cli("generate " + model_flags() + " --prompt-ids 1 --print-ids --top-p 0");
   EXPECT_EQ(r.code, 2);
+}
+
+// Generation is bounded by the model's positions, not by --max-new-tokens (1e9 allocated a cache of 1e9
+// positions and died with a raw allocation error); half precision on CPU is a usage error, not a raw libtorch one.
+TEST_F(ModelCli, GenerateStopsAtTheModelsPositions) {
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(dir_->file("m/config.json")));
+  config["max_position_embeddings"] = 12;
+  const std::string short_config = dir_->file("short_config.json");
+  std::ofstream(short_config) << config.dump();
+  const std::string base = "generate --weights " + dir_->file("m/model.dat") + " --config " + short_config;
+  auto r = run_cli(base + " --prompt-ids '1 2 3 4' --print-ids --ignore-eos --max-new-tokens 1000000000");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(ids_of_line(r.out).size(), 8u) << r.out;
+  EXPECT_NE(r.err.find("at most 8 new tokens"), std::string::npos) << r.err;
+  r = run_cli(base + " --prompt-ids '1 2 3 4 5 6 7 8 9 10 11 12' --print-ids");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("max_position_embeddings 12 leaves no room"), std::string::npos) << r.err;
+  r = run_cli("generate " + model_flags() + " --prompt-ids '1 2' --print-ids --dtype float16");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--dtype float16 runs on CUDA only"), std::string::npos) << r.err;
 }
 
 TEST_F(ModelCli, GenerateChatPromptAndExpect) {

@@ -305,6 +305,34 @@ TEST(TrainCli, ContradictoryOrIgnoredFlagsAreRefused) {
   EXPECT_EQ(has_eval, std::vector<bool>({false, false, true}));
 }
 
+// Errors name the file's role (eval data is not "training data"), --metrics-jsonl gets its folder made, and a
+// checkpoint.json field of the wrong type is named (it printed nlohmann's type_error.302).
+TEST(TrainCli, FilesAreNamedByRoleAndFoldersMade) {
+  test::TempDir dir;
+  const SynthResult m = make_model(dir);
+  std::ofstream(dir.file("pairs.tsv")) << kPairs;
+  const std::string base = "train --weights " + m.dat_path + " --config " + m.config_path + " --tokenizer " +
+                           tiny_tokenizer() + " --train-data " + dir.file("pairs.tsv") + " --steps 1";
+  auto r = test::run_cli(base + " --eval-data " + dir.file("missing.tsv"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("eval data (--eval-data) " + dir.file("missing.tsv") + ": cannot open (No such file"),
+            std::string::npos)
+      << r.err;
+  const std::string metrics = dir.file("runs/a/b/metrics.jsonl");
+  r = test::run_cli(base + " --metrics-jsonl " + metrics + " --checkpoint-dir " + dir.file("ck"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(losses_of(metrics).size(), 1u);
+  const auto latest = latest_checkpoint(dir.file("ck"));
+  ASSERT_TRUE(latest.has_value());
+  const std::string meta_path = *latest + "/checkpoint.json";
+  nlohmann::json meta = nlohmann::json::parse(std::ifstream(meta_path));
+  meta["step"] = "one";
+  std::ofstream(meta_path) << meta.dump();
+  r = test::run_cli("export --checkpoint " + dir.file("ck") + " --weights " + m.dat_path + " --out " + dir.file("x.dat"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("checkpoint.json: field \"step\" must be an integer, got \"one\""), std::string::npos) << r.err;
+}
+
 TEST(Trainer, LossDecreasesOnPlainText) {
   test::TempDir dir;
   const SynthResult m = make_model(dir);

@@ -35,6 +35,7 @@ struct DataOptions {
   uint64_t seed = 0;
   bool strict = false;                // a bad line is a fatal Error instead of a skipped, counted one
   std::string comment_prefix = "#";   // a trimmed line starting with it is a comment; empty: no comments
+  std::string role = "training data";  // what messages call the file ("eval data (--eval-data)", ...)
   int64_t max_bad_line_warnings = 20;  // one warning per bad line up to this many, then a summary
 };
 

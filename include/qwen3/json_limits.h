@@ -33,4 +33,22 @@ inline std::string json_excerpt(const nlohmann::json& value) {
   return text.size() <= 60 ? text : text.substr(0, 57) + "...";
 }
 
+// nlohmann's message without its "[json.exception.type_error.302] " tag: what went wrong, in words.
+inline std::string json_error_text(const nlohmann::json::exception& e) {
+  const std::string what = e.what();
+  const size_t tag_end = what.find("] ");
+  return what.rfind("[json.exception.", 0) == 0 && tag_end != std::string::npos ? what.substr(tag_end + 2) : what;
+}
+
+// Member `key` of object `j` as a T, or an Error naming `origin`, the field and what it holds instead.
+template <typename T>
+T json_field(const nlohmann::json& j, const char* key, const std::string& origin, const char* expected) {
+  if (!j.is_object() || !j.contains(key)) throw Error(origin + ": field \"" + key + "\" is missing");
+  try {
+    return j.at(key).get<T>();
+  } catch (const nlohmann::json::exception&) {
+    throw Error(origin + ": field \"" + key + "\" must be " + expected + ", got " + json_excerpt(j.at(key)));
+  }
+}
+
 }  // namespace qwen3

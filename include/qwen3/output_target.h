@@ -15,4 +15,8 @@ namespace qwen3 {
 void prepare_output_target(std::string_view flag, const std::string& out, bool overwrite,
                          const std::vector<std::string>& input_files, const std::vector<std::string>& input_dirs = {});
 
+// For a file that is appended to (--metrics-jsonl): not a directory (UsageError), its folder made if missing
+// and writable (Error with the OS reason).
+void prepare_output_folder(std::string_view flag, const std::string& out);
+
 }  // namespace qwen3

@@ -1,6 +1,7 @@
 #include "cli_common.h"
 
 #include <spdlog/sinks/stdout_color_sinks.h>
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <cmath>
@@ -18,16 +19,50 @@ CLI::Option* add_bool_flag(CLI::App* app, const std::string& names, bool& target
   return opt;
 }
 
-CLI::Validator finite_number() {
+namespace {
+
+// A validator on the number a flag's text spells: `problem` says what is wrong with a parsed value, or nothing.
+// Messages quote the user's text, never a bound printed in full (CLI11's own ranges printed DBL_MAX's 309 digits).
+template <typename Problem>
+CLI::Validator number_rule(const std::string& name, Problem problem) {
   return CLI::Validator(
-      [](std::string& value) -> std::string {
+      [problem](std::string& value) -> std::string {
         char* end = nullptr;
         const double x = std::strtod(value.c_str(), &end);
         if (value.empty() || end == value.c_str() || *end != '\0') return "must be a number, got '" + value + "'";
-        if (!std::isfinite(x)) return "must be a finite number, got '" + value + "'";
-        return {};
+        const std::string why = problem(x);
+        return why.empty() ? std::string() : why + ", got '" + value + "'";
       },
-      "FINITE");
+      name);
+}
+
+}  // namespace
+
+CLI::Validator finite_number() {
+  return number_rule("FINITE", [](double x) -> std::string {
+    if (!std::isfinite(x)) return "must be a finite number";
+    // Every float option reaches the step as fp32, where a larger magnitude is infinite.
+    if (std::fabs(x) > 3.4028234663852886e38) return "must be within float32's range (|x| <= 3.4e38)";
+    return {};
+  });
+}
+
+CLI::Validator non_negative_number() {
+  return number_rule("NONNEGATIVE", [](double x) -> std::string { return x >= 0 ? "" : "must be at least 0"; });
+}
+
+CLI::Validator positive_number() {
+  return number_rule("POSITIVE", [](double x) -> std::string { return x > 0 ? "" : "must be above 0"; });
+}
+
+CLI::Validator below_one() {
+  return number_rule("[0,1)", [](double x) -> std::string { return x >= 0 && x < 1 ? "" : "must be in [0, 1)"; });
+}
+
+CLI::Validator at_most(double bound, const std::string& why) {
+  return number_rule("<=" + fmt::format("{:g}", bound), [bound, why](double x) -> std::string {
+    return x <= bound ? "" : fmt::format("must be at most {:g} ({})", bound, why);
+  });
 }
 
 CLI::Validator non_negative_integer() {

@@ -25,6 +25,13 @@ CLI::Validator non_negative_integer();
 // learning rate or clip poisons every weight in one step).
 CLI::Validator finite_number();
 
+// non_negative_number() / PositiveNumber / a bound, with messages that quote the value given (CLI11's print
+// the whole of DBL_MAX).
+CLI::Validator non_negative_number();
+CLI::Validator positive_number();
+CLI::Validator at_most(double bound, const std::string& why);
+CLI::Validator below_one();  // [0, 1): Adam's betas (1 would divide by a zero bias correction)
+
 void setup_logging(const std::string& level);  // trace|debug|info|warn|error|off; progress goes to stderr
 
 // Registration of each command (one file each).

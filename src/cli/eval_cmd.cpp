@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "data/data_lines.h"
+#include "qwen3/file_io.h"
 #include "qwen3/evaluate.h"
 #include "qwen3/generate.h"
 #include "qwen3/model_loader.h"
@@ -29,8 +30,7 @@ constexpr int64_t kDefaultEvalSeqLen = 2048;
 
 // Lines of ids: windows of seq_len + 1 ids overlapping by one, each scored on its own (as the data's text rule).
 Evaluation evaluate_id_lines(Qwen3Model& model, const EvalFlags& f) {
-  std::ifstream in(f.ids_file);
-  if (!in) throw Error(fmt::format("cannot open '{}': {}", f.ids_file, std::strerror(errno)));
+  std::ifstream in = open_input_file(f.ids_file, "--token-ids-file");
   const int64_t seq_len = f.data_options.seq_len;
   Evaluation out;
   double weighted = 0;
@@ -60,7 +60,7 @@ int run_eval(EvalFlags& f) {
     throw UsageError("eval: --tokenizer, --system and --data-format apply to --data only");
   const Qwen3Config config = load_config(f.config);
   DataOptions& d = f.data_options;
-  if (d.seq_len > config.max_position_embeddings)
+  if (config.max_position_embeddings > 0 && d.seq_len > config.max_position_embeddings)
     throw UsageError(fmt::format("eval: --seq-len {} is beyond the model's max_position_embeddings {} ({})", d.seq_len,
                                  config.max_position_embeddings, f.config));
   std::optional<TrainingData> data;
@@ -71,6 +71,7 @@ int run_eval(EvalFlags& f) {
     d.format = parse_data_format(f.data_format);
     if (!f.system.empty()) d.system = f.system;
     d.sample_mode = SampleMode::sequential;
+    d.role = "data (--data)";
     data.emplace(tok, d);
   }
   const auto device = resolve_device(f.runtime.device);
@@ -105,9 +106,9 @@ Command add_eval_command(CLI::App& app) {
   sub->add_option("--system", f->system, "system prompt for TSV pairs (as train)");
   sub->add_option("--seq-len", f->data_options.seq_len,
                   "positions per window; longer samples are scored in windows (as train's eval_loss)")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(positive_number())->capture_default_str();
   sub->add_option("--batch-size", f->data_options.batch_size, "samples per forward (the figures do not depend on it)")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(positive_number())->capture_default_str();
   sub->add_option("--comment-prefix", f->data_options.comment_prefix, "lines starting with it are comments ('': none)")
       ->capture_default_str();
   add_bool_flag(sub, "--strict-data", f->data_options.strict, "a bad data line is fatal instead of skipped");

@@ -77,7 +77,13 @@ int run_generate(const GenerateFlags& f) {
 
   std::vector<int64_t> prompt;
   if (!f.prompt_ids.empty()) {
-    prompt = parse_token_ids(f.prompt_ids, "--prompt-ids");
+    try {
+      prompt = parse_token_ids(f.prompt_ids, "--prompt-ids");
+    } catch (const UsageError&) {
+      throw;
+    } catch (const Error& e) {  // the text of a flag: a usage error
+      throw UsageError(e.what());
+    }
   } else {
     std::optional<std::string> system;
     if (!f.system.empty()) system = f.system;
@@ -123,18 +129,18 @@ Command add_generate_command(CLI::App& app) {
   sub->add_option("--prompt-ids", f->prompt_ids, "raw prompt token ids, space-separated, fed as they are");
   sub->add_option("--system", f->system, "system prompt for the chat format");
   sub->add_option("--max-new-tokens", f->gen.max_new_tokens, "most tokens to generate")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(positive_number())->capture_default_str();
   sub->add_option("--temperature", f->gen.sampling.temperature, "0 = greedy")
       ->check(finite_number())
       ->check(CLI::Range(0.0, 100.0))->capture_default_str();
   sub->add_option("--top-k", f->gen.sampling.top_k, "keep the k most likely tokens (0 = all)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(non_negative_number())->capture_default_str();
   sub->add_option("--top-p", f->gen.sampling.top_p, "nucleus: smallest set with this much probability")
       ->check(finite_number())
       ->check(CLI::Range(1e-9, 1.0))->capture_default_str();
   sub->add_option("--seed", f->gen.sampling.seed, "sampling seed")->check(non_negative_integer())->capture_default_str();
   sub->add_option("--prefill-chunk", f->gen.prefill_chunk, "prompt tokens per forward pass")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(positive_number())->capture_default_str();
   add_bool_flag(sub, "--no-chat", f->no_chat, "encode --prompt as it is, without the chat format");
   add_bool_flag(sub, "--ignore-eos", f->ignore_eos, "do not stop at EOS / <|im_end|>");
   add_bool_flag(sub, "--print-ids", f->print_ids, "also print the generated ids as one line");

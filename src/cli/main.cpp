@@ -2,7 +2,9 @@
 // Exit codes: 0 success, 1 runtime error, 2 bad flag or value.
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -15,6 +17,19 @@
 namespace {
 
 std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+// The first argument that is not a global option or its value: what the user meant as the command.
+std::string command_word(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--log-level") {
+      ++i;
+      continue;
+    }
+    if (!a.empty() && a[0] != '-') return a;
+  }
+  return {};
+}
 
 int run(int argc, char** argv) {
   using namespace qwen3::cli;
@@ -49,8 +64,17 @@ int run(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
+    const std::string word = command_word(argc, argv);
+    std::vector<std::string> names;
+    for (const auto& c : commands) names.push_back(c.app->get_name());
+    const bool known = std::find(names.begin(), names.end(), word) != names.end();
+    if (!known && !word.empty()) {
+      fmt::print(stderr, "error: unknown command '{}' (commands: {})\nRun 'qwen3-train --help' for what each does.\n",
+                 word, fmt::join(names, ", "));
+      return 2;
+    }
     fmt::print(stderr, "error: {}\nRun '{} --help' for the flags.\n", e.what(),
-               argc > 1 ? std::string("qwen3-train ") + argv[1] : std::string("qwen3-train"));
+               known ? "qwen3-train " + word : std::string("qwen3-train"));
     return 2;
   }
   setup_logging(log_level);

@@ -30,8 +30,12 @@ c10::ScalarType resolve_dtype(const std::string& name, const c10::Device& device
   if (name == "auto") return device.is_cuda() ? c10::kBFloat16 : c10::kFloat;
   if (name == "float32") return c10::kFloat;
   if (name == "bfloat16") return c10::kBFloat16;
-  if (name == "float16") return c10::kHalf;
-  throw UsageError("--dtype: unknown '" + name + "'");
+  if (name == "float16") {
+    // libtorch's CPU kernels lack half-precision matrix products ("addmm_impl_cpu_ not implemented for 'Half'").
+    if (!device.is_cuda()) throw UsageError("--dtype float16 runs on CUDA only; on CPU use float32 or bfloat16");
+    return c10::kHalf;
+  }
+  throw UsageError("--dtype: unknown '" + name + "' (auto, float32, bfloat16 or float16)");
 }
 
 std::vector<int64_t> parse_token_ids(const std::string& text, const std::string& where) {

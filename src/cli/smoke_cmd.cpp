@@ -123,8 +123,8 @@ Command add_smoke_command(CLI::App& app) {
   sub->add_option("--tokenizer", f->tokenizer, "tokenizer.json (default: the fetched Qwen3 one, else a built-in tiny one)");
   sub->add_option("--device", f->device, "cpu or cuda")->capture_default_str();
   sub->add_option("--steps", f->steps, "training steps (default: 20, or 60 with the built-in tiny tokenizer)")
-      ->check(CLI::PositiveNumber);
-  sub->add_option("--lr", f->lr, "learning rate")->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(positive_number());
+  sub->add_option("--lr", f->lr, "learning rate")->check(positive_number())->capture_default_str();
   sub->add_option("--seed", f->seed, "synth and data seed")->check(non_negative_integer())->capture_default_str();
   return {sub, [f]() { return run_smoke(*f); }};
 }

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "cli_common.h"
+#include "qwen3/file_io.h"
 #include "qwen3/error.h"
 #include "qwen3/tokenizer.h"
 
@@ -40,8 +41,7 @@ std::vector<Input> split_lines(const std::string& all, const std::string& source
 }
 
 std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(fmt::format("tokenize: cannot open {} ({})", path, std::strerror(errno)));
+  std::ifstream in = open_input_file(path, "tokenize: input", std::ios::binary);
   std::ostringstream all;
   all << in.rdbuf();
   if (in.bad()) throw Error(fmt::format("tokenize: cannot read {}", path));

@@ -155,15 +155,15 @@ CLI::Option_group* add_train_flags(CLI::App* sub, const std::shared_ptr<TrainFla
   files->add_option("--metrics-jsonl", o.metrics_jsonl, "append one JSON object per step");
   add_bool_flag(files, "--synthetic", f->synthetic, "train random weights of --config's shape (tiny without it)");
   files->add_option("--test-max-tokens", f->test_max_tokens, "after export, greedy-reply to --test-prompt with this many tokens")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number());
   files->add_option("--test-prompt", f->test_prompt, "prompt of the after-export self-test")->capture_default_str();
   files->add_option("--eval-data", o.eval_data, "held-out data for --eval-every");
 
   auto* data = group("Data");
   data->add_option("--data-format", f->data_format, "auto, tsv or text")->capture_default_str();
   data->add_option("--system", f->system, "system prompt for TSV pairs");
-  data->add_option("--seq-len", o.data.seq_len, "tokens per row")->check(CLI::PositiveNumber)->capture_default_str();
-  data->add_option("--batch-size", o.data.batch_size, "rows per step")->check(CLI::PositiveNumber)->capture_default_str();
+  data->add_option("--seq-len", o.data.seq_len, "tokens per row")->check(positive_number())->capture_default_str();
+  data->add_option("--batch-size", o.data.batch_size, "rows per step")->check(positive_number())->capture_default_str();
   add_bool_flag(data, "--pack", o.data.pack, "pack samples into full rows instead of padding");
   data->add_option("--sample-mode", f->sample_mode, "random or sequential")->capture_default_str();
   data->add_option("--seed", o.data.seed, "data order and stochastic rounding")->check(non_negative_integer())->capture_default_str();
@@ -172,22 +172,24 @@ CLI::Option_group* add_train_flags(CLI::App* sub, const std::shared_ptr<TrainFla
       ->capture_default_str();
 
   auto* sched = group("Steps and schedule");
-  sched->add_option("--steps", o.steps, "optimizer steps (or use --epochs)")->check(CLI::NonNegativeNumber);
-  sched->add_option("--epochs", o.epochs, "passes over the data")->check(CLI::NonNegativeNumber);
-  sched->add_option("--steps-per-epoch", o.steps_per_epoch, "steps per epoch (0: the whole data)")->check(CLI::NonNegativeNumber);
-  sched->add_option("--lr", o.schedule.lr, "peak learning rate")->check(finite_number())->check(CLI::NonNegativeNumber)->capture_default_str();
+  sched->add_option("--steps", o.steps, "optimizer steps (or use --epochs)")->check(non_negative_number());
+  sched->add_option("--epochs", o.epochs, "passes over the data")->check(non_negative_number());
+  sched->add_option("--steps-per-epoch", o.steps_per_epoch, "steps per epoch (0: the whole data)")->check(non_negative_number());
+  sched->add_option("--lr", o.schedule.lr, "peak learning rate")->check(finite_number())->check(non_negative_number())
+      ->check(at_most(1.0, "AdamW learning rates are far below 1"))->capture_default_str();
   sched->add_option("--lr-schedule", o.schedule.kind, "constant, cosine or linear")
       ->check(CLI::IsMember({"constant", "cosine", "linear"}))->capture_default_str();
-  sched->add_option("--warmup-steps", o.schedule.warmup_steps, "linear warm-up steps")->check(CLI::NonNegativeNumber)->capture_default_str();
-  sched->add_option("--min-lr", o.schedule.min_lr, "final learning rate of cosine/linear")->check(finite_number())->check(CLI::NonNegativeNumber)->capture_default_str();
+  sched->add_option("--warmup-steps", o.schedule.warmup_steps, "linear warm-up steps")->check(non_negative_number())->capture_default_str();
+  sched->add_option("--min-lr", o.schedule.min_lr, "final learning rate of cosine/linear")->check(finite_number())->check(non_negative_number())
+      ->check(at_most(1.0, "AdamW learning rates are far below 1"))->capture_default_str();
 
   auto* optim = group("Optimizer");
-  optim->add_option("--beta1", o.adamw.beta1, "AdamW beta1")->check(finite_number())->check(CLI::Range(0.0, 1.0))->capture_default_str();
-  optim->add_option("--beta2", o.adamw.beta2, "AdamW beta2")->check(finite_number())->check(CLI::Range(0.0, 1.0))->capture_default_str();
-  optim->add_option("--eps", o.adamw.eps, "AdamW epsilon")->check(finite_number())->check(CLI::PositiveNumber)->capture_default_str();
+  optim->add_option("--beta1", o.adamw.beta1, "AdamW beta1")->check(finite_number())->check(below_one())->capture_default_str();
+  optim->add_option("--beta2", o.adamw.beta2, "AdamW beta2")->check(finite_number())->check(below_one())->capture_default_str();
+  optim->add_option("--eps", o.adamw.eps, "AdamW epsilon")->check(finite_number())->check(positive_number())->capture_default_str();
   optim->add_option("--weight-decay", o.adamw.weight_decay, "decoupled weight decay (projections only unless asked)")
       ->check(finite_number())
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(non_negative_number())->capture_default_str();
   add_bool_flag(optim, "--decay-norms-and-embeddings", o.decay_norms_and_embeddings, "apply weight decay to norms and the embedding too");
   optim->add_option("--master-dtype", o.master_dtype, "float32 or bfloat16 (stochastic rounding)")
       ->check(CLI::IsMember({"float32", "bfloat16"}))->capture_default_str();
@@ -197,10 +199,10 @@ CLI::Option_group* add_train_flags(CLI::App* sub, const std::shared_ptr<TrainFla
       ->capture_default_str();
   optim->add_option("--optimizer-state-mode", f->moments, "moment storage: float32, bfloat16, int8 or nvfp4")->capture_default_str();
   optim->add_option("--optimizer-step-chunk-rows,--step-chunk-rows", o.adamw.step_chunk_rows,
-                    "rows per optimizer piece (0: whole tensors)")->check(CLI::NonNegativeNumber)->capture_default_str();
-  optim->add_option("--grad-clip", o.grad_clip, "global gradient norm limit (0: off)")->check(finite_number())->check(CLI::NonNegativeNumber)->capture_default_str();
+                    "rows per optimizer piece (0: whole tensors)")->check(non_negative_number())->capture_default_str();
+  optim->add_option("--grad-clip", o.grad_clip, "global gradient norm limit (0: off)")->check(finite_number())->check(non_negative_number())->capture_default_str();
   optim->add_option("--max-skipped-steps", o.max_skipped_steps, "abort (with a checkpoint) after this many non-finite steps")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(non_negative_number())->capture_default_str();
 
   auto* what = group("What trains");
   what->add_option("--loss,--loss-mode", o.loss, "ce (next-token cross-entropy) or scalar (the original's L1)")
@@ -213,15 +215,15 @@ CLI::Option_group* add_train_flags(CLI::App* sub, const std::shared_ptr<TrainFla
   auto* run = group("Run");
   run->add_option("--device", o.device, "cpu or cuda")->capture_default_str();
   add_bool_flag(run, "--grad-checkpoint", o.grad_checkpoint, "recompute each block in backward (less activation memory)");
-  run->add_option("--log-every", o.log_every, "progress line every N steps")->check(CLI::NonNegativeNumber)->capture_default_str();
+  run->add_option("--log-every", o.log_every, "progress line every N steps")->check(non_negative_number())->capture_default_str();
   run->add_option("--checkpoint-dir", o.checkpoint_dir, "where checkpoints go (step-NNNNNNNN/)");
   run->add_option("--save-every-steps", o.save_every_steps, "checkpoint every K steps (0: at the end only)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
-  run->add_option("--keep-checkpoints", o.keep_checkpoints, "newest checkpoints kept (0: all)")->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(non_negative_number())->capture_default_str();
+  run->add_option("--keep-checkpoints", o.keep_checkpoints, "newest checkpoints kept (0: all)")->check(non_negative_number())->capture_default_str();
   add_bool_flag(run, "--resume", o.resume, "continue from the newest checkpoint in --checkpoint-dir (an error if none)");
   add_bool_flag(run, "--resume-if-present", o.resume_if_present,
                 "--resume when --checkpoint-dir holds a checkpoint, else start from the weights");
-  run->add_option("--eval-every", o.eval_every, "evaluate --eval-data every K steps")->check(CLI::NonNegativeNumber);
+  run->add_option("--eval-every", o.eval_every, "evaluate --eval-data every K steps")->check(non_negative_number());
   add_bool_flag(run, "--fused-optimizer", o.fused_optimizer,
                 "update each block during backward and free its gradients (clipping per block: docs/trainer.md)");
   return run;
@@ -251,6 +253,18 @@ Command add_train_command(CLI::App& app) {
           }};
 }
 
+// Removes flags from a command that shares `train`'s: they are then unknown there (exit 2) and out of its help.
+void drop_flags(CLI::App* sub, std::initializer_list<const char*> names) {
+  for (const char* name : names) {
+    CLI::Option* opt = sub->get_option_no_throw(name);
+    if (!opt) throw std::logic_error(std::string("drop_flags: no flag ") + name);
+    bool removed = sub->remove_option(opt);
+    for (CLI::App* group : sub->get_subcommands([](CLI::App*) { return true; }))
+      removed = removed || group->remove_option(opt);
+    if (!removed) throw std::logic_error(std::string("drop_flags: cannot remove ") + name);
+  }
+}
+
 Command add_vram_report_command(CLI::App& app) {
   auto f = std::make_shared<TrainFlags>();
   auto out = std::make_shared<std::string>();
@@ -258,6 +272,10 @@ Command add_vram_report_command(CLI::App& app) {
   auto* sub = app.add_subcommand(
       "vram-report", "Run one training step of the `train` flags and report memory per phase, measured and predicted");
   auto* run = add_train_flags(sub, f);
+  // One step, and only the report written: a run's length, checkpoints, export and evaluation are not its.
+  drop_flags(sub, {"--output-dat", "--overwrite", "--test-max-tokens", "--test-prompt", "--eval-data", "--steps",
+                   "--epochs", "--steps-per-epoch", "--checkpoint-dir", "--save-every-steps", "--keep-checkpoints",
+                   "--resume", "--resume-if-present", "--eval-every"});
   run->add_option("--out", *out, "write the report (JSON) here");
   add_bool_flag(run, "--predict-only", *predict_only,
                 "print the memory and step-time models' figures for --config and the flags; load nothing, run nothing");
@@ -285,9 +303,6 @@ Command add_vram_report_command(CLI::App& app) {
               return 0;
             }
             if (out->empty()) throw UsageError("vram-report: --out is required (or --predict-only)");
-            if (!o.output_dat.empty() || !o.checkpoint_dir.empty() || o.resume || o.resume_if_present)
-              throw UsageError("vram-report runs one step and writes only the report: drop --output-dat, "
-                               "--checkpoint-dir and --resume");
             o.vram_report = *out;
             resolve(*f);
             run_training(o);

@@ -1,3 +1,4 @@
+#include "qwen3/file_io.h"
 #include "qwen3/config.h"
 #include "qwen3/json_limits.h"
 
@@ -150,8 +151,7 @@ Qwen3Config config_from_json(const json& j, const std::string& origin) {
 }
 
 Qwen3Config load_config(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw Error(path + ": cannot open config");
+  std::ifstream f = open_input_file(path, "config");
   json j;
   try {
     j = json::parse(f, depth_limited(path));

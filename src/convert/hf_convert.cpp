@@ -1,3 +1,4 @@
+#include "qwen3/file_io.h"
 #include "qwen3/hf_convert.h"
 #include "qwen3/json_limits.h"
 
@@ -41,13 +42,12 @@ struct HfCheckpoint {
 };
 
 std::vector<std::string> shard_names_from_index(const fs::path& index_path, std::map<std::string, std::string>& map) {
-  std::ifstream f(index_path);
-  if (!f) throw Error(index_path.string() + ": cannot open");
+  std::ifstream f = open_input_file(index_path.string(), "safetensors index");
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(f, depth_limited(index_path.string()));
   } catch (const nlohmann::json::exception& e) {
-    throw Error(index_path.string() + ": invalid JSON: " + e.what());
+    throw Error(index_path.string() + ": invalid JSON: " + json_error_text(e));
   }
   if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
     throw Error(index_path.string() + ": no \"weight_map\" object");

@@ -92,7 +92,7 @@ void SafetensorsFile::parse_header() {
   try {
     header = nlohmann::json::parse(text, depth_limited(file, note_keys));
   } catch (const nlohmann::json::exception& e) {
-    throw Error(file + ": safetensors header is not valid JSON: " + e.what());
+    throw Error(file + ": safetensors header is not valid JSON: " + json_error_text(e));
   }
   if (!duplicate.empty()) throw Error(file + ": safetensors header names tensor '" + duplicate + "' twice");
   if (!header.is_object()) throw Error(file + ": safetensors header is not a JSON object");

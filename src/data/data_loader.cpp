@@ -12,6 +12,7 @@
 #include "data/data_lines.h"
 #include "data/training_data_impl.h"
 #include "qwen3/error.h"
+#include "qwen3/file_io.h"
 
 namespace qwen3 {
 namespace {
@@ -98,8 +99,7 @@ void append_line(TrainingData::Impl& d, const data::LineSample& line, int64_t li
 
 void load_training_data(const Tokenizer& tokenizer, TrainingData::Impl& d) {
   const DataOptions& opt = d.options;
-  std::ifstream in(opt.path, std::ios::binary);
-  if (!in) throw Error(fmt::format("cannot open training data '{}': {}", opt.path, std::strerror(errno)));
+  std::ifstream in = open_input_file(opt.path, opt.role, std::ios::binary);
 
   std::optional<DataFormat> format;
   if (opt.format != DataFormat::auto_detect) format = opt.format;
@@ -117,7 +117,7 @@ void load_training_data(const Tokenizer& tokenizer, TrainingData::Impl& d) {
       chunk_bytes += text.size();
       chunk.push_back(NumberedLine{line_number, std::move(text)});
     }
-    if (in.bad()) throw Error(fmt::format("error reading training data '{}' after line {}", opt.path, line_number));
+    if (in.bad()) throw Error(fmt::format("error reading {} '{}' after line {}", opt.role, opt.path, line_number));
     if (chunk.empty()) break;
     if (!format) format = detect_format(chunk, opt);
     // Until a data line decides the format every line is blank or a comment, so the fallback is never used.
@@ -151,7 +151,7 @@ void load_training_data(const Tokenizer& tokenizer, TrainingData::Impl& d) {
                  "the left (the first at line {})",
                  opt.path, d.stats.truncated, opt.seq_len + 1, first_truncated_line);
   if (d.samples.empty())
-    throw Error(fmt::format("training data '{}' has no samples ({} lines: {} blank, {} comments, {} bad)", opt.path,
+    throw Error(fmt::format("{} '{}' has no samples ({} lines: {} blank, {} comments, {} bad)", opt.role, opt.path,
                             d.stats.lines, d.stats.blank, d.stats.comments, d.stats.skipped));
   d.tokens.shrink_to_fit();
   d.loss_mask.shrink_to_fit();

@@ -47,6 +47,13 @@ void prepare_output_target(std::string_view flag, const std::string& out, bool o
   if (fs::is_directory(out, ec)) throw UsageError(name + " " + out + " is a directory; give a file path");
   if (fs::exists(out, ec) && !overwrite)
     throw UsageError(name + " " + out + " exists; pass --overwrite to replace it (or choose another path)");
+  prepare_output_folder(flag, out);
+}
+
+void prepare_output_folder(std::string_view flag, const std::string& out) {
+  const std::string name(flag);
+  std::error_code ec;
+  if (fs::is_directory(out, ec)) throw UsageError(name + " " + out + " is a directory; give a file path");
   const fs::path folder = fs::absolute(out).parent_path();
   fs::create_directories(folder, ec);
   if (ec) throw Error(name + " " + out + ": cannot create its folder " + folder.string() + ": " + ec.message());

@@ -10,6 +10,7 @@
 #include "qwen3/lm_loss.h"
 
 #include <algorithm>
+#include <limits>
 
 namespace qwen3 {
 namespace {
@@ -60,7 +61,9 @@ std::vector<int64_t> generate(Qwen3Model& model, const std::vector<int64_t>& pro
   const int64_t n = static_cast<int64_t>(prompt.size());
   // Positions past max_position_embeddings are outside what the model was trained for: the prompt must fit,
   // and generation stops there (the cache is never sized past it, whatever --max-new-tokens says).
-  const int64_t positions = model.config().max_position_embeddings;
+  // (0: the config does not say; then only --max-new-tokens bounds it.)
+  const int64_t positions =
+      model.config().max_position_embeddings > 0 ? model.config().max_position_embeddings : std::numeric_limits<int64_t>::max();
   if (n >= positions)
     throw UsageError(fmt::format("the prompt has {} tokens; the model's max_position_embeddings {} leaves no room to "
                                  "generate",

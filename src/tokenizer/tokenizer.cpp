@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "qwen3/file_io.h"
 #include "qwen3/error.h"
 #include "tokenizer_impl.h"
 #include "unicode_text.h"
@@ -176,8 +177,7 @@ Tokenizer Tokenizer::from_json_text(std::string_view json_text, const std::strin
 }
 
 Tokenizer Tokenizer::from_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("tokenizer " + path + ": cannot open the file (" + std::strerror(errno) + ")");
+  std::ifstream in = open_input_file(path, "tokenizer", std::ios::binary);
   std::ostringstream text;
   text << in.rdbuf();
   if (in.bad()) throw Error("tokenizer " + path + ": cannot read the file");

@@ -247,7 +247,7 @@ std::shared_ptr<Tokenizer::Impl> load_tokenizer_json(std::string_view json_text,
   try {
     root = json::parse(json_text.begin(), json_text.end(), depth_limited(source));
   } catch (const json::exception& e) {
-    load.fail(std::string("not valid JSON (") + e.what() + ")");
+    load.fail("not valid JSON (" + json_error_text(e) + ")");
   }
   if (!root.is_object()) load.fail("the top level must be an object");
   auto t = std::make_shared<Tokenizer::Impl>();
@@ -262,7 +262,7 @@ std::shared_ptr<Tokenizer::Impl> load_tokenizer_json(std::string_view json_text,
     load.byte_level_only(root.value("post_processor", json()), "post_processor");
     build_id_table(*t, spelled_by_id);
   } catch (const json::exception& e) {  // a value of the wrong type somewhere not checked above
-    load.fail(std::string("unexpected JSON (") + e.what() + ")");
+    load.fail("unexpected JSON (" + json_error_text(e) + ")");
   }
   std::vector<std::pair<std::string, const AddedToken*>> raw, normalized;
   for (const AddedToken& a : t->added) {

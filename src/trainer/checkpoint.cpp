@@ -184,23 +184,20 @@ CheckpointState load_checkpoint(const std::string& path, const std::string& tens
   try {
     meta = nlohmann::json::parse(f, depth_limited((p / "checkpoint.json").string()));
   } catch (const nlohmann::json::exception& e) {
-    throw Error((p / "checkpoint.json").string() + ": invalid JSON: " + e.what());
+    throw Error((p / "checkpoint.json").string() + ": invalid JSON: " + json_error_text(e));
   }
   if (meta.value("magic", "") != kCheckpointMagic) throw Error(path + ": not a qwen3-train checkpoint (wrong magic)");
   if (meta.value("format_version", -1) != kCheckpointFormatVersion)
     throw Error(path + ": checkpoint format version " + json_excerpt(meta.value("format_version", nlohmann::json())) +
                 " is not supported (this build reads version " + std::to_string(kCheckpointFormatVersion) + ")");
   CheckpointState s;
-  try {
-    s.step = meta.at("step").get<int64_t>();
-    s.optimizer_steps = meta.at("optimizer_steps").get<int64_t>();
-    s.skipped_steps = meta.at("skipped_steps").get<int64_t>();
-    s.model_hash = meta.at("model_hash").get<std::string>();
-    s.flags = meta.at("flags");
-    s.extra = meta.value("extra", nlohmann::json::object());
-  } catch (const nlohmann::json::exception& e) {
-    throw Error((p / "checkpoint.json").string() + ": " + e.what());
-  }
+  const std::string origin = (p / "checkpoint.json").string();
+  s.step = json_field<int64_t>(meta, "step", origin, "an integer");
+  s.optimizer_steps = json_field<int64_t>(meta, "optimizer_steps", origin, "an integer");
+  s.skipped_steps = json_field<int64_t>(meta, "skipped_steps", origin, "an integer");
+  s.model_hash = json_field<std::string>(meta, "model_hash", origin, "a string");
+  s.flags = json_field<nlohmann::json>(meta, "flags", origin, "an object");
+  s.extra = meta.value("extra", nlohmann::json::object());
   DatReader r((p / "tensors.dat").string(), DatRules::container_only);
   for (const auto& e : r.entries())
     if (e.key.compare(0, tensor_prefix.size(), tensor_prefix) == 0) s.tensors.emplace_back(e.key, read_tensor(r, e));

@@ -1,3 +1,4 @@
+#include "qwen3/file_io.h"
 #include "qwen3/trainer.h"
 
 #include <ATen/ATen.h>
@@ -16,6 +17,7 @@
 #include "qwen3/checkpoint.h"
 #include "qwen3/dat_tensor.h"
 #include "qwen3/evaluate.h"
+#include "qwen3/output_target.h"
 #include "qwen3/exporter.h"
 #include "qwen3/memory_model.h"
 #include "qwen3/model_loader.h"
@@ -108,10 +110,11 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
   // One trainer per checkpoint directory, checked (and the directory made) before anything loads.
   std::optional<CheckpointDirLock> checkpoint_lock;
   if (!o.checkpoint_dir.empty()) checkpoint_lock.emplace(o.checkpoint_dir);
+  if (!o.metrics_jsonl.empty()) prepare_output_folder("--metrics-jsonl", o.metrics_jsonl);
   const Qwen3Config config = load_config(o.config);
   const Tokenizer tok = Tokenizer::from_file(o.tokenizer);
   tok.check_fits_model(config.vocab_size, o.config);
-  if (o.data.seq_len > config.max_position_embeddings)
+  if (config.max_position_embeddings > 0 && o.data.seq_len > config.max_position_embeddings)
     throw UsageError(fmt::format("--seq-len {} is beyond the model's max_position_embeddings {} ({})", o.data.seq_len,
                                  config.max_position_embeddings, o.config));
   TrainingData data(tok, o.data);
@@ -120,7 +123,8 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
     DataOptions eo = o.data;
     eo.path = o.eval_data;
     eo.sample_mode = SampleMode::sequential;
-    eo.pack = false;  // each held-out sample on its own context, as `eval --data` scores it
+    eo.pack = false;
+    eo.role = "eval data (--eval-data)";  // each held-out sample on its own context, as `eval --data` scores it
     eval_data.emplace(tok, eo);
   }
   const c10::Device device(o.device);
@@ -211,8 +215,7 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
 
   std::ofstream metrics;
   if (!o.metrics_jsonl.empty()) {
-    metrics.open(o.metrics_jsonl, std::ios::app);
-    if (!metrics) throw Error(o.metrics_jsonl + ": cannot open for writing");
+    metrics = open_output_file(o.metrics_jsonl, "--metrics-jsonl", std::ios::app);
   }
   const int64_t per_epoch = o.steps_per_epoch > 0 ? o.steps_per_epoch : data.batches_per_epoch();
   // What `qwen3-train export` needs to rebuild a .dat from a checkpoint without the training flags.

@@ -247,6 +247,14 @@ TEST(Loader, NanScaleCodesAreRefusedNamingTheBlock) {
                                " --prompt-ids '1 2 3' --max-new-tokens 2 --print-ids");
   EXPECT_EQ(g.code, 1);
   EXPECT_NE(g.err.find("NaN E4M3 scale code"), std::string::npos) << g.err;
+  // inspect (which validates) lists the file and then names the entry and block: exit 1.
+  const auto i = test::run_cli("inspect " + m.dat_path);
+  EXPECT_EQ(i.code, 1);
+  EXPECT_NE(i.out.find(key + ".scale"), std::string::npos) << "the listing is printed";
+  EXPECT_NE(i.err.find("entry '" + key + ".scale' holds 1 NaN E4M3 scale codes (the first is row 2, block 3)"),
+            std::string::npos)
+      << i.err;
+  EXPECT_EQ(test::run_cli("inspect " + dir.file("m/model.dat") + " --json").code, 1);
 }
 
 }  // namespace

@@ -3,7 +3,10 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // fmt::join (only here from fmt 11 on)
 
+#include <algorithm>
+
 #include "cli_common.h"
+#include "qwen3/error.h"
 
 namespace qwen3 {
 namespace {
@@ -73,6 +76,26 @@ std::string inspect_table(const DatReader& reader) {
   return out;
 }
 
+std::vector<std::string> nan_scale_problems(const DatReader& reader) {
+  std::vector<std::string> problems;
+  std::vector<uint8_t> buffer(size_t{1} << 20);
+  for (const auto& e : reader.entries()) {
+    if (!ends_with(e.key, kScaleSuffix) || elem_size(e.type) != 1) continue;
+    uint64_t count = 0, first = 0;
+    for (uint64_t at = 0; at < e.nbytes; at += buffer.size()) {
+      const uint64_t n = std::min<uint64_t>(buffer.size(), e.nbytes - at);
+      reader.read_range(e, at, buffer.data(), n);
+      for (uint64_t i = 0; i < n; ++i)
+        if ((buffer[i] & 0x7F) == 0x7F && count++ == 0) first = at + i;
+    }
+    if (count == 0) continue;
+    const uint64_t per_row = e.shape.size() >= 2 ? static_cast<uint64_t>(e.shape.back()) : e.nbytes;
+    problems.push_back(fmt::format("entry '{}' holds {} NaN E4M3 scale codes (the first is row {}, block {})", e.key,
+                                   count, first / per_row, first % per_row));
+  }
+  return problems;
+}
+
 namespace cli {
 
 Command add_inspect_command(CLI::App& app) {
@@ -90,7 +113,12 @@ Command add_inspect_command(CLI::App& app) {
               fmt::print("{}\n", inspect_json(reader).dump(1));
             else
               fmt::print("{}", inspect_table(reader));
-            return 0;
+            // The index printed, the payloads' one rule a model cannot load without: no NaN block scales.
+            const std::vector<std::string> problems = nan_scale_problems(reader);
+            if (problems.empty()) return 0;
+            throw Error(fmt::format("{}: {}{}", opts->file, problems.front(),
+                                    problems.size() > 1 ? fmt::format(" (and {} more entries)", problems.size() - 1)
+                                                        : std::string()));
           }};
 }
 

@@ -18,4 +18,8 @@ DatSummary summarize(const DatReader& reader);
 nlohmann::json inspect_json(const DatReader& reader);
 std::string inspect_table(const DatReader& reader);
 
+// NVFP4 scale entries holding NaN E4M3 codes (0x7F, 0xFF: the whole block decodes to NaN; the model loader
+// refuses them): one line per entry naming it, the count and the first bad block. Reads every scale payload.
+std::vector<std::string> nan_scale_problems(const DatReader& reader);
+
 }  // namespace qwen3

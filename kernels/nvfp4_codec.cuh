@@ -1,4 +1,4 @@
-// The scalar and per-block NVFP4 rules of ../shared/docs/nvfp4.md as __host__ __device__ functions, so the
+// The scalar and per-block NVFP4 rules of docs/nvfp4.md as __host__ __device__ functions, so the
 // CUDA kernels and the host-side tests share one source of truth: the tests run these functions on the CPU
 // (no GPU needed) against qwen3::nvfp4::quantize_rows_cpu, and the kernels run the very same code.
 //

@@ -1,7 +1,7 @@
 // Launchers of the CUDA kernels: plain C++ over raw device pointers, sizes and a stream, so nothing in
 // kernels/ depends on libtorch. Every launcher returns a cudaError_t-compatible int (0 = success); it checks
 // its arguments, enqueues on `stream` (a cudaStream_t passed as void*, nullptr = the legacy default stream)
-// and never synchronizes. NVFP4 layout and rules: ../shared/docs/nvfp4.md; design: kernels/nvfp4_kernels.md.
+// and never synchronizes. NVFP4 layout and rules: docs/nvfp4.md; design: kernels/nvfp4_kernels.md.
 #pragma once
 #include <cstdint>
 

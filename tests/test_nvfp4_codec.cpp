@@ -1,4 +1,4 @@
-// The canonical NVFP4 codec (../shared/docs/nvfp4.md) against values and a brute-force reference quantizer
+// The canonical NVFP4 codec (docs/nvfp4.md) against values and a brute-force reference quantizer
 // computed here independently: nearest-value searches over the formats' value lists instead of the codec's
 // bit tricks and comparison chains.
 #include <ATen/ATen.h>

@@ -1,4 +1,4 @@
-// A Qwen3 `config.json` as the math needs it (../shared/docs/qwen3.md). Every field that changes the
+// A Qwen3 `config.json` as the math needs it (docs/model.md). Every field that changes the
 // computation is read, never assumed; unsupported values (rope_scaling, attention_bias, another activation)
 // are errors rather than silently different models.
 #pragma once

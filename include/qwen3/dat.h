@@ -1,4 +1,4 @@
-// The `.dat` weight container (docs: ../shared/docs/dat-format.md, docs/dat.md): a streaming reader that
+// The `.dat` weight container (docs/dat.md): a streaming reader that
 // indexes headers only and reads payloads on demand, and an atomic streaming writer.
 // No libtorch here: dat_tensor.h adds the tensor conversions.
 #pragma once

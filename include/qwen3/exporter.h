@@ -1,4 +1,4 @@
-// Trained weights back into the `.dat` format the original runner loads (../shared/docs/dat-format.md, "What
+// Trained weights back into the `.dat` format the original runner loads (docs/dat.md, "What
 // the exporter must do"): the input file is streamed entry by entry; an entry whose tensor was trained is
 // rewritten from its master weight (NVFP4 pairs re-quantized with the canonical quantizer, dense tensors in their
 // original element type), every other entry is copied byte for byte. Same count, same order, same keys, element

@@ -1,5 +1,5 @@
 // `convert`: a Hugging Face Qwen3 checkpoint directory (config.json + *.safetensors, with or without
-// model.safetensors.index.json) → a `.dat` in the key order of ../shared/docs/qwen3.md, dense (what the original's
+// model.safetensors.index.json) → a `.dat` in the key order of docs/model.md, dense (what the original's
 // export_qwen3.py wrote) or directly NVFP4 (its quantize step too), tensor by tensor in row chunks read with
 // pread: memory stays at a few tens of MB whatever the model size. config.json is copied beside the output.
 #pragma once

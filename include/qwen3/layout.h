@@ -1,4 +1,4 @@
-// The tensor keys, shapes and order of a Qwen3 checkpoint (../shared/docs/qwen3.md), derived from the handful
+// The tensor keys, shapes and order of a Qwen3 checkpoint (docs/model.md), derived from the handful
 // of sizes that determine them. Used by `synth`, the benchmarks and the tests to build real-shaped files.
 #pragma once
 #include <cstdint>

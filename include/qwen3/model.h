@@ -1,4 +1,4 @@
-// The Qwen3 causal LM as ../shared/docs/qwen3.md computes it. The model knows nothing of quantization: its
+// The Qwen3 causal LM as docs/model.md computes it. The model knows nothing of quantization: its
 // projection weights are plain [out, in] tensors and every projection goes through `ProjectionOp`, which the
 // loader or the trainer sets (a dense product for evaluation, the NVFP4 straight-through linear for training).
 #pragma once

@@ -1,4 +1,4 @@
-// NVFP4 as this project encodes it (../shared/docs/nvfp4.md, docs/nvfp4.md): FP4 E2M1 codes, two a byte
+// NVFP4 as this project encodes it (docs/nvfp4.md): FP4 E2M1 codes, two a byte
 // (element 2j in the low nibble), one FP8 E4M3 scale per 16 consecutive elements of a row, no tensor scale.
 // The CPU functions here are the canonical quantizer: every other path (CUDA, STE forward, optimizer,
 // exporter) must produce the same bytes for the same input.

@@ -1,6 +1,6 @@
 // The NVFP4 linear layer used in training: the forward pass sees the weight as the canonical quantizer
 // produces it, y = x · deq(Q(W))ᵀ, and the gradient passes straight through to the master weight W:
-// dX = dY · deq(Q(W)), dW = dYᵀ · X (the straight-through estimator of ../shared/docs/nvfp4.md).
+// dX = dY · deq(Q(W)), dW = dYᵀ · X (the straight-through estimator of docs/nvfp4.md).
 #pragma once
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>

@@ -1,4 +1,4 @@
-// `train`: every flag of the trainer, with the original tool's names as aliases (docs/cli.md lists them).
+// `train`: every flag of the trainer, with the original tool's names as aliases (docs/trainer.md, "Flag names", lists them).
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -100,7 +100,7 @@ void convert_flag_values(TrainFlags& f) {
   o.scale_mode = nvfp4::scale_mode_from_name(f.scale_mode);
 }
 
-// Flags that contradict each other or would be silently ignored (docs/cli.md, "Flag combinations"). Only
+// Flags that contradict each other or would be silently ignored (docs/trainer.md, "Flag combinations"). Only
 // `train`: vram-report runs one step of whatever the flags say.
 void check_flag_combinations(const TrainFlags& f) {
   const TrainOptions& o = f.o;

@@ -1,4 +1,4 @@
-// The canonical NVFP4 codec on the CPU (../shared/docs/nvfp4.md; decisions in docs/nvfp4.md). Every other
+// The canonical NVFP4 codec on the CPU (docs/nvfp4.md: the format and the decisions). Every other
 // quantizer in the product is tested for byte equality against this file, so each arithmetic step below is
 // spelled out in the order the spec (and the CUDA kernels) follow: no step may be reassociated or fused.
 #include <ATen/Parallel.h>

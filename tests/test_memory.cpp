@@ -268,7 +268,12 @@ TEST(FrozenProjections, HeldAsCodesTrainLikeTheDenseCopies) {
     TrainOptions o = short_run(m, text, dir, "ckpt-" + std::to_string(codes));
     o.train_last_layers = 1;
     o.frozen_projections_as_codes = codes == 1;
-    run_training(o);
+    const TrainSummary s = run_training(o);
+    // The codes path is really taken: the frozen block's seven projections, every forward.
+    if (codes)
+      EXPECT_EQ(s.frozen_code_products, 7 * s.steps_done);
+    else
+      EXPECT_EQ(s.frozen_code_products, 0);
     weights[codes] = master_weights(o.checkpoint_dir);
   }
   expect_same_weights(weights[0], weights[1], "frozen projections as codes");

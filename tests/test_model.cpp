@@ -271,7 +271,11 @@ TEST(Model, ActivationCheckpointingGivesIdenticalGradients) {
     for (int ckpt = 0; ckpt < 2; ++ckpt) {
       Qwen3Model m(tiny_config(false), at::kFloat, at::kCPU, true);
       randomize(m, 21);
-      m.set_projection_op([](const at::Tensor& x, const at::Tensor& w) { return nvfp4::ste_linear(x, w); });
+      int64_t products = 0;  // projections run, forward and recomputed
+      m.set_projection_op([&products](const at::Tensor& x, const at::Tensor& w) {
+        ++products;
+        return nvfp4::ste_linear(x, w);
+      });
       m.set_activation_checkpointing(ckpt == 1);
       if (frozen) {
         m.embed_tokens.requires_grad_(false);
@@ -279,6 +283,12 @@ TEST(Model, ActivationCheckpointingGivesIdenticalGradients) {
       }
       const at::Tensor ids = at::randint(0, 97, {2, 9}, at::kLong);
       m.forward(ids).pow(2).mean().backward();
+      // Checkpointing really recomputes: every block that has something to differentiate (a frozen first block
+      // under a frozen embedding has not) runs its seven projections again in backward.
+      const auto layers = static_cast<int64_t>(m.blocks.size());
+      const int64_t recomputed = ckpt ? layers - frozen : 0;
+      EXPECT_EQ(m.recomputed_blocks(), recomputed) << "ckpt=" << ckpt << " frozen=" << frozen;
+      EXPECT_EQ(products, 7 * (layers + recomputed)) << "ckpt=" << ckpt << " frozen=" << frozen;
       std::vector<at::Tensor> flat;
       for (auto& [key, t] : m.named_weights())
         flat.push_back(t.grad().defined() ? t.grad().reshape({-1}) : at::zeros({0}));

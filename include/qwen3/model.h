@@ -83,6 +83,13 @@ class Qwen3Model : public torch::nn::Module {
   at::Tensor run_block(int64_t layer, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
     return block_forward(blocks[layer], x, cos, sin, nullptr, layer, 0);
   }
+  // The same, run again in backward by activation checkpointing, counted: how a caller (and a test) sees that
+  // checkpointing really recomputed rather than kept the activations.
+  at::Tensor recompute_block(int64_t layer, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+    ++recomputed_blocks_;
+    return run_block(layer, x, cos, sin);
+  }
+  int64_t recomputed_blocks() const { return recomputed_blocks_; }
 
   at::Tensor embed_tokens, final_norm;
   std::vector<Qwen3Block> blocks;
@@ -101,6 +108,7 @@ class Qwen3Model : public torch::nn::Module {
   bool checkpoint_blocks_ = false;
   BlockGradientSink gradient_sink_;
   bool embedding_grad_in_place_ = false;
+  int64_t recomputed_blocks_ = 0;
 };
 
 // Rotary embedding tables [T, head_dim] (fp32) for positions offset .. offset+T-1.

@@ -63,6 +63,10 @@ struct TrainSummary {
   int stop_signal = 0;           // SIGINT/SIGTERM that ended training early, else 0
   std::string last_checkpoint;
   int64_t checkpoints_saved = 0;  // in this invocation; a step already on disk is never saved again
+  // What the memory options did (diagnostics the tests observe): block forwards re-run in backward by
+  // --grad-checkpoint, and forward products that used a frozen projection's NVFP4 codes instead of a master.
+  int64_t recomputed_blocks = 0;
+  int64_t frozen_code_products = 0;
   std::string exported;
 };
 

@@ -58,7 +58,7 @@ class BlockSegment : public torch::autograd::Function<BlockSegment> {
       const auto saved = ctx->get_saved_variables();
       x = saved[0].detach().requires_grad_(saved[0].requires_grad());
       torch::AutoGradMode grad(true);
-      y = model->run_block(layer, x, saved[1], saved[2]);
+      y = model->recompute_block(layer, x, saved[1], saved[2]);
     }
     // Differentiate with respect to x and the block's trainable tensors (the same leaves forward saw).
     const Qwen3Block& b = model->blocks[layer];

@@ -143,10 +143,13 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
   // straight-through linear from their master weights.
   std::shared_ptr<const FrozenCodes> frozen =
       o.frozen_projections_as_codes ? freeze_projections_as_codes(*model, mode) : std::make_shared<FrozenCodes>();
-  model->set_projection_op([mode, frozen](const at::Tensor& x, const at::Tensor& w) {
+  auto frozen_code_products = std::make_shared<int64_t>(0);
+  model->set_projection_op([mode, frozen, frozen_code_products](const at::Tensor& x, const at::Tensor& w) {
     if (!frozen->empty())
-      if (auto it = frozen->find(w.unsafeGetTensorImpl()); it != frozen->end())
+      if (auto it = frozen->find(w.unsafeGetTensorImpl()); it != frozen->end()) {
+        ++*frozen_code_products;
         return nvfp4::frozen_nvfp4_linear(x, it->second);
+      }
     return nvfp4::ste_linear(x, w, mode);
   });
   if (report) {
@@ -374,6 +377,8 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
                  rep.copied);
     sum.exported = o.output_dat;
   }
+  sum.recomputed_blocks = model->recomputed_blocks();
+  sum.frozen_code_products = *frozen_code_products;
   return sum;
 }
 

@@ -2,6 +2,7 @@
 // lines, JSONL metrics, atomic checkpoints, exact resume, signal handling, and an export at the end.
 #pragma once
 #include <atomic>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -70,7 +71,12 @@ struct TrainSummary {
   std::string exported;
 };
 
+// Called with the global step count after each step, before `stop_signal` is polled: a caller that sets the
+// signal there stops at an exact step (the tests do; a signal handler stops wherever it lands).
+using AfterStep = std::function<void(int64_t step)>;
+
 // `stop_signal` is polled after every step (set it from a signal handler); 0 = keep going.
-TrainSummary run_training(const TrainOptions& options, const std::atomic<int>* stop_signal = nullptr);
+TrainSummary run_training(const TrainOptions& options, const std::atomic<int>* stop_signal = nullptr,
+                          const AfterStep& after_step = {});
 
 }  // namespace qwen3

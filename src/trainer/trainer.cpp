@@ -99,7 +99,7 @@ void restore_checkpoint(const CheckpointState& s, TrainableSet& set, AdamW& opt,
 
 }  // namespace
 
-TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_signal) {
+TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_signal, const AfterStep& after_step) {
   const auto t_start = Clock::now();
   std::optional<StepMemoryReport> report;
   if (!o.vram_report.empty()) report.emplace(o.vram_report, c10::Device(o.device), report_config(o));
@@ -355,6 +355,7 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
                                                                            : "state saved to " + last_checkpoint));
     }
     if (o.save_every_steps > 0 && (step + 1) % o.save_every_steps == 0 && step + 1 < steps) save(step + 1);
+    if (after_step) after_step(step + 1);
     if (stop_signal && stop_signal->load() != 0) {
       sum.stop_signal = stop_signal->load();
       spdlog::warn("signal {}: stopping after step {}", sum.stop_signal, step + 1);

@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "cli_test_util.h"
+#include "qwen3/layout.h"
 #include "qwen3/config.h"
 #include "qwen3/dat_tensor.h"
 #include "qwen3/nvfp4.h"
@@ -95,6 +96,15 @@ TEST(Config, InvalidConfigsNameTheField) {
     EXPECT_LT(std::string(e.what()).size(), 160u) << e.what();
     EXPECT_NE(std::string(e.what()).find("..."), std::string::npos) << e.what();
   }
+}
+
+TEST(Layout, LayerOfKey) {
+  EXPECT_EQ(layer_of_key("model.layers.0.self_attn.q_proj.weight"), 0);
+  EXPECT_EQ(layer_of_key("model.layers.35.mlp.down_proj.weight.qdata"), 35);
+  EXPECT_EQ(layer_of_key("model.norm.weight"), std::nullopt);
+  EXPECT_EQ(layer_of_key("model.layers.x.mlp.up_proj.weight"), std::nullopt);
+  EXPECT_EQ(layer_of_key("model.layers..weight"), std::nullopt);
+  EXPECT_EQ(layer_of_key("model.layers.12345678901.weight"), std::nullopt);  // no overflow: refused
 }
 
 TEST(Synth, WritesTheRealLayoutDeterministically) {

@@ -2,7 +2,9 @@
 // of sizes that determine them. Used by `synth`, the benchmarks and the tests to build real-shaped files.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "qwen3/dat.h"
@@ -40,5 +42,8 @@ struct EntrySpec {
 };
 std::vector<EntrySpec> qwen3_dat_entries(const ModelShape& shape, bool nvfp4, ElemType dense_type,
                                          bool with_lm_head = true);
+
+// The block index of a "model.layers.{i}.…" key; nullopt for any other key (or a malformed index).
+std::optional<int64_t> layer_of_key(std::string_view key);
 
 }  // namespace qwen3

@@ -7,13 +7,10 @@
 
 #include "cli_common.h"
 #include "qwen3/error.h"
+#include "qwen3/message_text.h"
 
 namespace qwen3 {
 namespace {
-
-std::string shape_text(const std::vector<int64_t>& shape) {
-  return "[" + fmt::format("{}", fmt::join(shape, ", ")) + "]";
-}
 
 std::string human_bytes(uint64_t b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};

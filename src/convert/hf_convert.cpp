@@ -1,6 +1,7 @@
 #include "qwen3/file_io.h"
 #include "qwen3/hf_convert.h"
 #include "qwen3/json_limits.h"
+#include "qwen3/message_text.h"
 
 #include <ATen/ATen.h>
 #include <fcntl.h>
@@ -123,18 +124,14 @@ void check_against_config(const HfCheckpoint& ck, const std::vector<TensorSpec>&
     }
     const SafetensorsTensor& t = *it->second.tensor;
     if (t.shape != spec.shape)
-      problems.push_back(fmt::format("'{}' is [{}] in {}, the config needs [{}]", spec.key, fmt::join(t.shape, ", "),
-                                     it->second.file->path(), fmt::join(spec.shape, ", ")));
+      problems.push_back(fmt::format("'{}' is {} in {}, the config needs {}", spec.key, shape_text(t.shape),
+                                     it->second.file->path(), shape_text(spec.shape)));
     if (source_scalar_type(t.dtype) == at::kByte)
       problems.push_back("'" + spec.key + "' is " + t.dtype + " in " + it->second.file->path() +
                          " (F16, BF16, F32 or F64 expected)");
   }
   if (problems.empty()) return;
-  std::string msg = dir + ": the checkpoint does not match its config.json (" + std::to_string(problems.size()) +
-                    " problems): ";
-  for (size_t i = 0; i < problems.size() && i < 12; ++i) msg += (i ? "; " : "") + problems[i];
-  if (problems.size() > 12) msg += "; ...";
-  throw Error(msg);
+  throw Error(problems_text(dir + ": the checkpoint does not match its config.json", problems));
 }
 
 // One tensor, row chunk by row chunk: read with pread, rounded to the dense type, then written as it is or

@@ -37,6 +37,18 @@ std::vector<TensorSpec> qwen3_tensors(const ModelShape& m, bool with_lm_head) {
   return out;
 }
 
+std::optional<int64_t> layer_of_key(std::string_view key) {
+  constexpr std::string_view kPrefix = "model.layers.";
+  if (key.substr(0, kPrefix.size()) != kPrefix) return std::nullopt;
+  const std::string_view rest = key.substr(kPrefix.size());
+  const std::string_view digits = rest.substr(0, rest.find('.'));
+  if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string_view::npos)
+    return std::nullopt;
+  int64_t layer = 0;
+  for (char c : digits) layer = layer * 10 + (c - '0');
+  return layer;
+}
+
 std::vector<EntrySpec> qwen3_dat_entries(const ModelShape& m, bool nvfp4, ElemType dense_type, bool with_lm_head) {
   std::vector<EntrySpec> out;
   for (auto& t : qwen3_tensors(m, with_lm_head)) {

@@ -11,12 +11,13 @@
 #include <string_view>
 
 #include "qwen3/dat_tensor.h"
+#include "qwen3/layout.h"
+#include "qwen3/message_text.h"
 #include "qwen3/nvfp4_ops.h"
 
 namespace qwen3 {
 namespace {
 
-std::string shape_text(at::IntArrayRef s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
 
 bool is_float_type(ElemType t) {
   return t == ElemType::Float16 || t == ElemType::BFloat16 || t == ElemType::Float32 || t == ElemType::Float64;
@@ -80,23 +81,12 @@ std::shared_ptr<Qwen3Model> load_model(const DatReader& reader, const Qwen3Confi
   }
   // Blocks past the config's count would be silently left out of the model (and out of any export).
   int64_t file_layers = 0;
-  constexpr std::string_view kLayerPrefix = "model.layers.";
   for (const auto& e : reader.entries())
-    if (e.key.rfind(kLayerPrefix, 0) == 0) {
-      const size_t end = e.key.find('.', kLayerPrefix.size());
-      const std::string index = e.key.substr(kLayerPrefix.size(), end - kLayerPrefix.size());
-      if (!index.empty() && index.size() < 10 && index.find_first_not_of("0123456789") == std::string::npos)
-        file_layers = std::max<int64_t>(file_layers, std::stoll(index) + 1);
-    }
+    if (const auto layer = layer_of_key(e.key)) file_layers = std::max(file_layers, *layer + 1);
   if (file_layers > config.num_hidden_layers)
     problems.push_back(fmt::format("the file has {} layers, the config's num_hidden_layers is {}", file_layers,
                                    config.num_hidden_layers));
-  if (!problems.empty()) {
-    std::string msg = reader.path() + ": does not match the config (" + std::to_string(problems.size()) + " problems): ";
-    for (size_t i = 0; i < problems.size() && i < 12; ++i) msg += (i ? "; " : "") + problems[i];
-    if (problems.size() > 12) msg += "; ...";
-    throw Error(msg);
-  }
+  if (!problems.empty()) throw Error(problems_text(reader.path() + ": does not match the config", problems));
   for (const auto& e : reader.entries())
     if (!used.count(e.key)) spdlog::debug("load: ignoring entry '{}' the model does not use", e.key);
 

@@ -8,15 +8,12 @@
 
 #include "nvfp4/nvfp4_cuda.h"
 #include "qwen3/error.h"
+#include "qwen3/message_text.h"
 
 namespace qwen3::nvfp4 {
 namespace {
 
-std::string shape_string(const at::Tensor& t) {
-  std::string text = "[";
-  for (int64_t d = 0; d < t.dim(); ++d) text += (d ? ", " : "") + std::to_string(t.size(d));
-  return text + "]";
-}
+std::string shape_string(const at::Tensor& t) { return shape_text(t.sizes()); }
 
 // float64 is accepted for tests and references: quantize rounds it to the fp32 view first.
 bool is_float_dtype(at::ScalarType dtype) {

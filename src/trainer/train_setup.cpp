@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include "qwen3/layout.h"
 #include "qwen3/lm_loss.h"
 #include "qwen3/nvfp4_linear.h"
 
@@ -14,8 +15,8 @@ bool is_trainable(const std::string& key, int64_t layers, const TrainOptions& op
   if (key == "model.embed_tokens.weight") return all && !opt.freeze_embeddings;
   if (key == "lm_head.weight") return all || opt.train_lm_head;  // only untied models have one here
   if (key == "model.norm.weight") return true;  // it sits after every block, so it trains with any of them
-  const int64_t layer = std::stoll(key.substr(std::string("model.layers.").size()));
-  return all || layer >= layers - opt.train_last_layers;
+  const std::optional<int64_t> layer = layer_of_key(key);
+  return all || (layer && *layer >= layers - opt.train_last_layers);
 }
 
 at::ScalarType master_scalar_type(const std::string& name) {

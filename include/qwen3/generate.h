@@ -3,9 +3,12 @@
 #include <ATen/core/Generator.h>
 
 #include <functional>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "qwen3/model.h"
+#include "qwen3/tokenizer.h"
 
 namespace qwen3 {
 
@@ -37,6 +40,15 @@ struct GenerateOptions {
 // Generates after `prompt`; calls on_token for each new id as soon as it is chosen. Returns the new ids.
 std::vector<int64_t> generate(Qwen3Model& model, const std::vector<int64_t>& prompt, const GenerateOptions& options,
                               const std::function<void(int64_t)>& on_token = {});
+
+// Where a chat reply ends: the config's EOS ids, then <|im_end|> and <|endoftext|> where the tokenizer has them.
+std::vector<int64_t> chat_stop_ids(const Qwen3Config& config, const Tokenizer& tokenizer);
+
+// The model's reply to one user turn in the chat format (after an optional system prompt): generated with
+// `options` (greedy by default) until a chat stop id, decoded without special tokens or ids past the
+// tokenizer's vocabulary. What `smoke` checks and `train --test-max-tokens` prints.
+std::string chat_reply(Qwen3Model& model, const Tokenizer& tokenizer, const std::optional<std::string>& system,
+                       const std::string& prompt, GenerateOptions options);
 
 struct SequenceLoss {
   int64_t tokens = 0;  // predicted tokens (length - 1)

@@ -92,10 +92,7 @@ int run_generate(const GenerateFlags& f) {
   }
   GenerateOptions gen = f.gen;
   if (!f.ignore_eos) {
-    gen.stop_ids = config.eos_token_ids;
-    if (tok)
-      for (const char* s : {"<|im_end|>", "<|endoftext|>"})
-        if (auto id = tok->token_to_id(s)) gen.stop_ids.push_back(*id);
+    gen.stop_ids = tok ? chat_stop_ids(config, *tok) : config.eos_token_ids;
   }
 
   const auto t0 = std::chrono::steady_clock::now();

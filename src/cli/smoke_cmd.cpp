@@ -100,13 +100,8 @@ int run_smoke(const SmokeFlags& f) {
   auto model = load_model(reader, config, resolve_dtype("auto", resolve_device(f.device)), resolve_device(f.device));
   GenerateOptions g;
   g.max_new_tokens = 16;
-  g.stop_ids = {tok.added_token_id("<|im_end|>")};
   const auto [prompt, target] = kPairs[0];
-  const auto ids = chat_generation_prompt(tok, std::nullopt, prompt);
-  std::vector<TokenId> out;
-  for (int64_t id : generate(*model, std::vector<int64_t>(ids.begin(), ids.end()), g))
-    if (id >= 0 && static_cast<size_t>(id) < tok.vocab_size()) out.push_back(static_cast<TokenId>(id));
-  const std::string reply = tok.decode(out, /*skip_special=*/true);
+  const std::string reply = chat_reply(*model, tok, std::nullopt, prompt, g);
   const bool ok = reply == target;
   fmt::print("smoke: generate   {:?} -> {:?} (expected {:?}) {}\n", prompt, reply, target, ok ? "ok" : "MISMATCH");
   fmt::print("smoke: {} in {:.1f} s, peak RSS {:.0f} MiB, files in {}\n", ok ? "passed" : "FAILED",

@@ -59,13 +59,7 @@ void self_test(const TrainFlags& f) {
   auto model = load_model(reader, config, at::kFloat, resolve_device(f.o.device));
   GenerateOptions g;
   g.max_new_tokens = f.test_max_tokens;
-  g.stop_ids = config.eos_token_ids;
-  if (auto id = tok.token_to_id("<|im_end|>")) g.stop_ids.push_back(*id);
-  const auto prompt = chat_generation_prompt(tok, f.o.data.system, f.test_prompt);
-  std::vector<TokenId> out;
-  for (int64_t id : generate(*model, std::vector<int64_t>(prompt.begin(), prompt.end()), g))
-    if (id >= 0 && static_cast<size_t>(id) < tok.vocab_size()) out.push_back(static_cast<TokenId>(id));
-  fmt::print("self-test: {} -> {}\n", f.test_prompt, tok.decode(out, /*skip_special=*/true));
+  fmt::print("self-test: {} -> {}\n", f.test_prompt, chat_reply(*model, tok, f.o.data.system, f.test_prompt, g));
 }
 
 void print_memory_plan(const StepMemoryPlan& plan, const c10::Device& device) {

@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include "qwen3/chat_format.h"
 #include "qwen3/error.h"
 #include "qwen3/lm_loss.h"
 
@@ -89,6 +90,23 @@ std::vector<int64_t> generate(Qwen3Model& model, const std::vector<int64_t>& pro
     last_hidden = model.hidden_states(at::tensor({next}, at::kLong).unsqueeze(0), &cache).select(1, 0);
   }
   return out;
+}
+
+std::vector<int64_t> chat_stop_ids(const Qwen3Config& config, const Tokenizer& tokenizer) {
+  std::vector<int64_t> ids = config.eos_token_ids;
+  for (const char* token : {"<|im_end|>", "<|endoftext|>"})
+    if (auto id = tokenizer.token_to_id(token)) ids.push_back(*id);
+  return ids;
+}
+
+std::string chat_reply(Qwen3Model& model, const Tokenizer& tokenizer, const std::optional<std::string>& system,
+                       const std::string& prompt, GenerateOptions options) {
+  options.stop_ids = chat_stop_ids(model.config(), tokenizer);
+  const std::vector<TokenId> ids = chat_generation_prompt(tokenizer, system, prompt);
+  std::vector<TokenId> reply;
+  for (int64_t id : generate(model, std::vector<int64_t>(ids.begin(), ids.end()), options))
+    if (id >= 0 && static_cast<size_t>(id) < tokenizer.vocab_size()) reply.push_back(static_cast<TokenId>(id));
+  return tokenizer.decode(reply, /*skip_special=*/true);
 }
 
 SequenceLoss sequence_loss(Qwen3Model& model, const std::vector<int64_t>& ids) {

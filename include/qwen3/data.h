@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "qwen3/tokenizer.h"
@@ -23,6 +24,10 @@ DataFormat parse_data_format(const std::string& name);
 SampleMode parse_sample_mode(const std::string& name);
 const char* to_string(DataFormat format);
 const char* to_string(SampleMode mode);
+
+// The line rule every reader of data files shares (docs/data.md): not blank after trimming ASCII spaces, and not
+// a comment (its trimmed text starting with a non-empty `comment_prefix`).
+bool is_data_line(std::string_view line, std::string_view comment_prefix);
 
 struct DataOptions {
   std::string path;

@@ -9,7 +9,6 @@
 #include <cstring>
 #include <fstream>
 
-#include "data/data_lines.h"
 #include "qwen3/file_io.h"
 #include "qwen3/evaluate.h"
 #include "qwen3/generate.h"
@@ -36,9 +35,9 @@ Evaluation evaluate_id_lines(Qwen3Model& model, const EvalFlags& f) {
   double weighted = 0;
   std::string line;
   for (int64_t n = 1; std::getline(in, line); ++n) {
-    if (data::classify_line(line, f.data_options.comment_prefix) != data::LineKind::sample) continue;
+    if (!is_data_line(line, f.data_options.comment_prefix)) continue;
     const std::string where = fmt::format("{}:{}", f.ids_file, n);
-    const std::vector<int64_t> ids = parse_token_ids(std::string(data::trim_ascii_space(line)), where);
+    const std::vector<int64_t> ids = parse_token_ids(line, where);
     if (ids.size() < 2) throw Error(where + ": a sequence needs at least 2 tokens");
     for (size_t start = 0; start + 1 < ids.size(); start += static_cast<size_t>(seq_len)) {
       const size_t end = std::min(ids.size(), start + static_cast<size_t>(seq_len) + 1);

@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "data/data_lines.h"
 #include "data/sample_order.h"
 #include "data/training_data_impl.h"
 #include "qwen3/data.h"
@@ -31,6 +32,10 @@ const char* to_string(DataFormat format) {
 }
 
 const char* to_string(SampleMode mode) { return mode == SampleMode::random ? "random" : "sequential"; }
+
+bool is_data_line(std::string_view line, std::string_view comment_prefix) {
+  return data::classify_line(line, comment_prefix) == data::LineKind::sample;
+}
 
 TrainingData::TrainingData(const Tokenizer& tok, DataOptions opt) : impl_(std::make_unique<Impl>()) {
   if (opt.seq_len < 1) throw UsageError(fmt::format("seq_len must be at least 1, not {}", opt.seq_len));

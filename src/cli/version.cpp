@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "cli/cli_common.h"
+#include "cli_common.h"
 #ifdef QWEN3_WITH_CUDA_KERNELS
 #include "qwen3_kernels.h"
 #endif

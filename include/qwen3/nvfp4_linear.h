@@ -1,9 +1,9 @@
-// The NVFP4 linear layer used in training: the forward pass sees the weight as the canonical quantizer
-// produces it, y = x · deq(Q(W))ᵀ, and the gradient passes straight through to the master weight W:
-// dX = dY · deq(Q(W)), dW = dYᵀ · X (the straight-through estimator of docs/nvfp4.md).
+// The NVFP4 projection of training, as functions the trainer installs as the model's projection op: the
+// forward sees the weight as the canonical quantizer produces it, y = x · deq(Q(W))ᵀ, and the gradient passes
+// straight through to the master weight W: dX = dY · deq(Q(W)), dW = dYᵀ · X (the straight-through estimator,
+// docs/nvfp4.md). Frozen weights are held as their codes only.
 #pragma once
-#include <torch/nn/module.h>
-#include <torch/nn/pimpl.h>
+#include <ATen/core/Tensor.h>
 
 #include "qwen3/nvfp4.h"
 #include "qwen3/nvfp4_ops.h"
@@ -28,19 +28,5 @@ at::Tensor ste_linear(const at::Tensor& x, const at::Tensor& weight, ScaleMode m
 // The same forward for a frozen weight held only as its NVFP4 codes and scales (what ste_linear would quantize
 // it to): no master weight, no weight gradient; backward gives dX = dY · deq(codes, scales).
 at::Tensor frozen_nvfp4_linear(const at::Tensor& x, const Quantized& weight);
-
-// A bias-free linear layer (Qwen3 has none) holding the high-precision master weight as its parameter;
-// the model loader swaps it in for the seven projections of each block.
-class Nvfp4LinearImpl : public torch::nn::Module {
- public:
-  explicit Nvfp4LinearImpl(const at::Tensor& master_weight, ScaleMode mode = ScaleMode::rne);
-
-  at::Tensor forward(const at::Tensor& x);
-  void pretty_print(std::ostream& stream) const override;
-
-  at::Tensor weight;  // [out_features, in_features], registered as the parameter "weight"
-  ScaleMode scale_mode;
-};
-TORCH_MODULE(Nvfp4Linear);
 
 }  // namespace qwen3::nvfp4

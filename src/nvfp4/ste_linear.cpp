@@ -9,6 +9,7 @@
 
 #include "nvfp4/nvfp4_cuda.h"
 #include "qwen3/error.h"
+#include "qwen3/message_text.h"
 #include "qwen3/nvfp4_ops.h"
 
 namespace qwen3::nvfp4 {
@@ -17,11 +18,7 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-std::string sizes_string(const at::Tensor& t) {
-  std::string text = "[";
-  for (int64_t d = 0; d < t.dim(); ++d) text += (d ? ", " : "") + std::to_string(t.size(d));
-  return text + "]";
-}
+std::string sizes_string(const at::Tensor& t) { return shape_text(t.sizes()); }
 
 // deq(codes, scales) in `dtype` for one product: on CUDA into the reused scratch buffer (no allocation per
 // projection), elsewhere a fresh tensor.
@@ -103,20 +100,6 @@ at::Tensor ste_linear(const at::Tensor& x, const at::Tensor& weight, ScaleMode m
   if (x.device() != weight.device())
     throw Error("nvfp4 linear: input on " + x.device().str() + " but weight on " + weight.device().str());
   return SteLinearFunction::apply(x, weight, mode);
-}
-
-Nvfp4LinearImpl::Nvfp4LinearImpl(const at::Tensor& master_weight, ScaleMode mode) : scale_mode(mode) {
-  if (master_weight.dim() != 2 || master_weight.size(1) % kBlock != 0)
-    throw Error("nvfp4 linear: weight " + sizes_string(master_weight) +
-                " must be 2-D [out, in] with in a multiple of 16");
-  weight = register_parameter("weight", master_weight.detach().clone());
-}
-
-at::Tensor Nvfp4LinearImpl::forward(const at::Tensor& x) { return ste_linear(x, weight, scale_mode); }
-
-void Nvfp4LinearImpl::pretty_print(std::ostream& stream) const {
-  stream << "qwen3::nvfp4::Nvfp4Linear(in_features=" << weight.size(1) << ", out_features=" << weight.size(0)
-         << ", scale_mode=" << scale_mode_name(scale_mode) << ")";
 }
 
 }  // namespace qwen3::nvfp4

@@ -31,7 +31,7 @@ using BlockGradientSink =
 struct Qwen3Block {
   at::Tensor q_proj, k_proj, v_proj, o_proj, q_norm, k_norm, gate_proj, up_proj, down_proj, input_layernorm,
       post_attention_layernorm;
-  // In file order (qwen3.md).
+  // In file order (docs/model.md); the model maps file keys to these fields by name (Qwen3Model::field_of).
   std::array<const at::Tensor*, 11> tensors() const {
     return {&q_proj, &k_proj, &v_proj, &o_proj, &q_norm, &k_norm, &gate_proj, &up_proj, &down_proj,
             &input_layernorm, &post_attention_layernorm};
@@ -42,6 +42,9 @@ class Qwen3Model : public torch::nn::Module {
  public:
   // Parameters are allocated uninitialized in `dtype` on `device`; load_weights fills them.
   Qwen3Model(const Qwen3Config& config, at::ScalarType dtype, at::Device device, bool separate_lm_head);
+  // Not copyable: named_weights() reaches the fields through pointers into this object.
+  Qwen3Model(const Qwen3Model&) = delete;
+  Qwen3Model& operator=(const Qwen3Model&) = delete;
 
   const Qwen3Config& config() const { return config_; }
   at::ScalarType dtype() const { return dtype_; }  // the parameters'
@@ -98,6 +101,7 @@ class Qwen3Model : public torch::nn::Module {
   at::Tensor block_forward(const Qwen3Block& b, at::Tensor x, const at::Tensor& cos, const at::Tensor& sin,
                            KVCache* cache, int64_t layer, int64_t offset);
   at::Tensor rmsnorm(const at::Tensor& x, const at::Tensor& weight) const;
+  at::Tensor* field_of(const std::string& key);
 
   Qwen3Config config_;
   at::ScalarType dtype_;
@@ -109,6 +113,7 @@ class Qwen3Model : public torch::nn::Module {
   BlockGradientSink gradient_sink_;
   bool embedding_grad_in_place_ = false;
   int64_t recomputed_blocks_ = 0;
+  std::vector<std::pair<std::string, at::Tensor*>> fields_;  // file key -> field, in file order
 };
 
 // Rotary embedding tables [T, head_dim] (fp32) for positions offset .. offset+T-1.

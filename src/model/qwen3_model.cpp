@@ -7,10 +7,13 @@
 
 #include "block_segment.h"
 #include "model/activation_ops.h"
+#include "qwen3/error.h"
+#include "qwen3/layout.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string_view>
 
 namespace qwen3 {
 
@@ -18,50 +21,47 @@ at::Tensor dense_projection(const at::Tensor& x, const at::Tensor& weight) {
   return at::linear(x, weight.to(x.scalar_type()));  // a no-op when the dtypes agree
 }
 
+// Which field holds the tensor of a file key. The keys, their shapes and their order are the layout's
+// (qwen3_tensors, include/qwen3/layout.h) alone; this only names the field of each.
+at::Tensor* Qwen3Model::field_of(const std::string& key) {
+  if (key == "model.embed_tokens.weight") return &embed_tokens;
+  if (key == "model.norm.weight") return &final_norm;
+  if (key == "lm_head.weight") return &lm_head_;
+  static const std::pair<std::string_view, at::Tensor Qwen3Block::*> kBlockFields[] = {
+      {"self_attn.q_proj.weight", &Qwen3Block::q_proj},       {"self_attn.k_proj.weight", &Qwen3Block::k_proj},
+      {"self_attn.v_proj.weight", &Qwen3Block::v_proj},       {"self_attn.o_proj.weight", &Qwen3Block::o_proj},
+      {"self_attn.q_norm.weight", &Qwen3Block::q_norm},       {"self_attn.k_norm.weight", &Qwen3Block::k_norm},
+      {"mlp.gate_proj.weight", &Qwen3Block::gate_proj},       {"mlp.up_proj.weight", &Qwen3Block::up_proj},
+      {"mlp.down_proj.weight", &Qwen3Block::down_proj},       {"input_layernorm.weight", &Qwen3Block::input_layernorm},
+      {"post_attention_layernorm.weight", &Qwen3Block::post_attention_layernorm}};
+  if (const auto layer = layer_of_key(key); layer && *layer < static_cast<int64_t>(blocks.size())) {
+    const std::string_view rest = std::string_view(key).substr(key.find('.', std::string("model.layers.").size()) + 1);
+    for (const auto& [name, member] : kBlockFields)
+      if (rest == name) return &(blocks[static_cast<size_t>(*layer)].*member);
+  }
+  throw Error("model: no field for the layout's key '" + key + "'");
+}
+
 Qwen3Model::Qwen3Model(const Qwen3Config& config, at::ScalarType dtype, at::Device device, bool separate_lm_head)
     : config_(config), dtype_(dtype), compute_dtype_(dtype), device_(device) {
   config_.validate("model config");
   const auto opts = at::TensorOptions().dtype(dtype).device(device);
-  const ModelShape s = config.shape();
-  auto param = [&](const std::string& name, std::vector<int64_t> shape) {
-    // Module parameter names may not contain '.', so they are registered with '_' and named_weights() gives
-    // the file keys.
-    std::string reg = name;
-    std::replace(reg.begin(), reg.end(), '.', '_');
-    return register_parameter(reg, at::empty(shape, opts));
-  };
-  embed_tokens = param("model.embed_tokens.weight", {s.vocab, s.hidden});
-  const int64_t q_out = s.heads * s.head_dim, kv_out = s.kv_heads * s.head_dim;
-  for (int64_t i = 0; i < s.layers; ++i) {
-    const std::string p = "model.layers." + std::to_string(i) + ".";
-    Qwen3Block b;
-    b.q_proj = param(p + "self_attn.q_proj.weight", {q_out, s.hidden});
-    b.k_proj = param(p + "self_attn.k_proj.weight", {kv_out, s.hidden});
-    b.v_proj = param(p + "self_attn.v_proj.weight", {kv_out, s.hidden});
-    b.o_proj = param(p + "self_attn.o_proj.weight", {s.hidden, q_out});
-    b.q_norm = param(p + "self_attn.q_norm.weight", {s.head_dim});
-    b.k_norm = param(p + "self_attn.k_norm.weight", {s.head_dim});
-    b.gate_proj = param(p + "mlp.gate_proj.weight", {s.intermediate, s.hidden});
-    b.up_proj = param(p + "mlp.up_proj.weight", {s.intermediate, s.hidden});
-    b.down_proj = param(p + "mlp.down_proj.weight", {s.hidden, s.intermediate});
-    b.input_layernorm = param(p + "input_layernorm.weight", {s.hidden});
-    b.post_attention_layernorm = param(p + "post_attention_layernorm.weight", {s.hidden});
-    blocks.push_back(b);
+  blocks.resize(static_cast<size_t>(config.num_hidden_layers));
+  for (const TensorSpec& spec : qwen3_tensors(config.shape(), separate_lm_head)) {
+    // Module parameter names may not contain '.', so they are registered with '_'; named_weights() gives the
+    // file keys.
+    std::string registered = spec.key;
+    std::replace(registered.begin(), registered.end(), '.', '_');
+    at::Tensor* field = field_of(spec.key);
+    *field = register_parameter(registered, at::empty(spec.shape, opts));
+    fields_.emplace_back(spec.key, field);
   }
-  final_norm = param("model.norm.weight", {s.hidden});
-  if (separate_lm_head) lm_head_ = param("lm_head.weight", {s.vocab, s.hidden});
 }
 
 std::vector<std::pair<std::string, at::Tensor>> Qwen3Model::named_weights() const {
   std::vector<std::pair<std::string, at::Tensor>> out;
-  const auto specs = qwen3_tensors(config_.shape(), has_separate_lm_head());
-  out.reserve(specs.size());
-  out.emplace_back(specs[0].key, embed_tokens);
-  size_t k = 1;
-  for (const auto& b : blocks)
-    for (const at::Tensor* t : b.tensors()) out.emplace_back(specs[k++].key, *t);
-  out.emplace_back(specs[k++].key, final_norm);
-  if (has_separate_lm_head()) out.emplace_back(specs[k].key, lm_head_);
+  out.reserve(fields_.size());
+  for (const auto& [key, field] : fields_) out.emplace_back(key, *field);
   return out;
 }
 

@@ -63,7 +63,7 @@ void BM_ForwardBackward(benchmark::State& state) {
   s.model->set_compute_dtype(state.range(0) == 0 ? at::kFloat : at::kBFloat16);
   state.SetLabel(state.range(0) == 0 ? "fp32 compute" : "bf16 compute");
   for (auto _ : state) {
-    train_detail::compute_loss(*s.model, s.batch, "ce").backward();
+    train_detail::compute_loss(*s.model, s.batch, LossKind::cross_entropy).backward();
     for (auto& p : s.set.params) p.param.mutable_grad() = at::Tensor();
   }
   state.counters["tok/s"] = benchmark::Counter(static_cast<double>(kBatch * kSeq), benchmark::Counter::kIsIterationInvariantRate);
@@ -76,7 +76,7 @@ void BM_ForwardBackwardBlocks(benchmark::State& state) {
   s.model->set_compute_dtype(state.range(0) == 0 ? at::kFloat : at::kBFloat16);
   state.SetLabel(state.range(0) == 0 ? "fp32 compute" : "bf16 compute");
   for (auto _ : state) {
-    train_detail::compute_loss(*s.model, s.batch, "ce").backward();
+    train_detail::compute_loss(*s.model, s.batch, LossKind::cross_entropy).backward();
     for (auto& p : s.set.params) p.param.mutable_grad() = at::Tensor();
   }
   state.counters["tok/s"] = benchmark::Counter(static_cast<double>(kBatch * 256), benchmark::Counter::kIsIterationInvariantRate);
@@ -90,7 +90,7 @@ void BM_TrainStep(benchmark::State& state) {
   ao.moments = static_cast<MomentStorage>(state.range(0));
   AdamW opt(s.set.params, ao);
   for (auto _ : state) {
-    const at::Tensor loss = train_detail::compute_loss(*s.model, s.batch, "ce");
+    const at::Tensor loss = train_detail::compute_loss(*s.model, s.batch, LossKind::cross_entropy);
     loss.backward();
     benchmark::DoNotOptimize(loss.item<double>());
     opt.step(1e-4, clip_factor(std::sqrt(grad_square_sum(s.set.params).item<double>()), 1.0));

@@ -111,12 +111,12 @@ TEST(MemoryReport, PredictionMatchesTheMeasurementWithin15PercentOnCpu) {
     o.steps = 1;
     o.data.seq_len = 256;
     o.data.batch_size = 4;
-    o.master_dtype = c.master;
+    o.master_dtype = parse_master_dtype(c.master);
     o.adamw.moments = moment_storage_from_name(c.moments);
     o.grad_checkpoint = c.checkpoint;
     o.fused_optimizer = c.fused;
     o.train_last_layers = c.last_layers;
-    o.compute_dtype = c.compute;
+    o.compute_dtype = parse_compute_dtype(c.compute);
     o.vram_report = dir.file("report-" + std::to_string(&c - cases) + ".json");
     run_training(o);
     const nlohmann::json r = nlohmann::json::parse(test::slurp(o.vram_report));
@@ -190,7 +190,7 @@ TEST(FusedOptimizer, WithoutClippingGivesTheBytesOfTheOrdinaryStep) {
     for (int fused = 0; fused < 2; ++fused) {
       TrainOptions o = short_run(m, text, dir, "ckpt-" + std::to_string(checkpoint) + std::to_string(fused));
       o.grad_clip = 0;
-      o.master_dtype = "bfloat16";
+      o.master_dtype = MasterDtype::bfloat16;
       o.adamw.moments = MomentStorage::int8;
       o.grad_checkpoint = checkpoint;
       o.fused_optimizer = fused == 1;

@@ -57,17 +57,17 @@ TEST(ClipGradNorm, CountsBf16GradientsAndIgnoresMissingOnes) {
 }
 
 TEST(LrSchedule, ConstantWithWarmup) {
-  const LrSchedule s{"constant", 1e-3, 4, 100, 0.0};
+  const LrSchedule s{LrScheduleKind::constant, 1e-3, 4, 100, 0.0};
   EXPECT_DOUBLE_EQ(s.at(0), 0.25e-3);
   EXPECT_DOUBLE_EQ(s.at(1), 0.5e-3);
   EXPECT_DOUBLE_EQ(s.at(3), 1e-3);
   EXPECT_DOUBLE_EQ(s.at(4), 1e-3);
   EXPECT_DOUBLE_EQ(s.at(1000), 1e-3);
-  EXPECT_DOUBLE_EQ((LrSchedule{"constant", 2e-5, 0, 1, 0.0}).at(0), 2e-5);
+  EXPECT_DOUBLE_EQ((LrSchedule{LrScheduleKind::constant, 2e-5, 0, 1, 0.0}).at(0), 2e-5);
 }
 
 TEST(LrSchedule, CosineFromLrToMinLrAtTotalSteps) {
-  const LrSchedule s{"cosine", 1e-3, 10, 110, 1e-4};
+  const LrSchedule s{LrScheduleKind::cosine, 1e-3, 10, 110, 1e-4};
   EXPECT_DOUBLE_EQ(s.at(9), 1e-3);     // the last warmup step
   EXPECT_DOUBLE_EQ(s.at(10), 1e-3);    // decay starts from the peak
   EXPECT_NEAR(s.at(60), 5.5e-4, 1e-15);  // half way: the mean of lr and min_lr
@@ -78,12 +78,12 @@ TEST(LrSchedule, CosineFromLrToMinLrAtTotalSteps) {
 }
 
 TEST(LrSchedule, LinearFromLrToMinLrAtTotalSteps) {
-  const LrSchedule s{"linear", 1e-3, 0, 100, 0.0};
+  const LrSchedule s{LrScheduleKind::linear, 1e-3, 0, 100, 0.0};
   EXPECT_DOUBLE_EQ(s.at(0), 1e-3);
   EXPECT_NEAR(s.at(25), 0.75e-3, 1e-15);
   EXPECT_NEAR(s.at(99), 1e-5, 1e-15);
   EXPECT_DOUBLE_EQ(s.at(100), 0.0);
-  const LrSchedule warm{"linear", 1e-3, 20, 100, 2e-4};
+  const LrSchedule warm{LrScheduleKind::linear, 1e-3, 20, 100, 2e-4};
   EXPECT_DOUBLE_EQ(warm.at(0), 0.05e-3);
   EXPECT_DOUBLE_EQ(warm.at(20), 1e-3);
   EXPECT_NEAR(warm.at(60), 6e-4, 1e-15);
@@ -91,11 +91,13 @@ TEST(LrSchedule, LinearFromLrToMinLrAtTotalSteps) {
 }
 
 TEST(LrSchedule, BadSchedulesAreUsageErrors) {
-  EXPECT_THROW((LrSchedule{"step", 1e-3, 0, 10, 0.0}).at(0), UsageError);
-  EXPECT_THROW((LrSchedule{"cosine", 1e-3, -1, 10, 0.0}).at(0), UsageError);
-  EXPECT_THROW((LrSchedule{"cosine", 1e-3, 0, 0, 0.0}).at(0), UsageError);
-  EXPECT_THROW((LrSchedule{"cosine", 1e-3, 0, 10, 2e-3}).at(0), UsageError);
-  EXPECT_THROW((LrSchedule{"cosine", -1.0, 0, 10, 0.0}).at(0), UsageError);
+  EXPECT_THROW(parse_lr_schedule_kind("step"), UsageError);
+  EXPECT_EQ(parse_lr_schedule_kind("cosine"), LrScheduleKind::cosine);
+  EXPECT_STREQ(to_string(LrScheduleKind::linear), "linear");
+  EXPECT_THROW((LrSchedule{LrScheduleKind::cosine, 1e-3, -1, 10, 0.0}).at(0), UsageError);
+  EXPECT_THROW((LrSchedule{LrScheduleKind::cosine, 1e-3, 0, 0, 0.0}).at(0), UsageError);
+  EXPECT_THROW((LrSchedule{LrScheduleKind::cosine, 1e-3, 0, 10, 2e-3}).at(0), UsageError);
+  EXPECT_THROW((LrSchedule{LrScheduleKind::cosine, -1.0, 0, 10, 0.0}).at(0), UsageError);
 }
 
 TEST(OptimNames, MomentStorageNamesRoundTrip) {

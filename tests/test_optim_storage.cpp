@@ -143,7 +143,7 @@ TEST(OptimStorage, CompressedModesTrackTheFp32Optimizer) {
     options.moments = storage;
     options.seed = 11;
     AdamW optimizer(params, options);
-    const LrSchedule schedule{"cosine", 1e-2, 20, steps, 1e-3};
+    const LrSchedule schedule{LrScheduleKind::cosine, 1e-2, 20, steps, 1e-3};
     for (int step = 0; step < steps; ++step) {
       problem.loss_and_grad(params);
       optimizer.step(schedule.at(step));

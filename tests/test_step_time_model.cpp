@@ -23,7 +23,7 @@ TrainOptions options(int64_t seq_len, int64_t batch = 1) {
   TrainOptions o;
   o.data.seq_len = seq_len;
   o.data.batch_size = batch;
-  o.master_dtype = "bfloat16";
+  o.master_dtype = MasterDtype::bfloat16;
   o.adamw.moments = MomentStorage::int8;
   return o;
 }
@@ -101,7 +101,7 @@ TEST(StepTimeModel, RespondsToTheFlagsThatChangeTheWork) {
   }
   // fp32 compute on a GPU runs at the fp32 rate: much slower.
   TrainOptions fp32_compute = options(512);
-  fp32_compute.compute_dtype = "float32";
+  fp32_compute.compute_dtype = ComputeDtype::float32;
   EXPECT_GT(predict_step_time(c, false, fp32_compute, h100).total_ms(), 5 * base.total_ms());
 }
 

@@ -98,7 +98,7 @@ TEST(Trainer, GradientsReachEveryTrainableTensorAndOnlyThose) {
     auto model = load_model(reader, load_config(m.config_path), at::kFloat, at::kCPU);
     model->set_projection_op([](const at::Tensor& x, const at::Tensor& w) { return nvfp4::ste_linear(x, w); });
     const auto set = train_detail::select_trainable(*model, o);
-    train_detail::compute_loss(*model, data.batch(0, 0), "ce").backward();
+    train_detail::compute_loss(*model, data.batch(0, 0), LossKind::cross_entropy).backward();
     size_t with_grad = 0;
     for (auto& [key, t] : model->named_weights()) {
       const bool trainable = t.requires_grad();
@@ -131,9 +131,9 @@ TEST(Trainer, ResumeEqualsAnUninterruptedRunBitForBit) {
     TrainOptions o = base_options(m, dir.file("text.txt"));
     o.data.batch_size = 2;
     o.steps = 6;
-    o.schedule.kind = "cosine";
+    o.schedule.kind = LrScheduleKind::cosine;
     o.schedule.warmup_steps = 2;
-    o.master_dtype = "bfloat16";
+    o.master_dtype = MasterDtype::bfloat16;
     o.adamw.moments = moment_storage_from_name(moments);
     o.metrics_jsonl = dir.file(std::string("straight-") + moments + ".jsonl");
     run_training(o);
@@ -168,14 +168,14 @@ TEST(Trainer, ResumeRefusesAnotherModelOrIncompatibleFlags) {
   o.checkpoint_dir = dir.file("ckpt");
   run_training(o);
   o.resume = true;
-  o.master_dtype = "bfloat16";
+  o.master_dtype = MasterDtype::bfloat16;
   try {
     run_training(o);
     ADD_FAILURE();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("master_dtype"), std::string::npos) << e.what();
   }
-  o.master_dtype = "float32";
+  o.master_dtype = MasterDtype::float32;
   SynthOptions other;
   other.config = load_config(m.config_path);
   other.config.intermediate_size = 256;
@@ -330,6 +330,29 @@ TEST(TrainCli, FilesAreNamedByRoleAndFoldersMade) {
   EXPECT_NE(r.err.find("checkpoint.json: field \"step\" must be an integer, got \"one\""), std::string::npos) << r.err;
 }
 
+// Options are types parsed once at the CLI; every JSON that records them (checkpoints, reports) writes names.
+TEST(TrainOptionsJson, WritesNamesAndParsesThemBack) {
+  TrainOptions o;
+  o.master_dtype = MasterDtype::bfloat16;
+  o.compute_dtype = ComputeDtype::float32;
+  o.loss = LossKind::scalar_l1;
+  o.schedule.kind = LrScheduleKind::cosine;
+  const nlohmann::json j = to_json(o);
+  EXPECT_EQ(j["master_dtype"], "bfloat16");
+  EXPECT_EQ(j["compute_dtype"], "float32");
+  EXPECT_EQ(j["loss"], "scalar");
+  EXPECT_EQ(j["lr_schedule"], "cosine");
+  EXPECT_EQ(parse_master_dtype(j["master_dtype"]), o.master_dtype);
+  EXPECT_EQ(parse_compute_dtype(j["compute_dtype"]), o.compute_dtype);
+  EXPECT_EQ(parse_loss_kind(j["loss"]), o.loss);
+  EXPECT_EQ(parse_lr_schedule_kind(j["lr_schedule"]), o.schedule.kind);
+  EXPECT_THROW(parse_loss_kind("mse"), UsageError);
+  // A checkpoint's flags are a subset of the same names.
+  const nlohmann::json flags = train_detail::resume_flags(o);
+  EXPECT_EQ(flags["loss"], "scalar");
+  EXPECT_FALSE(flags.contains("lr")) << "the learning rate may change on resume";
+}
+
 TEST(Trainer, LossDecreasesOnPlainText) {
   test::TempDir dir;
   const SynthResult m = make_model(dir);
@@ -404,7 +427,7 @@ TEST(Trainer, Bf16ComputeFollowsFp32ComputeOnTheTinyModel) {
     runs[bf16] = pair_run_losses(dir, m, "c" + std::to_string(bf16), [&](TrainOptions& o) {
       o.steps = 30;
       o.schedule.lr = 1e-2;
-      o.compute_dtype = bf16 ? "bfloat16" : "float32";
+      o.compute_dtype = bf16 ? ComputeDtype::bfloat16 : ComputeDtype::float32;
     });
   ASSERT_EQ(runs[0].size(), 30u);
   ASSERT_EQ(runs[1].size(), 30u);
@@ -437,7 +460,7 @@ TEST(Trainer, Bf16ComputeGivesFp32GradientsToExactlyTheTrainableTensors) {
     EXPECT_EQ(model->hidden_states(batch.input_ids).scalar_type(), at::kBFloat16);
     EXPECT_EQ(model->forward(batch.input_ids).scalar_type(), at::kFloat);
   }
-  train_detail::compute_loss(*model, batch, "ce").backward();
+  train_detail::compute_loss(*model, batch, LossKind::cross_entropy).backward();
   size_t with_grad = 0;
   for (auto& [key, t] : model->named_weights()) {
     EXPECT_EQ(t.grad().defined(), t.requires_grad()) << key;

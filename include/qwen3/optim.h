@@ -122,8 +122,13 @@ at::Tensor square_sum_fp32(const at::Tensor& t);
 // Learning rate of step `step` (0-based): linear warmup lr * (step + 1) / warmup_steps over the first
 // warmup_steps steps, then constant, or cosine / linear decay from lr to min_lr reached at step total_steps
 // (and held after). Bad values are a UsageError.
+enum class LrScheduleKind { constant, cosine, linear };
+// "constant", "cosine", "linear" (the --lr-schedule names); parse_ throws UsageError naming the choices.
+const char* to_string(LrScheduleKind kind);
+LrScheduleKind parse_lr_schedule_kind(const std::string& name);
+
 struct LrSchedule {
-  std::string kind = "constant";  // constant | cosine | linear
+  LrScheduleKind kind = LrScheduleKind::constant;
   double lr = 1e-5;
   int64_t warmup_steps = 0;
   int64_t total_steps = 1;

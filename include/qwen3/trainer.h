@@ -1,6 +1,8 @@
 // The training loop (`qwen3-train train`): data → STE forward → loss → backward → clip → AdamW, with progress
 // lines, JSONL metrics, atomic checkpoints, exact resume, signal handling, and an export at the end.
 #pragma once
+#include <nlohmann/json.hpp>
+
 #include <atomic>
 #include <functional>
 #include <optional>
@@ -12,6 +14,18 @@
 
 namespace qwen3 {
 
+// Options as types: the CLI parses the flag's text once (parse_*: UsageError naming the choices); checkpoints
+// and reports store the names (to_string), never ordinals.
+enum class MasterDtype { float32, bfloat16 };          // --master-dtype
+enum class ComputeDtype { auto_select, float32, bfloat16 };  // --compute-dtype auto|float32|bfloat16
+enum class LossKind { cross_entropy, scalar_l1 };      // --loss ce|scalar
+const char* to_string(MasterDtype dtype);
+const char* to_string(ComputeDtype dtype);
+const char* to_string(LossKind kind);
+MasterDtype parse_master_dtype(const std::string& name);
+ComputeDtype parse_compute_dtype(const std::string& name);
+LossKind parse_loss_kind(const std::string& name);
+
 struct TrainOptions {
   std::string weights, config, tokenizer;
   DataOptions data;  // path = --train-data
@@ -20,15 +34,15 @@ struct TrainOptions {
   int64_t steps_per_epoch = 0;  // 0: one pass over the data per epoch
   LrSchedule schedule;          // lr, kind, warmup, min_lr (total_steps is filled in)
   AdamWOptions adamw;
-  std::string master_dtype = "float32";  // float32 | bfloat16
-  // float32 | bfloat16 | auto: the activations' dtype (products, residual stream); auto is bfloat16 on CUDA and
-  // the master dtype on CPU (docs/trainer.md says why).
-  std::string compute_dtype = "auto";
+  MasterDtype master_dtype = MasterDtype::float32;
+  // The activations' dtype (products, residual stream); auto is bfloat16 on CUDA and the master dtype on CPU
+  // (docs/trainer.md says why).
+  ComputeDtype compute_dtype = ComputeDtype::auto_select;
   // The device whose rates the step-time model uses in the memory report (h100 | h200 | gb10 | cpu; empty:
   // cpu on a CPU, h100 on CUDA).
   std::string predict_device;
   double grad_clip = 1.0;                // 0: off
-  std::string loss = "ce";               // ce | scalar
+  LossKind loss = LossKind::cross_entropy;
   int64_t train_last_layers = 0;         // <= 0: every parameter
   bool freeze_embeddings = false;
   bool train_lm_head = false;
@@ -53,6 +67,10 @@ struct TrainOptions {
   int64_t max_skipped_steps = 10;
   std::string output_dat;
 };
+
+// The options that shape a run, by name (never ordinals): the memory report's "config", and the subset a
+// checkpoint stores to refuse an incompatible resume.
+nlohmann::json to_json(const TrainOptions& options);
 
 struct TrainSummary {
   int64_t steps_done = 0;        // steps run in this invocation

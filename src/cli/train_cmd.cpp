@@ -26,7 +26,8 @@ extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
 struct TrainFlags {
   TrainOptions o;
   std::string model_dir, data_format = "auto", sample_mode = "random", moments = "float32", scale_mode = "rne",
-              system, test_prompt = "Who are you?";
+              system, test_prompt = "Who are you?", lr_schedule = "constant", master_dtype = "float32",
+              compute_dtype = "auto", loss = "ce";
   bool synthetic = false, overwrite = false;
   int64_t test_max_tokens = 0;
 };
@@ -92,6 +93,10 @@ void convert_flag_values(TrainFlags& f) {
   o.adamw.moments = moment_storage_from_name(f.moments);
   o.adamw.seed = o.data.seed;
   o.scale_mode = nvfp4::scale_mode_from_name(f.scale_mode);
+  o.schedule.kind = parse_lr_schedule_kind(f.lr_schedule);
+  o.master_dtype = parse_master_dtype(f.master_dtype);
+  o.compute_dtype = parse_compute_dtype(f.compute_dtype);
+  o.loss = parse_loss_kind(f.loss);
 }
 
 // Flags that contradict each other or would be silently ignored (docs/trainer.md, "Flag combinations"). Only
@@ -171,7 +176,7 @@ CLI::Option_group* add_train_flags(CLI::App* sub, const std::shared_ptr<TrainFla
   sched->add_option("--steps-per-epoch", o.steps_per_epoch, "steps per epoch (0: the whole data)")->check(non_negative_number());
   sched->add_option("--lr", o.schedule.lr, "peak learning rate")->check(finite_number())->check(non_negative_number())
       ->check(at_most(1.0, "AdamW learning rates are far below 1"))->capture_default_str();
-  sched->add_option("--lr-schedule", o.schedule.kind, "constant, cosine or linear")
+  sched->add_option("--lr-schedule", f->lr_schedule, "constant, cosine or linear")
       ->check(CLI::IsMember({"constant", "cosine", "linear"}))->capture_default_str();
   sched->add_option("--warmup-steps", o.schedule.warmup_steps, "linear warm-up steps")->check(non_negative_number())->capture_default_str();
   sched->add_option("--min-lr", o.schedule.min_lr, "final learning rate of cosine/linear")->check(finite_number())->check(non_negative_number())
@@ -185,9 +190,9 @@ CLI::Option_group* add_train_flags(CLI::App* sub, const std::shared_ptr<TrainFla
       ->check(finite_number())
       ->check(non_negative_number())->capture_default_str();
   add_bool_flag(optim, "--decay-norms-and-embeddings", o.decay_norms_and_embeddings, "apply weight decay to norms and the embedding too");
-  optim->add_option("--master-dtype", o.master_dtype, "float32 or bfloat16 (stochastic rounding)")
+  optim->add_option("--master-dtype", f->master_dtype, "float32 or bfloat16 (stochastic rounding)")
       ->check(CLI::IsMember({"float32", "bfloat16"}))->capture_default_str();
-  optim->add_option("--compute-dtype", o.compute_dtype,
+  optim->add_option("--compute-dtype", f->compute_dtype,
                     "activations and products: auto (bfloat16 on CUDA, the master dtype on CPU), float32, bfloat16")
       ->check(CLI::IsMember({"auto", "float32", "bfloat16"}))
       ->capture_default_str();
@@ -199,7 +204,7 @@ CLI::Option_group* add_train_flags(CLI::App* sub, const std::shared_ptr<TrainFla
       ->check(non_negative_number())->capture_default_str();
 
   auto* what = group("What trains");
-  what->add_option("--loss,--loss-mode", o.loss, "ce (next-token cross-entropy) or scalar (the original's L1)")
+  what->add_option("--loss,--loss-mode", f->loss, "ce (next-token cross-entropy) or scalar (the original's L1)")
       ->check(CLI::IsMember({"ce", "scalar"}))->capture_default_str();
   what->add_option("--train-last-layers", o.train_last_layers, "train only the last N blocks (<= 0: everything)")->capture_default_str();
   add_bool_flag(what, "--freeze-embeddings", o.freeze_embeddings, "keep the embedding fixed");

@@ -7,9 +7,22 @@
 
 namespace qwen3 {
 
+const char* to_string(LrScheduleKind kind) {
+  switch (kind) {
+    case LrScheduleKind::constant: return "constant";
+    case LrScheduleKind::cosine: return "cosine";
+    case LrScheduleKind::linear: return "linear";
+  }
+  return "?";
+}
+
+LrScheduleKind parse_lr_schedule_kind(const std::string& name) {
+  for (LrScheduleKind k : {LrScheduleKind::constant, LrScheduleKind::cosine, LrScheduleKind::linear})
+    if (name == to_string(k)) return k;
+  throw UsageError("unknown LR schedule '" + name + "' (constant, cosine or linear)");
+}
+
 void LrSchedule::validate() const {
-  if (kind != "constant" && kind != "cosine" && kind != "linear")
-    throw UsageError("unknown LR schedule '" + kind + "' (constant, cosine or linear)");
   if (!(lr >= 0 && std::isfinite(lr))) throw UsageError("learning rate must be >= 0, got " + std::to_string(lr));
   if (!(min_lr >= 0 && min_lr <= lr))
     throw UsageError("min LR must be in [0, lr], got " + std::to_string(min_lr) + " with lr " + std::to_string(lr));
@@ -22,10 +35,10 @@ double LrSchedule::at(int64_t step) const {
   if (step < 0) throw Error("LR schedule: negative step " + std::to_string(step));
   // (step + 1) / warmup: the first step already moves, the last warmup step runs at the full rate.
   if (step < warmup_steps) return lr * static_cast<double>(step + 1) / static_cast<double>(warmup_steps);
-  if (kind == "constant") return lr;
+  if (kind == LrScheduleKind::constant) return lr;
   const double decay_steps = static_cast<double>(std::max<int64_t>(1, total_steps - warmup_steps));
   const double progress = std::min(1.0, static_cast<double>(step - warmup_steps) / decay_steps);
-  const double remaining = kind == "cosine" ? 0.5 * (1.0 + std::cos(M_PI * progress)) : 1.0 - progress;
+  const double remaining = kind == LrScheduleKind::cosine ? 0.5 * (1.0 + std::cos(M_PI * progress)) : 1.0 - progress;
   return min_lr + (lr - min_lr) * remaining;
 }
 

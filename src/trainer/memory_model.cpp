@@ -60,7 +60,7 @@ StepMemoryPlan predict_step_memory(const Qwen3Config& config, bool separate_head
                                    const c10::Device& device, DenseFileType dense_file, bool sdpa) {
   const ModelShape s = config.shape();
   const bool cuda = device.is_cuda();
-  const u64 e = o.master_dtype == "bfloat16" ? 2 : 4;  // master bytes an element (weights, gradients)
+  const u64 e = o.master_dtype == MasterDtype::bfloat16 ? 2 : 4;  // master bytes an element (weights, gradients)
   const bool bf16 = e == 2;
   const u64 a = train_detail::compute_scalar_type(o, device) == at::kBFloat16 ? 2 : 4;  // activation bytes an element
   const bool abf16 = a == 2;
@@ -215,7 +215,7 @@ StepMemoryPlan predict_step_memory(const Qwen3Config& config, bool separate_head
   const u64 final_saved = (4 + 2 * a) * N * H + 4 * N;
   t.add(final_saved);
   const u64 width = std::min<u64>(V, std::max<u64>(256, (u64{1} << 24) / std::max<u64>(N, 1)));
-  if (o.loss == "ce") {
+  if (o.loss == LossKind::cross_entropy) {
     t.add(4 * N);  // log-sum-exp
     // A slice's logits (and their fp32 copy), shifted, exp; the head's slice cast to the compute dtype.
     t.spike(N * width * (a + (abf16 ? 4 : 0) + 2 * 4) + (a != e ? width * H * a : 0));
@@ -227,7 +227,7 @@ StepMemoryPlan predict_step_memory(const Qwen3Config& config, bool separate_head
 
   // Backward: the loss (the head's weight gradient is always formed), the final norm, the blocks last to first,
   // the embedding.
-  if (o.loss == "ce") {
+  if (o.loss == LossKind::cross_entropy) {
     // The head's gradient goes straight into its .grad() (slice by slice, no [V, H] temporary); a frozen head
     // gets none.
     const bool head_grad = head_trains || (embedding_trains && !separate_head);
@@ -250,7 +250,7 @@ StepMemoryPlan predict_step_memory(const Qwen3Config& config, bool separate_head
   }
   t.sub(a * N * H);
   // The lookup adds its rows into the embedding's .grad() in place (allocated here unless the head's made it).
-  if (embedding_trains && !(!separate_head && o.loss == "ce")) t.add(V * H * e);
+  if (embedding_trains && !(!separate_head && o.loss == LossKind::cross_entropy)) t.add(V * H * e);
   plan.phases.push_back(t.close("backward_done"));
 
   // The optimizer (and, fused, the tensors outside the blocks), then the gradients go.

@@ -39,26 +39,6 @@ std::string cell(const nlohmann::json& v) { return v.is_null() ? "-" : fmt::form
 
 }  // namespace
 
-nlohmann::json report_config(const TrainOptions& o) {
-  return {{"weights", o.weights},
-          {"config", o.config},
-          {"device", o.device},
-          {"seq_len", o.data.seq_len},
-          {"batch_size", o.data.batch_size},
-          {"master_dtype", o.master_dtype},
-          {"compute_dtype", o.compute_dtype},
-          {"optimizer_state_mode", moment_storage_name(o.adamw.moments)},
-          {"optimizer_step_chunk_rows", o.adamw.step_chunk_rows},
-          {"grad_checkpoint", o.grad_checkpoint},
-          {"fused_optimizer", o.fused_optimizer},
-          {"train_last_layers", o.train_last_layers},
-          {"freeze_embeddings", o.freeze_embeddings},
-          {"train_lm_head", o.train_lm_head},
-          {"loss", o.loss},
-          {"grad_clip", o.grad_clip},
-          {"scale_mode", nvfp4::scale_mode_name(o.scale_mode)}};
-}
-
 StepMemoryReport::StepMemoryReport(std::string path, const c10::Device& device, nlohmann::json config)
     : path_(std::move(path)), probe_(device), last_(std::chrono::steady_clock::now()) {
   report_ = {{"Pid", static_cast<int64_t>(::getpid())},

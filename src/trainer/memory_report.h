@@ -35,7 +35,4 @@ class StepMemoryReport {
   std::chrono::steady_clock::time_point last_;
 };
 
-// Flags of a run as the report's "Config" records them.
-nlohmann::json report_config(const TrainOptions& o);
-
 }  // namespace qwen3::train_detail

@@ -47,7 +47,7 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
   const ModelShape s = config.shape();
   const bool gpu = device.name != "cpu";
   const c10::Device as_device = gpu ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
-  const double e = o.master_dtype == "bfloat16" ? 2 : 4;
+  const double e = o.master_dtype == MasterDtype::bfloat16 ? 2 : 4;
   const bool compute_bf16 = train_detail::compute_scalar_type(o, as_device) == at::kBFloat16;
   const double a = compute_bf16 ? 2 : 4;
   const double B = static_cast<double>(o.data.batch_size), T = static_cast<double>(o.data.seq_len), N = B * T;

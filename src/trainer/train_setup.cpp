@@ -8,6 +8,71 @@
 #include "qwen3/lm_loss.h"
 #include "qwen3/nvfp4_linear.h"
 
+namespace qwen3 {
+
+const char* to_string(MasterDtype dtype) { return dtype == MasterDtype::bfloat16 ? "bfloat16" : "float32"; }
+
+const char* to_string(ComputeDtype dtype) {
+  switch (dtype) {
+    case ComputeDtype::auto_select: return "auto";
+    case ComputeDtype::float32: return "float32";
+    case ComputeDtype::bfloat16: return "bfloat16";
+  }
+  return "?";
+}
+
+const char* to_string(LossKind kind) { return kind == LossKind::scalar_l1 ? "scalar" : "ce"; }
+
+MasterDtype parse_master_dtype(const std::string& name) {
+  for (MasterDtype d : {MasterDtype::float32, MasterDtype::bfloat16})
+    if (name == to_string(d)) return d;
+  throw UsageError("--master-dtype: '" + name + "' (float32 or bfloat16)");
+}
+
+ComputeDtype parse_compute_dtype(const std::string& name) {
+  for (ComputeDtype d : {ComputeDtype::auto_select, ComputeDtype::float32, ComputeDtype::bfloat16})
+    if (name == to_string(d)) return d;
+  throw UsageError("--compute-dtype: '" + name + "' (auto, float32 or bfloat16)");
+}
+
+nlohmann::json to_json(const TrainOptions& o) {
+  return {{"weights", o.weights},
+          {"config", o.config},
+          {"device", o.device},
+          {"seq_len", o.data.seq_len},
+          {"batch_size", o.data.batch_size},
+          {"pack", o.data.pack},
+          {"sample_mode", to_string(o.data.sample_mode)},
+          {"seed", o.data.seed},
+          {"steps", o.steps},
+          {"epochs", o.epochs},
+          {"lr", o.schedule.lr},
+          {"lr_schedule", to_string(o.schedule.kind)},
+          {"warmup_steps", o.schedule.warmup_steps},
+          {"min_lr", o.schedule.min_lr},
+          {"master_dtype", to_string(o.master_dtype)},
+          {"compute_dtype", to_string(o.compute_dtype)},
+          {"optimizer_state_mode", moment_storage_name(o.adamw.moments)},  // a name (older files: the ordinal)
+          {"optimizer_step_chunk_rows", o.adamw.step_chunk_rows},
+          {"weight_decay", o.adamw.weight_decay},
+          {"grad_clip", o.grad_clip},
+          {"grad_checkpoint", o.grad_checkpoint},
+          {"fused_optimizer", o.fused_optimizer},
+          {"train_last_layers", o.train_last_layers},
+          {"freeze_embeddings", o.freeze_embeddings},
+          {"train_lm_head", o.train_lm_head},
+          {"loss", to_string(o.loss)},
+          {"scale_mode", nvfp4::scale_mode_name(o.scale_mode)}};
+}
+
+LossKind parse_loss_kind(const std::string& name) {
+  for (LossKind k : {LossKind::cross_entropy, LossKind::scalar_l1})
+    if (name == to_string(k)) return k;
+  throw UsageError("--loss: '" + name + "' (ce or scalar)");
+}
+
+}  // namespace qwen3
+
 namespace qwen3::train_detail {
 
 bool is_trainable(const std::string& key, int64_t layers, const TrainOptions& opt) {
@@ -19,16 +84,13 @@ bool is_trainable(const std::string& key, int64_t layers, const TrainOptions& op
   return all || (layer && *layer >= layers - opt.train_last_layers);
 }
 
-at::ScalarType master_scalar_type(const std::string& name) {
-  if (name == "float32") return at::kFloat;
-  if (name == "bfloat16") return at::kBFloat16;
-  throw UsageError("--master-dtype: '" + name + "' (float32 or bfloat16)");
+at::ScalarType master_scalar_type(MasterDtype dtype) {
+  return dtype == MasterDtype::bfloat16 ? at::kBFloat16 : at::kFloat;
 }
 
 at::ScalarType compute_scalar_type(const TrainOptions& o, const c10::Device& device) {
-  if (o.compute_dtype == "float32") return at::kFloat;
-  if (o.compute_dtype == "bfloat16") return at::kBFloat16;
-  if (o.compute_dtype != "auto") throw UsageError("--compute-dtype: '" + o.compute_dtype + "' (auto, float32 or bfloat16)");
+  if (o.compute_dtype == ComputeDtype::float32) return at::kFloat;
+  if (o.compute_dtype == ComputeDtype::bfloat16) return at::kBFloat16;
   // CUDA: bf16 products on the tensor cores (and the NVFP4 product kernel takes bf16 only). CPU: the master
   // dtype, which measured faster on the small, vocabulary-bound models a CPU trains (docs/trainer.md).
   return device.is_cuda() ? at::kBFloat16 : master_scalar_type(o.master_dtype);
@@ -68,11 +130,11 @@ std::shared_ptr<const FrozenCodes> freeze_projections_as_codes(Qwen3Model& model
   return codes;
 }
 
-at::Tensor compute_loss(Qwen3Model& model, const Batch& batch, const std::string& kind) {
+at::Tensor compute_loss(Qwen3Model& model, const Batch& batch, LossKind kind) {
   const at::Tensor inputs = batch.input_ids.to(model.device());
   const at::Tensor targets = batch.target_ids.to(model.device());
   const at::Tensor hidden = model.hidden_states(inputs);
-  if (kind == "ce")
+  if (kind == LossKind::cross_entropy)
     return linear_cross_entropy(hidden.reshape({-1, hidden.size(-1)}), model.head_weight(), targets.reshape({-1}),
                                 int64_t{1} << 24, /*accumulate_into_weight_grad=*/true);
   // scalar: L1 distance of each position's final hidden state to its target token's embedding.
@@ -87,18 +149,14 @@ std::string model_hash(const Qwen3Config& config, const DatReader& reader) {
 }
 
 nlohmann::json resume_flags(const TrainOptions& o) {
-  return {{"master_dtype", o.master_dtype},
-          {"optimizer_state_mode", moment_storage_name(o.adamw.moments)},  // a name (older files: the ordinal)
-          {"train_last_layers", o.train_last_layers},
-          {"freeze_embeddings", o.freeze_embeddings},
-          {"train_lm_head", o.train_lm_head},
-          {"loss", o.loss},
-          {"scale_mode", nvfp4::scale_mode_name(o.scale_mode)},
-          {"seed", o.data.seed},
-          {"seq_len", o.data.seq_len},
-          {"batch_size", o.data.batch_size},
-          {"pack", o.data.pack},
-          {"sample_mode", to_string(o.data.sample_mode)}};
+  // What decides the trained state and the data order; the rest (lr, steps, paths, logging) may change.
+  static const char* const kKeys[] = {"master_dtype", "optimizer_state_mode", "train_last_layers", "freeze_embeddings",
+                                      "train_lm_head", "loss", "scale_mode", "seed", "seq_len", "batch_size", "pack",
+                                      "sample_mode"};
+  const nlohmann::json all = to_json(o);
+  nlohmann::json flags = nlohmann::json::object();
+  for (const char* key : kKeys) flags[key] = all.at(key);
+  return flags;
 }
 
 std::string format_duration(double s) {

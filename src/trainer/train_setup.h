@@ -32,12 +32,12 @@ bool is_trainable(const std::string& key, int64_t layers, const TrainOptions& op
 
 // The dtypes of a run: the master weights' (--master-dtype) and the activations' (--compute-dtype; auto is
 // bfloat16 on CUDA and the master dtype on CPU, docs/trainer.md). UsageError for an unknown name.
-at::ScalarType master_scalar_type(const std::string& name);
+at::ScalarType master_scalar_type(MasterDtype dtype);
 at::ScalarType compute_scalar_type(const TrainOptions& opt, const c10::Device& device);
 
 // Mean loss over the batch's loss tokens: "ce" = next-token cross-entropy on fp32 logits; "scalar" = the
 // original's L1 between the final hidden states and the (detached) embeddings of the target tokens.
-at::Tensor compute_loss(Qwen3Model& model, const Batch& batch, const std::string& kind);
+at::Tensor compute_loss(Qwen3Model& model, const Batch& batch, LossKind kind);
 
 // Ties a checkpoint to its input: the config and the file's keys, types and shapes.
 std::string model_hash(const Qwen3Config& config, const DatReader& reader);

@@ -102,7 +102,7 @@ void restore_checkpoint(const CheckpointState& s, TrainableSet& set, AdamW& opt,
 TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_signal, const AfterStep& after_step) {
   const auto t_start = Clock::now();
   std::optional<StepMemoryReport> report;
-  if (!o.vram_report.empty()) report.emplace(o.vram_report, c10::Device(o.device), report_config(o));
+  if (!o.vram_report.empty()) report.emplace(o.vram_report, c10::Device(o.device), to_json(o));
   auto phase = [&](const char* name) {
     if (report) report->phase(name);
   };
@@ -211,8 +211,8 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
                config.num_hidden_layers, config.hidden_size, config.vocab_size, set.trainable_parameters / 1e9,
                set.total_parameters / 1e9, set.params.size());
   spdlog::info("device {}, master {}, compute {}, moments {:.1f} MiB, scale mode {}, loss {}", device.str(),
-               o.master_dtype, compute == at::kFloat ? "float32" : "bfloat16",
-               opt.state_bytes() / 1048576.0, nvfp4::scale_mode_name(mode), o.loss);
+               to_string(o.master_dtype), compute == at::kFloat ? "float32" : "bfloat16",
+               opt.state_bytes() / 1048576.0, nvfp4::scale_mode_name(mode), to_string(o.loss));
   spdlog::info("data: {} samples, {} tokens ({} with loss), {} skipped lines, {} comment lines; {} batches/epoch; {} steps",
                ds.samples, ds.tokens, ds.loss_tokens, ds.skipped, ds.comments, data.batches_per_epoch(), steps);
 

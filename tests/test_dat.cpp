@@ -8,6 +8,8 @@
 #include <cstring>
 #include <limits>
 
+#include "qwen3/durable_file.h"
+#include "cli_test_util.h"
 #include "dat_test_util.h"
 #include "qwen3/dat.h"
 #include "qwen3/leb128.h"
@@ -290,6 +292,32 @@ TEST(DatWriter, RemovesStaleTemporariesOfItsTargetOnly) {
   live.write_entry("k", ElemType::UInt8, {1}, &byte, 1);
   live.commit();
   EXPECT_EQ(DatReader(target).entries().size(), 1u);
+}
+
+}  // namespace
+namespace {
+
+// The one durable-write path: the whole content under the name, no temporary left, and on failure nothing under
+// the name and no temporary either.
+TEST(DurableFile, WritesWholeOrNothing) {
+  test::TempDir dir;
+  const std::string target = dir.file("report.json");
+  write_file_durably(target, "{\"a\": 1}\n");
+  EXPECT_EQ(test::slurp(target), "{\"a\": 1}\n");
+  write_file_durably(target, "second");
+  EXPECT_EQ(test::slurp(target), "second");
+  std::filesystem::create_directories(dir.file("busy/inside"));  // a non-empty folder cannot be renamed over
+  EXPECT_THROW(write_file_durably(dir.file("busy"), "x"), Error);
+  EXPECT_THROW(write_file_durably(dir.file("missing/x.json"), "x"), Error);
+  size_t entries = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
+    ++entries;
+    EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
+  }
+  EXPECT_EQ(entries, 2u);  // report.json and busy/
+  EXPECT_EQ(parent_folder("a/b/c.dat"), "a/b");
+  EXPECT_EQ(parent_folder("c.dat"), ".");
+  EXPECT_EQ(parent_folder("/c.dat"), "/");
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "qwen3/file_io.h"
 #include "qwen3/hf_convert.h"
+#include "qwen3/durable_file.h"
+#include "qwen3/file_io.h"
 #include "qwen3/json_limits.h"
 #include "qwen3/message_text.h"
 
@@ -13,6 +15,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <map>
 #include <set>
 
@@ -163,37 +166,21 @@ void convert_tensor(const Located& src, const TensorSpec& spec, const ConvertOpt
   if (pair) pair->finish();
 }
 
-void fsync_or_throw(const std::string& path, bool directory) {
-  const int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
-  const bool ok = fd >= 0 && ::fsync(fd) == 0;
-  if (fd >= 0) ::close(fd);
-  if (!ok) throw Error(path + ": fsync failed");
-}
-
-// config.json beside the output, atomically like the `.dat` (temporary name, fsync, rename).
+// config.json beside the output, durably like the `.dat` (temporary name, fsync, rename).
 std::string copy_config(const fs::path& config, const std::string& out) {
   fs::path dir = fs::path(out).parent_path();
   if (dir.empty()) dir = ".";
   const fs::path target = dir / "config.json";
   std::error_code ec;
   if (fs::exists(target, ec) && fs::equivalent(config, target, ec)) return target.string();
-  const fs::path temp = dir / ".config.json.convert-tmp";
-  fs::copy_file(config, temp, fs::copy_options::overwrite_existing, ec);
-  if (!ec) {
-    try {
-      fsync_or_throw(temp.string(), false);
-    } catch (...) {
-      fs::remove(temp, ec);
-      throw;
-    }
-    fs::rename(temp, target, ec);
+  std::ifstream in = open_input_file(config.string(), "config");
+  std::ostringstream text;
+  text << in.rdbuf();
+  try {
+    write_file_durably(target.string(), text.str());
+  } catch (const Error& e) {
+    throw Error(std::string(e.what()) + "; " + out + " was written");
   }
-  if (ec) {
-    std::error_code ignored;
-    fs::remove(temp, ignored);
-    throw Error(target.string() + ": cannot copy config.json there (" + ec.message() + "); " + out + " was written");
-  }
-  fsync_or_throw(dir.string(), true);
   return target.string();
 }
 

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "qwen3/dat.h"
+#include "qwen3/durable_file.h"
 #include "qwen3/leb128.h"
 
 namespace qwen3 {
@@ -30,13 +31,6 @@ std::string dir_of(const std::string& path) {
 std::string base_of(const std::string& path) {
   std::string copy = path;
   return ::basename(copy.data());
-}
-
-void fsync_dir(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;  // best effort: the rename itself succeeded
-  ::fsync(fd);
-  ::close(fd);
 }
 
 // Temporaries of `target` left by a writer that died (a killed export leaves tens of GB): each live writer holds
@@ -184,7 +178,7 @@ void DatWriter::commit() {
     throw Error(target_ + ": cannot rename the finished file into place: " + why);
   }
   committed_ = true;
-  fsync_dir(dir_of(target_));
+  fsync_path(dir_of(target_), true);
 }
 
 void copy_dat_entry(const DatReader& in, const DatEntry& entry, DatWriter& out, std::vector<uint8_t>& buffer) {

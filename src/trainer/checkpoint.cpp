@@ -13,20 +13,13 @@
 #include <fstream>
 
 #include "qwen3/dat.h"
+#include "qwen3/durable_file.h"
 #include "qwen3/json_limits.h"
 #include "qwen3/dat_tensor.h"
 
 namespace qwen3 {
 namespace fs = std::filesystem;
 namespace {
-
-void fsync_path(const fs::path& p, bool directory) {
-  const int fd = ::open(p.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
-  if (fd < 0) throw Error(p.string() + ": cannot open to sync");
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0) throw Error(p.string() + ": fsync failed");
-}
 
 bool is_step_dir(const fs::directory_entry& e) {
   const std::string name = e.path().filename().string();
@@ -91,8 +84,8 @@ std::string save_checkpoint(const std::string& dir, const CheckpointState& state
       f.flush();
       if (!f) throw Error((tmp / "checkpoint.json").string() + ": write failed");
     }
-    fsync_path(tmp / "checkpoint.json", false);
-    fsync_path(tmp, true);
+    fsync_path((tmp / "checkpoint.json").string(), false);
+    fsync_path(tmp.string(), true);
     if (fs::exists(final_path)) {
       // A checkpoint of this step exists: swap the new one in atomically, so that a complete step-N is there at
       // every instant (removing it first and renaming after left an empty step-N to a SIGKILL in between), then

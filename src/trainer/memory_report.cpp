@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "qwen3/durable_file.h"
 #include "qwen3/error.h"
 
 namespace qwen3::train_detail {
@@ -90,18 +91,7 @@ void StepMemoryReport::finish() {
                           {"GradientsMiB", round1(mib(plan_.gradients))},
                           {"SavedActivationsMiB", round1(mib(plan_.saved_activations))},
                           {"PeakMiB", round1(mib(plan_.peak()))}};
-  const std::filesystem::path target(path_);
-  const std::filesystem::path temp = target.string() + ".tmp";
-  {
-    std::ofstream out(temp);
-    if (!out) throw Error(path_ + ": cannot open for writing (memory report)");
-    out << report_.dump(2) << "\n";
-    out.close();
-    if (!out) throw Error(path_ + ": write failed (memory report)");
-  }
-  std::error_code ec;
-  std::filesystem::rename(temp, target, ec);
-  if (ec) throw Error(path_ + ": cannot rename the memory report into place: " + ec.message());
+  write_file_durably(path_, report_.dump(2) + "\n");
 
   fmt::print("memory report ({}; tensor MiB: the {}):\n", report_["Device"].get<std::string>(),
              probe_.device().is_cpu() ? "counting CPU allocator" : "CUDA caching allocator");

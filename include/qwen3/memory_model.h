@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "qwen3/config.h"
+#include "qwen3/step_time_model.h"
 #include "qwen3/trainer.h"
 
 namespace qwen3 {
@@ -50,5 +51,17 @@ StepMemoryPlan predict_step_memory(const Qwen3Config& config, bool separate_head
 
 // Whether this build's libtorch attention saves what `sdpa` describes.
 bool build_uses_sdpa();
+
+// Both models of one step, from the one entry `vram-report --predict-only` and the trainer's report share:
+// the head is separate exactly when the config does not tie it (the trainer ties a tied config's head even when
+// the file stores lm_head); attention is sdpa on CUDA (every CUDA build is libtorch 2.x) or when this build has
+// it; the memory is `device`'s, the rates are options.predict_device's, else h100 on CUDA and cpu on a CPU.
+struct StepPrediction {
+  StepMemoryPlan memory;
+  DeviceRates rates;
+  StepTimePlan time;
+};
+StepPrediction predict(const TrainOptions& options, const Qwen3Config& config, const c10::Device& device,
+                       DenseFileType dense_file = {});
 
 }  // namespace qwen3

@@ -291,14 +291,12 @@ Command add_vram_report_command(CLI::App& app) {
               if (o.config.empty()) throw UsageError("vram-report --predict-only: --config is required");
               convert_flag_values(*f);
               const Qwen3Config config = load_config(o.config);
-              const std::string rates_name =
-                  !o.predict_device.empty() ? o.predict_device : (c10::Device(o.device).is_cuda() ? "h100" : "cpu");
-              const DeviceRates rates = device_rates(rates_name);
-              const c10::Device device = rates.name == "cpu" ? c10::Device(c10::kCPU) : c10::Device(c10::kCUDA, 0);
-              const StepMemoryPlan plan = predict_step_memory(config, !config.tie_word_embeddings, o, device, DenseFileType{},
-                                                              device.is_cuda() || build_uses_sdpa());
-              print_memory_plan(plan, device);
-              print_time_plan(predict_step_time(config, !config.tie_word_embeddings, o, rates), rates);
+              // With --predict-device the memory is that device's too (a GPU's unless cpu).
+              const bool on_cpu = o.predict_device.empty() ? !c10::Device(o.device).is_cuda() : o.predict_device == "cpu";
+              const c10::Device device = on_cpu ? c10::Device(c10::kCPU) : c10::Device(c10::kCUDA, 0);
+              const StepPrediction prediction = predict(o, config, device);
+              print_memory_plan(prediction.memory, device);
+              print_time_plan(prediction.time, prediction.rates);
               return 0;
             }
             if (out->empty()) throw UsageError("vram-report: --out is required (or --predict-only)");

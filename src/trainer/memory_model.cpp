@@ -50,6 +50,16 @@ struct BlockSizes {
 
 bool build_uses_sdpa() { return TORCH_VERSION_MAJOR >= 2; }
 
+StepPrediction predict(const TrainOptions& o, const Qwen3Config& config, const c10::Device& device,
+                       DenseFileType dense_file) {
+  const bool separate_head = !config.tie_word_embeddings;
+  StepPrediction p;
+  p.memory = predict_step_memory(config, separate_head, o, device, dense_file, device.is_cuda() || build_uses_sdpa());
+  p.rates = device_rates(!o.predict_device.empty() ? o.predict_device : (device.is_cuda() ? "h100" : "cpu"));
+  p.time = predict_step_time(config, separate_head, o, p.rates);
+  return p;
+}
+
 u64 StepMemoryPlan::peak() const {
   u64 p = 0;
   for (const auto& phase : phases) p = std::max(p, phase.peak);

@@ -156,10 +156,9 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
     DenseFileType dense;
     if (const DatEntry* e = reader.find("model.embed_tokens.weight"))
       dense = {static_cast<int>(elem_size(e->type)), scalar_type_of(e->type) == master};
-    report->set_plan(predict_step_memory(config, model->has_separate_lm_head(), o, device, dense,
-                                         build_uses_sdpa()));
-    const std::string rates = !o.predict_device.empty() ? o.predict_device : (device.is_cuda() ? "h100" : "cpu");
-    report->set_time_plan(predict_step_time(config, model->has_separate_lm_head(), o, device_rates(rates)));
+    const StepPrediction prediction = predict(o, config, device, dense);
+    report->set_plan(prediction.memory);
+    report->set_time_plan(prediction.time);
   }
   phase("model_loaded");
   AdamW opt(set.params, o.adamw);

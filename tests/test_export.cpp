@@ -389,4 +389,35 @@ TEST(ExportCli, FlagsDefaultScaleModeAndWriteFailure) {
 }
 
 }  // namespace
+namespace {
+
+// The export information a checkpoint carries is typed both ways: written by name, read back equal; an older
+// checkpoint without it is "none", and a field of the wrong type is named.
+TEST(ExportInfo, RoundTripsAndNamesBadFields) {
+  ExportInfo info;
+  info.weights_hash = "abc";
+  info.weights_sample_hash = "def";
+  info.tied_head = true;
+  info.scale_mode = nvfp4::ScaleMode::search;
+  const nlohmann::json j = info.to_json();
+  EXPECT_EQ(j["scale_mode"], "search");
+  const auto back = ExportInfo::from_json(j, "c.json");
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->weights_hash, "abc");
+  EXPECT_EQ(back->weights_sample_hash, std::optional<std::string>("def"));
+  EXPECT_TRUE(back->tied_head);
+  EXPECT_EQ(back->scale_mode, nvfp4::ScaleMode::search);
+  EXPECT_FALSE(ExportInfo::from_json(nlohmann::json::object(), "c.json").has_value());
+  nlohmann::json bad = j;
+  bad["tied_head"] = "yes";
+  try {
+    ExportInfo::from_json(bad, "c.json");
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("c.json: field \"tied_head\" must be true or false"), std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
 }  // namespace qwen3

@@ -14,6 +14,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "qwen3/nvfp4.h"
+
 namespace qwen3 {
 
 class DatReader;
@@ -31,6 +33,21 @@ struct CheckpointState {
   nlohmann::json flags;        // training flags that must agree on resume (dtypes, trainable set, ...)
   nlohmann::json extra;        // anything else worth keeping (loss history tail, timing)
   std::vector<std::pair<std::string, at::Tensor>> tensors;  // CPU or device tensors; saved as they are
+};
+
+// What `export` needs to rebuild a .dat from a checkpoint without the training flags. The trainer writes it into
+// checkpoint.json's "extra"; `export` and resume read it back typed (older checkpoints lack it, or its sample hash).
+struct ExportInfo {
+  std::string weights_hash;                        // the input .dat's keys, types and shapes
+  std::optional<std::string> weights_sample_hash;  // a sample of its stored values
+  bool tied_head = false;                          // lm_head is written from the trained embedding
+  nvfp4::ScaleMode scale_mode = nvfp4::ScaleMode::rne;
+  nlohmann::json config;                           // the model's config.json as trained (for the record)
+
+  nlohmann::json to_json() const;
+  // nullopt when `extra` holds no export information (an older checkpoint); Error naming `origin` for a field of
+  // the wrong type or an unknown scale mode.
+  static std::optional<ExportInfo> from_json(const nlohmann::json& extra, const std::string& origin);
 };
 
 // Writes `dir/step-<step>/` atomically and removes all but the newest `keep` complete checkpoints (keep <= 0:

@@ -44,9 +44,9 @@ int64_t total_steps(const TrainOptions& o, const TrainingData& data) {
 }
 
 CheckpointState make_checkpoint(const TrainableSet& set, const AdamW& opt, int64_t step, int64_t skipped,
-                                const std::string& hash, const TrainOptions& o, const nlohmann::json& export_info) {
+                                const std::string& hash, const TrainOptions& o, const ExportInfo& export_info) {
   CheckpointState s;
-  s.extra = export_info;
+  s.extra = export_info.to_json();
   s.step = step;
   s.optimizer_steps = opt.step_count();
   s.skipped_steps = skipped;
@@ -65,7 +65,8 @@ void restore_checkpoint(const CheckpointState& s, TrainableSet& set, AdamW& opt,
   // The layout hash cannot tell two models of one shape apart; the frozen tensors would come from the other
   // one. The sample hash of the stored values (as `export` checks it) can; checkpoints from before it carry
   // only the layout hash and are checked as far as that goes.
-  if (s.extra.contains("weights_sample_hash") && s.extra["weights_sample_hash"] != sample_hash)
+  const std::optional<ExportInfo> info = ExportInfo::from_json(s.extra, path + "/checkpoint.json");
+  if (info && info->weights_sample_hash && *info->weights_sample_hash != sample_hash)
     throw Error(path + ": was not trained from " + o.weights +
                 " (same layout, but the stored values differ from the checkpoint's input)");
   const nlohmann::json now = resume_flags(o);
@@ -221,11 +222,12 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
   }
   const int64_t per_epoch = o.steps_per_epoch > 0 ? o.steps_per_epoch : data.batches_per_epoch();
   // What `qwen3-train export` needs to rebuild a .dat from a checkpoint without the training flags.
-  const nlohmann::json export_info = {{"weights_hash", weights_hash(reader)},
-                                      {"weights_sample_hash", weights_sample_hash(reader)},
-                                      {"config", config.to_json()},
-                                      {"tied_head", !model->has_separate_lm_head()},
-                                      {"scale_mode", nvfp4::scale_mode_name(mode)}};
+  ExportInfo export_info;
+  export_info.weights_hash = weights_hash(reader);
+  export_info.weights_sample_hash = weights_sample_hash(reader);
+  export_info.tied_head = !model->has_separate_lm_head();
+  export_info.scale_mode = mode;
+  export_info.config = config.to_json();
   TrainSummary sum;
   // The step whose checkpoint is on disk already (the one resumed from, or the last saved): saving it again
   // (a signal right after --save-every-steps saved, or --steps at or below the resumed step) would only rewrite

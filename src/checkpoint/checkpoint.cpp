@@ -169,6 +169,29 @@ std::optional<std::string> latest_checkpoint(const std::string& dir) {
   return all.back().string();
 }
 
+nlohmann::json ExportInfo::to_json() const {
+  nlohmann::json j = {{"weights_hash", weights_hash},
+                      {"tied_head", tied_head},
+                      {"scale_mode", nvfp4::scale_mode_name(scale_mode)}};
+  if (weights_sample_hash) j["weights_sample_hash"] = *weights_sample_hash;
+  if (!config.is_null()) j["config"] = config;
+  return j;
+}
+
+std::optional<ExportInfo> ExportInfo::from_json(const nlohmann::json& extra, const std::string& origin) {
+  if (!extra.is_object() || !extra.contains("weights_hash")) return std::nullopt;
+  ExportInfo info;
+  info.weights_hash = json_field<std::string>(extra, "weights_hash", origin, "a string");
+  info.tied_head = json_field<bool>(extra, "tied_head", origin, "true or false");
+  const std::string mode = json_field<std::string>(extra, "scale_mode", origin, "a string");
+  if (mode != "rne" && mode != "search") throw Error(origin + ": unknown scale mode '" + mode + "'");
+  info.scale_mode = nvfp4::scale_mode_from_name(mode);
+  if (extra.contains("weights_sample_hash"))
+    info.weights_sample_hash = json_field<std::string>(extra, "weights_sample_hash", origin, "a string");
+  info.config = extra.value("config", nlohmann::json());
+  return info;
+}
+
 CheckpointState load_checkpoint(const std::string& path, const std::string& tensor_prefix) {
   const fs::path p(path);
   std::ifstream f(p / "checkpoint.json");

@@ -61,6 +61,10 @@ class Tokenizer {
 // NFC of valid UTF-8 (what encode applies before splitting); throws qwen3::Error on invalid UTF-8.
 std::string nfc_normalize(std::string_view text);
 
+// Offset of the first byte that is not part of well-formed UTF-8, or npos when all of it is (the data reader
+// names it in a bad line's message).
+size_t first_invalid_utf8_byte(std::string_view text);
+
 // Bytes to text with every ill-formed sequence replaced by U+FFFD, one per maximal ill-formed subpart (the
 // WHATWG/Unicode rule that the reference's TextDecoder follows).
 std::string utf8_lossy(std::string_view bytes);

@@ -7,7 +7,6 @@
 
 #include "qwen3/chat_format.h"
 #include "qwen3/error.h"
-#include "tokenizer/unicode_text.h"
 
 namespace qwen3::data {
 namespace {
@@ -23,7 +22,7 @@ LineSample bad(std::string reason) {
 
 // Checked before tokenizing so the reason names the byte of the line, not of the rendered chat text.
 std::optional<std::string> utf8_problem(std::string_view line) {
-  const size_t at = unicode::first_invalid_utf8(line);
+  const size_t at = first_invalid_utf8_byte(line);
   if (at == std::string_view::npos) return std::nullopt;
   return fmt::format("invalid UTF-8 at byte {} of the line", at + 1);
 }

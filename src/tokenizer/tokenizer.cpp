@@ -251,6 +251,8 @@ void Tokenizer::check_fits_model(int64_t model_vocab_size, const std::string& mo
 }
 size_t Tokenizer::merge_count() const { return impl_->merge_count; }
 
+size_t first_invalid_utf8_byte(std::string_view text) { return unicode::first_invalid_utf8(text); }
+
 std::string nfc_normalize(std::string_view text) {
   if (const size_t bad = unicode::first_invalid_utf8(text); bad != std::string_view::npos)
     throw Error("cannot normalize: the text is not valid UTF-8 (byte " + std::to_string(bad) + ")");

@@ -10,6 +10,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "cli_test_util.h"
+#include "qwen3/layout.h"
 #include "qwen3/dat_tensor.h"
 #include "qwen3/generate.h"
 #include "qwen3/hf_convert.h"

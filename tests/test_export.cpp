@@ -15,6 +15,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "cli_test_util.h"
+#include "qwen3/layout.h"
 #include "qwen3/checkpoint.h"
 #include "qwen3/checkpoint_export.h"
 #include "qwen3/dat_tensor.h"

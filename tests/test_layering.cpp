@@ -21,7 +21,7 @@ const std::vector<std::string> kOrder = {"base", "dat",   "config",     "tokeniz
 
 const std::map<std::string, std::string> kHeaderModule = {
     {"error", "base"},          {"json_limits", "base"},     {"file_io", "base"},         {"message_text", "base"},
-    {"dat", "dat"},             {"leb128", "dat"},           {"durable_file", "dat"},     {"layout", "dat"},
+    {"dat", "dat"},             {"leb128", "dat"},           {"durable_file", "dat"},     {"layout", "model"},
     {"dat_tensor", "dat"},      {"config", "config"},        {"tokenizer", "tokenizer"},  {"chat_format", "tokenizer"},
     {"nvfp4", "nvfp4"},         {"nvfp4_ops", "nvfp4"},      {"nvfp4_linear", "nvfp4"},   {"nvfp4_pair_writer", "nvfp4"},
     {"memory_probe", "memory"}, {"optim", "optim"},          {"model", "model"},          {"model_loader", "model"},

@@ -8,9 +8,20 @@
 #include <string>
 #include <vector>
 
-#include "qwen3/layout.h"
-
 namespace qwen3 {
+
+// The handful of sizes that determine every tensor of a Qwen3 model (the key layout: qwen3/layout.h).
+struct ModelShape {
+  int64_t hidden = 0;
+  int64_t layers = 0;
+  int64_t heads = 0;
+  int64_t kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t intermediate = 0;
+  int64_t vocab = 0;
+};
+
+ModelShape qwen3_4b_shape();
 
 struct Qwen3Config {
   int64_t hidden_size = 0;

@@ -1,5 +1,6 @@
-// The tensor keys, shapes and order of a Qwen3 checkpoint (docs/model.md), derived from the handful
-// of sizes that determine them. Used by `synth`, the benchmarks and the tests to build real-shaped files.
+// The tensor keys, shapes and order of a Qwen3 checkpoint (docs/model.md), derived from the handful of sizes
+// that determine them (ModelShape, config.h): the one list the model, its loader, `synth`, the converter, the
+// memory and time models, the benchmarks and the tests build on.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -7,21 +8,11 @@
 #include <string_view>
 #include <vector>
 
+#include "qwen3/config.h"
 #include "qwen3/dat.h"
 
 namespace qwen3 {
 
-struct ModelShape {
-  int64_t hidden = 0;
-  int64_t layers = 0;
-  int64_t heads = 0;
-  int64_t kv_heads = 0;
-  int64_t head_dim = 0;
-  int64_t intermediate = 0;
-  int64_t vocab = 0;
-};
-
-ModelShape qwen3_4b_shape();
 
 struct TensorSpec {
   std::string key;             // e.g. "model.layers.0.self_attn.q_proj.weight"

@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "cli_common.h"
+#include "qwen3/error.h"
 #include "qwen3/output_target.h"
 #include "qwen3/quantize_dat.h"
 #include "qwen3/synth.h"

@@ -38,6 +38,18 @@ bool get_bool(const json& j, const char* key, const std::string& origin, bool fa
 
 }  // namespace
 
+ModelShape qwen3_4b_shape() {
+  ModelShape s;
+  s.hidden = 2560;
+  s.layers = 36;
+  s.heads = 32;
+  s.kv_heads = 8;
+  s.head_dim = 128;
+  s.intermediate = 9728;
+  s.vocab = 151936;
+  return s;
+}
+
 ModelShape Qwen3Config::shape() const {
   ModelShape s;
   s.hidden = hidden_size;

@@ -2,17 +2,6 @@
 
 namespace qwen3 {
 
-ModelShape qwen3_4b_shape() {
-  ModelShape s;
-  s.hidden = 2560;
-  s.layers = 36;
-  s.heads = 32;
-  s.kv_heads = 8;
-  s.head_dim = 128;
-  s.intermediate = 9728;
-  s.vocab = 151936;
-  return s;
-}
 
 std::vector<TensorSpec> qwen3_tensors(const ModelShape& m, bool with_lm_head) {
   std::vector<TensorSpec> out;

@@ -174,7 +174,7 @@ QWEN3_HD float sub_rn(float a, float b) {
 }
 
 // Squared reconstruction error of one 16-element block under scale code `scale_code`, in fp32 exactly as the
-// CPU codec (src/nvfp4/codec_cpu.cpp) computes it: d_i = |x_i| - q_i*s (the product is exact), e_i = d_i*d_i,
+// CPU codec (src/nvfp4/nvfp4.cpp) computes it: d_i = |x_i| - q_i*s (the product is exact), e_i = d_i*d_i,
 // summed as the butterfly e_i + e_{i+8}, then +4, +2, +1. The order and the rounding decide ties between
 // candidates, so they are part of the byte contract. Scale 0 gives d_i = |x_i| (the all-zero block).
 QWEN3_HD float block_squared_error(const float* x, uint8_t scale_code) {

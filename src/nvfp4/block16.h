@@ -1,7 +1,7 @@
 // One NVFP4 block (16 floats) as one GCC/Clang vector: the codec's inner loops written once, compiled to
 // AVX-512, AVX2, SSE or NEON by whichever target the including function has. Every lane operation is an IEEE
 // fp32 operation or an exact integer/bit operation, so the results are the same on every target.
-// Private to src/nvfp4/codec_cpu.cpp.
+// Private to src/nvfp4/nvfp4.cpp.
 #pragma once
 #include <cstdint>
 #include <cstring>

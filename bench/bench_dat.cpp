@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "qwen3/dat.h"
-#include "qwen3/layout.h"
-#include "qwen3/leb128.h"
+#include "qwen3/dat/dat.h"
+#include "qwen3/model/layout.h"
+#include "qwen3/dat/leb128.h"
 
 namespace {
 

@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "qwen3/nvfp4.h"
+#include "qwen3/nvfp4/nvfp4.h"
 
 namespace {
 

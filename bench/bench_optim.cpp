@@ -7,7 +7,7 @@
 
 #include <vector>
 
-#include "qwen3/optim.h"
+#include "qwen3/optim/optim.h"
 
 namespace {
 

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "qwen3/tokenizer.h"
+#include "qwen3/tokenizer/tokenizer.h"
 
 namespace {
 

@@ -7,11 +7,11 @@
 #include <benchmark/benchmark.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
-#include "qwen3/config.h"
-#include "qwen3/data.h"
-#include "qwen3/model.h"
-#include "qwen3/nvfp4_linear.h"
-#include "qwen3/optim.h"
+#include "qwen3/config/config.h"
+#include "qwen3/data/data.h"
+#include "qwen3/model/model.h"
+#include "qwen3/nvfp4/nvfp4_linear.h"
+#include "qwen3/optim/optim.h"
 #include "trainer/train_setup.h"
 
 namespace {

@@ -143,7 +143,7 @@ QWEN3_HD uint32_t e2m1_encode(float x, float scale, float reciprocal) {
 }
 
 // The default scale: e4m3_rne(amax / 6) with a correctly rounded fp32 division, raised to code 1 (2^-9, the
-// bottom of E4M3's range) when it rounds to 0 but the block is not all zero (include/qwen3/nvfp4.h: only an
+// bottom of E4M3's range) when it rounds to 0 but the block is not all zero (include/qwen3/nvfp4/nvfp4.h: only an
 // all-zero block gets scale 0).
 QWEN3_HD uint8_t rne_scale_code(float amax) {
   const uint8_t code = e4m3_from_float_rne(div_rn(amax, 6.0f));

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "qwen3/dat.h"
-#include "qwen3/leb128.h"
+#include "qwen3/dat/dat.h"
+#include "qwen3/dat/leb128.h"
 
 namespace qwen3::test {
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "dat_test_util.h"
-#include "qwen3/data.h"
+#include "qwen3/data/data.h"
 #include "tokenizer_test_util.h"
 
 namespace qwen3::test {

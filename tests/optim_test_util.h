@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "qwen3/optim.h"
+#include "qwen3/optim/optim.h"
 
 namespace qwen3::optim_test {
 

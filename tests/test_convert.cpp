@@ -10,14 +10,14 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "cli_test_util.h"
-#include "qwen3/layout.h"
-#include "qwen3/dat_tensor.h"
-#include "qwen3/generate.h"
-#include "qwen3/hf_convert.h"
-#include "qwen3/model_loader.h"
-#include "qwen3/nvfp4_ops.h"
-#include "qwen3/quantize_dat.h"
-#include "qwen3/safetensors.h"
+#include "qwen3/model/layout.h"
+#include "qwen3/dat/dat_tensor.h"
+#include "qwen3/model/generate.h"
+#include "qwen3/convert/hf_convert.h"
+#include "qwen3/model/model_loader.h"
+#include "qwen3/nvfp4/nvfp4_ops.h"
+#include "qwen3/export/quantize_dat.h"
+#include "qwen3/convert/safetensors.h"
 
 #include "tiny_model_util.h"
 

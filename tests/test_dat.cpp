@@ -8,11 +8,11 @@
 #include <cstring>
 #include <limits>
 
-#include "qwen3/durable_file.h"
+#include "qwen3/dat/durable_file.h"
 #include "cli_test_util.h"
 #include "dat_test_util.h"
-#include "qwen3/dat.h"
-#include "qwen3/leb128.h"
+#include "qwen3/dat/dat.h"
+#include "qwen3/dat/leb128.h"
 
 namespace qwen3 {
 namespace {

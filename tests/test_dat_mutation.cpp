@@ -6,7 +6,7 @@
 #include <random>
 
 #include "dat_test_util.h"
-#include "qwen3/dat.h"
+#include "qwen3/dat/dat.h"
 
 namespace qwen3 {
 namespace {

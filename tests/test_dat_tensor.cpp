@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "dat_test_util.h"
-#include "qwen3/dat_tensor.h"
+#include "qwen3/dat/dat_tensor.h"
 
 namespace qwen3 {
 namespace {

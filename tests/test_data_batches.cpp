@@ -8,8 +8,8 @@
 
 #include "data/sample_order.h"
 #include "data_test_util.h"
-#include "qwen3/chat_format.h"
-#include "qwen3/error.h"
+#include "qwen3/tokenizer/chat_format.h"
+#include "qwen3/base/error.h"
 
 namespace qwen3 {
 namespace {

@@ -15,17 +15,17 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "cli_test_util.h"
-#include "qwen3/layout.h"
-#include "qwen3/checkpoint.h"
-#include "qwen3/checkpoint_export.h"
-#include "qwen3/dat_tensor.h"
-#include "qwen3/generate.h"
-#include "qwen3/model_loader.h"
-#include "qwen3/nvfp4_linear.h"
-#include "qwen3/nvfp4_ops.h"
-#include "qwen3/quantize_dat.h"
-#include "qwen3/synth.h"
-#include "qwen3/trainer.h"
+#include "qwen3/model/layout.h"
+#include "qwen3/checkpoint/checkpoint.h"
+#include "qwen3/export/checkpoint_export.h"
+#include "qwen3/dat/dat_tensor.h"
+#include "qwen3/model/generate.h"
+#include "qwen3/model/model_loader.h"
+#include "qwen3/nvfp4/nvfp4_linear.h"
+#include "qwen3/nvfp4/nvfp4_ops.h"
+#include "qwen3/export/quantize_dat.h"
+#include "qwen3/model/synth.h"
+#include "qwen3/trainer/trainer.h"
 
 #include "tiny_model_util.h"
 

@@ -11,7 +11,7 @@
 
 #include "fused_ops.cuh"
 #include "model/activation_ops.h"
-#include "qwen3/model.h"
+#include "qwen3/model/model.h"
 
 namespace qwen3 {
 namespace {

@@ -5,7 +5,7 @@
 
 #include <torch/autograd.h>
 
-#include "qwen3/lm_loss.h"
+#include "qwen3/model/lm_loss.h"
 
 namespace qwen3 {
 namespace {

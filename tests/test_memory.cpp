@@ -8,14 +8,14 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_test_util.h"
-#include "qwen3/checkpoint.h"
-#include "qwen3/layout.h"
-#include "qwen3/lm_loss.h"
-#include "qwen3/model_loader.h"
-#include "qwen3/memory_model.h"
-#include "qwen3/memory_probe.h"
-#include "qwen3/synth.h"
-#include "qwen3/trainer.h"
+#include "qwen3/checkpoint/checkpoint.h"
+#include "qwen3/model/layout.h"
+#include "qwen3/model/lm_loss.h"
+#include "qwen3/model/model_loader.h"
+#include "qwen3/trainer/memory_model.h"
+#include "qwen3/memory/memory_probe.h"
+#include "qwen3/model/synth.h"
+#include "qwen3/trainer/trainer.h"
 #include "tiny_model_util.h"
 
 namespace qwen3 {

@@ -8,13 +8,13 @@
 #include <set>
 
 #include "dat_test_util.h"
-#include "qwen3/dat_tensor.h"
-#include "qwen3/generate.h"
-#include "qwen3/model.h"
-#include "qwen3/model_loader.h"
-#include "qwen3/nvfp4_linear.h"
-#include "qwen3/nvfp4_ops.h"
-#include "qwen3/synth.h"
+#include "qwen3/dat/dat_tensor.h"
+#include "qwen3/model/generate.h"
+#include "qwen3/model/model.h"
+#include "qwen3/model/model_loader.h"
+#include "qwen3/nvfp4/nvfp4_linear.h"
+#include "qwen3/nvfp4/nvfp4_ops.h"
+#include "qwen3/model/synth.h"
 
 namespace qwen3 {
 namespace {

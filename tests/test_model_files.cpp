@@ -5,14 +5,14 @@
 #include <fstream>
 
 #include "cli_test_util.h"
-#include "qwen3/layout.h"
-#include "qwen3/config.h"
-#include "qwen3/dat_tensor.h"
-#include "qwen3/nvfp4.h"
-#include "qwen3/quantize_dat.h"
-#include "qwen3/synth.h"
-#include "qwen3/model_loader.h"
-#include "qwen3/dat.h"
+#include "qwen3/model/layout.h"
+#include "qwen3/config/config.h"
+#include "qwen3/dat/dat_tensor.h"
+#include "qwen3/nvfp4/nvfp4.h"
+#include "qwen3/export/quantize_dat.h"
+#include "qwen3/model/synth.h"
+#include "qwen3/model/model_loader.h"
+#include "qwen3/dat/dat.h"
 #include "tiny_model_util.h"
 
 namespace qwen3 {

@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "nvfp4/block16.h"
-#include "qwen3/error.h"
-#include "qwen3/nvfp4.h"
-#include "qwen3/nvfp4_ops.h"
+#include "qwen3/base/error.h"
+#include "qwen3/nvfp4/nvfp4.h"
+#include "qwen3/nvfp4/nvfp4_ops.h"
 
 namespace qwen3::nvfp4 {
 namespace {

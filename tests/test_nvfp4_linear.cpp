@@ -10,9 +10,9 @@
 #include <utility>
 #include <vector>
 
-#include "qwen3/error.h"
-#include "qwen3/nvfp4_linear.h"
-#include "qwen3/nvfp4_ops.h"
+#include "qwen3/base/error.h"
+#include "qwen3/nvfp4/nvfp4_linear.h"
+#include "qwen3/nvfp4/nvfp4_ops.h"
 
 namespace qwen3::nvfp4 {
 namespace {

@@ -5,8 +5,8 @@
 
 #include <cmath>
 
-#include "qwen3/error.h"
-#include "qwen3/nvfp4_ops.h"
+#include "qwen3/base/error.h"
+#include "qwen3/nvfp4/nvfp4_ops.h"
 
 namespace qwen3::nvfp4 {
 namespace {

@@ -13,7 +13,7 @@
 
 #include "adamw_update.cuh"
 #include "optim_test_util.h"
-#include "qwen3/optim.h"
+#include "qwen3/optim/optim.h"
 
 namespace qwen3 {
 namespace {

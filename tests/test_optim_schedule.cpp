@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "optim_test_util.h"
-#include "qwen3/error.h"
-#include "qwen3/optim.h"
+#include "qwen3/base/error.h"
+#include "qwen3/optim/optim.h"
 
 namespace qwen3 {
 namespace {

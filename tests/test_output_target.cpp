@@ -1,5 +1,5 @@
 // Output targets: nothing a user saved is replaced unasked, and no command writes over its own inputs
-// (include/qwen3/output_target.h), through the function and through the commands that write files.
+// (include/qwen3/export/output_target.h), through the function and through the commands that write files.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -8,8 +8,8 @@
 #include <string>
 
 #include "cli_test_util.h"
-#include "qwen3/error.h"
-#include "qwen3/output_target.h"
+#include "qwen3/base/error.h"
+#include "qwen3/export/output_target.h"
 
 namespace qwen3 {
 namespace {

@@ -6,9 +6,9 @@
 #include <string>
 
 #include "cli_test_util.h"
-#include "qwen3/error.h"
-#include "qwen3/layout.h"
-#include "qwen3/step_time_model.h"
+#include "qwen3/base/error.h"
+#include "qwen3/model/layout.h"
+#include "qwen3/trainer/step_time_model.h"
 
 namespace qwen3 {
 namespace {

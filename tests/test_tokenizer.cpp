@@ -12,8 +12,8 @@
 #include <thread>
 
 #include "cli_test_util.h"
-#include "qwen3/chat_format.h"
-#include "qwen3/error.h"
+#include "qwen3/tokenizer/chat_format.h"
+#include "qwen3/base/error.h"
 #include "tokenizer_test_util.h"
 
 namespace qwen3 {

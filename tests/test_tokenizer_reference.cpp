@@ -8,7 +8,7 @@
 #include <random>
 
 #include "cli_test_util.h"
-#include "qwen3/chat_format.h"
+#include "qwen3/tokenizer/chat_format.h"
 #include "tokenizer/bpe.h"
 #include "tokenizer/pretokenizer.h"
 #include "tokenizer/unicode_text.h"

@@ -15,13 +15,13 @@
 #include <thread>
 
 #include "cli_test_util.h"
-#include "qwen3/chat_format.h"
-#include "qwen3/checkpoint.h"
-#include "qwen3/generate.h"
-#include "qwen3/model_loader.h"
-#include "qwen3/nvfp4_linear.h"
-#include "qwen3/synth.h"
-#include "qwen3/trainer.h"
+#include "qwen3/tokenizer/chat_format.h"
+#include "qwen3/checkpoint/checkpoint.h"
+#include "qwen3/model/generate.h"
+#include "qwen3/model/model_loader.h"
+#include "qwen3/nvfp4/nvfp4_linear.h"
+#include "qwen3/model/synth.h"
+#include "qwen3/trainer/trainer.h"
 #include "tiny_model_util.h"
 #include "trainer/train_setup.h"
 

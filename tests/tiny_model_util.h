@@ -3,7 +3,7 @@
 #pragma once
 #include <string>
 
-#include "qwen3/config.h"
+#include "qwen3/config/config.h"
 
 namespace qwen3::test {
 

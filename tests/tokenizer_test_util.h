@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <string>
 
-#include "qwen3/tokenizer.h"
+#include "qwen3/tokenizer/tokenizer.h"
 
 namespace qwen3::test {
 

@@ -1,4 +1,4 @@
-#include "qwen3/checkpoint.h"
+#include "qwen3/checkpoint/checkpoint.h"
 
 #include <ATen/ATen.h>
 #include <fcntl.h>
@@ -12,10 +12,10 @@
 #include <filesystem>
 #include <fstream>
 
-#include "qwen3/dat.h"
-#include "qwen3/durable_file.h"
-#include "qwen3/json_limits.h"
-#include "qwen3/dat_tensor.h"
+#include "qwen3/dat/dat.h"
+#include "qwen3/dat/durable_file.h"
+#include "qwen3/base/json_limits.h"
+#include "qwen3/dat/dat_tensor.h"
 
 namespace qwen3 {
 namespace fs = std::filesystem;

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 
-#include "qwen3/error.h"
+#include "qwen3/base/error.h"
 
 namespace qwen3::cli {
 

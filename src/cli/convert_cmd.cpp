@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "cli_common.h"
-#include "qwen3/hf_convert.h"
-#include "qwen3/output_target.h"
+#include "qwen3/convert/hf_convert.h"
+#include "qwen3/export/output_target.h"
 
 namespace qwen3::cli {
 

@@ -1,5 +1,5 @@
 // `eval`: next-token cross-entropy per sample and token-weighted overall. --data reads a training-format file
-// with the trainer's own rules and scores it with the function training's eval_loss uses (qwen3/evaluate.h):
+// with the trainer's own rules and scores it with the function training's eval_loss uses (qwen3/trainer/evaluate.h):
 // the same file, weights and --seq-len give the same figure. --token-ids-file scores lines of ids, every token
 // after a window's first. Both cut long sequences into windows of --seq-len + 1 tokens (docs/data.md).
 #include <fmt/format.h>
@@ -9,10 +9,10 @@
 #include <cstring>
 #include <fstream>
 
-#include "qwen3/file_io.h"
-#include "qwen3/evaluate.h"
-#include "qwen3/generate.h"
-#include "qwen3/model_loader.h"
+#include "qwen3/base/file_io.h"
+#include "qwen3/trainer/evaluate.h"
+#include "qwen3/model/generate.h"
+#include "qwen3/model/model_loader.h"
 #include "runtime_options.h"
 
 namespace qwen3::cli {

@@ -4,8 +4,8 @@
 #include <chrono>
 
 #include "cli_common.h"
-#include "qwen3/checkpoint_export.h"
-#include "qwen3/output_target.h"
+#include "qwen3/export/checkpoint_export.h"
+#include "qwen3/export/output_target.h"
 
 namespace qwen3::cli {
 

@@ -7,9 +7,9 @@
 #include <chrono>
 #include <regex>
 
-#include "qwen3/chat_format.h"
-#include "qwen3/generate.h"
-#include "qwen3/model_loader.h"
+#include "qwen3/tokenizer/chat_format.h"
+#include "qwen3/model/generate.h"
+#include "qwen3/model/model_loader.h"
 #include "runtime_options.h"
 
 namespace qwen3::cli {

@@ -6,8 +6,8 @@
 #include <algorithm>
 
 #include "cli_common.h"
-#include "qwen3/error.h"
-#include "qwen3/message_text.h"
+#include "qwen3/base/error.h"
+#include "qwen3/base/message_text.h"
 
 namespace qwen3 {
 namespace {

@@ -3,7 +3,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "qwen3/dat.h"
+#include "qwen3/dat/dat.h"
 
 namespace qwen3 {
 

@@ -12,7 +12,7 @@
 #include <string>
 
 #include "cli_common.h"
-#include "qwen3/error.h"
+#include "qwen3/base/error.h"
 
 namespace {
 

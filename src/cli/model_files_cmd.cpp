@@ -5,10 +5,10 @@
 #include <chrono>
 
 #include "cli_common.h"
-#include "qwen3/error.h"
-#include "qwen3/output_target.h"
-#include "qwen3/quantize_dat.h"
-#include "qwen3/synth.h"
+#include "qwen3/base/error.h"
+#include "qwen3/export/output_target.h"
+#include "qwen3/export/quantize_dat.h"
+#include "qwen3/model/synth.h"
 
 namespace qwen3::cli {
 namespace {

@@ -2,7 +2,7 @@
 
 #include <ATen/Context.h>
 
-#include "qwen3/error.h"
+#include "qwen3/base/error.h"
 
 namespace qwen3::cli {
 

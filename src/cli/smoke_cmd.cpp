@@ -9,11 +9,11 @@
 #include <filesystem>
 #include <fstream>
 
-#include "qwen3/chat_format.h"
-#include "qwen3/generate.h"
-#include "qwen3/model_loader.h"
-#include "qwen3/synth.h"
-#include "qwen3/trainer.h"
+#include "qwen3/tokenizer/chat_format.h"
+#include "qwen3/model/generate.h"
+#include "qwen3/model/model_loader.h"
+#include "qwen3/model/synth.h"
+#include "qwen3/trainer/trainer.h"
 #include "runtime_options.h"
 
 namespace qwen3::cli {

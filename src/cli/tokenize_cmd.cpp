@@ -13,9 +13,9 @@
 #include <sstream>
 
 #include "cli_common.h"
-#include "qwen3/file_io.h"
-#include "qwen3/error.h"
-#include "qwen3/tokenizer.h"
+#include "qwen3/base/file_io.h"
+#include "qwen3/base/error.h"
+#include "qwen3/tokenizer/tokenizer.h"
 
 namespace qwen3::cli {
 namespace {

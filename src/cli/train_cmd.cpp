@@ -5,15 +5,15 @@
 #include <csignal>
 #include <filesystem>
 
-#include "qwen3/error.h"
-#include "qwen3/chat_format.h"
-#include "qwen3/generate.h"
-#include "qwen3/memory_model.h"
-#include "qwen3/output_target.h"
-#include "qwen3/step_time_model.h"
-#include "qwen3/model_loader.h"
-#include "qwen3/synth.h"
-#include "qwen3/trainer.h"
+#include "qwen3/base/error.h"
+#include "qwen3/tokenizer/chat_format.h"
+#include "qwen3/model/generate.h"
+#include "qwen3/trainer/memory_model.h"
+#include "qwen3/export/output_target.h"
+#include "qwen3/trainer/step_time_model.h"
+#include "qwen3/model/model_loader.h"
+#include "qwen3/model/synth.h"
+#include "qwen3/trainer/trainer.h"
 #include "runtime_options.h"
 
 namespace qwen3::cli {

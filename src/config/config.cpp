@@ -1,11 +1,11 @@
-#include "qwen3/file_io.h"
-#include "qwen3/config.h"
-#include "qwen3/json_limits.h"
+#include "qwen3/base/file_io.h"
+#include "qwen3/config/config.h"
+#include "qwen3/base/json_limits.h"
 
 #include <algorithm>
 #include <fstream>
 
-#include "qwen3/error.h"
+#include "qwen3/base/error.h"
 
 namespace qwen3 {
 namespace {

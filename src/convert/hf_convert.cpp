@@ -1,9 +1,9 @@
-#include "qwen3/file_io.h"
-#include "qwen3/hf_convert.h"
-#include "qwen3/durable_file.h"
-#include "qwen3/file_io.h"
-#include "qwen3/json_limits.h"
-#include "qwen3/message_text.h"
+#include "qwen3/base/file_io.h"
+#include "qwen3/convert/hf_convert.h"
+#include "qwen3/dat/durable_file.h"
+#include "qwen3/base/file_io.h"
+#include "qwen3/base/json_limits.h"
+#include "qwen3/base/message_text.h"
 
 #include <ATen/ATen.h>
 #include <fcntl.h>
@@ -19,12 +19,12 @@
 #include <map>
 #include <set>
 
-#include "qwen3/config.h"
-#include "qwen3/dat_tensor.h"
-#include "qwen3/layout.h"
-#include "qwen3/nvfp4_pair_writer.h"
-#include "qwen3/quantize_dat.h"
-#include "qwen3/safetensors.h"
+#include "qwen3/config/config.h"
+#include "qwen3/dat/dat_tensor.h"
+#include "qwen3/model/layout.h"
+#include "qwen3/nvfp4/nvfp4_pair_writer.h"
+#include "qwen3/export/quantize_dat.h"
+#include "qwen3/convert/safetensors.h"
 
 namespace qwen3 {
 namespace {

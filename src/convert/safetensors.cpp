@@ -1,4 +1,4 @@
-#include "qwen3/safetensors.h"
+#include "qwen3/convert/safetensors.h"
 
 #include <nlohmann/json.hpp>
 
@@ -6,7 +6,7 @@
 #include <limits>
 #include <set>
 
-#include "qwen3/json_limits.h"
+#include "qwen3/base/json_limits.h"
 
 namespace qwen3 {
 namespace {

@@ -1,4 +1,4 @@
-#include "qwen3/dat_tensor.h"
+#include "qwen3/dat/dat_tensor.h"
 
 #include <ATen/ATen.h>
 

@@ -14,9 +14,9 @@
 #include <cstring>
 #include <string>
 
-#include "qwen3/dat.h"
-#include "qwen3/durable_file.h"
-#include "qwen3/leb128.h"
+#include "qwen3/dat/dat.h"
+#include "qwen3/dat/durable_file.h"
+#include "qwen3/dat/leb128.h"
 
 namespace qwen3 {
 namespace {

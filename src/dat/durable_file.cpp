@@ -1,4 +1,4 @@
-#include "qwen3/durable_file.h"
+#include "qwen3/dat/durable_file.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -8,7 +8,7 @@
 #include <cstring>
 #include <fstream>
 
-#include "qwen3/error.h"
+#include "qwen3/base/error.h"
 
 namespace qwen3 {
 

@@ -1,8 +1,8 @@
 // Element types, header encoding and the small validity helpers shared by the reader and the writer.
 #include <string>
 
-#include "qwen3/dat.h"
-#include "qwen3/leb128.h"
+#include "qwen3/dat/dat.h"
+#include "qwen3/dat/leb128.h"
 
 namespace qwen3 {
 namespace {

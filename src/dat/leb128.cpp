@@ -1,4 +1,4 @@
-#include "qwen3/leb128.h"
+#include "qwen3/dat/leb128.h"
 
 namespace qwen3::leb128 {
 

@@ -4,8 +4,8 @@
 #include "data/data_lines.h"
 #include "data/sample_order.h"
 #include "data/training_data_impl.h"
-#include "qwen3/data.h"
-#include "qwen3/error.h"
+#include "qwen3/data/data.h"
+#include "qwen3/base/error.h"
 
 namespace qwen3 {
 

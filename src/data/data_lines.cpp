@@ -5,8 +5,8 @@
 
 #include <algorithm>
 
-#include "qwen3/chat_format.h"
-#include "qwen3/error.h"
+#include "qwen3/tokenizer/chat_format.h"
+#include "qwen3/base/error.h"
 
 namespace qwen3::data {
 namespace {

@@ -11,8 +11,8 @@
 
 #include "data/data_lines.h"
 #include "data/training_data_impl.h"
-#include "qwen3/error.h"
-#include "qwen3/file_io.h"
+#include "qwen3/base/error.h"
+#include "qwen3/base/file_io.h"
 
 namespace qwen3 {
 namespace {

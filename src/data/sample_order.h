@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "qwen3/data.h"
+#include "qwen3/data/data.h"
 
 namespace qwen3::data {
 

@@ -6,7 +6,7 @@
 #include <mutex>
 #include <vector>
 
-#include "qwen3/data.h"
+#include "qwen3/data/data.h"
 
 namespace qwen3 {
 

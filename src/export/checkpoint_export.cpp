@@ -1,12 +1,12 @@
-#include "qwen3/checkpoint_export.h"
+#include "qwen3/export/checkpoint_export.h"
 
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
 
-#include "qwen3/checkpoint.h"
-#include "qwen3/dat_tensor.h"
-#include "qwen3/quantize_dat.h"
+#include "qwen3/checkpoint/checkpoint.h"
+#include "qwen3/dat/dat_tensor.h"
+#include "qwen3/export/quantize_dat.h"
 
 namespace qwen3 {
 namespace {

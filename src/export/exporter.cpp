@@ -1,4 +1,4 @@
-#include "qwen3/exporter.h"
+#include "qwen3/export/exporter.h"
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -6,10 +6,10 @@
 
 #include <map>
 
-#include "qwen3/checkpoint.h"
-#include "qwen3/dat_tensor.h"
-#include "qwen3/model_loader.h"
-#include "qwen3/quantize_dat.h"
+#include "qwen3/checkpoint/checkpoint.h"
+#include "qwen3/dat/dat_tensor.h"
+#include "qwen3/model/model_loader.h"
+#include "qwen3/export/quantize_dat.h"
 
 namespace qwen3 {
 namespace {

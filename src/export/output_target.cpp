@@ -1,4 +1,4 @@
-#include "qwen3/output_target.h"
+#include "qwen3/export/output_target.h"
 
 #include <unistd.h>
 
@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <system_error>
 
-#include "qwen3/error.h"
+#include "qwen3/base/error.h"
 
 namespace qwen3 {
 namespace {

@@ -1,13 +1,13 @@
-#include "qwen3/quantize_dat.h"
+#include "qwen3/export/quantize_dat.h"
 
 #include <ATen/ATen.h>
 #include <sys/stat.h>
 
 #include <cmath>
 
-#include "qwen3/dat.h"
-#include "qwen3/dat_tensor.h"
-#include "qwen3/nvfp4_pair_writer.h"
+#include "qwen3/dat/dat.h"
+#include "qwen3/dat/dat_tensor.h"
+#include "qwen3/nvfp4/nvfp4_pair_writer.h"
 
 namespace qwen3 {
 namespace {

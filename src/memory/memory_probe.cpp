@@ -1,4 +1,4 @@
-#include "qwen3/memory_probe.h"
+#include "qwen3/memory/memory_probe.h"
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
@@ -14,7 +14,7 @@
 #include <string>
 #include <thread>
 
-#include "qwen3/error.h"
+#include "qwen3/base/error.h"
 
 #if defined(QWEN3_TORCH_HAS_CUDA)
 #include <c10/cuda/CUDACachingAllocator.h>

@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "qwen3/error.h"
+#include "qwen3/base/error.h"
 
 #if defined(QWEN3_WITH_CUDA_KERNELS) && defined(QWEN3_TORCH_HAS_CUDA)
 #include <c10/cuda/CUDAGuard.h>

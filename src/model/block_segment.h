@@ -7,7 +7,7 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
-#include "qwen3/model.h"
+#include "qwen3/model/model.h"
 
 namespace qwen3 {
 

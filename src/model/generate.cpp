@@ -1,4 +1,4 @@
-#include "qwen3/generate.h"
+#include "qwen3/model/generate.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -6,9 +6,9 @@
 #include <spdlog/spdlog.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
-#include "qwen3/chat_format.h"
-#include "qwen3/error.h"
-#include "qwen3/lm_loss.h"
+#include "qwen3/tokenizer/chat_format.h"
+#include "qwen3/base/error.h"
+#include "qwen3/model/lm_loss.h"
 
 #include <algorithm>
 #include <limits>

@@ -1,4 +1,4 @@
-#include "qwen3/layout.h"
+#include "qwen3/model/layout.h"
 
 namespace qwen3 {
 

@@ -1,4 +1,4 @@
-#include "qwen3/lm_loss.h"
+#include "qwen3/model/lm_loss.h"
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>

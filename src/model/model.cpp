@@ -1,4 +1,4 @@
-#include "qwen3/model.h"
+#include "qwen3/model/model.h"
 
 #include <ATen/ATen.h>
 #include <torch/version.h>
@@ -7,8 +7,8 @@
 
 #include "block_segment.h"
 #include "model/activation_ops.h"
-#include "qwen3/error.h"
-#include "qwen3/layout.h"
+#include "qwen3/base/error.h"
+#include "qwen3/model/layout.h"
 
 #include <algorithm>
 #include <cmath>
@@ -22,7 +22,7 @@ at::Tensor dense_projection(const at::Tensor& x, const at::Tensor& weight) {
 }
 
 // Which field holds the tensor of a file key. The keys, their shapes and their order are the layout's
-// (qwen3_tensors, include/qwen3/layout.h) alone; this only names the field of each.
+// (qwen3_tensors, include/qwen3/model/layout.h) alone; this only names the field of each.
 at::Tensor* Qwen3Model::field_of(const std::string& key) {
   if (key == "model.embed_tokens.weight") return &embed_tokens;
   if (key == "model.norm.weight") return &final_norm;

@@ -1,4 +1,4 @@
-#include "qwen3/model_loader.h"
+#include "qwen3/model/model_loader.h"
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -10,10 +10,10 @@
 #include <set>
 #include <string_view>
 
-#include "qwen3/dat_tensor.h"
-#include "qwen3/layout.h"
-#include "qwen3/message_text.h"
-#include "qwen3/nvfp4_ops.h"
+#include "qwen3/dat/dat_tensor.h"
+#include "qwen3/model/layout.h"
+#include "qwen3/base/message_text.h"
+#include "qwen3/nvfp4/nvfp4_ops.h"
 
 namespace qwen3 {
 namespace {

@@ -1,7 +1,7 @@
 // Random weights of realistic scale: projections ~ N(0, 1/in) (unit-variance activations stay unit
 // variance), embedding ~ N(0, 0.02^2) as in the HF initializer, norms ~ 1 + N(0, 0.05^2). lm_head reuses the
 // embedding's random stream, so a tied config and the file's separate lm_head pair agree, as in the real file.
-#include "qwen3/synth.h"
+#include "qwen3/model/synth.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -10,9 +10,9 @@
 
 #include <filesystem>
 
-#include "qwen3/dat.h"
-#include "qwen3/layout.h"
-#include "qwen3/nvfp4_pair_writer.h"
+#include "qwen3/dat/dat.h"
+#include "qwen3/model/layout.h"
+#include "qwen3/nvfp4/nvfp4_pair_writer.h"
 
 namespace qwen3 {
 namespace {

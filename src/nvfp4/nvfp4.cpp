@@ -11,8 +11,8 @@
 #include <string>
 
 #include "nvfp4/block16.h"
-#include "qwen3/error.h"
-#include "qwen3/nvfp4.h"
+#include "qwen3/base/error.h"
+#include "qwen3/nvfp4/nvfp4.h"
 
 // The squared errors of the search mode are summed in a fixed tree; a fused multiply-add would round
 // differently from the CUDA kernels, so contraction stays off whatever the compiler's default.

@@ -4,8 +4,8 @@
 
 #include <ATen/ATen.h>
 
-#include "qwen3/error.h"
-#include "qwen3/nvfp4_ops.h"
+#include "qwen3/base/error.h"
+#include "qwen3/nvfp4/nvfp4_ops.h"
 
 #if defined(QWEN3_WITH_CUDA_KERNELS) && defined(QWEN3_TORCH_HAS_CUDA)
 #include <c10/cuda/CUDAGuard.h>

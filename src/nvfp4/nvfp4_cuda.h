@@ -4,7 +4,7 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
-#include "qwen3/nvfp4.h"
+#include "qwen3/nvfp4/nvfp4.h"
 
 namespace qwen3::nvfp4 {
 

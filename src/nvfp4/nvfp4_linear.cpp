@@ -1,5 +1,5 @@
 // The straight-through NVFP4 linear as one custom autograd function (no W + (deq(Q(W)) - W).detach() graph).
-#include "qwen3/nvfp4_linear.h"
+#include "qwen3/nvfp4/nvfp4_linear.h"
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
@@ -8,9 +8,9 @@
 #include <string>
 
 #include "nvfp4/nvfp4_cuda.h"
-#include "qwen3/error.h"
-#include "qwen3/message_text.h"
-#include "qwen3/nvfp4_ops.h"
+#include "qwen3/base/error.h"
+#include "qwen3/base/message_text.h"
+#include "qwen3/nvfp4/nvfp4_ops.h"
 
 namespace qwen3::nvfp4 {
 namespace {

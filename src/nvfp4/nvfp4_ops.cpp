@@ -1,5 +1,5 @@
 // Tensor-level NVFP4: shape and dtype checks, then the CPU codec or the CUDA kernels by device.
-#include "qwen3/nvfp4_ops.h"
+#include "qwen3/nvfp4/nvfp4_ops.h"
 
 #include <ATen/ATen.h>
 
@@ -7,8 +7,8 @@
 #include <string>
 
 #include "nvfp4/nvfp4_cuda.h"
-#include "qwen3/error.h"
-#include "qwen3/message_text.h"
+#include "qwen3/base/error.h"
+#include "qwen3/base/message_text.h"
 
 namespace qwen3::nvfp4 {
 namespace {

@@ -1,4 +1,4 @@
-#include "qwen3/nvfp4_pair_writer.h"
+#include "qwen3/nvfp4/nvfp4_pair_writer.h"
 
 namespace qwen3 {
 

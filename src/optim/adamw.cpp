@@ -10,8 +10,8 @@
 #include "optim/adamw_step.h"
 #include "optim/counter_random.h"
 #include "optim/moment_codec.h"
-#include "qwen3/error.h"
-#include "qwen3/optim.h"
+#include "qwen3/base/error.h"
+#include "qwen3/optim/optim.h"
 
 namespace qwen3 {
 namespace {

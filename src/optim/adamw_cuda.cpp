@@ -4,7 +4,7 @@
 #include <string>
 
 #include "optim/adamw_step.h"
-#include "qwen3/error.h"
+#include "qwen3/base/error.h"
 
 #if defined(QWEN3_WITH_CUDA_KERNELS) && defined(QWEN3_TORCH_HAS_CUDA)
 #include <c10/cuda/CUDAGuard.h>

@@ -4,7 +4,7 @@
 
 #include "adamw_update.cuh"
 
-#include "qwen3/optim.h"
+#include "qwen3/optim/optim.h"
 
 namespace qwen3::optim_detail {
 namespace {

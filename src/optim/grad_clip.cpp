@@ -4,7 +4,7 @@
 #include <cmath>
 #include <vector>
 
-#include "qwen3/optim.h"
+#include "qwen3/optim/optim.h"
 
 namespace qwen3 {
 

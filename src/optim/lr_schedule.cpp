@@ -2,8 +2,8 @@
 #include <cmath>
 #include <string>
 
-#include "qwen3/error.h"
-#include "qwen3/optim.h"
+#include "qwen3/base/error.h"
+#include "qwen3/optim/optim.h"
 
 namespace qwen3 {
 

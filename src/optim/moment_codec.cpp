@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "optim/adamw_step.h"
-#include "qwen3/error.h"
+#include "qwen3/base/error.h"
 
 namespace qwen3::optim_detail {
 

@@ -8,7 +8,7 @@
 #include <cstdint>
 
 #include "adamw_update.cuh"
-#include "qwen3/optim.h"
+#include "qwen3/optim/optim.h"
 
 namespace qwen3 {
 

@@ -1,4 +1,4 @@
-#include "qwen3/chat_format.h"
+#include "qwen3/tokenizer/chat_format.h"
 
 namespace qwen3 {
 namespace {

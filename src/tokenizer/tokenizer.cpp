@@ -6,8 +6,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "qwen3/file_io.h"
-#include "qwen3/error.h"
+#include "qwen3/base/file_io.h"
+#include "qwen3/base/error.h"
 #include "tokenizer_impl.h"
 #include "unicode_text.h"
 

@@ -9,7 +9,7 @@
 
 #include "bpe.h"
 #include "pretokenizer.h"
-#include "qwen3/tokenizer.h"
+#include "qwen3/tokenizer/tokenizer.h"
 
 namespace qwen3::tok {
 

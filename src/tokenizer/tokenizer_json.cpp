@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "qwen3/error.h"
-#include "qwen3/json_limits.h"
+#include "qwen3/base/error.h"
+#include "qwen3/base/json_limits.h"
 #include "tokenizer_impl.h"
 #include "unicode_text.h"
 

@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <memory>
 
-#include "qwen3/error.h"
+#include "qwen3/base/error.h"
 
 namespace qwen3::unicode {
 namespace {

@@ -1,10 +1,10 @@
-#include "qwen3/evaluate.h"
+#include "qwen3/trainer/evaluate.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
-#include "qwen3/error.h"
-#include "qwen3/lm_loss.h"
+#include "qwen3/base/error.h"
+#include "qwen3/model/lm_loss.h"
 
 namespace qwen3 {
 

@@ -8,8 +8,8 @@
 #include <utility>
 #include <vector>
 
-#include "qwen3/model.h"
-#include "qwen3/optim.h"
+#include "qwen3/model/model.h"
+#include "qwen3/optim/optim.h"
 
 namespace qwen3::train_detail {
 

@@ -1,14 +1,14 @@
 // The step's memory, simulated: a running count of live tensor bytes that allocates and frees what the trainer's
 // phases allocate and free, with the short-lived temporaries of each operation as spikes above it.
-#include "qwen3/memory_model.h"
+#include "qwen3/trainer/memory_model.h"
 
 #include <torch/version.h>
 
 #include <algorithm>
 
-#include "qwen3/layout.h"
-#include "qwen3/nvfp4_linear.h"
-#include "qwen3/optim.h"
+#include "qwen3/model/layout.h"
+#include "qwen3/nvfp4/nvfp4_linear.h"
+#include "qwen3/optim/optim.h"
 #include "train_setup.h"
 
 namespace qwen3 {

@@ -8,8 +8,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include "qwen3/durable_file.h"
-#include "qwen3/error.h"
+#include "qwen3/dat/durable_file.h"
+#include "qwen3/base/error.h"
 
 namespace qwen3::train_detail {
 namespace {

@@ -8,9 +8,9 @@
 #include <chrono>
 #include <string>
 
-#include "qwen3/memory_model.h"
-#include "qwen3/memory_probe.h"
-#include "qwen3/step_time_model.h"
+#include "qwen3/trainer/memory_model.h"
+#include "qwen3/memory/memory_probe.h"
+#include "qwen3/trainer/step_time_model.h"
 
 namespace qwen3::train_detail {
 

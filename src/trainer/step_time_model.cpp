@@ -1,12 +1,12 @@
 // The step-time model: FLOPs and bytes of each phase of one training step, turned into time. docs/performance.md.
-#include "qwen3/step_time_model.h"
+#include "qwen3/trainer/step_time_model.h"
 
 #include <algorithm>
 
-#include "qwen3/error.h"
-#include "qwen3/layout.h"
-#include "qwen3/nvfp4_linear.h"
-#include "qwen3/optim.h"
+#include "qwen3/base/error.h"
+#include "qwen3/model/layout.h"
+#include "qwen3/nvfp4/nvfp4_linear.h"
+#include "qwen3/optim/optim.h"
 #include "train_setup.h"
 
 namespace qwen3 {

@@ -4,9 +4,9 @@
 #include <fmt/format.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
-#include "qwen3/layout.h"
-#include "qwen3/lm_loss.h"
-#include "qwen3/nvfp4_linear.h"
+#include "qwen3/model/layout.h"
+#include "qwen3/model/lm_loss.h"
+#include "qwen3/nvfp4/nvfp4_linear.h"
 
 namespace qwen3 {
 

@@ -5,13 +5,13 @@
 #include <memory>
 #include <unordered_map>
 
-#include "qwen3/data.h"
-#include "qwen3/dat.h"
-#include "qwen3/model.h"
-#include "qwen3/nvfp4_ops.h"
-#include "qwen3/optim.h"
-#include "qwen3/checkpoint.h"
-#include "qwen3/trainer.h"
+#include "qwen3/data/data.h"
+#include "qwen3/dat/dat.h"
+#include "qwen3/model/model.h"
+#include "qwen3/nvfp4/nvfp4_ops.h"
+#include "qwen3/optim/optim.h"
+#include "qwen3/checkpoint/checkpoint.h"
+#include "qwen3/trainer/trainer.h"
 
 namespace qwen3::train_detail {
 

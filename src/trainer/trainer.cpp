@@ -1,5 +1,5 @@
-#include "qwen3/file_io.h"
-#include "qwen3/trainer.h"
+#include "qwen3/base/file_io.h"
+#include "qwen3/trainer/trainer.h"
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -14,16 +14,16 @@
 #include <limits>
 #include <optional>
 
-#include "qwen3/checkpoint.h"
-#include "qwen3/dat_tensor.h"
-#include "qwen3/evaluate.h"
-#include "qwen3/output_target.h"
-#include "qwen3/exporter.h"
-#include "qwen3/memory_model.h"
-#include "qwen3/model_loader.h"
-#include "qwen3/nvfp4_linear.h"
-#include "qwen3/nvfp4_ops.h"
-#include "qwen3/step_time_model.h"
+#include "qwen3/checkpoint/checkpoint.h"
+#include "qwen3/dat/dat_tensor.h"
+#include "qwen3/trainer/evaluate.h"
+#include "qwen3/export/output_target.h"
+#include "qwen3/export/exporter.h"
+#include "qwen3/trainer/memory_model.h"
+#include "qwen3/model/model_loader.h"
+#include "qwen3/nvfp4/nvfp4_linear.h"
+#include "qwen3/nvfp4/nvfp4_ops.h"
+#include "qwen3/trainer/step_time_model.h"
 #include "fused_updater.h"
 #include "memory_report.h"
 #include "train_setup.h"

@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "qwen3/dat.h"
+#include "qwen3/dat/dat.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {

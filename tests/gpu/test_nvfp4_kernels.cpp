@@ -14,7 +14,7 @@
 #include "gpu_test_util.h"
 #include "nvfp4_codec.cuh"
 #include "nvfp4_test_data.h"
-#include "qwen3/nvfp4.h"
+#include "qwen3/nvfp4/nvfp4.h"
 #include "qwen3_kernels.h"
 
 namespace qwen3 {

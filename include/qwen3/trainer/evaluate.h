@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "qwen3/data.h"
-#include "qwen3/model.h"
+#include "qwen3/data/data.h"
+#include "qwen3/model/model.h"
 
 namespace qwen3 {
 

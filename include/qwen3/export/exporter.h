@@ -11,8 +11,8 @@
 #include <utility>
 #include <vector>
 
-#include "qwen3/dat.h"
-#include "qwen3/nvfp4.h"
+#include "qwen3/dat/dat.h"
+#include "qwen3/nvfp4/nvfp4.h"
 
 namespace qwen3 {
 

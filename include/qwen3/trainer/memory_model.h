@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "qwen3/config.h"
-#include "qwen3/step_time_model.h"
-#include "qwen3/trainer.h"
+#include "qwen3/config/config.h"
+#include "qwen3/trainer/step_time_model.h"
+#include "qwen3/trainer/trainer.h"
 
 namespace qwen3 {
 

@@ -4,7 +4,7 @@
 #include <optional>
 #include <string>
 
-#include "qwen3/exporter.h"
+#include "qwen3/export/exporter.h"
 
 namespace qwen3 {
 

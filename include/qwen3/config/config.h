@@ -10,7 +10,7 @@
 
 namespace qwen3 {
 
-// The handful of sizes that determine every tensor of a Qwen3 model (the key layout: qwen3/layout.h).
+// The handful of sizes that determine every tensor of a Qwen3 model (the key layout: qwen3/model/layout.h).
 struct ModelShape {
   int64_t hidden = 0;
   int64_t layers = 0;

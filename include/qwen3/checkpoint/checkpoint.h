@@ -14,7 +14,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "qwen3/nvfp4.h"
+#include "qwen3/nvfp4/nvfp4.h"
 
 namespace qwen3 {
 

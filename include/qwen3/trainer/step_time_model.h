@@ -8,8 +8,8 @@
 #include <string_view>
 #include <vector>
 
-#include "qwen3/config.h"
-#include "qwen3/trainer.h"
+#include "qwen3/config/config.h"
+#include "qwen3/trainer/trainer.h"
 
 namespace qwen3 {
 

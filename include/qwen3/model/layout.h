@@ -8,8 +8,8 @@
 #include <string_view>
 #include <vector>
 
-#include "qwen3/config.h"
-#include "qwen3/dat.h"
+#include "qwen3/config/config.h"
+#include "qwen3/dat/dat.h"
 
 namespace qwen3 {
 

@@ -9,7 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "qwen3/error.h"
+#include "qwen3/base/error.h"
 
 namespace qwen3 {
 

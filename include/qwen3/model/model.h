@@ -8,7 +8,7 @@
 #include <functional>
 #include <vector>
 
-#include "qwen3/config.h"
+#include "qwen3/config/config.h"
 
 namespace qwen3 {
 

@@ -5,8 +5,8 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
-#include "qwen3/nvfp4.h"
-#include "qwen3/nvfp4_ops.h"
+#include "qwen3/nvfp4/nvfp4.h"
+#include "qwen3/nvfp4/nvfp4_ops.h"
 
 namespace qwen3::nvfp4 {
 

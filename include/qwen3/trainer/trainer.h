@@ -8,9 +8,9 @@
 #include <optional>
 #include <string>
 
-#include "qwen3/data.h"
-#include "qwen3/nvfp4.h"
-#include "qwen3/optim.h"
+#include "qwen3/data/data.h"
+#include "qwen3/nvfp4/nvfp4.h"
+#include "qwen3/optim/optim.h"
 
 namespace qwen3 {
 

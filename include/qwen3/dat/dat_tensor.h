@@ -6,7 +6,7 @@
 #include <optional>
 #include <string_view>
 
-#include "qwen3/dat.h"
+#include "qwen3/dat/dat.h"
 
 namespace qwen3 {
 

@@ -12,7 +12,7 @@
 #include <string_view>
 #include <vector>
 
-#include "qwen3/tokenizer.h"
+#include "qwen3/tokenizer/tokenizer.h"
 
 namespace qwen3 {
 

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "qwen3/dat.h"
-#include "qwen3/nvfp4.h"
+#include "qwen3/dat/dat.h"
+#include "qwen3/nvfp4/nvfp4.h"
 
 namespace qwen3 {
 

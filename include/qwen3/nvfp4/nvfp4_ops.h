@@ -1,9 +1,9 @@
-// NVFP4 on libtorch tensors: the canonical codec (qwen3/nvfp4.h) for CPU tensors and the CUDA kernels
+// NVFP4 on libtorch tensors: the canonical codec (qwen3/nvfp4/nvfp4.h) for CPU tensors and the CUDA kernels
 // (kernels/qwen3_kernels.h) for CUDA tensors, which give the same bytes.
 #pragma once
 #include <ATen/core/Tensor.h>
 
-#include "qwen3/nvfp4.h"
+#include "qwen3/nvfp4/nvfp4.h"
 
 namespace qwen3::nvfp4 {
 

@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "qwen3/error.h"
+#include "qwen3/base/error.h"
 
 namespace qwen3 {
 

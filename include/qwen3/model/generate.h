@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "qwen3/model.h"
-#include "qwen3/tokenizer.h"
+#include "qwen3/model/model.h"
+#include "qwen3/tokenizer/tokenizer.h"
 
 namespace qwen3 {
 

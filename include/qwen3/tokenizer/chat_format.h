@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "qwen3/tokenizer.h"
+#include "qwen3/tokenizer/tokenizer.h"
 
 namespace qwen3 {
 

@@ -11,7 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "qwen3/dat.h"
+#include "qwen3/dat/dat.h"
 
 namespace qwen3 {
 

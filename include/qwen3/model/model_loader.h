@@ -3,8 +3,8 @@
 #pragma once
 #include <memory>
 
-#include "qwen3/dat.h"
-#include "qwen3/model.h"
+#include "qwen3/dat/dat.h"
+#include "qwen3/model/model.h"
 
 namespace qwen3 {
 

@@ -4,8 +4,8 @@
 #include <cstdint>
 #include <string>
 
-#include "qwen3/config.h"
-#include "qwen3/nvfp4.h"
+#include "qwen3/config/config.h"
+#include "qwen3/nvfp4/nvfp4.h"
 
 namespace qwen3 {
 

@@ -107,6 +107,24 @@ TEST(Layout, LayerOfKey) {
   EXPECT_EQ(layer_of_key("model.layers.12345678901.weight"), std::nullopt);  // no overflow: refused
 }
 
+// train --synthetic's model: written once into its folder, then found there again (a resume trains the same
+// weights); no folder: a fresh temporary one each time.
+TEST(Synth, TrainingModelIsWrittenOnceAndReused) {
+  test::TempDir dir;
+  const Qwen3Config config = test::trainable_tiny_config();
+  const SynthResult first = synthetic_training_model(config, 3, dir.file("synthetic-model"));
+  EXPECT_GT(first.entries, 0u);
+  const std::string bytes = test::slurp(first.dat_path);
+  const SynthResult again = synthetic_training_model(config, 4, dir.file("synthetic-model"));
+  EXPECT_EQ(again.entries, 0u) << "found, not written";
+  EXPECT_EQ(again.dat_path, first.dat_path);
+  EXPECT_EQ(test::slurp(again.dat_path), bytes);
+  const SynthResult fresh = synthetic_training_model(config, 3, "");
+  EXPECT_NE(fresh.dat_path, first.dat_path);
+  EXPECT_GT(fresh.entries, 0u);
+  std::filesystem::remove_all(std::filesystem::path(fresh.dat_path).parent_path());
+}
+
 TEST(Synth, WritesTheRealLayoutDeterministically) {
   test::TempDir dir;
   SynthOptions opt;

@@ -36,20 +36,12 @@ struct TrainFlags {
 // --config), written once with `synth` into the checkpoint directory (or a temporary one) and reused on resume.
 void make_synthetic_weights(TrainFlags& f) {
   TrainOptions& o = f.o;
-  SynthOptions s;
-  s.config = o.config.empty() ? preset_config("tiny") : load_config(o.config);
-  s.seed = o.data.seed;
-  if (!o.checkpoint_dir.empty()) {
-    s.out_dir = o.checkpoint_dir + "/synthetic-model";
-  } else {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "qwen3-synthetic-XXXXXX").string();
-    if (!::mkdtemp(tmpl.data())) throw Error("cannot create a temporary directory for --synthetic");
-    s.out_dir = tmpl;
-  }
-  if (!std::filesystem::exists(s.out_dir + "/model.dat")) write_synthetic_model(s);
-  o.weights = s.out_dir + "/model.dat";
-  o.config = s.out_dir + "/config.json";
-  spdlog::info("--synthetic: training random weights in {}", s.out_dir);
+  const Qwen3Config config = o.config.empty() ? preset_config("tiny") : load_config(o.config);
+  const SynthResult model =
+      synthetic_training_model(config, o.data.seed, o.checkpoint_dir.empty() ? "" : o.checkpoint_dir + "/synthetic-model");
+  o.weights = model.dat_path;
+  o.config = model.config_path;
+  spdlog::info("--synthetic: training random weights in {}", o.weights);
 }
 
 // The original's after-export self-test: greedy reply of the exported model to one prompt.

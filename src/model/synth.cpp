@@ -8,6 +8,9 @@
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 
 #include "qwen3/dat/dat.h"
@@ -45,6 +48,24 @@ uint64_t stream_seed(uint64_t seed, const std::string& key) {
 }
 
 }  // namespace
+
+SynthResult synthetic_training_model(const Qwen3Config& config, uint64_t seed, const std::string& folder) {
+  SynthOptions s;
+  s.config = config;
+  s.seed = seed;
+  s.out_dir = folder;
+  if (s.out_dir.empty()) {
+    std::string pattern = (std::filesystem::temp_directory_path() / "qwen3-synthetic-XXXXXX").string();
+    if (!::mkdtemp(pattern.data()))
+      throw Error(std::string("cannot create a temporary folder for --synthetic: ") + std::strerror(errno));
+    s.out_dir = pattern;
+  }
+  if (!std::filesystem::exists(s.out_dir + "/model.dat")) return write_synthetic_model(s);
+  SynthResult existing;
+  existing.dat_path = s.out_dir + "/model.dat";
+  existing.config_path = s.out_dir + "/config.json";
+  return existing;
+}
 
 SynthResult write_synthetic_model(const SynthOptions& opt) {
   const Qwen3Config& cfg = opt.config;

@@ -27,4 +27,9 @@ struct SynthResult {
 
 SynthResult write_synthetic_model(const SynthOptions& options);
 
+// The model `train --synthetic` trains: random weights of `config`'s shape, written once into `folder` and
+// reused while a model.dat is there (a resume finds the same weights); an empty `folder`: a fresh temporary one.
+// The result names the files (its counts are those of a fresh write only).
+SynthResult synthetic_training_model(const Qwen3Config& config, uint64_t seed, const std::string& folder);
+
 }  // namespace qwen3

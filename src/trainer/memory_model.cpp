@@ -66,207 +66,260 @@ u64 StepMemoryPlan::peak() const {
   return p;
 }
 
-StepMemoryPlan predict_step_memory(const Qwen3Config& config, bool separate_head, const TrainOptions& o,
-                                   const c10::Device& device, DenseFileType dense_file, bool sdpa) {
-  const ModelShape s = config.shape();
-  const bool cuda = device.is_cuda();
-  const u64 e = o.master_dtype == MasterDtype::bfloat16 ? 2 : 4;  // master bytes an element (weights, gradients)
-  const bool bf16 = e == 2;
-  const u64 a = train_detail::compute_scalar_type(o, device) == at::kBFloat16 ? 2 : 4;  // activation bytes an element
-  const bool abf16 = a == 2;
-  const u64 B = static_cast<u64>(o.data.batch_size), T = static_cast<u64>(o.data.seq_len), N = B * T;
-  const u64 H = s.hidden, Q = s.heads * s.head_dim, KV = s.kv_heads * s.head_dim, I = s.intermediate, V = s.vocab;
-  const u64 nh = s.heads;
-  const bool grouped = s.heads != s.kv_heads;
-  const MomentStorage storage = o.adamw.moments;
+namespace {
 
-  StepMemoryPlan plan;
-  // The model's tensors, the blocks' sizes, what trains.
-  std::vector<BlockSizes> blocks(s.layers);
-  u64 largest_dense = 0, largest_quantized = 0, nonblock_grad = 0;
-  u64 dense_weights = 0, largest_frozen = 0;
+// Everything the phases need, counted once from the configuration and the options.
+struct StepSizes {
+  const TrainOptions& o;
+  ModelShape s;
+  bool separate_head = false, cuda = false, sdpa = false;
+  u64 e = 4, a = 4;         // master and activation bytes an element
+  bool bf16 = false, abf16 = false;
+  u64 B = 0, T = 0, N = 0, H = 0, Q = 0, KV = 0, I = 0, V = 0, nh = 0;
+  bool grouped = false;
+  std::vector<BlockSizes> blocks;
+  u64 weights = 0, moments = 0, gradients = 0;  // the plan's totals
+  u64 largest_dense = 0, largest_quantized = 0, nonblock_grad = 0, dense_weights = 0, largest_frozen = 0;
   bool embedding_trains = false, head_trains = false;
   u64 optimizer_piece_max = 0, nonblock_piece_max = 0;
-  for (const auto& spec : qwen3_tensors(s, separate_head)) {
-    u64 n = 1;
-    for (int64_t d : spec.shape) n *= static_cast<u64>(d);
-    const bool trains = train_detail::is_trainable(spec.key, s.layers, o);
-    const bool block_projection = spec.quantizable && spec.key.rfind("model.layers.", 0) == 0;
-    // Frozen block projections are held as their codes once loaded (train_setup.h).
-    const bool as_codes = block_projection && !trains && o.frozen_projections_as_codes;
-    dense_weights += n * e;
-    plan.weights += as_codes ? n * 9 / 16 : n * e;
-    if (as_codes) largest_frozen = std::max(largest_frozen, n);
-    const int64_t rows = spec.shape[0], cols = spec.shape.size() > 1 ? spec.shape[1] : 1;
-    const u64 piece = static_cast<u64>(optimizer_piece_rows(o.adamw.step_chunk_rows, rows, cols, device)) * cols;
-    if (trains) {
-      plan.moments += moment_state_bytes(spec.shape, storage);
-      plan.gradients += n * e;
-      optimizer_piece_max = std::max(optimizer_piece_max, piece);
-    }
-    if (spec.key.rfind("model.layers.", 0) == 0) {
-      BlockSizes& b = blocks[std::stoll(spec.key.substr(13))];
-      b.parameters += n;
-      if (trains) b.trainable += n;
-      if (spec.quantizable) b.projections += n, b.largest_projection = std::max(b.largest_projection, n);
-      if (spec.quantizable && trains) b.trained_projections += n;
-    } else if (trains) {
-      nonblock_grad += n * e;
-      nonblock_piece_max = std::max(nonblock_piece_max, piece);
-      if (spec.key == "model.embed_tokens.weight") embedding_trains = true;
-      if (spec.key == "lm_head.weight") head_trains = true;
-    }
-    if (spec.quantizable) largest_quantized = std::max(largest_quantized, n);
-    else largest_dense = std::max(largest_dense, n);
+  int64_t first_graph_block = 0;  // autograd records nothing before the first tensor that trains
+  u64 scratch = 0;                // a GPU's reused dequantization buffer (nvfp4_linear.h)
+  bool scratch_in_forward = false;
+  // What autograd keeps of one block per token, and the short-lived activations (docs/memory.md).
+  u64 block_saved_per_token = 0, mlp_saved = 0, attention_forward_temp = 0, mlp_temp = 0;
+  u64 block_backward_activation_temp = 0;
+  u64 width = 0;  // the cross-entropy's vocabulary slice
+
+  static constexpr u64 kCodesPerElementX16 = 9;  // 8 bits of codes + 1 byte of scale per 16 elements: 9/16 byte
+
+  StepSizes(const Qwen3Config& config, bool separate, const TrainOptions& options, const c10::Device& device,
+            bool uses_sdpa)
+      : o(options), s(config.shape()), separate_head(separate), cuda(device.is_cuda()), sdpa(uses_sdpa) {
+    e = o.master_dtype == MasterDtype::bfloat16 ? 2 : 4;
+    bf16 = e == 2;
+    a = train_detail::compute_scalar_type(o, device) == at::kBFloat16 ? 2 : 4;
+    abf16 = a == 2;
+    B = static_cast<u64>(o.data.batch_size), T = static_cast<u64>(o.data.seq_len), N = B * T;
+    H = s.hidden, Q = s.heads * s.head_dim, KV = s.kv_heads * s.head_dim, I = s.intermediate, V = s.vocab;
+    nh = s.heads;
+    grouped = s.heads != s.kv_heads;
+    count_tensors(device);
+    count_activations();
   }
-  const u64 opt_temp_per_element = optimizer_temp_per_element(bf16);
-  // Autograd records nothing before the first tensor that trains: blocks ahead of it keep no activations and
-  // see no backward.
-  int64_t first_graph_block = s.layers;
-  if (embedding_trains) first_graph_block = 0;
-  for (int64_t l = s.layers - 1; l >= 0; --l)
-    if (blocks[l].trainable > 0 && l < first_graph_block) first_graph_block = l;
-  const u64 codes_per_element_x16 = 9;  // 8 bits of codes + 1 byte of scale per 16 elements: 9/16 byte
+
+  // The model's tensors, the blocks' sizes, what trains.
+  void count_tensors(const c10::Device& device) {
+    blocks.assign(s.layers, BlockSizes{});
+    for (const auto& spec : qwen3_tensors(s, separate_head)) {
+      u64 n = 1;
+      for (int64_t d : spec.shape) n *= static_cast<u64>(d);
+      const bool trains = train_detail::is_trainable(spec.key, s.layers, o);
+      const std::optional<int64_t> layer = layer_of_key(spec.key);
+      const bool block_projection = spec.quantizable && layer.has_value();
+      // Frozen block projections are held as their codes once loaded (train_setup.h).
+      const bool as_codes = block_projection && !trains && o.frozen_projections_as_codes;
+      dense_weights += n * e;
+      weights += as_codes ? n * 9 / 16 : n * e;
+      if (as_codes) largest_frozen = std::max(largest_frozen, n);
+      const int64_t rows = spec.shape[0], cols = spec.shape.size() > 1 ? spec.shape[1] : 1;
+      const u64 piece = static_cast<u64>(optimizer_piece_rows(o.adamw.step_chunk_rows, rows, cols, device)) * cols;
+      if (trains) {
+        moments += moment_state_bytes(spec.shape, o.adamw.moments);
+        gradients += n * e;
+        optimizer_piece_max = std::max(optimizer_piece_max, piece);
+      }
+      if (layer) {
+        BlockSizes& b = blocks[static_cast<size_t>(*layer)];
+        b.parameters += n;
+        if (trains) b.trainable += n;
+        if (spec.quantizable) b.projections += n, b.largest_projection = std::max(b.largest_projection, n);
+        if (spec.quantizable && trains) b.trained_projections += n;
+      } else if (trains) {
+        nonblock_grad += n * e;
+        nonblock_piece_max = std::max(nonblock_piece_max, piece);
+        if (spec.key == "model.embed_tokens.weight") embedding_trains = true;
+        if (spec.key == "lm_head.weight") head_trains = true;
+      }
+      if (spec.quantizable) largest_quantized = std::max(largest_quantized, n);
+      else largest_dense = std::max(largest_dense, n);
+    }
+    first_graph_block = embedding_trains ? 0 : s.layers;
+    for (int64_t l = s.layers - 1; l >= 0; --l)
+      if (blocks[l].trainable > 0 && l < first_graph_block) first_graph_block = l;
+    u64 largest_block_projection = 0;
+    for (const BlockSizes& b : blocks) largest_block_projection = std::max(largest_block_projection, b.largest_projection);
+    // Held from the first product that needs it: in forward from kNvfp4KernelMaxRows tokens on (below, the
+    // kernel reads the codes), else from the first backward.
+    scratch = cuda ? a * largest_block_projection : 0;
+    scratch_in_forward = cuda && (N >= static_cast<u64>(nvfp4::kNvfp4KernelMaxRows) || !abf16);
+  }
+
+  void count_activations() {
+    const u64 norm_saved = (4 + 2 * a) * H + 4;  // fp32 input copy (or the input), normed, output
+    const u64 qk_saved = (4 + a) * (Q + KV) + 4 * (nh + s.kv_heads);
+    u64 attention_saved = a * Q /*q after RoPE*/ + a * Q /*the merged heads, copied for o_proj*/;
+    if (sdpa) {
+      attention_saved += (grouped ? 2 * a * Q : 2 * a * KV) + a * Q /*output*/ + 4 * nh /*log-sum-exp*/;
+      if (!cuda) attention_saved += 4 * nh * T;  // the CPU math path keeps the probabilities
+    } else {
+      attention_saved += (grouped ? 2 * a * Q : 2 * a * KV) + 4 * nh * T + (abf16 ? 2 * nh * T : 0);
+    }
+    mlp_saved = 4 * a * I;  // gate, silu(gate), up, their product
+    block_saved_per_token = 2 * norm_saved + qk_saved + attention_saved + mlp_saved;
+    // Attention scores [B, heads, T, T]: with the explicit softmax two fp32 copies are alive at once in forward
+    // (scores and masked, or probabilities and their typed copy) and two gradients in backward; a GPU's fused
+    // attention has none. The MLP: gate, up and silu outputs (forward without a graph), their gradients
+    // (backward).
+    const bool explicit_scores = !(sdpa && cuda);
+    const u64 scores = B * nh * T * T;
+    attention_forward_temp = explicit_scores ? scores * 8 : 0;
+    const u64 attention_backward_temp = explicit_scores ? scores * 8 : N * 3 * a * Q;
+    mlp_temp = N * 3 * a * I;
+    // Backward of a block: the MLP's part runs first; by the time attention's runs, its saved tensors are gone.
+    block_backward_activation_temp =
+        std::max(mlp_temp, attention_backward_temp > mlp_saved * N ? attention_backward_temp - mlp_saved * N : 0);
+    width = std::min<u64>(V, std::max<u64>(256, (u64{1} << 24) / std::max<u64>(N, 1)));
+  }
 
   // The straight-through linear's temporaries for a projection of n elements: on CPU the weight is quantized
   // from an fp32 copy and dequantized (to fp32, then the compute dtype) for the product; on a GPU the kernel
-  // reads the codes directly in forward and backward dequantizes once to the compute dtype.
-  // On a GPU every dequantization for a product goes into one reused scratch buffer of the largest projection
-  // (nvfp4_linear.h): held from the first product that needs it, in forward from kNvfp4KernelMaxRows tokens
-  // on (below, the kernel reads the codes), else from the first backward.
-  auto projection_forward_temp = [&](u64 n) -> u64 {
-    const u64 codes = n * codes_per_element_x16 / 16;
+  // reads the codes directly in forward and backward dequantizes once, into the scratch buffer.
+  u64 projection_forward_temp(u64 n) const {
+    const u64 codes = n * kCodesPerElementX16 / 16;
     if (cuda) return codes;
     return codes + std::max(bf16 ? 4 * n : 0, 4 * n + (abf16 ? 2 * n : 0));
-  };
-  auto projection_backward_temp = [&](u64 n) -> u64 { return cuda ? 0 : 4 * n + (abf16 ? 2 * n : 0); };
-  u64 largest_block_projection = 0;
-  for (const BlockSizes& b : blocks) largest_block_projection = std::max(largest_block_projection, b.largest_projection);
-  const u64 scratch = cuda ? a * largest_block_projection : 0;
-  const bool scratch_in_forward = cuda && (N >= static_cast<u64>(nvfp4::kNvfp4KernelMaxRows) || !abf16);
-
-  // What autograd keeps of one block in forward, per token (docs/memory.md counts it tensor by tensor).
-  const u64 norm_saved = (4 + 2 * a) * H + 4;  // fp32 input copy (or the input), normed, output
-  const u64 qk_saved = (4 + a) * (Q + KV) + 4 * (nh + s.kv_heads);
-  u64 attention_saved = a * Q /*q after RoPE*/ + a * Q /*the merged heads, copied for o_proj*/;
-  if (sdpa) {
-    attention_saved += (grouped ? 2 * a * Q : 2 * a * KV) + a * Q /*output*/ + 4 * nh /*log-sum-exp*/;
-    if (!cuda) attention_saved += 4 * nh * T;  // the CPU math path keeps the probabilities
-  } else {
-    attention_saved += (grouped ? 2 * a * Q : 2 * a * KV) + 4 * nh * T + (abf16 ? 2 * nh * T : 0);
   }
-  const u64 mlp_saved = 4 * a * I;  // gate, silu(gate), up, their product
-  const u64 block_saved_per_token = 2 * norm_saved + qk_saved + attention_saved + mlp_saved;
-  // Short-lived activations. Attention scores [B, heads, T, T]: with the explicit softmax two fp32 copies are
-  // alive at once in forward (scores and masked, or probabilities and their typed copy) and two gradients in
-  // backward; a GPU's fused attention has none. The MLP: gate, up and silu outputs (forward without a graph),
-  // their gradients (backward).
-  const bool explicit_scores = !(sdpa && cuda);
-  const u64 scores = B * nh * T * T;
-  const u64 attention_forward_temp = explicit_scores ? scores * 8 : 0;
-  const u64 attention_backward_temp = explicit_scores ? scores * 8 : N * 3 * a * Q;
-  const u64 mlp_temp = N * 3 * a * I;
-  // Backward of a block: the MLP's part runs first; by the time attention's runs, the MLP's saved tensors are
-  // gone.
-  const u64 block_backward_activation_temp =
-      std::max(mlp_temp, attention_backward_temp > mlp_saved * N ? attention_backward_temp - mlp_saved * N : 0);
+  u64 projection_backward_temp(u64 n) const { return cuda ? 0 : 4 * n + (abf16 ? 2 * n : 0); }
+};
 
-  Timeline t;
-  plan.phases.push_back(t.close("start"));
-
-  // Loading: all tensors allocated, then each filled from a file read (and dequantized) into temporaries; then
-  // the frozen projections are quantized (from an fp32 copy) and their dense storage released.
-  t.add(dense_weights);
-  const u64 dense_load_temp = largest_dense * (dense_file.bytes + (dense_file.is_master_dtype ? 0 : e));
-  const u64 quantized_load_temp = largest_quantized * (codes_per_element_x16 * 1 + 64 + (bf16 ? 32 : 0)) / 16;
+// Loading: all tensors allocated, then each filled from a file read (and dequantized) into temporaries; then
+// the frozen projections are quantized (from an fp32 copy) and their dense storage released.
+void load_phase(const StepSizes& z, DenseFileType dense_file, Timeline& t) {
+  t.add(z.dense_weights);
+  const u64 dense_load_temp = z.largest_dense * (dense_file.bytes + (dense_file.is_master_dtype ? 0 : z.e));
+  const u64 quantized_load_temp = z.largest_quantized * (StepSizes::kCodesPerElementX16 * 1 + 64 + (z.bf16 ? 32 : 0)) / 16;
   t.spike(std::max(dense_load_temp, quantized_load_temp));
-  t.spike(largest_frozen * (bf16 ? 4 : 0) + largest_frozen * 9 / 16);
-  t.sub(dense_weights - plan.weights);
-  plan.phases.push_back(t.close("model_loaded"));
+  t.spike(z.largest_frozen * (z.bf16 ? 4 : 0) + z.largest_frozen * 9 / 16);
+  t.sub(z.dense_weights - z.weights);
+}
 
-  t.add(plan.moments);  // every state tensor allocated up front
-  plan.phases.push_back(t.close("optimizer_state_ready"));
-
-  t.add(2 * 8 * N);  // input and target ids
-  plan.phases.push_back(t.close("batch_ready"));
-
-  // Forward.
+// Forward: returns what each block keeps for backward; adds the plan's saved activations and codes.
+std::vector<u64> forward_phase(const StepSizes& z, Timeline& t, StepMemoryPlan& plan) {
+  const u64 a = z.a, N = z.N, H = z.H;
   // RoPE tables, the embedded input (looked up in the master dtype, then cast to the compute dtype)
-  t.add(2 * 4 * T * s.head_dim + a * N * H);
-  if (a != e) t.spike(e * N * H);
-  if (scratch_in_forward) t.add(scratch);
-  const bool checkpoint = o.grad_checkpoint;
-  std::vector<u64> saved(s.layers);
-  for (int64_t l = 0; l < s.layers; ++l) {
-    const BlockSizes& b = blocks[l];
-    const u64 codes = b.trained_projections * codes_per_element_x16 / 16;  // frozen ones are held already
-    const u64 temp = projection_forward_temp(b.largest_projection) + attention_forward_temp;
+  t.add(2 * 4 * z.T * z.s.head_dim + a * N * H);
+  if (a != z.e) t.spike(z.e * N * H);
+  if (z.scratch_in_forward) t.add(z.scratch);
+  const bool checkpoint = z.o.grad_checkpoint;
+  std::vector<u64> saved(z.s.layers);
+  for (int64_t l = 0; l < z.s.layers; ++l) {
+    const BlockSizes& b = z.blocks[l];
+    const u64 codes = b.trained_projections * StepSizes::kCodesPerElementX16 / 16;  // frozen ones are held already
+    const u64 temp = z.projection_forward_temp(b.largest_projection) + z.attention_forward_temp;
     // Without a graph (frozen blocks ahead of the first trained tensor, checkpointed blocks) the block's q, k, v
     // (and their expanded copies) and norm outputs are short-lived too.
-    const u64 attention_inputs = N * (a * (3 * Q + 2 * KV) + (4 + 2 * a) * H);
-    if (l < first_graph_block) {
+    const u64 attention_inputs = N * (a * (3 * z.Q + 2 * z.KV) + (4 + 2 * a) * H);
+    if (l < z.first_graph_block) {
       // All of its projections are frozen codes: only the product's dequantization on CPU.
-      const u64 product = cuda ? 0 : (4 + (abf16 ? 2 : 0)) * b.largest_projection;
+      const u64 product = z.cuda ? 0 : (4 + (z.abf16 ? 2 : 0)) * b.largest_projection;
       saved[l] = 0;
-      t.spike(std::max(product + attention_forward_temp + attention_inputs, product + mlp_temp));
+      t.spike(std::max(product + z.attention_forward_temp + attention_inputs, product + z.mlp_temp));
       continue;
     }
     if (checkpoint) {
-      t.spike(std::max(temp + attention_inputs, mlp_temp + projection_forward_temp(b.largest_projection)));
+      t.spike(std::max(temp + attention_inputs, z.mlp_temp + z.projection_forward_temp(b.largest_projection)));
       saved[l] = a * N * H;  // the block's input alone
     } else {
-      saved[l] = block_saved_per_token * N + codes + (o.fused_optimizer ? a * N * H : 0);
+      saved[l] = z.block_saved_per_token * N + codes + (z.o.fused_optimizer ? a * N * H : 0);
       t.spike(saved[l] + temp);
     }
     t.add(saved[l]);
     plan.saved_activations += saved[l];
     if (!checkpoint) plan.saved_codes += codes;
   }
-  const u64 final_saved = (4 + 2 * a) * N * H + 4 * N;
-  t.add(final_saved);
-  const u64 width = std::min<u64>(V, std::max<u64>(256, (u64{1} << 24) / std::max<u64>(N, 1)));
-  if (o.loss == LossKind::cross_entropy) {
+  return saved;
+}
+
+u64 final_norm_saved(const StepSizes& z) { return (4 + 2 * z.a) * z.N * z.H + 4 * z.N; }
+
+// The loss: cross-entropy over vocabulary slices, or the original's L1 to the target embeddings.
+void loss_forward_phase(const StepSizes& z, Timeline& t) {
+  const u64 a = z.a, N = z.N, H = z.H;
+  t.add(final_norm_saved(z));
+  if (z.o.loss == LossKind::cross_entropy) {
     t.add(4 * N);  // log-sum-exp
     // A slice's logits (and their fp32 copy), shifted, exp; the head's slice cast to the compute dtype.
-    t.spike(N * width * (a + (abf16 ? 4 : 0) + 2 * 4) + (a != e ? width * H * a : 0));
+    t.spike(N * z.width * (a + (z.abf16 ? 4 : 0) + 2 * 4) + (a != z.e ? z.width * H * a : 0));
   } else {
     t.spike(N * H * (a + 3 * 4));
     t.add(8 * N * H);
   }
-  plan.phases.push_back(t.close("forward_done"));
+}
 
-  // Backward: the loss (the head's weight gradient is always formed), the final norm, the blocks last to first,
-  // the embedding.
-  if (o.loss == LossKind::cross_entropy) {
+// Backward: the loss (the head's weight gradient is always formed), the final norm, the blocks last to first,
+// the embedding.
+void backward_phase(const StepSizes& z, const std::vector<u64>& saved, Timeline& t) {
+  const u64 a = z.a, N = z.N, H = z.H, e = z.e;
+  if (z.o.loss == LossKind::cross_entropy) {
     // The head's gradient goes straight into its .grad() (slice by slice, no [V, H] temporary); a frozen head
     // gets none.
-    const bool head_grad = head_trains || (embedding_trains && !separate_head);
-    if (head_grad) t.add(V * H * e);
-    t.spike(N * width * (a + 8 + (abf16 ? 2 : 0)) + 4 * N * H + (a != e ? 2 * width * H * a : 0));
+    const bool head_grad = z.head_trains || (z.embedding_trains && !z.separate_head);
+    if (head_grad) t.add(z.V * H * e);
+    t.spike(N * z.width * (a + 8 + (z.abf16 ? 2 : 0)) + 4 * N * H + (a != e ? 2 * z.width * H * a : 0));
   }
   t.spike(3 * 4 * N * H);
-  t.sub(final_saved);
-  if (cuda && !scratch_in_forward) t.add(scratch);
-  for (int64_t l = s.layers - 1; l >= first_graph_block; --l) {
-    const BlockSizes& b = blocks[l];
+  t.sub(final_norm_saved(z));
+  if (z.cuda && !z.scratch_in_forward) t.add(z.scratch);
+  const u64 opt_temp_per_element = optimizer_temp_per_element(z.bf16);
+  for (int64_t l = z.s.layers - 1; l >= z.first_graph_block; --l) {
+    const BlockSizes& b = z.blocks[l];
     const u64 grads = b.trainable * e;
-    u64 temp = projection_backward_temp(b.largest_projection) + block_backward_activation_temp + grads;
-    if (checkpoint) temp += block_saved_per_token * N + b.trained_projections * codes_per_element_x16 / 16;
+    u64 temp = z.projection_backward_temp(b.largest_projection) + z.block_backward_activation_temp + grads;
+    if (z.o.grad_checkpoint)
+      temp += z.block_saved_per_token * N + b.trained_projections * StepSizes::kCodesPerElementX16 / 16;
     t.spike(temp);
     // Fused: the block's update runs after its graph is gone, with only the gradients and a piece's temporaries.
-    if (o.fused_optimizer) t.spike(grads + std::min<u64>(b.largest_projection, optimizer_piece_max) * opt_temp_per_element);
-    if (!o.fused_optimizer) t.add(grads);
+    if (z.o.fused_optimizer)
+      t.spike(grads + std::min<u64>(b.largest_projection, z.optimizer_piece_max) * opt_temp_per_element);
+    if (!z.o.fused_optimizer) t.add(grads);
     t.sub(saved[l]);
   }
   t.sub(a * N * H);
   // The lookup adds its rows into the embedding's .grad() in place (allocated here unless the head's made it).
-  if (embedding_trains && !(!separate_head && o.loss == LossKind::cross_entropy)) t.add(V * H * e);
-  plan.phases.push_back(t.close("backward_done"));
+  if (z.embedding_trains && !(!z.separate_head && z.o.loss == LossKind::cross_entropy)) t.add(z.V * H * e);
+}
 
-  // The optimizer (and, fused, the tensors outside the blocks), then the gradients go.
-  const u64 pieces = o.fused_optimizer ? nonblock_piece_max : optimizer_piece_max;
-  t.spike(pieces * opt_temp_per_element);
-  t.sub(o.fused_optimizer ? nonblock_grad : plan.gradients);
+// The optimizer (and, fused, the tensors outside the blocks), then the gradients go.
+void optimizer_phase(const StepSizes& z, Timeline& t) {
+  const u64 pieces = z.o.fused_optimizer ? z.nonblock_piece_max : z.optimizer_piece_max;
+  t.spike(pieces * optimizer_temp_per_element(z.bf16));
+  t.sub(z.o.fused_optimizer ? z.nonblock_grad : z.gradients);
+}
+
+}  // namespace
+
+// The trainer's phases in its order, each a function above.
+StepMemoryPlan predict_step_memory(const Qwen3Config& config, bool separate_head, const TrainOptions& o,
+                                   const c10::Device& device, DenseFileType dense_file, bool sdpa) {
+  const StepSizes z(config, separate_head, o, device, sdpa);
+  StepMemoryPlan plan;
+  plan.weights = z.weights;
+  plan.moments = z.moments;
+  plan.gradients = z.gradients;
+  Timeline t;
+  plan.phases.push_back(t.close("start"));
+  load_phase(z, dense_file, t);
+  plan.phases.push_back(t.close("model_loaded"));
+  t.add(plan.moments);  // every state tensor allocated up front
+  plan.phases.push_back(t.close("optimizer_state_ready"));
+  t.add(2 * 8 * z.N);  // input and target ids
+  plan.phases.push_back(t.close("batch_ready"));
+  const std::vector<u64> saved = forward_phase(z, t, plan);
+  loss_forward_phase(z, t);
+  plan.phases.push_back(t.close("forward_done"));
+  backward_phase(z, saved, t);
+  plan.phases.push_back(t.close("backward_done"));
+  optimizer_phase(z, t);
   plan.phases.push_back(t.close("optimizer_step_done"));
   return plan;
 }

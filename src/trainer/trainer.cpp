@@ -100,6 +100,98 @@ void restore_checkpoint(const CheckpointState& s, TrainableSet& set, AdamW& opt,
 
 }  // namespace
 
+namespace {
+
+// A step after its batch: forward, backward and the AdamW update. Two orders behind one interface, so the loop
+// is the same for both: the plain one (backward, one synchronization for loss, norm and the codec's non-finite
+// flag, then the update with the clipping factor) and the in-backward one (--fused-optimizer: each block is
+// updated, clipped by its share of the limit, as soon as its gradients are complete, and they are freed).
+struct StepOutcome {
+  double loss = 0, norm = 0;
+  bool bad = false;  // non-finite loss or gradients: the plain update was skipped (fused: the bad groups were)
+};
+using PhaseMark = std::function<void(const char*)>;
+
+class StepUpdate {
+ public:
+  StepUpdate(const TrainOptions& o, TrainableSet& set, AdamW& opt, const c10::Device& device)
+      : o_(o), set_(set), opt_(opt), device_(device) {}
+  virtual ~StepUpdate() = default;
+  virtual StepOutcome forward_backward_update(Qwen3Model& model, const Batch& batch, double lr,
+                                              const PhaseMark& mark) = 0;
+
+ protected:
+  const TrainOptions& o_;
+  TrainableSet& set_;
+  AdamW& opt_;
+  c10::Device device_;
+};
+
+class PlainUpdate final : public StepUpdate {
+ public:
+  using StepUpdate::StepUpdate;
+  StepOutcome forward_backward_update(Qwen3Model& model, const Batch& batch, double lr, const PhaseMark& mark) override {
+    at::Tensor loss = compute_loss(model, batch, o_.loss);
+    mark("forward_done");
+    loss.backward();
+    // One synchronization a step: the loss, the squared gradient norm and the codec's non-finite flag reach
+    // the host together; clipping is a factor the update applies as it reads each gradient.
+    std::vector<at::Tensor> results;
+    results.push_back(loss.detach().reshape({1}).to(at::kDouble));
+    const at::Tensor square = grad_square_sum(set_.params);
+    results.push_back(square.defined() ? square.reshape({1}).to(at::kDouble) : at::zeros({1}, results[0].options()));
+    const at::Tensor flag = nvfp4::take_nonfinite_flag_async(device_);
+    if (flag.defined()) results.push_back(flag.to(at::kDouble));
+    const at::Tensor host = at::cat(results).to(at::kCPU);
+    StepOutcome out;
+    out.loss = host[0].item<double>();
+    out.norm = std::sqrt(host[1].item<double>());
+    loss = at::Tensor();
+    mark("backward_done");
+    out.bad = !std::isfinite(out.loss) || !std::isfinite(out.norm) || (flag.defined() && host[2].item<double>() != 0);
+    if (!out.bad) opt_.step(lr, clip_factor(out.norm, o_.grad_clip));
+    for (auto& p : set_.params) p.param.mutable_grad() = at::Tensor();  // free the gradients between steps
+    return out;
+  }
+};
+
+class FusedUpdate final : public StepUpdate {
+ public:
+  using StepUpdate::StepUpdate;
+  StepOutcome forward_backward_update(Qwen3Model& model, const Batch& batch, double lr, const PhaseMark& mark) override {
+    // The sink must be in place before forward, which decides how each block's backward will run.
+    FusedUpdater updater(opt_, o_.grad_clip, set_.trainable_parameters, lr);
+    SinkGuard guard{model};  // cleared at the end of the step, whichever way it ends
+    model.set_block_gradient_sink(
+        [&](int64_t, const std::vector<std::pair<at::Tensor, at::Tensor>>& grads) { updater.apply(grads); });
+    at::Tensor loss = compute_loss(model, batch, o_.loss);
+    mark("forward_done");
+    StepOutcome out;
+    out.loss = loss.item<double>();
+    out.norm = std::numeric_limits<double>::quiet_NaN();
+    out.bad = !std::isfinite(out.loss);
+    if (out.bad) {  // a non-finite loss skips the step before anything is applied
+      loss = at::Tensor();
+      mark("backward_done");
+      return out;
+    }
+    opt_.begin_step();
+    loss.backward();
+    loss = at::Tensor();
+    mark("backward_done");
+    for (auto& p : set_.params) {  // the tensors outside the blocks (embedding, final norm, head)
+      at::Tensor& grad = p.param.mutable_grad();
+      if (grad.defined()) updater.apply({{p.param, grad}});
+      grad = at::Tensor();
+    }
+    out.norm = updater.norm();
+    out.bad = updater.nonfinite() || nvfp4::take_nonfinite_flag(device_);
+    return out;
+  }
+};
+
+}  // namespace
+
 TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_signal, const AfterStep& after_step) {
   const auto t_start = Clock::now();
   std::optional<StepMemoryReport> report;
@@ -163,6 +255,9 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
   }
   phase("model_loaded");
   AdamW opt(set.params, o.adamw);
+  const std::unique_ptr<StepUpdate> update = o.fused_optimizer
+                                                 ? std::unique_ptr<StepUpdate>(std::make_unique<FusedUpdate>(o, set, opt, device))
+                                                 : std::make_unique<PlainUpdate>(o, set, opt, device);
   phase("optimizer_state_ready");
 
   const int64_t steps = total_steps(o, data);
@@ -263,55 +358,9 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
     };
     step_phase("batch_ready");
     const double lr = schedule.at(step);
-    // Fused: the sink must be in place before forward, which decides how each block's backward will run.
-    FusedUpdater updater(opt, o.grad_clip, set.trainable_parameters, lr);
-    SinkGuard guard{*model};  // cleared at the end of the step, whichever way it ends
-    if (o.fused_optimizer)
-      model->set_block_gradient_sink(
-          [&](int64_t, const std::vector<std::pair<at::Tensor, at::Tensor>>& grads) { updater.apply(grads); });
-    at::Tensor loss = compute_loss(*model, batch, o.loss);
-    step_phase("forward_done");
-    double loss_value, norm;
-    bool bad;
-    if (o.fused_optimizer) {
-      loss_value = loss.item<double>();
-      norm = std::numeric_limits<double>::quiet_NaN();
-      bad = !std::isfinite(loss_value);
-      if (!bad) {  // a non-finite loss skips the step before anything is applied
-        opt.begin_step();
-        loss.backward();
-        loss = at::Tensor();
-        step_phase("backward_done");
-        for (auto& p : set.params) {
-          at::Tensor& grad = p.param.mutable_grad();
-          if (grad.defined()) updater.apply({{p.param, grad}});
-          grad = at::Tensor();
-        }
-        norm = updater.norm();
-        bad = updater.nonfinite() || nvfp4::take_nonfinite_flag(device);
-      } else {
-        loss = at::Tensor();
-        step_phase("backward_done");
-      }
-    } else {
-      loss.backward();
-      // One synchronization a step: the loss, the squared gradient norm and the codec's non-finite flag reach
-      // the host together; clipping is a factor the update applies as it reads each gradient.
-      std::vector<at::Tensor> results;
-      results.push_back(loss.detach().reshape({1}).to(at::kDouble));
-      const at::Tensor square = grad_square_sum(set.params);
-      results.push_back(square.defined() ? square.reshape({1}).to(at::kDouble) : at::zeros({1}, results[0].options()));
-      const at::Tensor flag = nvfp4::take_nonfinite_flag_async(device);
-      if (flag.defined()) results.push_back(flag.to(at::kDouble));
-      const at::Tensor host = at::cat(results).to(at::kCPU);
-      loss_value = host[0].item<double>();
-      norm = std::sqrt(host[1].item<double>());
-      loss = at::Tensor();
-      step_phase("backward_done");
-      bad = !std::isfinite(loss_value) || !std::isfinite(norm) || (flag.defined() && host[2].item<double>() != 0);
-      if (!bad) opt.step(lr, clip_factor(norm, o.grad_clip));
-      for (auto& p : set.params) p.param.mutable_grad() = at::Tensor();  // free the gradients between steps
-    }
+    const StepOutcome out = update->forward_backward_update(*model, batch, lr, step_phase);
+    const double loss_value = out.loss, norm = out.norm;
+    const bool bad = out.bad;
     step_phase("optimizer_step_done");
     if (first_step && report) {
       report->finish();

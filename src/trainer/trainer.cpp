@@ -102,6 +102,40 @@ void restore_checkpoint(const CheckpointState& s, TrainableSet& set, AdamW& opt,
 
 namespace {
 
+// Where --resume continues: the newest complete checkpoint whose weights and state are finite (a poisoned one,
+// from before that check existed or written by hand, is passed over with a warning), restored into the trainable
+// set and the optimizer. None: an error, unless --resume-if-present (then step 0 from the weights).
+struct ResumePoint {
+  int64_t step = 0, skipped = 0;
+  std::string path;  // empty when starting from the weights
+};
+
+ResumePoint restore_newest(const TrainOptions& o, TrainableSet& set, AdamW& opt, const std::string& hash,
+                           const std::string& sample_hash) {
+  if (o.checkpoint_dir.empty()) throw UsageError("--resume needs --checkpoint-dir");
+  const std::vector<std::string> paths = complete_checkpoint_paths(o.checkpoint_dir);
+  for (auto it = paths.rbegin(); it != paths.rend(); ++it) {
+    const CheckpointState s = load_checkpoint(*it);
+    if (const auto bad = first_nonfinite_tensor(s)) {
+      spdlog::warn("--resume: {} holds non-finite values ('{}'); trying an older checkpoint", *it, *bad);
+      continue;
+    }
+    restore_checkpoint(s, set, opt, hash, sample_hash, o, *it);
+    spdlog::info("resumed from {} at step {}", *it, s.step);
+    return ResumePoint{s.step, s.skipped_steps, *it};
+  }
+  if (!paths.empty())
+    throw Error("--resume: every checkpoint in " + o.checkpoint_dir + " holds non-finite values; nothing to resume");
+  if (!o.resume_if_present) {
+    const bool is_a_step = std::filesystem::path(o.checkpoint_dir).filename().string().rfind("step-", 0) == 0;
+    throw Error("--resume: no checkpoint in " + o.checkpoint_dir +
+                (is_a_step ? " (that is a checkpoint itself: give its parent folder)" : "") +
+                "; --resume-if-present starts from the weights when there is none");
+  }
+  spdlog::warn("--resume-if-present: no checkpoint in {}; starting from the weights", o.checkpoint_dir);
+  return {};
+}
+
 // A step after its batch: forward, backward and the AdamW update. Two orders behind one interface, so the loop
 // is the same for both: the plain one (backward, one synchronization for loss, norm and the codec's non-finite
 // flag, then the update with the clipping factor) and the in-backward one (--fused-optimizer: each block is
@@ -190,6 +224,30 @@ class FusedUpdate final : public StepUpdate {
   }
 };
 
+// What one step did, as the progress line and the metrics record it.
+struct StepRecord {
+  int64_t step = 0, steps = 0;  // 1-based step, of the run's total
+  StepOutcome outcome;
+  double lr = 0, ms = 0;
+  int64_t tokens = 0;
+  std::optional<double> eval_loss;
+};
+
+void log_progress(const StepRecord& r, double eta_seconds) {
+  spdlog::info("step {}/{} | loss {:.4f} | norm {:.2f} | lr {:.1e} | {:.0f} ms | {} tok/s | eta {}{}", r.step, r.steps,
+               r.outcome.loss, r.outcome.norm, r.lr, r.ms, format_count(r.tokens / (r.ms / 1000.0)),
+               format_duration(eta_seconds), r.eval_loss ? fmt::format(" | eval {:.4f}", *r.eval_loss) : "");
+}
+
+void write_metrics(const StepRecord& r, std::ofstream& metrics, const std::string& path) {
+  nlohmann::json m = {{"step", r.step},     {"loss", r.outcome.loss}, {"grad_norm", r.outcome.norm},
+                      {"lr", r.lr},         {"step_ms", r.ms},        {"tokens", r.tokens},
+                      {"tok_per_s", r.tokens / (r.ms / 1000.0)},      {"skipped", r.outcome.bad}};
+  if (r.eval_loss) m["eval_loss"] = *r.eval_loss;
+  metrics << m.dump() << "\n" << std::flush;
+  if (!metrics) throw Error(path + ": write failed (metrics; the device may be full)");
+}
+
 }  // namespace
 
 TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_signal, const AfterStep& after_step) {
@@ -270,35 +328,10 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
   int64_t step = 0, skipped = 0;
   std::string last_checkpoint;
   if (o.resume) {
-    if (o.checkpoint_dir.empty()) throw UsageError("--resume needs --checkpoint-dir");
-    // The newest complete checkpoint whose weights and state are finite (a poisoned one, from before this
-    // check existed or written by hand, is passed over with a warning).
-    const std::vector<std::string> paths = complete_checkpoint_paths(o.checkpoint_dir);
-    bool resumed = false;
-    for (auto it = paths.rbegin(); it != paths.rend() && !resumed; ++it) {
-      const CheckpointState s = load_checkpoint(*it);
-      if (const auto bad = first_nonfinite_tensor(s)) {
-        spdlog::warn("--resume: {} holds non-finite values ('{}'); trying an older checkpoint", *it, *bad);
-        continue;
-      }
-      restore_checkpoint(s, set, opt, hash, weights_sample_hash(reader), o, *it);
-      step = s.step;
-      skipped = s.skipped_steps;
-      last_checkpoint = *it;
-      resumed = true;
-      spdlog::info("resumed from {} at step {}", *it, step);
-    }
-    if (!resumed && !paths.empty())
-      throw Error("--resume: every checkpoint in " + o.checkpoint_dir + " holds non-finite values; nothing to resume");
-    if (paths.empty()) {
-      if (!o.resume_if_present) {
-        const bool is_a_step = std::filesystem::path(o.checkpoint_dir).filename().string().rfind("step-", 0) == 0;
-        throw Error("--resume: no checkpoint in " + o.checkpoint_dir +
-                    (is_a_step ? " (that is a checkpoint itself: give its parent folder)" : "") +
-                    "; --resume-if-present starts from the weights when there is none");
-      }
-      spdlog::warn("--resume-if-present: no checkpoint in {}; starting from the weights", o.checkpoint_dir);
-    }
+    const ResumePoint at = restore_newest(o, set, opt, hash, weights_sample_hash(reader));
+    step = at.step;
+    skipped = at.skipped;
+    last_checkpoint = at.path;
   }
 
   const DataStats& ds = data.stats();
@@ -384,20 +417,10 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
     // --eval-data alone: scored once, after the last step.
     const bool eval_now = o.eval_every > 0 ? (step + 1) % o.eval_every == 0 : step + 1 == steps;
     if (eval_data && eval_now) eval_loss = evaluate(*model, *eval_data).mean_loss;
-    if (o.log_every > 0 && ((step + 1) % o.log_every == 0 || step + 1 == steps)) {
-      const double eta = total_ms / sum.steps_done * (steps - step - 1) / 1000.0;
-      spdlog::info("step {}/{} | loss {:.4f} | norm {:.2f} | lr {:.1e} | {:.0f} ms | {} tok/s | eta {}{}", step + 1,
-                   steps, loss_value, norm, lr, ms, format_count(batch.tokens / (ms / 1000.0)), format_duration(eta),
-                   eval_loss ? fmt::format(" | eval {:.4f}", *eval_loss) : "");
-    }
-    if (metrics.is_open()) {
-      nlohmann::json m = {{"step", step + 1}, {"loss", loss_value}, {"grad_norm", norm}, {"lr", lr},
-                          {"step_ms", ms}, {"tokens", batch.tokens}, {"tok_per_s", batch.tokens / (ms / 1000.0)},
-                          {"skipped", bad}};
-      if (eval_loss) m["eval_loss"] = *eval_loss;
-      metrics << m.dump() << "\n" << std::flush;
-      if (!metrics) throw Error(o.metrics_jsonl + ": write failed (metrics; the device may be full)");
-    }
+    const StepRecord record{step + 1, steps, out, lr, ms, batch.tokens, eval_loss};
+    if (o.log_every > 0 && ((step + 1) % o.log_every == 0 || step + 1 == steps))
+      log_progress(record, total_ms / sum.steps_done * static_cast<double>(steps - step - 1) / 1000.0);
+    if (metrics.is_open()) write_metrics(record, metrics, o.metrics_jsonl);
     if (skipped > o.max_skipped_steps) {
       save(step + 1);
       throw Error(fmt::format("{} steps skipped for non-finite values (limit --max-skipped-steps {}); {}", skipped,

@@ -102,6 +102,40 @@ void restore_checkpoint(const CheckpointState& s, TrainableSet& set, AdamW& opt,
 
 namespace {
 
+// The model as training runs it: loaded in the master dtype (a tied config trains one tensor for the embedding
+// and the head, as HF does: model_loader.h), computing in the compute dtype, the trainable set chosen, frozen
+// projections held as their codes only (no dense copy outlives its use) and trained ones through the
+// straight-through linear from their master weights.
+struct TrainModel {
+  std::shared_ptr<Qwen3Model> model;
+  TrainableSet set;
+  std::shared_ptr<int64_t> frozen_code_products = std::make_shared<int64_t>(0);  // TrainSummary's diagnostic
+};
+
+TrainModel setup_model(const TrainOptions& o, const Qwen3Config& config, const DatReader& reader,
+                       const c10::Device& device) {
+  TrainModel t;
+  t.model = load_model(reader, config, master_scalar_type(o.master_dtype), device,
+                       /*tie_head=*/config.tie_word_embeddings);
+  Qwen3Model& model = *t.model;
+  model.set_compute_dtype(compute_scalar_type(o, device));
+  model.set_activation_checkpointing(o.grad_checkpoint);
+  model.set_embedding_grad_in_place(true);  // and the loss adds the head's into .grad() too (compute_loss)
+  t.set = select_trainable(model, o);
+  const nvfp4::ScaleMode mode = o.scale_mode;
+  std::shared_ptr<const FrozenCodes> frozen =
+      o.frozen_projections_as_codes ? freeze_projections_as_codes(model, mode) : std::make_shared<FrozenCodes>();
+  model.set_projection_op([mode, frozen, counter = t.frozen_code_products](const at::Tensor& x, const at::Tensor& w) {
+    if (!frozen->empty())
+      if (auto it = frozen->find(w.unsafeGetTensorImpl()); it != frozen->end()) {
+        ++*counter;
+        return nvfp4::frozen_nvfp4_linear(x, it->second);
+      }
+    return nvfp4::ste_linear(x, w, mode);
+  });
+  return t;
+}
+
 // Where --resume continues: the newest complete checkpoint whose weights and state are finite (a poisoned one,
 // from before that check existed or written by hand, is passed over with a warning), restored into the trainable
 // set and the optimizer. None: an error, unless --resume-if-present (then step 0 from the weights).
@@ -282,27 +316,11 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
   const at::ScalarType master = master_scalar_type(o.master_dtype);
   DatReader reader(o.weights);
   const std::string hash = model_hash(config, reader);
-  // A tied config trains one tensor for the embedding and the head, as HF does (see model_loader.h).
-  auto model = load_model(reader, config, master, device, /*tie_head=*/config.tie_word_embeddings);
+  TrainModel trained_model = setup_model(o, config, reader, device);
+  const std::shared_ptr<Qwen3Model>& model = trained_model.model;
+  TrainableSet& set = trained_model.set;
   const nvfp4::ScaleMode mode = o.scale_mode;
   const at::ScalarType compute = compute_scalar_type(o, device);
-  model->set_compute_dtype(compute);
-  model->set_activation_checkpointing(o.grad_checkpoint);
-  model->set_embedding_grad_in_place(true);  // and the loss adds the head's into .grad() too (compute_loss)
-  TrainableSet set = select_trainable(*model, o);
-  // Frozen projections keep only their codes (no dense copy outlives its use); trained ones go through the
-  // straight-through linear from their master weights.
-  std::shared_ptr<const FrozenCodes> frozen =
-      o.frozen_projections_as_codes ? freeze_projections_as_codes(*model, mode) : std::make_shared<FrozenCodes>();
-  auto frozen_code_products = std::make_shared<int64_t>(0);
-  model->set_projection_op([mode, frozen, frozen_code_products](const at::Tensor& x, const at::Tensor& w) {
-    if (!frozen->empty())
-      if (auto it = frozen->find(w.unsafeGetTensorImpl()); it != frozen->end()) {
-        ++*frozen_code_products;
-        return nvfp4::frozen_nvfp4_linear(x, it->second);
-      }
-    return nvfp4::ste_linear(x, w, mode);
-  });
   if (report) {
     DenseFileType dense;
     if (const DatEntry* e = reader.find("model.embed_tokens.weight"))
@@ -452,7 +470,7 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
     sum.exported = o.output_dat;
   }
   sum.recomputed_blocks = model->recomputed_blocks();
-  sum.frozen_code_products = *frozen_code_products;
+  sum.frozen_code_products = *trained_model.frozen_code_products;
   return sum;
 }
 

@@ -258,6 +258,45 @@ class FusedUpdate final : public StepUpdate {
   }
 };
 
+// Checkpoints of a run: atomic saves (save_checkpoint), never of a poisoned state, and never twice of one step —
+// the step on disk already (the one resumed from, or the last saved) is not rewritten (a signal right after
+// --save-every-steps saved, or --steps at or below the resumed step, would only rewrite the same state).
+class CheckpointSaver {
+ public:
+  CheckpointSaver(const TrainOptions& o, const TrainableSet& set, const AdamW& opt, std::string hash,
+                  ExportInfo export_info, std::string resumed_from, int64_t resumed_step)
+      : o_(o), set_(set), opt_(opt), hash_(std::move(hash)), export_info_(std::move(export_info)),
+        last_(std::move(resumed_from)), step_on_disk_(last_.empty() ? -1 : resumed_step) {}
+
+  void save(int64_t step, int64_t skipped) {
+    if (o_.checkpoint_dir.empty()) return;
+    if (step == step_on_disk_) {
+      spdlog::info("checkpoint: step {} is saved already ({})", step, last_);
+      return;
+    }
+    const CheckpointState state = make_checkpoint(set_, opt_, step, skipped, hash_, o_, export_info_);
+    if (const auto bad = first_nonfinite_tensor(state))
+      throw Error(fmt::format("refusing to save step {}: '{}' holds non-finite values (the training diverged); {}",
+                              step, *bad, last_.empty() ? "no earlier checkpoint" : "the last good one is " + last_));
+    last_ = save_checkpoint(o_.checkpoint_dir, state, static_cast<int>(o_.keep_checkpoints));
+    step_on_disk_ = step;
+    ++saved_;
+    spdlog::info("checkpoint: {}", last_);
+  }
+  const std::string& last() const { return last_; }  // the newest complete checkpoint of this run (or resumed)
+  int64_t saved() const { return saved_; }
+
+ private:
+  const TrainOptions& o_;
+  const TrainableSet& set_;
+  const AdamW& opt_;
+  std::string hash_;
+  ExportInfo export_info_;
+  std::string last_;
+  int64_t step_on_disk_;
+  int64_t saved_ = 0;
+};
+
 // What one step did, as the progress line and the metrics record it.
 struct StepRecord {
   int64_t step = 0, steps = 0;  // 1-based step, of the run's total
@@ -375,26 +414,8 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
   export_info.scale_mode = mode;
   export_info.config = config.to_json();
   TrainSummary sum;
-  // The step whose checkpoint is on disk already (the one resumed from, or the last saved): saving it again
-  // (a signal right after --save-every-steps saved, or --steps at or below the resumed step) would only rewrite
-  // the same state, so it is not done.
-  int64_t step_on_disk = o.resume && !last_checkpoint.empty() ? step : -1;
-  auto save = [&](int64_t at_step) {
-    if (o.checkpoint_dir.empty()) return;
-    if (at_step == step_on_disk) {
-      spdlog::info("checkpoint: step {} is saved already ({})", at_step, last_checkpoint);
-      return;
-    }
-    const CheckpointState state = make_checkpoint(set, opt, at_step, skipped, hash, o, export_info);
-    if (const auto bad = first_nonfinite_tensor(state))
-      throw Error(fmt::format("refusing to save step {}: '{}' holds non-finite values (the training diverged); {}",
-                              at_step, *bad,
-                              last_checkpoint.empty() ? "no earlier checkpoint" : "the last good one is " + last_checkpoint));
-    last_checkpoint = save_checkpoint(o.checkpoint_dir, state, static_cast<int>(o.keep_checkpoints));
-    step_on_disk = at_step;
-    ++sum.checkpoints_saved;
-    spdlog::info("checkpoint: {}", last_checkpoint);
-  };
+  CheckpointSaver saver(o, set, opt, hash, export_info, last_checkpoint, step);
+  auto save = [&](int64_t at_step) { saver.save(at_step, skipped); };
 
   double total_ms = 0, total_tokens = 0;
   const auto t_loop = Clock::now();
@@ -442,8 +463,8 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
     if (skipped > o.max_skipped_steps) {
       save(step + 1);
       throw Error(fmt::format("{} steps skipped for non-finite values (limit --max-skipped-steps {}); {}", skipped,
-                              o.max_skipped_steps, last_checkpoint.empty() ? "no checkpoint directory given"
-                                                                           : "state saved to " + last_checkpoint));
+                              o.max_skipped_steps, saver.last().empty() ? "no checkpoint directory given"
+                                                                        : "state saved to " + saver.last()));
     }
     if (o.save_every_steps > 0 && (step + 1) % o.save_every_steps == 0 && step + 1 < steps) save(step + 1);
     if (after_step) after_step(step + 1);
@@ -459,7 +480,8 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
   sum.skipped_steps = skipped;
   sum.mean_step_ms = sum.steps_done ? total_ms / sum.steps_done : 0;
   sum.tokens_per_second = total_ms > 0 ? total_tokens / (total_ms / 1000.0) : 0;
-  sum.last_checkpoint = last_checkpoint;
+  sum.last_checkpoint = saver.last();
+  sum.checkpoints_saved = saver.saved();
   if (!o.output_dat.empty() && sum.stop_signal == 0) {
     NamedTensors trained;
     for (const auto& p : set.params) trained.emplace_back(p.name, p.param.detach());

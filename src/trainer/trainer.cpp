@@ -297,6 +297,17 @@ class CheckpointSaver {
   int64_t saved_ = 0;
 };
 
+// The trained model into a new .dat beside the input's layout (--output-dat): trained tensors re-quantized from
+// their masters, a tied head written from the trained embedding, everything else copied (exporter.h).
+void export_trained(const TrainOptions& o, const TrainableSet& set, const Qwen3Model& model, const DatReader& reader) {
+  NamedTensors trained;
+  for (const auto& p : set.params) trained.emplace_back(p.name, p.param.detach());
+  trained = with_tied_head(std::move(trained), !model.has_separate_lm_head(), reader);
+  const ExportReport rep = export_dat(reader, o.output_dat, trained, o.scale_mode);
+  spdlog::info("exported {}: {} entries ({} rewritten, {} copied)", o.output_dat, rep.entries, rep.rewritten,
+               rep.copied);
+}
+
 // What one step did, as the progress line and the metrics record it.
 struct StepRecord {
   int64_t step = 0, steps = 0;  // 1-based step, of the run's total
@@ -483,12 +494,7 @@ TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_si
   sum.last_checkpoint = saver.last();
   sum.checkpoints_saved = saver.saved();
   if (!o.output_dat.empty() && sum.stop_signal == 0) {
-    NamedTensors trained;
-    for (const auto& p : set.params) trained.emplace_back(p.name, p.param.detach());
-    trained = with_tied_head(std::move(trained), !model->has_separate_lm_head(), reader);
-    const ExportReport rep = export_dat(reader, o.output_dat, trained, mode);
-    spdlog::info("exported {}: {} entries ({} rewritten, {} copied)", o.output_dat, rep.entries, rep.rewritten,
-                 rep.copied);
+    export_trained(o, set, *model, reader);
     sum.exported = o.output_dat;
   }
   sum.recomputed_blocks = model->recomputed_blocks();

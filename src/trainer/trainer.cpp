@@ -24,7 +24,7 @@
 #include "qwen3/nvfp4/nvfp4_linear.h"
 #include "qwen3/nvfp4/nvfp4_ops.h"
 #include "qwen3/trainer/step_time_model.h"
-#include "fused_updater.h"
+#include "step_update.h"
 #include "memory_report.h"
 #include "train_setup.h"
 
@@ -170,94 +170,6 @@ ResumePoint restore_newest(const TrainOptions& o, TrainableSet& set, AdamW& opt,
   return {};
 }
 
-// A step after its batch: forward, backward and the AdamW update. Two orders behind one interface, so the loop
-// is the same for both: the plain one (backward, one synchronization for loss, norm and the codec's non-finite
-// flag, then the update with the clipping factor) and the in-backward one (--fused-optimizer: each block is
-// updated, clipped by its share of the limit, as soon as its gradients are complete, and they are freed).
-struct StepOutcome {
-  double loss = 0, norm = 0;
-  bool bad = false;  // non-finite loss or gradients: the plain update was skipped (fused: the bad groups were)
-};
-using PhaseMark = std::function<void(const char*)>;
-
-class StepUpdate {
- public:
-  StepUpdate(const TrainOptions& o, TrainableSet& set, AdamW& opt, const c10::Device& device)
-      : o_(o), set_(set), opt_(opt), device_(device) {}
-  virtual ~StepUpdate() = default;
-  virtual StepOutcome forward_backward_update(Qwen3Model& model, const Batch& batch, double lr,
-                                              const PhaseMark& mark) = 0;
-
- protected:
-  const TrainOptions& o_;
-  TrainableSet& set_;
-  AdamW& opt_;
-  c10::Device device_;
-};
-
-class PlainUpdate final : public StepUpdate {
- public:
-  using StepUpdate::StepUpdate;
-  StepOutcome forward_backward_update(Qwen3Model& model, const Batch& batch, double lr, const PhaseMark& mark) override {
-    at::Tensor loss = compute_loss(model, batch, o_.loss);
-    mark("forward_done");
-    loss.backward();
-    // One synchronization a step: the loss, the squared gradient norm and the codec's non-finite flag reach
-    // the host together; clipping is a factor the update applies as it reads each gradient.
-    std::vector<at::Tensor> results;
-    results.push_back(loss.detach().reshape({1}).to(at::kDouble));
-    const at::Tensor square = grad_square_sum(set_.params);
-    results.push_back(square.defined() ? square.reshape({1}).to(at::kDouble) : at::zeros({1}, results[0].options()));
-    const at::Tensor flag = nvfp4::take_nonfinite_flag_async(device_);
-    if (flag.defined()) results.push_back(flag.to(at::kDouble));
-    const at::Tensor host = at::cat(results).to(at::kCPU);
-    StepOutcome out;
-    out.loss = host[0].item<double>();
-    out.norm = std::sqrt(host[1].item<double>());
-    loss = at::Tensor();
-    mark("backward_done");
-    out.bad = !std::isfinite(out.loss) || !std::isfinite(out.norm) || (flag.defined() && host[2].item<double>() != 0);
-    if (!out.bad) opt_.step(lr, clip_factor(out.norm, o_.grad_clip));
-    for (auto& p : set_.params) p.param.mutable_grad() = at::Tensor();  // free the gradients between steps
-    return out;
-  }
-};
-
-class FusedUpdate final : public StepUpdate {
- public:
-  using StepUpdate::StepUpdate;
-  StepOutcome forward_backward_update(Qwen3Model& model, const Batch& batch, double lr, const PhaseMark& mark) override {
-    // The sink must be in place before forward, which decides how each block's backward will run.
-    FusedUpdater updater(opt_, o_.grad_clip, set_.trainable_parameters, lr);
-    SinkGuard guard{model};  // cleared at the end of the step, whichever way it ends
-    model.set_block_gradient_sink(
-        [&](int64_t, const std::vector<std::pair<at::Tensor, at::Tensor>>& grads) { updater.apply(grads); });
-    at::Tensor loss = compute_loss(model, batch, o_.loss);
-    mark("forward_done");
-    StepOutcome out;
-    out.loss = loss.item<double>();
-    out.norm = std::numeric_limits<double>::quiet_NaN();
-    out.bad = !std::isfinite(out.loss);
-    if (out.bad) {  // a non-finite loss skips the step before anything is applied
-      loss = at::Tensor();
-      mark("backward_done");
-      return out;
-    }
-    opt_.begin_step();
-    loss.backward();
-    loss = at::Tensor();
-    mark("backward_done");
-    for (auto& p : set_.params) {  // the tensors outside the blocks (embedding, final norm, head)
-      at::Tensor& grad = p.param.mutable_grad();
-      if (grad.defined()) updater.apply({{p.param, grad}});
-      grad = at::Tensor();
-    }
-    out.norm = updater.norm();
-    out.bad = updater.nonfinite() || nvfp4::take_nonfinite_flag(device_);
-    return out;
-  }
-};
-
 // Checkpoints of a run: atomic saves (save_checkpoint), never of a poisoned state, and never twice of one step —
 // the step on disk already (the one resumed from, or the last saved) is not rewritten (a signal right after
 // --save-every-steps saved, or --steps at or below the resumed step, would only rewrite the same state).
@@ -334,172 +246,206 @@ void write_metrics(const StepRecord& r, std::ofstream& metrics, const std::strin
 
 }  // namespace
 
-TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_signal, const AfterStep& after_step) {
-  const auto t_start = Clock::now();
-  std::optional<StepMemoryReport> report;
-  if (!o.vram_report.empty()) report.emplace(o.vram_report, c10::Device(o.device), to_json(o));
-  auto phase = [&](const char* name) {
-    if (report) report->phase(name);
-  };
-  phase("start");
-  // One trainer per checkpoint directory, checked (and the directory made) before anything loads.
-  std::optional<CheckpointDirLock> checkpoint_lock;
-  if (!o.checkpoint_dir.empty()) checkpoint_lock.emplace(o.checkpoint_dir);
-  if (!o.metrics_jsonl.empty()) prepare_output_folder("--metrics-jsonl", o.metrics_jsonl);
-  const Qwen3Config config = load_config(o.config);
-  const Tokenizer tok = Tokenizer::from_file(o.tokenizer);
-  tok.check_fits_model(config.vocab_size, o.config);
-  if (config.max_position_embeddings > 0 && o.data.seq_len > config.max_position_embeddings)
-    throw UsageError(fmt::format("--seq-len {} is beyond the model's max_position_embeddings {} ({})", o.data.seq_len,
-                                 config.max_position_embeddings, o.config));
-  TrainingData data(tok, o.data);
-  std::optional<TrainingData> eval_data;
-  if (!o.eval_data.empty()) {
-    DataOptions eo = o.data;
-    eo.path = o.eval_data;
-    eo.sample_mode = SampleMode::sequential;
-    eo.pack = false;
-    eo.role = "eval data (--eval-data)";  // each held-out sample on its own context, as `eval --data` scores it
-    eval_data.emplace(tok, eo);
-  }
-  const c10::Device device(o.device);
-  const at::ScalarType master = master_scalar_type(o.master_dtype);
-  DatReader reader(o.weights);
-  const std::string hash = model_hash(config, reader);
-  TrainModel trained_model = setup_model(o, config, reader, device);
-  const std::shared_ptr<Qwen3Model>& model = trained_model.model;
-  TrainableSet& set = trained_model.set;
-  const nvfp4::ScaleMode mode = o.scale_mode;
-  const at::ScalarType compute = compute_scalar_type(o, device);
-  if (report) {
-    DenseFileType dense;
-    if (const DatEntry* e = reader.find("model.embed_tokens.weight"))
-      dense = {static_cast<int>(elem_size(e->type)), scalar_type_of(e->type) == master};
-    const StepPrediction prediction = predict(o, config, device, dense);
-    report->set_plan(prediction.memory);
-    report->set_time_plan(prediction.time);
-  }
-  phase("model_loaded");
-  AdamW opt(set.params, o.adamw);
-  const std::unique_ptr<StepUpdate> update = o.fused_optimizer
-                                                 ? std::unique_ptr<StepUpdate>(std::make_unique<FusedUpdate>(o, set, opt, device))
-                                                 : std::make_unique<PlainUpdate>(o, set, opt, device);
-  phase("optimizer_state_ready");
+namespace {
 
-  const int64_t steps = total_steps(o, data);
-  if (o.epochs > 0 && o.schedule.warmup_steps > steps)  // with --steps the CLI checked it before loading
-    throw UsageError(fmt::format("--warmup-steps {} exceeds the {} steps of --epochs {}: the learning rate would "
-                                 "never reach --lr",
-                                 o.schedule.warmup_steps, steps, o.epochs));
-  LrSchedule schedule = o.schedule;
-  schedule.total_steps = steps;
-  int64_t step = 0, skipped = 0;
-  std::string last_checkpoint;
-  if (o.resume) {
-    const ResumePoint at = restore_newest(o, set, opt, hash, weights_sample_hash(reader));
-    step = at.step;
-    skipped = at.skipped;
-    last_checkpoint = at.path;
+// One run, in torchtitan's shape: the constructor sets up (checkpoint lock, files, data, model, optimizer,
+// resume), train() loops over train_step() and record(), finish() saves and exports. The model knows nothing of
+// the run; the step's update order is a StepUpdate.
+class Trainer {
+ public:
+  explicit Trainer(const TrainOptions& o) : o_(o), t_start_(Clock::now()), device_(o.device) {
+    if (!o.vram_report.empty()) report_.emplace(o.vram_report, device_, to_json(o));
+    phase("start");
+    // One trainer per checkpoint directory, checked (and the directory made) before anything loads.
+    if (!o.checkpoint_dir.empty()) checkpoint_lock_.emplace(o.checkpoint_dir);
+    if (!o.metrics_jsonl.empty()) prepare_output_folder("--metrics-jsonl", o.metrics_jsonl);
+    config_ = load_config(o.config);
+    tok_.emplace(Tokenizer::from_file(o.tokenizer));
+    tok_->check_fits_model(config_.vocab_size, o.config);
+    if (config_.max_position_embeddings > 0 && o.data.seq_len > config_.max_position_embeddings)
+      throw UsageError(fmt::format("--seq-len {} is beyond the model's max_position_embeddings {} ({})",
+                                   o.data.seq_len, config_.max_position_embeddings, o.config));
+    data_.emplace(*tok_, o.data);
+    if (!o.eval_data.empty()) {
+      DataOptions eo = o.data;
+      eo.path = o.eval_data;
+      eo.sample_mode = SampleMode::sequential;
+      eo.pack = false;  // each held-out sample on its own context, as `eval --data` scores it
+      eo.role = "eval data (--eval-data)";
+      eval_data_.emplace(*tok_, eo);
+    }
+    reader_.emplace(o.weights);
+    hash_ = model_hash(config_, *reader_);
+    model_ = setup_model(o, config_, *reader_, device_);
+    if (report_) {
+      DenseFileType dense;
+      if (const DatEntry* e = reader_->find("model.embed_tokens.weight"))
+        dense = {static_cast<int>(elem_size(e->type)), scalar_type_of(e->type) == master_scalar_type(o.master_dtype)};
+      const StepPrediction prediction = predict(o, config_, device_, dense);
+      report_->set_plan(prediction.memory);
+      report_->set_time_plan(prediction.time);
+    }
+    phase("model_loaded");
+    opt_.emplace(model_.set.params, o.adamw);
+    if (o.fused_optimizer)
+      update_ = std::make_unique<FusedUpdate>(o, model_.set, *opt_, device_);
+    else
+      update_ = std::make_unique<PlainUpdate>(o, model_.set, *opt_, device_);
+    phase("optimizer_state_ready");
+
+    steps_ = total_steps(o, *data_);
+    if (o.epochs > 0 && o.schedule.warmup_steps > steps_)  // with --steps the CLI checked it before loading
+      throw UsageError(fmt::format("--warmup-steps {} exceeds the {} steps of --epochs {}: the learning rate would "
+                                   "never reach --lr",
+                                   o.schedule.warmup_steps, steps_, o.epochs));
+    schedule_ = o.schedule;
+    schedule_.total_steps = steps_;
+    per_epoch_ = o.steps_per_epoch > 0 ? o.steps_per_epoch : data_->batches_per_epoch();
+    std::string resumed_from;
+    if (o.resume) {
+      const ResumePoint at = restore_newest(o, model_.set, *opt_, hash_, weights_sample_hash(*reader_));
+      step_ = at.step;
+      skipped_ = at.skipped;
+      resumed_from = at.path;
+    }
+    log_setup();
+    if (!o.metrics_jsonl.empty()) metrics_ = open_output_file(o.metrics_jsonl, "--metrics-jsonl", std::ios::app);
+    // What `qwen3-train export` needs to rebuild a .dat from a checkpoint without the training flags.
+    ExportInfo export_info;
+    export_info.weights_hash = weights_hash(*reader_);
+    export_info.weights_sample_hash = weights_sample_hash(*reader_);
+    export_info.tied_head = !model_.model->has_separate_lm_head();
+    export_info.scale_mode = o.scale_mode;
+    export_info.config = config_.to_json();
+    saver_.emplace(o, model_.set, *opt_, hash_, std::move(export_info), resumed_from, step_);
   }
 
-  const DataStats& ds = data.stats();
-  spdlog::info("model: {} layers, hidden {}, vocab {}; parameters {:.3f} B trainable of {:.3f} B ({} tensors)",
-               config.num_hidden_layers, config.hidden_size, config.vocab_size, set.trainable_parameters / 1e9,
-               set.total_parameters / 1e9, set.params.size());
-  spdlog::info("device {}, master {}, compute {}, moments {:.1f} MiB, scale mode {}, loss {}", device.str(),
-               to_string(o.master_dtype), compute == at::kFloat ? "float32" : "bfloat16",
-               opt.state_bytes() / 1048576.0, nvfp4::scale_mode_name(mode), to_string(o.loss));
-  spdlog::info("data: {} samples, {} tokens ({} with loss), {} skipped lines, {} comment lines; {} batches/epoch; {} steps",
-               ds.samples, ds.tokens, ds.loss_tokens, ds.skipped, ds.comments, data.batches_per_epoch(), steps);
-
-  std::ofstream metrics;
-  if (!o.metrics_jsonl.empty()) {
-    metrics = open_output_file(o.metrics_jsonl, "--metrics-jsonl", std::ios::app);
+  TrainSummary train(const std::atomic<int>* stop_signal, const AfterStep& after_step) {
+    spdlog::info("setup took {:.1f} s", std::chrono::duration<double>(Clock::now() - t_start_).count());
+    for (; step_ < steps_; ++step_) {
+      const StepRecord record = train_step();
+      if (o_.log_every > 0 && (record.step % o_.log_every == 0 || record.step == steps_))
+        log_progress(record, total_ms_ / sum_.steps_done * static_cast<double>(steps_ - record.step) / 1000.0);
+      if (metrics_.is_open()) write_metrics(record, metrics_, o_.metrics_jsonl);
+      if (skipped_ > o_.max_skipped_steps) {
+        save(step_ + 1);
+        throw Error(fmt::format("{} steps skipped for non-finite values (limit --max-skipped-steps {}); {}", skipped_,
+                                o_.max_skipped_steps, saver_->last().empty() ? "no checkpoint directory given"
+                                                                            : "state saved to " + saver_->last()));
+      }
+      if (o_.save_every_steps > 0 && record.step % o_.save_every_steps == 0 && record.step < steps_) save(record.step);
+      if (after_step) after_step(record.step);
+      if (stop_signal && stop_signal->load() != 0) {
+        sum_.stop_signal = stop_signal->load();
+        spdlog::warn("signal {}: stopping after step {}", sum_.stop_signal, record.step);
+        ++step_;
+        break;
+      }
+    }
+    return finish();
   }
-  const int64_t per_epoch = o.steps_per_epoch > 0 ? o.steps_per_epoch : data.batches_per_epoch();
-  // What `qwen3-train export` needs to rebuild a .dat from a checkpoint without the training flags.
-  ExportInfo export_info;
-  export_info.weights_hash = weights_hash(reader);
-  export_info.weights_sample_hash = weights_sample_hash(reader);
-  export_info.tied_head = !model->has_separate_lm_head();
-  export_info.scale_mode = mode;
-  export_info.config = config.to_json();
-  TrainSummary sum;
-  CheckpointSaver saver(o, set, opt, hash, export_info, last_checkpoint, step);
-  auto save = [&](int64_t at_step) { saver.save(at_step, skipped); };
 
-  double total_ms = 0, total_tokens = 0;
-  const auto t_loop = Clock::now();
-  spdlog::info("setup took {:.1f} s", std::chrono::duration<double>(t_loop - t_start).count());
-  for (; step < steps; ++step) {
+ private:
+  // One step: its batch, forward + backward + update, the eval when due; what the record needs.
+  StepRecord train_step() {
     const auto t0 = Clock::now();
-    const int64_t epoch = step / per_epoch;
-    const Batch batch = data.batch(epoch, (step % per_epoch) % data.batches_per_epoch());
-    const bool first_step = sum.steps_done == 0;
-    auto step_phase = [&](const char* name) {
+    const int64_t epoch = step_ / per_epoch_;
+    const Batch batch = data_->batch(epoch, (step_ % per_epoch_) % data_->batches_per_epoch());
+    const bool first_step = sum_.steps_done == 0;
+    const PhaseMark mark = [this, first_step](const char* name) {
       if (first_step) phase(name);
     };
-    step_phase("batch_ready");
-    const double lr = schedule.at(step);
-    const StepOutcome out = update->forward_backward_update(*model, batch, lr, step_phase);
-    const double loss_value = out.loss, norm = out.norm;
-    const bool bad = out.bad;
-    step_phase("optimizer_step_done");
-    if (first_step && report) {
-      report->finish();
-      report.reset();  // stops its sampling thread
+    mark("batch_ready");
+    const double lr = schedule_.at(step_);
+    const StepOutcome out = update_->forward_backward_update(*model_.model, batch, lr, mark);
+    mark("optimizer_step_done");
+    if (first_step && report_) {
+      report_->finish();
+      report_.reset();  // stops its sampling thread
     }
-    if (bad) {
-      ++skipped;
-      spdlog::warn("step {}: non-finite {} ({}); {} ({} so far)", step + 1,
-                   std::isfinite(loss_value) ? "gradient" : "loss", std::isfinite(loss_value) ? norm : loss_value,
-                   o.fused_optimizer && std::isfinite(loss_value) ? "the groups with finite gradients were applied"
-                                                                  : "step skipped",
-                   skipped);
+    if (out.bad) {
+      ++skipped_;
+      const bool loss_finite = std::isfinite(out.loss);
+      spdlog::warn("step {}: non-finite {} ({}); {} ({} so far)", step_ + 1, loss_finite ? "gradient" : "loss",
+                   loss_finite ? out.norm : out.loss,
+                   o_.fused_optimizer && loss_finite ? "the groups with finite gradients were applied" : "step skipped",
+                   skipped_);
     }
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-    total_ms += ms;
-    total_tokens += batch.tokens;
-    ++sum.steps_done;
-    if (sum.steps_done == 1) sum.first_loss = loss_value;
-    sum.last_loss = loss_value;
+    total_ms_ += ms;
+    total_tokens_ += batch.tokens;
+    ++sum_.steps_done;
+    if (sum_.steps_done == 1) sum_.first_loss = out.loss;
+    sum_.last_loss = out.loss;
     std::optional<double> eval_loss;
     // --eval-data alone: scored once, after the last step.
-    const bool eval_now = o.eval_every > 0 ? (step + 1) % o.eval_every == 0 : step + 1 == steps;
-    if (eval_data && eval_now) eval_loss = evaluate(*model, *eval_data).mean_loss;
-    const StepRecord record{step + 1, steps, out, lr, ms, batch.tokens, eval_loss};
-    if (o.log_every > 0 && ((step + 1) % o.log_every == 0 || step + 1 == steps))
-      log_progress(record, total_ms / sum.steps_done * static_cast<double>(steps - step - 1) / 1000.0);
-    if (metrics.is_open()) write_metrics(record, metrics, o.metrics_jsonl);
-    if (skipped > o.max_skipped_steps) {
-      save(step + 1);
-      throw Error(fmt::format("{} steps skipped for non-finite values (limit --max-skipped-steps {}); {}", skipped,
-                              o.max_skipped_steps, saver.last().empty() ? "no checkpoint directory given"
-                                                                        : "state saved to " + saver.last()));
-    }
-    if (o.save_every_steps > 0 && (step + 1) % o.save_every_steps == 0 && step + 1 < steps) save(step + 1);
-    if (after_step) after_step(step + 1);
-    if (stop_signal && stop_signal->load() != 0) {
-      sum.stop_signal = stop_signal->load();
-      spdlog::warn("signal {}: stopping after step {}", sum.stop_signal, step + 1);
-      ++step;
-      break;
-    }
+    const bool eval_now = o_.eval_every > 0 ? (step_ + 1) % o_.eval_every == 0 : step_ + 1 == steps_;
+    if (eval_data_ && eval_now) eval_loss = evaluate(*model_.model, *eval_data_).mean_loss;
+    return StepRecord{step_ + 1, steps_, out, lr, ms, batch.tokens, eval_loss};
   }
-  save(step);
-  sum.final_step = step;
-  sum.skipped_steps = skipped;
-  sum.mean_step_ms = sum.steps_done ? total_ms / sum.steps_done : 0;
-  sum.tokens_per_second = total_ms > 0 ? total_tokens / (total_ms / 1000.0) : 0;
-  sum.last_checkpoint = saver.last();
-  sum.checkpoints_saved = saver.saved();
-  if (!o.output_dat.empty() && sum.stop_signal == 0) {
-    export_trained(o, set, *model, reader);
-    sum.exported = o.output_dat;
+
+  void save(int64_t step) { saver_->save(step, skipped_); }
+
+  TrainSummary finish() {
+    save(step_);
+    sum_.final_step = step_;
+    sum_.skipped_steps = skipped_;
+    sum_.mean_step_ms = sum_.steps_done ? total_ms_ / sum_.steps_done : 0;
+    sum_.tokens_per_second = total_ms_ > 0 ? total_tokens_ / (total_ms_ / 1000.0) : 0;
+    sum_.last_checkpoint = saver_->last();
+    sum_.checkpoints_saved = saver_->saved();
+    if (!o_.output_dat.empty() && sum_.stop_signal == 0) {
+      export_trained(o_, model_.set, *model_.model, *reader_);
+      sum_.exported = o_.output_dat;
+    }
+    sum_.recomputed_blocks = model_.model->recomputed_blocks();
+    sum_.frozen_code_products = *model_.frozen_code_products;
+    return sum_;
   }
-  sum.recomputed_blocks = model->recomputed_blocks();
-  sum.frozen_code_products = *trained_model.frozen_code_products;
-  return sum;
+
+  void phase(const char* name) {
+    if (report_) report_->phase(name);
+  }
+
+  void log_setup() const {
+    const DataStats& ds = data_->stats();
+    const TrainableSet& set = model_.set;
+    spdlog::info("model: {} layers, hidden {}, vocab {}; parameters {:.3f} B trainable of {:.3f} B ({} tensors)",
+                 config_.num_hidden_layers, config_.hidden_size, config_.vocab_size, set.trainable_parameters / 1e9,
+                 set.total_parameters / 1e9, set.params.size());
+    spdlog::info("device {}, master {}, compute {}, moments {:.1f} MiB, scale mode {}, loss {}", device_.str(),
+                 to_string(o_.master_dtype), compute_scalar_type(o_, device_) == at::kFloat ? "float32" : "bfloat16",
+                 opt_->state_bytes() / 1048576.0, nvfp4::scale_mode_name(o_.scale_mode), to_string(o_.loss));
+    spdlog::info("data: {} samples, {} tokens ({} with loss), {} skipped lines, {} comment lines; {} batches/epoch; "
+                 "{} steps",
+                 ds.samples, ds.tokens, ds.loss_tokens, ds.skipped, ds.comments, data_->batches_per_epoch(), steps_);
+  }
+
+  const TrainOptions& o_;
+  Clock::time_point t_start_;
+  c10::Device device_;
+  std::optional<StepMemoryReport> report_;
+  std::optional<CheckpointDirLock> checkpoint_lock_;
+  Qwen3Config config_;
+  std::optional<Tokenizer> tok_;
+  std::optional<TrainingData> data_, eval_data_;
+  std::optional<DatReader> reader_;
+  std::string hash_;
+  TrainModel model_;
+  std::optional<AdamW> opt_;
+  std::unique_ptr<StepUpdate> update_;
+  int64_t steps_ = 0, per_epoch_ = 1, step_ = 0, skipped_ = 0;
+  LrSchedule schedule_;
+  std::ofstream metrics_;
+  std::optional<CheckpointSaver> saver_;
+  TrainSummary sum_;
+  double total_ms_ = 0, total_tokens_ = 0;
+};
+
+}  // namespace
+
+TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_signal, const AfterStep& after_step) {
+  return Trainer(o).train(stop_signal, after_step);
 }
 
 }  // namespace qwen3

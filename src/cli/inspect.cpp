@@ -8,6 +8,7 @@
 #include "cli_common.h"
 #include "qwen3/base/error.h"
 #include "qwen3/base/message_text.h"
+#include "qwen3/nvfp4/nvfp4.h"
 
 namespace qwen3 {
 namespace {
@@ -78,17 +79,15 @@ std::vector<std::string> nan_scale_problems(const DatReader& reader) {
   std::vector<uint8_t> buffer(size_t{1} << 20);
   for (const auto& e : reader.entries()) {
     if (!ends_with(e.key, kScaleSuffix) || elem_size(e.type) != 1) continue;
-    uint64_t count = 0, first = 0;
+    nvfp4::NanScaleCodes bad_scales;
     for (uint64_t at = 0; at < e.nbytes; at += buffer.size()) {
       const uint64_t n = std::min<uint64_t>(buffer.size(), e.nbytes - at);
       reader.read_range(e, at, buffer.data(), n);
-      for (uint64_t i = 0; i < n; ++i)
-        if ((buffer[i] & 0x7F) == 0x7F && count++ == 0) first = at + i;
+      bad_scales.add(buffer.data(), n, at);
     }
-    if (count == 0) continue;
+    if (bad_scales.count == 0) continue;
     const uint64_t per_row = e.shape.size() >= 2 ? static_cast<uint64_t>(e.shape.back()) : e.nbytes;
-    problems.push_back(fmt::format("entry '{}' holds {} NaN E4M3 scale codes (the first is row {}, block {})", e.key,
-                                   count, first / per_row, first % per_row));
+    problems.push_back(fmt::format("entry '{}' holds {}", e.key, bad_scales.describe(per_row)));
   }
   return problems;
 }

@@ -23,11 +23,6 @@ namespace {
 
 constexpr size_t kBufferBytes = 4 << 20;
 
-std::string dir_of(const std::string& path) {
-  std::string copy = path;
-  return ::dirname(copy.data());
-}
-
 std::string base_of(const std::string& path) {
   std::string copy = path;
   return ::basename(copy.data());
@@ -56,7 +51,7 @@ void remove_stale_temporaries(const std::string& dir, const std::string& base) {
 DatWriter::DatWriter(const std::string& target, uint64_t entry_count)
     : target_(target), entry_count_(entry_count), buffer_(kBufferBytes) {
   if (target.empty()) throw Error("output path is empty");
-  const std::string dir = dir_of(target);
+  const std::string dir = parent_folder(target);
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
     throw Error(target + ": directory '" + dir + "' does not exist");
@@ -178,7 +173,7 @@ void DatWriter::commit() {
     throw Error(target_ + ": cannot rename the finished file into place: " + why);
   }
   committed_ = true;
-  fsync_path(dir_of(target_), true);
+  fsync_path(parent_folder(target_), true);
 }
 
 void copy_dat_entry(const DatReader& in, const DatEntry& entry, DatWriter& out, std::vector<uint8_t>& buffer) {

@@ -12,6 +12,7 @@
 
 #include "qwen3/dat/dat_tensor.h"
 #include "qwen3/model/layout.h"
+#include "qwen3/nvfp4/nvfp4.h"
 #include "qwen3/base/message_text.h"
 #include "qwen3/nvfp4/nvfp4_ops.h"
 
@@ -48,14 +49,12 @@ at::Tensor read_weight(const DatReader& reader, const std::string& key, at::Scal
   // E4M3 codes 0x7F and 0xFF are NaN: such a block would decode to NaN and every output after it. Checked on
   // the host before the tensor moves, naming the first bad block.
   if (scales.scalar_type() == at::kByte) {
-    const at::Tensor bytes = scales.contiguous().view(-1);
-    const at::Tensor bad = at::bitwise_and(bytes, 0x7F).eq(0x7F).nonzero();
-    if (bad.numel() > 0) {
-      const int64_t i = bad[0][0].item<int64_t>(), per_row = scales.dim() >= 2 ? scales.size(-1) : scales.numel();
-      throw DatError(reader.path() + ": entry '" + key + std::string(kScaleSuffix) + "' holds a NaN E4M3 scale code (" +
-                     std::to_string(bad.size(0)) + " blocks; the first is row " + std::to_string(i / per_row) +
-                     ", block " + std::to_string(i % per_row) + ")");
-    }
+    const at::Tensor bytes = scales.contiguous();
+    nvfp4::NanScaleCodes bad_scales;
+    bad_scales.add(bytes.data_ptr<uint8_t>(), static_cast<uint64_t>(bytes.numel()), 0);
+    if (bad_scales.count > 0)
+      throw DatError(reader.path() + ": entry '" + key + std::string(kScaleSuffix) + "' holds " +
+                     bad_scales.describe(static_cast<uint64_t>(scales.dim() >= 2 ? scales.size(-1) : scales.numel())));
   }
   return nvfp4::dequantize(codes, scales.to(device), dtype);
 }

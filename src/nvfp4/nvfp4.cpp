@@ -242,4 +242,15 @@ void dequantize_rows_cpu(const uint8_t* codes, const uint8_t* scales, int64_t ro
   });
 }
 
+void NanScaleCodes::add(const uint8_t* scales, uint64_t n, uint64_t offset) {
+  for (uint64_t i = 0; i < n; ++i)
+    if ((scales[i] & 0x7F) == 0x7F && count++ == 0) first = offset + i;
+}
+
+std::string NanScaleCodes::describe(uint64_t blocks_per_row) const {
+  const uint64_t per_row = blocks_per_row > 0 ? blocks_per_row : 1;
+  return std::to_string(count) + " NaN E4M3 scale code" + (count == 1 ? "" : "s") + " (the first is row " +
+         std::to_string(first / per_row) + ", block " + std::to_string(first % per_row) + ")";
+}
+
 }  // namespace qwen3::nvfp4

@@ -18,7 +18,6 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-std::string sizes_string(const at::Tensor& t) { return shape_text(t.sizes()); }
 
 // deq(codes, scales) in `dtype` for one product: on CUDA into the reused scratch buffer (no allocation per
 // projection), elsewhere a fresh tensor.
@@ -88,14 +87,14 @@ at::Tensor quantized_product(const at::Tensor& x2d, const at::Tensor& codes, con
 
 at::Tensor frozen_nvfp4_linear(const at::Tensor& x, const Quantized& weight) {
   if (x.dim() < 1 || x.size(-1) != weight.codes.size(1) * 2)
-    throw Error("nvfp4 linear: input " + sizes_string(x) + " does not match a frozen weight of " +
+    throw Error("nvfp4 linear: input " + shape_text(x.sizes()) + " does not match a frozen weight of " +
                 std::to_string(weight.codes.size(1) * 2) + " input columns");
   return FrozenLinearFunction::apply(x, weight.codes, weight.scales);
 }
 
 at::Tensor ste_linear(const at::Tensor& x, const at::Tensor& weight, ScaleMode mode) {
   if (weight.dim() != 2 || x.dim() < 1 || x.size(-1) != weight.size(1))
-    throw Error("nvfp4 linear: input " + sizes_string(x) + " does not match weight " + sizes_string(weight) +
+    throw Error("nvfp4 linear: input " + shape_text(x.sizes()) + " does not match weight " + shape_text(weight.sizes()) +
                 " ([..., in] and [out, in])");
   if (x.device() != weight.device())
     throw Error("nvfp4 linear: input on " + x.device().str() + " but weight on " + weight.device().str());

@@ -13,7 +13,6 @@
 namespace qwen3::nvfp4 {
 namespace {
 
-std::string shape_string(const at::Tensor& t) { return shape_text(t.sizes()); }
 
 // float64 is accepted for tests and references: quantize rounds it to the fp32 view first.
 bool is_float_dtype(at::ScalarType dtype) {
@@ -22,7 +21,7 @@ bool is_float_dtype(at::ScalarType dtype) {
 
 void check_quantize_input(const at::Tensor& x) {
   if (x.dim() != 2 || x.size(1) % kBlock != 0)
-    throw Error("nvfp4 quantize: input shape " + shape_string(x) + " must be 2-D with columns a multiple of 16");
+    throw Error("nvfp4 quantize: input shape " + shape_text(x.sizes()) + " must be 2-D with columns a multiple of 16");
   if (!is_float_dtype(x.scalar_type()))
     throw Error(std::string("nvfp4 quantize: input dtype ") + c10::toString(x.scalar_type()) +
                 " is not float32, bfloat16, float16 or float64");
@@ -30,11 +29,11 @@ void check_quantize_input(const at::Tensor& x) {
 
 void check_dequantize_input(const at::Tensor& codes, const at::Tensor& scales, at::ScalarType dtype) {
   if (codes.dim() != 2 || codes.scalar_type() != at::kByte)
-    throw Error("nvfp4 dequantize: codes must be a 2-D uint8 tensor, got " + shape_string(codes) + " " +
+    throw Error("nvfp4 dequantize: codes must be a 2-D uint8 tensor, got " + shape_text(codes.sizes()) + " " +
                 c10::toString(codes.scalar_type()));
   if (scales.dim() != 2 || scales.size(0) != codes.size(0) || scales.size(1) * (kBlock / 2) != codes.size(1))
-    throw Error("nvfp4 dequantize: scales shape " + shape_string(scales) + " does not match codes shape " +
-                shape_string(codes) + " (expected [rows, 2 * code_cols / 16])");
+    throw Error("nvfp4 dequantize: scales shape " + shape_text(scales.sizes()) + " does not match codes shape " +
+                shape_text(codes.sizes()) + " (expected [rows, 2 * code_cols / 16])");
   const at::ScalarType scale_type = scales.scalar_type();
   if (scale_type != at::kByte && scale_type != at::kHalf && scale_type != at::kFloat)
     throw Error(std::string("nvfp4 dequantize: scales dtype ") + c10::toString(scale_type) +

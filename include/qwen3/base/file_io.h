@@ -13,11 +13,16 @@
 
 namespace qwen3 {
 
-inline std::ifstream open_input_file(const std::string& path, const std::string& what,
-                                     std::ios::openmode mode = std::ios::in) {
+// Error when `path` names a directory (an fstream would open it and then read or write nothing).
+inline void refuse_directory(const std::string& path, const std::string& what) {
   struct stat info {};
   if (::stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode))
     throw Error(what + " " + path + ": is a directory, not a file");
+}
+
+inline std::ifstream open_input_file(const std::string& path, const std::string& what,
+                                     std::ios::openmode mode = std::ios::in) {
+  refuse_directory(path, what);
   std::ifstream in(path, mode);
   if (!in) throw Error(what + " " + path + ": cannot open (" + std::strerror(errno) + ")");
   return in;
@@ -25,9 +30,7 @@ inline std::ifstream open_input_file(const std::string& path, const std::string&
 
 inline std::ofstream open_output_file(const std::string& path, const std::string& what,
                                       std::ios::openmode mode = std::ios::out) {
-  struct stat info {};
-  if (::stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode))
-    throw Error(what + " " + path + ": is a directory, not a file");
+  refuse_directory(path, what);
   std::ofstream out(path, mode);
   if (!out) throw Error(what + " " + path + ": cannot open for writing (" + std::strerror(errno) + ")");
   return out;

@@ -4,6 +4,7 @@
 // exporter) must produce the same bytes for the same input.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 namespace qwen3::nvfp4 {
@@ -39,5 +40,15 @@ uint8_t e2m1_from_float(float v);   // |v| clamped to 6, ties to even code, neve
 void quantize_rows_cpu(const float* x, int64_t rows, int64_t cols, uint8_t* codes, uint8_t* scales,
                        ScaleMode mode);
 void dequantize_rows_cpu(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols, float* out);
+
+// NaN E4M3 scale codes (0x7F, 0xFF: the whole block decodes to NaN) in a scale matrix read in pieces: add each
+// piece with its offset into the matrix, then describe() names the count and the first bad block. One rule for
+// the model loader (which refuses them) and `inspect` (which reports them).
+struct NanScaleCodes {
+  uint64_t count = 0, first = 0;  // `first`: byte index in the matrix of the first NaN code
+  void add(const uint8_t* scales, uint64_t n, uint64_t offset);
+  // "N NaN E4M3 scale codes (the first is row R, block B)" for a matrix of `blocks_per_row` columns.
+  std::string describe(uint64_t blocks_per_row) const;
+};
 
 }  // namespace qwen3::nvfp4

@@ -5,21 +5,19 @@
 #include "data/sample_order.h"
 #include "data/training_data_impl.h"
 #include "qwen3/data/data.h"
+#include "qwen3/base/enum_names.h"
 #include "qwen3/base/error.h"
 
 namespace qwen3 {
 
 DataFormat parse_data_format(const std::string& name) {
-  if (name == "auto") return DataFormat::auto_detect;
-  if (name == "tsv") return DataFormat::tsv;
-  if (name == "text") return DataFormat::text;
-  throw UsageError(fmt::format("unknown data format '{}' (auto, tsv or text)", name));
+  const DataFormat all[] = {DataFormat::auto_detect, DataFormat::tsv, DataFormat::text};
+  return enum_from_name(name, all, "data format");
 }
 
 SampleMode parse_sample_mode(const std::string& name) {
-  if (name == "random") return SampleMode::random;
-  if (name == "sequential") return SampleMode::sequential;
-  throw UsageError(fmt::format("unknown sample mode '{}' (random or sequential)", name));
+  const SampleMode all[] = {SampleMode::random, SampleMode::sequential};
+  return enum_from_name(name, all, "sample mode");
 }
 
 const char* to_string(DataFormat format) {

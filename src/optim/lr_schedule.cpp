@@ -2,6 +2,7 @@
 #include <cmath>
 #include <string>
 
+#include "qwen3/base/enum_names.h"
 #include "qwen3/base/error.h"
 #include "qwen3/optim/optim.h"
 
@@ -17,9 +18,8 @@ const char* to_string(LrScheduleKind kind) {
 }
 
 LrScheduleKind parse_lr_schedule_kind(const std::string& name) {
-  for (LrScheduleKind k : {LrScheduleKind::constant, LrScheduleKind::cosine, LrScheduleKind::linear})
-    if (name == to_string(k)) return k;
-  throw UsageError("unknown LR schedule '" + name + "' (constant, cosine or linear)");
+  const LrScheduleKind all[] = {LrScheduleKind::constant, LrScheduleKind::cosine, LrScheduleKind::linear};
+  return enum_from_name(name, all, "LR schedule");
 }
 
 void LrSchedule::validate() const {

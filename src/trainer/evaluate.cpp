@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
+#include <vector>
+
 #include "qwen3/base/error.h"
 #include "qwen3/model/lm_loss.h"
 
@@ -18,11 +20,21 @@ Evaluation evaluate(Qwen3Model& model, const TrainingData& data) {
     if (b.loss_tokens == 0) continue;
     const at::Tensor hidden = model.hidden_states(b.input_ids.to(model.device()));
     const at::Tensor targets = b.target_ids.to(model.device());
+    // Counted on the host copy of the targets; the rows' losses reach the host together (one synchronization a
+    // batch, not one a row).
     const at::Tensor counts = b.target_ids.ne(-100).sum(1);
+    const auto count = counts.accessor<int64_t, 1>();
+    std::vector<int64_t> rows;
+    std::vector<at::Tensor> losses;
     for (int64_t r = 0; r < hidden.size(0); ++r) {
-      const int64_t scored = counts[r].item<int64_t>();
-      if (scored == 0) continue;
-      const double loss = linear_cross_entropy(hidden[r], model.head_weight(), targets[r]).item<double>();
+      if (count[r] == 0) continue;
+      rows.push_back(r);
+      losses.push_back(linear_cross_entropy(hidden[r], model.head_weight(), targets[r]).to(at::kDouble).reshape({1}));
+    }
+    const at::Tensor host = at::cat(losses).to(at::kCPU);
+    for (size_t k = 0; k < rows.size(); ++k) {
+      const int64_t r = rows[k], scored = count[r];
+      const double loss = host[static_cast<int64_t>(k)].item<double>();
       out.samples.push_back(SampleLoss{b.lines[static_cast<size_t>(r)], scored, loss});
       weighted += loss * static_cast<double>(scored);
       out.loss_tokens += scored;

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include "qwen3/base/enum_names.h"
 #include "qwen3/model/layout.h"
 #include "qwen3/model/lm_loss.h"
 #include "qwen3/nvfp4/nvfp4_linear.h"
@@ -24,15 +25,13 @@ const char* to_string(ComputeDtype dtype) {
 const char* to_string(LossKind kind) { return kind == LossKind::scalar_l1 ? "scalar" : "ce"; }
 
 MasterDtype parse_master_dtype(const std::string& name) {
-  for (MasterDtype d : {MasterDtype::float32, MasterDtype::bfloat16})
-    if (name == to_string(d)) return d;
-  throw UsageError("--master-dtype: '" + name + "' (float32 or bfloat16)");
+  const MasterDtype all[] = {MasterDtype::float32, MasterDtype::bfloat16};
+  return enum_from_name(name, all, "--master-dtype");
 }
 
 ComputeDtype parse_compute_dtype(const std::string& name) {
-  for (ComputeDtype d : {ComputeDtype::auto_select, ComputeDtype::float32, ComputeDtype::bfloat16})
-    if (name == to_string(d)) return d;
-  throw UsageError("--compute-dtype: '" + name + "' (auto, float32 or bfloat16)");
+  const ComputeDtype all[] = {ComputeDtype::auto_select, ComputeDtype::float32, ComputeDtype::bfloat16};
+  return enum_from_name(name, all, "--compute-dtype");
 }
 
 nlohmann::json to_json(const TrainOptions& o) {
@@ -66,9 +65,8 @@ nlohmann::json to_json(const TrainOptions& o) {
 }
 
 LossKind parse_loss_kind(const std::string& name) {
-  for (LossKind k : {LossKind::cross_entropy, LossKind::scalar_l1})
-    if (name == to_string(k)) return k;
-  throw UsageError("--loss: '" + name + "' (ce or scalar)");
+  const LossKind all[] = {LossKind::cross_entropy, LossKind::scalar_l1};
+  return enum_from_name(name, all, "--loss");
 }
 
 }  // namespace qwen3

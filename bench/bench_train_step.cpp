@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
 #include <torch/csrc/autograd/grad_mode.h>
+#include <torch/utils.h>
 
 #include "qwen3/config/config.h"
 #include "qwen3/data/data.h"
@@ -47,7 +48,7 @@ Setup make_setup(int64_t seq_len, const Qwen3Config& cfg = preset_config("tiny")
       else t.normal_(0.0, 1.0 / std::sqrt(static_cast<double>(t.size(1))));
     }
   }
-  s.model->set_projection_op([](const at::Tensor& x, const at::Tensor& w) { return nvfp4::ste_linear(x, w); });
+  train_detail::use_nvfp4_projections(*s.model, nvfp4::ScaleMode::rne, /*frozen_as_codes=*/false);
   TrainOptions o;
   s.set = train_detail::select_trainable(*s.model, o);
   const at::Tensor ids = at::randint(0, cfg.vocab_size, {kBatch, seq_len + 1}, at::kLong);

@@ -8,6 +8,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <torch/csrc/autograd/grad_mode.h>
+#include <torch/utils.h>
 
 #include "cli_test_util.h"
 #include "qwen3/model/layout.h"

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <torch/csrc/autograd/grad_mode.h>
+#include <torch/utils.h>
 
 #include "cli_test_util.h"
 #include "qwen3/model/layout.h"
@@ -24,6 +25,7 @@
 #include "qwen3/nvfp4/nvfp4_linear.h"
 #include "qwen3/nvfp4/nvfp4_ops.h"
 #include "qwen3/export/quantize_dat.h"
+#include "trainer/train_setup.h"
 #include "qwen3/model/synth.h"
 #include "qwen3/trainer/trainer.h"
 
@@ -246,7 +248,7 @@ double ste_forward_loss(const Model& m, const Trained& t, bool head_in_file, con
   const DatReader r(m.dat);
   const Qwen3Config cfg = load_config(m.config);
   auto model = load_model(r, cfg, at::kFloat, at::kCPU, /*tie_head=*/cfg.tie_word_embeddings && !head_in_file);
-  model->set_projection_op([](const at::Tensor& x, const at::Tensor& w) { return nvfp4::ste_linear(x, w); });
+  train_detail::use_nvfp4_projections(*model, nvfp4::ScaleMode::rne, /*frozen_as_codes=*/false);
   torch::NoGradGuard no_grad;
   for (auto& [key, param] : model->named_weights())
     for (const auto& [mk, mt] : t.masters)

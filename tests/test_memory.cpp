@@ -17,6 +17,7 @@
 #include "qwen3/model/synth.h"
 #include "qwen3/trainer/trainer.h"
 #include "tiny_model_util.h"
+#include "trainer/block_runner.h"
 
 namespace qwen3 {
 namespace {
@@ -290,8 +291,9 @@ TEST(InPlaceGradients, EmbeddingAndTiedHeadGradientsEqualAutogradsAccumulation) 
   for (int in_place = 0; in_place < 2; ++in_place) {
     auto model = load_model(reader, config, at::kFloat, c10::Device("cpu"), /*tie_head=*/true);
     model->embed_tokens.requires_grad_(true);
-    model->set_embedding_grad_in_place(in_place == 1);
-    const at::Tensor hidden = model->hidden_states(ids);
+    const at::Tensor embeddings =
+        in_place == 1 ? train_detail::embedding_into_grad(model->embed_tokens, ids) : model->embed(ids);
+    const at::Tensor hidden = model->hidden_states_from_embeddings(embeddings);
     linear_cross_entropy(hidden.reshape({24, -1}), model->head_weight(), targets, int64_t{1} << 24, in_place == 1)
         .backward();
     grads[in_place] = model->embed_tokens.grad().clone();

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/grad_mode.h>
+#include <torch/utils.h>
 
 #include <cmath>
 #include <set>
@@ -15,6 +16,7 @@
 #include "qwen3/nvfp4/nvfp4_linear.h"
 #include "qwen3/nvfp4/nvfp4_ops.h"
 #include "qwen3/model/synth.h"
+#include "trainer/block_runner.h"
 
 namespace qwen3 {
 namespace {
@@ -90,7 +92,7 @@ std::vector<Vec> reference_logits(Qwen3Model& m, const std::vector<int64_t>& ids
     std::vector<Vec> q(T), k(T), v(T);
     for (int64_t t = 0; t < T; ++t) {
       const Vec h = rmsnorm(x[t], b.input_layernorm, c.rms_norm_eps);
-      q[t] = matvec(b.q_proj, h), k[t] = matvec(b.k_proj, h), v[t] = matvec(b.v_proj, h);
+      q[t] = matvec(b.q_proj.weight, h), k[t] = matvec(b.k_proj.weight, h), v[t] = matvec(b.v_proj.weight, h);
       for (int64_t hq = 0; hq < nh; ++hq) {
         Vec head(q[t].begin() + hq * d, q[t].begin() + (hq + 1) * d);
         head = rmsnorm(head, b.q_norm, c.rms_norm_eps);
@@ -121,13 +123,13 @@ std::vector<Vec> reference_logits(Qwen3Model& m, const std::vector<int64_t>& ids
         for (int64_t s = 0; s <= t; ++s)
           for (int64_t i = 0; i < d; ++i) attn[hq * d + i] += score[s] / z * v[s][hk * d + i];
       }
-      const Vec o = matvec(b.o_proj, attn);
+      const Vec o = matvec(b.o_proj.weight, attn);
       for (size_t i = 0; i < o.size(); ++i) x[t][i] += o[i];
       const Vec h = rmsnorm(x[t], b.post_attention_layernorm, c.rms_norm_eps);
-      const Vec g = matvec(b.gate_proj, h), u = matvec(b.up_proj, h);
+      const Vec g = matvec(b.gate_proj.weight, h), u = matvec(b.up_proj.weight, h);
       Vec act(g.size());
       for (size_t i = 0; i < g.size(); ++i) act[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
-      const Vec down = matvec(b.down_proj, act);
+      const Vec down = matvec(b.down_proj.weight, act);
       for (size_t i = 0; i < down.size(); ++i) x[t][i] += down[i];
     }
   }
@@ -236,7 +238,7 @@ TEST(ModelLoader, LoadsNvfp4AndDenseFilesAndListsProblems) {
   DatReader reader(r.dat_path);
   auto model = load_model(reader, opt.config, at::kFloat, at::kCPU);
   EXPECT_TRUE(model->has_separate_lm_head());
-  const at::Tensor q = model->blocks[1].q_proj;
+  const at::Tensor q = model->blocks[1].q_proj.weight;
   const at::Tensor want = nvfp4::dequantize(read_tensor(reader, reader.at("model.layers.1.self_attn.q_proj.weight.qdata")),
                                             read_tensor(reader, reader.at("model.layers.1.self_attn.q_proj.weight.scale")), at::kFloat);
   EXPECT_TRUE(q.equal(want));
@@ -265,18 +267,33 @@ TEST(ModelLoader, LoadsNvfp4AndDenseFilesAndListsProblems) {
 namespace qwen3 {
 namespace {
 
-TEST(Model, ActivationCheckpointingGivesIdenticalGradients) {
+// The straight-through linear, counting its products (forward and recomputed).
+class CountingSteKernel final : public ProjectionKernel {
+ public:
+  explicit CountingSteKernel(int64_t* products) : products_(products) {}
+  at::Tensor apply(const at::Tensor& x, const at::Tensor& weight) const override {
+    ++*products_;
+    return nvfp4::ste_linear(x, weight);
+  }
+
+ private:
+  int64_t* products_;
+};
+
+// The trainer's block runner with activation checkpointing gives the gradients of the model's own run, and
+// really recomputes (the counts fail with recompute off).
+TEST(BlockRunner, ActivationCheckpointingGivesIdenticalGradients) {
   at::Tensor grads[2][2];  // [checkpointing][frozen first block?] -> concatenated gradients
   for (int frozen = 0; frozen < 2; ++frozen) {
     for (int ckpt = 0; ckpt < 2; ++ckpt) {
       Qwen3Model m(tiny_config(false), at::kFloat, at::kCPU, true);
       randomize(m, 21);
+      for (auto& [key, t] : m.named_weights()) t.requires_grad_(true);  // the model's weights are plain tensors
       int64_t products = 0;  // projections run, forward and recomputed
-      m.set_projection_op([&products](const at::Tensor& x, const at::Tensor& w) {
-        ++products;
-        return nvfp4::ste_linear(x, w);
-      });
-      m.set_activation_checkpointing(ckpt == 1);
+      const auto kernel = std::make_shared<const CountingSteKernel>(&products);
+      for (Projection* p : m.projections()) p->kernel = kernel;
+      train_detail::TrainingBlockRunner runner(/*recompute=*/ckpt == 1);
+      m.set_block_runner(&runner);
       if (frozen) {
         m.embed_tokens.requires_grad_(false);
         for (const at::Tensor* t : m.blocks[0].tensors()) const_cast<at::Tensor*>(t)->requires_grad_(false);
@@ -287,12 +304,13 @@ TEST(Model, ActivationCheckpointingGivesIdenticalGradients) {
       // under a frozen embedding has not) runs its seven projections again in backward.
       const auto layers = static_cast<int64_t>(m.blocks.size());
       const int64_t recomputed = ckpt ? layers - frozen : 0;
-      EXPECT_EQ(m.recomputed_blocks(), recomputed) << "ckpt=" << ckpt << " frozen=" << frozen;
+      EXPECT_EQ(runner.recomputed_blocks(), recomputed) << "ckpt=" << ckpt << " frozen=" << frozen;
       EXPECT_EQ(products, 7 * (layers + recomputed)) << "ckpt=" << ckpt << " frozen=" << frozen;
       std::vector<at::Tensor> flat;
       for (auto& [key, t] : m.named_weights())
         flat.push_back(t.grad().defined() ? t.grad().reshape({-1}) : at::zeros({0}));
       grads[ckpt][frozen] = at::cat(flat);
+      m.set_block_runner(nullptr);
     }
     EXPECT_GT(grads[0][frozen].abs().sum().item<double>(), 0.0);
     EXPECT_TRUE(grads[1][frozen].equal(grads[0][frozen])) << "frozen=" << frozen;

@@ -1,6 +1,7 @@
 // The trainer end to end on tiny synth models: it learns, gradients reach every trainable tensor, resume is
 // exact, checkpoints survive kill -9, signals stop cleanly, export happens, flags are checked.
 #include <gtest/gtest.h>
+#include <torch/utils.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <sys/stat.h>
@@ -96,7 +97,7 @@ TEST(Trainer, GradientsReachEveryTrainableTensorAndOnlyThose) {
     o.train_last_layers = last;
     DatReader reader(m.dat_path);
     auto model = load_model(reader, load_config(m.config_path), at::kFloat, at::kCPU);
-    model->set_projection_op([](const at::Tensor& x, const at::Tensor& w) { return nvfp4::ste_linear(x, w); });
+    train_detail::use_nvfp4_projections(*model, nvfp4::ScaleMode::rne, /*frozen_as_codes=*/false);
     const auto set = train_detail::select_trainable(*model, o);
     train_detail::compute_loss(*model, data.batch(0, 0), LossKind::cross_entropy).backward();
     size_t with_grad = 0;
@@ -110,9 +111,39 @@ TEST(Trainer, GradientsReachEveryTrainableTensorAndOnlyThose) {
     }
     EXPECT_EQ(with_grad, set.params.size());
     if (last == 1) {
-      EXPECT_FALSE(model->blocks[0].q_proj.requires_grad());
+      EXPECT_FALSE(model->blocks[0].q_proj.weight.requires_grad());
     }
   }
+}
+
+// The leaf swap: a frozen projection's kernel holds its codes and its dense weight is gone (no reference is
+// left anywhere: the tensor itself is destroyed), a trained one keeps its master under the straight-through
+// kernel. With frozen_as_codes off every weight stays, which the first expectations catch.
+TEST(Trainer, FrozenProjectionsAreSwappedForCodesAndTheirDenseWeightsGo) {
+  test::TempDir dir;
+  const SynthResult m = make_model(dir);
+  TrainOptions o = pair_options(dir, m);
+  o.train_last_layers = 1;
+  DatReader reader(m.dat_path);
+  auto model = load_model(reader, load_config(m.config_path), at::kFloat, at::kCPU);
+  train_detail::select_trainable(*model, o);
+  std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> frozen;
+  for (Projection* p : model->blocks[0].projections()) frozen.emplace_back(p->weight.getIntrusivePtr());
+  const at::Tensor ids = at::randint(0, 64, {1, 5}, at::kLong);
+  at::Tensor before;
+  {
+    torch::NoGradGuard no_grad;
+    train_detail::use_nvfp4_projections(*model, o.scale_mode, /*frozen_as_codes=*/false);
+    before = model->forward(ids);
+  }
+  train_detail::use_nvfp4_projections(*model, o.scale_mode, /*frozen_as_codes=*/true);
+  for (size_t i = 0; i < frozen.size(); ++i) {
+    EXPECT_FALSE(model->blocks[0].projections()[i]->weight.defined()) << i;
+    EXPECT_TRUE(frozen[i].expired()) << i;
+  }
+  for (Projection* p : model->blocks[1].projections()) EXPECT_TRUE(p->weight.defined() && p->weight.requires_grad());
+  torch::NoGradGuard no_grad;
+  EXPECT_TRUE(model->forward(ids).equal(before));  // the codes are the bytes the straight-through forward uses
 }
 
 std::vector<double> losses_of(const std::string& jsonl) {
@@ -452,7 +483,7 @@ TEST(Trainer, Bf16ComputeGivesFp32GradientsToExactlyTheTrainableTensors) {
   DatReader reader(m.dat_path);
   auto model = load_model(reader, load_config(m.config_path), at::kFloat, at::kCPU);
   model->set_compute_dtype(at::kBFloat16);
-  model->set_projection_op([](const at::Tensor& x, const at::Tensor& w) { return nvfp4::ste_linear(x, w); });
+  train_detail::use_nvfp4_projections(*model, nvfp4::ScaleMode::rne, /*frozen_as_codes=*/false);
   const auto set = train_detail::select_trainable(*model, o);
   const Batch batch = data.batch(0, 0);
   {
@@ -471,7 +502,7 @@ TEST(Trainer, Bf16ComputeGivesFp32GradientsToExactlyTheTrainableTensors) {
     ++with_grad;
   }
   EXPECT_EQ(with_grad, set.params.size());
-  EXPECT_FALSE(model->blocks[0].q_proj.requires_grad());
+  EXPECT_FALSE(model->blocks[0].q_proj.weight.requires_grad());
 }
 
 

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <torch/csrc/autograd/grad_mode.h>
+#include <torch/utils.h>
 
 #include "qwen3/tokenizer/chat_format.h"
 #include "qwen3/base/error.h"

@@ -3,9 +3,6 @@
 #include <ATen/ATen.h>
 #include <torch/version.h>
 
-#include <torch/autograd.h>
-
-#include "block_segment.h"
 #include "model/activation_ops.h"
 #include "qwen3/base/error.h"
 #include "qwen3/model/layout.h"
@@ -17,8 +14,9 @@
 
 namespace qwen3 {
 
-at::Tensor dense_projection(const at::Tensor& x, const at::Tensor& weight) {
-  return at::linear(x, weight.to(x.scalar_type()));  // a no-op when the dtypes agree
+at::Tensor Projection::operator()(const at::Tensor& x) const {
+  if (kernel) return kernel->apply(x, weight);
+  return at::linear(x, weight.to(x.scalar_type()));  // the cast is a no-op when the dtypes agree
 }
 
 // Which field holds the tensor of a file key. The keys, their shapes and their order are the layout's
@@ -27,17 +25,22 @@ at::Tensor* Qwen3Model::field_of(const std::string& key) {
   if (key == "model.embed_tokens.weight") return &embed_tokens;
   if (key == "model.norm.weight") return &final_norm;
   if (key == "lm_head.weight") return &lm_head_;
-  static const std::pair<std::string_view, at::Tensor Qwen3Block::*> kBlockFields[] = {
-      {"self_attn.q_proj.weight", &Qwen3Block::q_proj},       {"self_attn.k_proj.weight", &Qwen3Block::k_proj},
-      {"self_attn.v_proj.weight", &Qwen3Block::v_proj},       {"self_attn.o_proj.weight", &Qwen3Block::o_proj},
-      {"self_attn.q_norm.weight", &Qwen3Block::q_norm},       {"self_attn.k_norm.weight", &Qwen3Block::k_norm},
-      {"mlp.gate_proj.weight", &Qwen3Block::gate_proj},       {"mlp.up_proj.weight", &Qwen3Block::up_proj},
-      {"mlp.down_proj.weight", &Qwen3Block::down_proj},       {"input_layernorm.weight", &Qwen3Block::input_layernorm},
-      {"post_attention_layernorm.weight", &Qwen3Block::post_attention_layernorm}};
+  static const std::pair<std::string_view, at::Tensor* (*)(Qwen3Block&)> kBlockFields[] = {
+      {"self_attn.q_proj.weight", [](Qwen3Block& b) { return &b.q_proj.weight; }},
+      {"self_attn.k_proj.weight", [](Qwen3Block& b) { return &b.k_proj.weight; }},
+      {"self_attn.v_proj.weight", [](Qwen3Block& b) { return &b.v_proj.weight; }},
+      {"self_attn.o_proj.weight", [](Qwen3Block& b) { return &b.o_proj.weight; }},
+      {"self_attn.q_norm.weight", [](Qwen3Block& b) { return &b.q_norm; }},
+      {"self_attn.k_norm.weight", [](Qwen3Block& b) { return &b.k_norm; }},
+      {"mlp.gate_proj.weight", [](Qwen3Block& b) { return &b.gate_proj.weight; }},
+      {"mlp.up_proj.weight", [](Qwen3Block& b) { return &b.up_proj.weight; }},
+      {"mlp.down_proj.weight", [](Qwen3Block& b) { return &b.down_proj.weight; }},
+      {"input_layernorm.weight", [](Qwen3Block& b) { return &b.input_layernorm; }},
+      {"post_attention_layernorm.weight", [](Qwen3Block& b) { return &b.post_attention_layernorm; }}};
   if (const auto layer = layer_of_key(key); layer && *layer < static_cast<int64_t>(blocks.size())) {
     const std::string_view rest = std::string_view(key).substr(key.find('.', std::string("model.layers.").size()) + 1);
-    for (const auto& [name, member] : kBlockFields)
-      if (rest == name) return &(blocks[static_cast<size_t>(*layer)].*member);
+    for (const auto& [name, field] : kBlockFields)
+      if (rest == name) return field(blocks[static_cast<size_t>(*layer)]);
   }
   throw Error("model: no field for the layout's key '" + key + "'");
 }
@@ -48,12 +51,8 @@ Qwen3Model::Qwen3Model(const Qwen3Config& config, at::ScalarType dtype, at::Devi
   const auto opts = at::TensorOptions().dtype(dtype).device(device);
   blocks.resize(static_cast<size_t>(config.num_hidden_layers));
   for (const TensorSpec& spec : qwen3_tensors(config.shape(), separate_lm_head)) {
-    // Module parameter names may not contain '.', so they are registered with '_'; named_weights() gives the
-    // file keys.
-    std::string registered = spec.key;
-    std::replace(registered.begin(), registered.end(), '.', '_');
     at::Tensor* field = field_of(spec.key);
-    *field = register_parameter(registered, at::empty(spec.shape, opts));
+    *field = at::empty(spec.shape, opts);
     fields_.emplace_back(spec.key, field);
   }
 }
@@ -62,6 +61,13 @@ std::vector<std::pair<std::string, at::Tensor>> Qwen3Model::named_weights() cons
   std::vector<std::pair<std::string, at::Tensor>> out;
   out.reserve(fields_.size());
   for (const auto& [key, field] : fields_) out.emplace_back(key, *field);
+  return out;
+}
+
+std::vector<Projection*> Qwen3Model::projections() {
+  std::vector<Projection*> out;
+  for (Qwen3Block& b : blocks)
+    for (Projection* p : b.projections()) out.push_back(p);
   return out;
 }
 
@@ -88,31 +94,6 @@ std::pair<at::Tensor, at::Tensor> rope_tables(int64_t head_dim, double theta, in
   return {emb.cos(), emb.sin()};
 }
 
-namespace {
-
-// The embedding lookup whose backward adds each row's gradient into the table's .grad() in place (index_add_)
-// instead of returning a dense [V, H] gradient for autograd to accumulate.
-class EmbeddingIntoGrad : public torch::autograd::Function<EmbeddingIntoGrad> {
- public:
-  // `table` is an input so that autograd records this node; its gradient is never returned.
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& table, const at::Tensor& ids) {
-    ctx->saved_data["table"] = table;
-    ctx->saved_data["ids"] = ids;
-    return at::embedding(table.detach(), ids);
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grad_outputs) {
-    at::Tensor table = ctx->saved_data["table"].toTensor();
-    const at::Tensor ids = ctx->saved_data["ids"].toTensor();
-    at::Tensor& g = table.mutable_grad();
-    if (!g.defined()) g = at::zeros_like(table, at::MemoryFormat::Contiguous);
-    g.index_add_(0, ids.reshape({-1}), grad_outputs[0].reshape({-1, table.size(1)}).to(g.scalar_type()));
-    return {at::Tensor(), at::Tensor()};
-  }
-};
-
-}  // namespace
-
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   const int64_t groups = q.size(1) / k.size(1);
   const at::Tensor ke = groups == 1 ? k : k.repeat_interleave(groups, 1);
@@ -138,9 +119,9 @@ at::Tensor Qwen3Model::block_forward(const Qwen3Block& b, at::Tensor x, const at
   const int64_t nh = config_.num_attention_heads, nkv = config_.num_key_value_heads, hd = config_.head_dim;
   const at::Tensor h = rmsnorm(x, b.input_layernorm);
   // RoPE on [B, T, heads, d] (one pass over q and k each), then heads first for attention.
-  const at::Tensor q = rotary(rmsnorm(project_(h, b.q_proj).view({B, T, nh, hd}), b.q_norm), cos, sin).transpose(1, 2);
-  at::Tensor k = rotary(rmsnorm(project_(h, b.k_proj).view({B, T, nkv, hd}), b.k_norm), cos, sin).transpose(1, 2);
-  at::Tensor v = project_(h, b.v_proj).view({B, T, nkv, hd}).transpose(1, 2);
+  const at::Tensor q = rotary(rmsnorm(b.q_proj(h).view({B, T, nh, hd}), b.q_norm), cos, sin).transpose(1, 2);
+  at::Tensor k = rotary(rmsnorm(b.k_proj(h).view({B, T, nkv, hd}), b.k_norm), cos, sin).transpose(1, 2);
+  at::Tensor v = b.v_proj(h).view({B, T, nkv, hd}).transpose(1, 2);
   if (cache) {
     cache->keys[layer].narrow(2, offset, T).copy_(k);
     cache->values[layer].narrow(2, offset, T).copy_(v);
@@ -148,38 +129,31 @@ at::Tensor Qwen3Model::block_forward(const Qwen3Block& b, at::Tensor x, const at
     v = cache->values[layer].narrow(2, 0, offset + T);
   }
   const at::Tensor attn = causal_attention(q, k, v).transpose(1, 2).reshape({B, T, nh * hd});
-  x = x + project_(attn, b.o_proj);
+  x = x + b.o_proj(attn);
   const at::Tensor h2 = rmsnorm(x, b.post_attention_layernorm);
-  return x + project_(swiglu(project_(h2, b.gate_proj), project_(h2, b.up_proj)), b.down_proj);
+  return x + b.down_proj(swiglu(b.gate_proj(h2), b.up_proj(h2)));
+}
+
+at::Tensor Qwen3Model::embed(const at::Tensor& ids) const {
+  return at::embedding(embed_tokens, ids.to(device_)).to(compute_dtype_);  // the residual stream's dtype
 }
 
 at::Tensor Qwen3Model::hidden_states(const at::Tensor& ids, KVCache* cache) {
-  const int64_t T = ids.size(1);
+  return hidden_states_from_embeddings(embed(ids), cache);
+}
+
+at::Tensor Qwen3Model::hidden_states_from_embeddings(at::Tensor x, KVCache* cache) {
+  const int64_t T = x.size(1);
   const int64_t offset = cache ? cache->length : 0;
   if (cache && offset + T > cache->capacity())
     throw Error("KV cache holds " + std::to_string(cache->capacity()) + " positions; " +
                 std::to_string(offset + T) + " needed");
   const auto [cos, sin] = rope_tables(config_.head_dim, config_.rope_theta, offset, T, device_);
-  at::Tensor x;
-  if (embedding_grad_in_place_ && !cache && at::GradMode::is_enabled() && embed_tokens.requires_grad()) {
-    x = EmbeddingIntoGrad::apply(embed_tokens, ids.to(device_));
-  } else {
-    x = at::embedding(embed_tokens, ids.to(device_));
-  }
-  x = x.to(compute_dtype_);  // the residual stream runs in the compute dtype
-  const bool training = !cache && at::GradMode::is_enabled();
-  const bool segmented = training && (checkpoint_blocks_ || gradient_sink_);
+  x = x.to(compute_dtype_);
+  const bool runner = block_runner_ && !cache && at::GradMode::is_enabled();
   for (size_t i = 0; i < blocks.size(); ++i) {
-    if (segmented) {
-      const Qwen3Block& b = blocks[i];
-      std::vector<at::Tensor> trainable;
-      for (const at::Tensor* t : b.tensors())
-        if (t->requires_grad()) trainable.push_back(*t);
-      x = block_segment(*this, static_cast<int64_t>(i), x, cos, sin, trainable, checkpoint_blocks_,
-                        gradient_sink_ ? &gradient_sink_ : nullptr);
-    } else {
-      x = block_forward(blocks[i], x, cos, sin, cache, i, offset);
-    }
+    const auto layer = static_cast<int64_t>(i);
+    x = runner ? block_runner_->run(*this, layer, x, cos, sin) : block_forward(blocks[i], x, cos, sin, cache, layer, offset);
   }
   if (cache) cache->length += T;
   return rmsnorm(x, final_norm);

@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>  // fmt::join (only here from fmt 11 on)
 #include <spdlog/spdlog.h>
 #include <torch/csrc/autograd/grad_mode.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <set>

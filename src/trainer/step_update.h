@@ -4,6 +4,7 @@
 #pragma once
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
+#include <torch/utils.h>
 
 #include <cmath>
 #include <functional>
@@ -16,6 +17,7 @@
 #include "qwen3/nvfp4/nvfp4_ops.h"
 #include "qwen3/optim/optim.h"
 #include "qwen3/data/data.h"
+#include "block_runner.h"
 #include "train_setup.h"
 
 namespace qwen3::train_detail {
@@ -61,10 +63,10 @@ class FusedUpdater {
   bool nonfinite_ = false;
 };
 
-// Clears the model's gradient sink however the step ends.
+// Clears the runner's gradient sink however the step ends.
 struct SinkGuard {
-  Qwen3Model& model;
-  ~SinkGuard() { model.set_block_gradient_sink(nullptr); }
+  TrainingBlockRunner& runner;
+  ~SinkGuard() { runner.set_gradient_sink(nullptr); }
 };
 
 // A step after its batch: forward, backward and the AdamW update. Two orders behind one interface, so the loop
@@ -79,8 +81,9 @@ using PhaseMark = std::function<void(const char*)>;
 
 class StepUpdate {
  public:
-  StepUpdate(const TrainOptions& o, TrainableSet& set, AdamW& opt, const c10::Device& device)
-      : o_(o), set_(set), opt_(opt), device_(device) {}
+  StepUpdate(const TrainOptions& o, TrainableSet& set, AdamW& opt, const c10::Device& device,
+             TrainingBlockRunner& runner)
+      : o_(o), set_(set), opt_(opt), device_(device), runner_(runner) {}
   virtual ~StepUpdate() = default;
   virtual StepOutcome forward_backward_update(Qwen3Model& model, const Batch& batch, double lr,
                                               const PhaseMark& mark) = 0;
@@ -90,6 +93,7 @@ class StepUpdate {
   TrainableSet& set_;
   AdamW& opt_;
   c10::Device device_;
+  TrainingBlockRunner& runner_;
 };
 
 class PlainUpdate final : public StepUpdate {
@@ -126,8 +130,8 @@ class FusedUpdate final : public StepUpdate {
   StepOutcome forward_backward_update(Qwen3Model& model, const Batch& batch, double lr, const PhaseMark& mark) override {
     // The sink must be in place before forward, which decides how each block's backward will run.
     FusedUpdater updater(opt_, o_.grad_clip, set_.trainable_parameters, lr);
-    SinkGuard guard{model};  // cleared at the end of the step, whichever way it ends
-    model.set_block_gradient_sink(
+    SinkGuard guard{runner_};  // cleared at the end of the step, whichever way it ends
+    runner_.set_gradient_sink(
         [&](int64_t, const std::vector<std::pair<at::Tensor, at::Tensor>>& grads) { updater.apply(grads); });
     at::Tensor loss = compute_loss(model, batch, o_.loss);
     mark("forward_done");

@@ -3,7 +3,9 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <torch/csrc/autograd/grad_mode.h>
+#include <torch/utils.h>
 
+#include "block_runner.h"
 #include "qwen3/base/enum_names.h"
 #include "qwen3/model/layout.h"
 #include "qwen3/model/lm_loss.h"
@@ -116,22 +118,59 @@ TrainableSet select_trainable(Qwen3Model& model, const TrainOptions& opt) {
   return set;
 }
 
-std::shared_ptr<const FrozenCodes> freeze_projections_as_codes(Qwen3Model& model, nvfp4::ScaleMode mode) {
-  auto codes = std::make_shared<FrozenCodes>();
+namespace {
+
+class SteProjection final : public ProjectionKernel {
+ public:
+  explicit SteProjection(nvfp4::ScaleMode mode) : mode_(mode) {}
+  at::Tensor apply(const at::Tensor& x, const at::Tensor& weight) const override {
+    return nvfp4::ste_linear(x, weight, mode_);
+  }
+
+ private:
+  nvfp4::ScaleMode mode_;
+};
+
+class FrozenCodesProjection final : public ProjectionKernel {
+ public:
+  FrozenCodesProjection(nvfp4::Quantized codes, std::shared_ptr<int64_t> products)
+      : codes_(std::move(codes)), products_(std::move(products)) {}
+  at::Tensor apply(const at::Tensor& x, const at::Tensor&) const override {
+    if (products_) ++*products_;
+    return nvfp4::frozen_nvfp4_linear(x, codes_);
+  }
+
+ private:
+  nvfp4::Quantized codes_;
+  std::shared_ptr<int64_t> products_;
+};
+
+}  // namespace
+
+void use_nvfp4_projections(Qwen3Model& model, nvfp4::ScaleMode mode, bool frozen_as_codes,
+                           std::shared_ptr<int64_t> frozen_products) {
+  const auto ste = std::make_shared<const SteProjection>(mode);
   torch::NoGradGuard no_grad;
-  for (Qwen3Block& b : model.blocks)
-    for (at::Tensor* w : {&b.q_proj, &b.k_proj, &b.v_proj, &b.o_proj, &b.gate_proj, &b.up_proj, &b.down_proj}) {
-      if (w->requires_grad()) continue;
-      codes->emplace(w->unsafeGetTensorImpl(), nvfp4::quantize(*w, mode));
-      w->set_();  // the dense copy goes; the tensor object stays as the key
+  for (Projection* p : model.projections()) {
+    if (!frozen_as_codes || p->weight.requires_grad()) {
+      p->kernel = ste;
+      continue;
     }
-  return codes;
+    p->kernel = std::make_shared<const FrozenCodesProjection>(nvfp4::quantize(p->weight, mode), frozen_products);
+    p->weight = at::Tensor();  // the dense copy goes with its last reference
+  }
 }
 
 at::Tensor compute_loss(Qwen3Model& model, const Batch& batch, LossKind kind) {
   const at::Tensor inputs = batch.input_ids.to(model.device());
   const at::Tensor targets = batch.target_ids.to(model.device());
-  const at::Tensor hidden = model.hidden_states(inputs);
+  // The embedding's gradient goes into its .grad() in place, as the head's does (linear_cross_entropy below):
+  // no dense [V, H] gradient and no out-of-place sum of the two for a tied head.
+  const bool embedding_trains = at::GradMode::is_enabled() && model.embed_tokens.requires_grad();
+  const at::Tensor embeddings = embedding_trains
+                                    ? embedding_into_grad(model.embed_tokens, inputs).to(model.compute_dtype())
+                                    : model.embed(inputs);
+  const at::Tensor hidden = model.hidden_states_from_embeddings(embeddings);
   if (kind == LossKind::cross_entropy)
     return linear_cross_entropy(hidden.reshape({-1, hidden.size(-1)}), model.head_weight(), targets.reshape({-1}),
                                 int64_t{1} << 24, /*accumulate_into_weight_grad=*/true);

@@ -3,7 +3,6 @@
 #include <nlohmann/json.hpp>
 
 #include <memory>
-#include <unordered_map>
 
 #include "qwen3/data/data.h"
 #include "qwen3/dat/dat.h"
@@ -21,11 +20,13 @@ struct TrainableSet {
   int64_t total_parameters = 0;
 };
 TrainableSet select_trainable(Qwen3Model& model, const TrainOptions& opt);
-// Frozen block projections replaced by their NVFP4 codes: quantized once (the bytes the straight-through
-// forward would produce every step) and their dense storage released. Keyed by the weight tensor, which the
-// model keeps as an empty placeholder.
-using FrozenCodes = std::unordered_map<const c10::TensorImpl*, nvfp4::Quantized>;
-std::shared_ptr<const FrozenCodes> freeze_projections_as_codes(Qwen3Model& model, nvfp4::ScaleMode mode);
+// The projections as training computes them: each trained one through the NVFP4 straight-through linear of
+// its master weight; each frozen one, when `frozen_as_codes`, from its NVFP4 codes alone (quantized once: the
+// bytes the straight-through forward would produce every step), its dense weight released. Products from
+// codes are counted into `frozen_products` when given (TrainSummary's diagnostic). Call after
+// select_trainable, which decides what is frozen.
+void use_nvfp4_projections(Qwen3Model& model, nvfp4::ScaleMode mode, bool frozen_as_codes,
+                           std::shared_ptr<int64_t> frozen_products = nullptr);
 
 // The rule select_trainable applies to one file key of a model with `layers` blocks.
 bool is_trainable(const std::string& key, int64_t layers, const TrainOptions& opt);

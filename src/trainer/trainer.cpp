@@ -2,6 +2,7 @@
 #include "qwen3/trainer/trainer.h"
 
 #include <ATen/ATen.h>
+#include <torch/utils.h>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -109,7 +110,14 @@ namespace {
 struct TrainModel {
   std::shared_ptr<Qwen3Model> model;
   TrainableSet set;
+  std::unique_ptr<TrainingBlockRunner> runner;  // activation checkpointing and the in-backward update
   std::shared_ptr<int64_t> frozen_code_products = std::make_shared<int64_t>(0);  // TrainSummary's diagnostic
+  TrainModel() = default;
+  TrainModel(TrainModel&&) = default;
+  TrainModel& operator=(TrainModel&&) = default;
+  ~TrainModel() {
+    if (model) model->set_block_runner(nullptr);  // the model may outlive its runner
+  }
 };
 
 TrainModel setup_model(const TrainOptions& o, const Qwen3Config& config, const DatReader& reader,
@@ -119,20 +127,10 @@ TrainModel setup_model(const TrainOptions& o, const Qwen3Config& config, const D
                        /*tie_head=*/config.tie_word_embeddings);
   Qwen3Model& model = *t.model;
   model.set_compute_dtype(compute_scalar_type(o, device));
-  model.set_activation_checkpointing(o.grad_checkpoint);
-  model.set_embedding_grad_in_place(true);  // and the loss adds the head's into .grad() too (compute_loss)
   t.set = select_trainable(model, o);
-  const nvfp4::ScaleMode mode = o.scale_mode;
-  std::shared_ptr<const FrozenCodes> frozen =
-      o.frozen_projections_as_codes ? freeze_projections_as_codes(model, mode) : std::make_shared<FrozenCodes>();
-  model.set_projection_op([mode, frozen, counter = t.frozen_code_products](const at::Tensor& x, const at::Tensor& w) {
-    if (!frozen->empty())
-      if (auto it = frozen->find(w.unsafeGetTensorImpl()); it != frozen->end()) {
-        ++*counter;
-        return nvfp4::frozen_nvfp4_linear(x, it->second);
-      }
-    return nvfp4::ste_linear(x, w, mode);
-  });
+  use_nvfp4_projections(model, o.scale_mode, o.frozen_projections_as_codes, t.frozen_code_products);
+  t.runner = std::make_unique<TrainingBlockRunner>(o.grad_checkpoint);
+  model.set_block_runner(t.runner.get());
   return t;
 }
 
@@ -288,9 +286,9 @@ class Trainer {
     phase("model_loaded");
     opt_.emplace(model_.set.params, o.adamw);
     if (o.fused_optimizer)
-      update_ = std::make_unique<FusedUpdate>(o, model_.set, *opt_, device_);
+      update_ = std::make_unique<FusedUpdate>(o, model_.set, *opt_, device_, *model_.runner);
     else
-      update_ = std::make_unique<PlainUpdate>(o, model_.set, *opt_, device_);
+      update_ = std::make_unique<PlainUpdate>(o, model_.set, *opt_, device_, *model_.runner);
     phase("optimizer_state_ready");
 
     steps_ = total_steps(o, *data_);
@@ -398,7 +396,7 @@ class Trainer {
       export_trained(o_, model_.set, *model_.model, *reader_);
       sum_.exported = o_.output_dat;
     }
-    sum_.recomputed_blocks = model_.model->recomputed_blocks();
+    sum_.recomputed_blocks = model_.runner->recomputed_blocks();
     sum_.frozen_code_products = *model_.frozen_code_products;
     return sum_;
   }

@@ -1,20 +1,35 @@
-// The Qwen3 causal LM as docs/model.md computes it. The model knows nothing of quantization: its
-// projection weights are plain [out, in] tensors and every projection goes through `ProjectionOp`, which the
-// loader or the trainer sets (a dense product for evaluation, the NVFP4 straight-through linear for training).
+// The Qwen3 causal LM as docs/model.md computes it. The model knows nothing of quantization or of training
+// policy: each projection is a `Projection` (a dense weight and the kernel that multiplies by it) whose kernel
+// the trainer swaps (the NVFP4 straight-through linear for trained weights, a product from codes for frozen
+// ones, whose dense weight then goes), and how blocks run while training (activation checkpointing, the
+// optimizer in backward) is a `BlockRunner` the trainer owns.
 #pragma once
-#include <torch/nn/module.h>
+#include <ATen/core/Tensor.h>
 
 #include <array>
-#include <functional>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "qwen3/config/config.h"
 
 namespace qwen3 {
 
-// y = x · wᵀ for x [..., in], w [out, in].
-using ProjectionOp = std::function<at::Tensor(const at::Tensor& x, const at::Tensor& weight)>;
-at::Tensor dense_projection(const at::Tensor& x, const at::Tensor& weight);
+// How a projection multiplies: y = x · wᵀ for x [..., in]. `weight` is the projection's dense weight [out, in],
+// undefined when the kernel holds the weight in a form of its own.
+class ProjectionKernel {
+ public:
+  virtual ~ProjectionKernel() = default;
+  virtual at::Tensor apply(const at::Tensor& x, const at::Tensor& weight) const = 0;
+};
+
+// One projection: its dense weight (what loading fills and the optimizer trains; undefined once a kernel
+// holding another form replaced it) and its kernel (none: the dense product in the activations' dtype).
+struct Projection {
+  at::Tensor weight;
+  std::shared_ptr<const ProjectionKernel> kernel;
+  at::Tensor operator()(const at::Tensor& x) const;
+};
 
 // Post-RoPE keys and values per layer, unexpanded [B, kv_heads, capacity, head_dim]; `length` positions used.
 struct KVCache {
@@ -23,24 +38,38 @@ struct KVCache {
   int64_t capacity() const { return keys.empty() ? 0 : keys[0].size(2); }
 };
 
-// Receives, during backward, the gradients of one block's trainable tensors (parameter, gradient) as soon as
-// they are complete; those parameters then get no .grad() from that block.
-using BlockGradientSink =
-    std::function<void(int64_t layer, const std::vector<std::pair<at::Tensor, at::Tensor>>& param_grads)>;
-
 struct Qwen3Block {
-  at::Tensor q_proj, k_proj, v_proj, o_proj, q_norm, k_norm, gate_proj, up_proj, down_proj, input_layernorm,
-      post_attention_layernorm;
-  // In file order (docs/model.md); the model maps file keys to these fields by name (Qwen3Model::field_of).
+  Projection q_proj, k_proj, v_proj, o_proj;
+  at::Tensor q_norm, k_norm;
+  Projection gate_proj, up_proj, down_proj;
+  at::Tensor input_layernorm, post_attention_layernorm;
+  // The eleven tensors in file order (docs/model.md); the model maps file keys to them by name
+  // (Qwen3Model::field_of). A projection whose kernel holds its weight gives an undefined tensor.
   std::array<const at::Tensor*, 11> tensors() const {
-    return {&q_proj, &k_proj, &v_proj, &o_proj, &q_norm, &k_norm, &gate_proj, &up_proj, &down_proj,
-            &input_layernorm, &post_attention_layernorm};
+    return {&q_proj.weight, &k_proj.weight, &v_proj.weight, &o_proj.weight, &q_norm, &k_norm, &gate_proj.weight,
+            &up_proj.weight, &down_proj.weight, &input_layernorm, &post_attention_layernorm};
+  }
+  std::array<Projection*, 7> projections() {
+    return {&q_proj, &k_proj, &v_proj, &o_proj, &gate_proj, &up_proj, &down_proj};
   }
 };
 
-class Qwen3Model : public torch::nn::Module {
+class Qwen3Model;
+
+// How hidden_states runs the blocks while autograd records (training): the model calls the runner for each
+// block instead of running it itself, and the runner calls Qwen3Model::run_block when and as often as it
+// chooses (once in forward, again in backward for activation checkpointing) and may route the block's
+// gradients elsewhere. Without a runner, or under a KV cache or no-grad, the model runs blocks directly.
+class BlockRunner {
  public:
-  // Parameters are allocated uninitialized in `dtype` on `device`; load_weights fills them.
+  virtual ~BlockRunner() = default;
+  virtual at::Tensor run(Qwen3Model& model, int64_t layer, const at::Tensor& x, const at::Tensor& cos,
+                         const at::Tensor& sin) = 0;
+};
+
+class Qwen3Model {
+ public:
+  // Weights are allocated uninitialized in `dtype` on `device`; load_weights fills them.
   Qwen3Model(const Qwen3Config& config, at::ScalarType dtype, at::Device device, bool separate_lm_head);
   // Not copyable: named_weights() reaches the fields through pointers into this object.
   Qwen3Model(const Qwen3Model&) = delete;
@@ -71,28 +100,20 @@ class Qwen3Model : public torch::nn::Module {
   // The LM head's weight: lm_head, or the embedding when tied.
   const at::Tensor& head_weight() const { return lm_head_.defined() ? lm_head_ : embed_tokens; }
 
-  void set_projection_op(ProjectionOp op) { project_ = std::move(op); }
-  // Activation checkpointing per block (training without a cache): a block keeps only its input for backward
-  // and recomputes itself there; gradients are identical to the plain path.
-  void set_activation_checkpointing(bool on) { checkpoint_blocks_ = on; }
-  // Optimizer-in-backward: while a sink is set, every block's parameter gradients go to it (see
-  // BlockGradientSink) instead of .grad(). The embedding, final norm and lm_head still accumulate .grad().
-  void set_block_gradient_sink(BlockGradientSink sink) { gradient_sink_ = std::move(sink); }
-  // Training: the embedding's gradient is added into embed_tokens.grad() in place by the lookup's backward
-  // (no dense [V, H] gradient, no out-of-place sum with a tied head's). Off, autograd accumulates it.
-  void set_embedding_grad_in_place(bool on) { embedding_grad_in_place_ = on; }
+  // Every block projection, 7 per block in file order: where the trainer swaps kernels.
+  std::vector<Projection*> projections();
+  // Set for training, cleared (nullptr) after; the runner must outlive every backward of a forward it ran.
+  void set_block_runner(BlockRunner* runner) { block_runner_ = runner; }
 
-  // One block, as forward runs it (public for the checkpointing function, which re-runs it in backward).
+  // The token embeddings [B, T, H] of ids, in the compute dtype.
+  at::Tensor embed(const at::Tensor& ids) const;
+  // The blocks and the final norm over embeddings x [B, T, H] (hidden_states(ids) is this over embed(ids)):
+  // for a caller that looks the embeddings up its own way.
+  at::Tensor hidden_states_from_embeddings(at::Tensor x, KVCache* cache = nullptr);
+  // One block without a cache, as forward runs it: what a BlockRunner calls.
   at::Tensor run_block(int64_t layer, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-    return block_forward(blocks[layer], x, cos, sin, nullptr, layer, 0);
+    return block_forward(blocks[static_cast<size_t>(layer)], x, cos, sin, nullptr, layer, 0);
   }
-  // The same, run again in backward by activation checkpointing, counted: how a caller (and a test) sees that
-  // checkpointing really recomputed rather than kept the activations.
-  at::Tensor recompute_block(int64_t layer, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-    ++recomputed_blocks_;
-    return run_block(layer, x, cos, sin);
-  }
-  int64_t recomputed_blocks() const { return recomputed_blocks_; }
 
   at::Tensor embed_tokens, final_norm;
   std::vector<Qwen3Block> blocks;
@@ -108,11 +129,7 @@ class Qwen3Model : public torch::nn::Module {
   at::ScalarType compute_dtype_;
   at::Device device_;
   at::Tensor lm_head_;  // undefined when tied to embed_tokens
-  ProjectionOp project_ = dense_projection;
-  bool checkpoint_blocks_ = false;
-  BlockGradientSink gradient_sink_;
-  bool embedding_grad_in_place_ = false;
-  int64_t recomputed_blocks_ = 0;
+  BlockRunner* block_runner_ = nullptr;
   std::vector<std::pair<std::string, at::Tensor*>> fields_;  // file key -> field, in file order
 };
 

@@ -1,14 +1,15 @@
-#include "block_segment.h"
+#include "block_runner.h"
 
 #include <torch/autograd.h>
+#include <torch/utils.h>
 
-namespace qwen3 {
+namespace qwen3::train_detail {
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// The model and the sink outlive every backward of their own forward; autograd's saved data holds only
+// The model and the runner outlive every backward of their own forward; autograd's saved data holds only
 // IValues, so they travel as addresses.
 template <typename T>
 T* from_address(const c10::IValue& v) {
@@ -18,14 +19,14 @@ T* from_address(const c10::IValue& v) {
 class BlockSegment : public torch::autograd::Function<BlockSegment> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                            at::TensorList params, int64_t model_address, int64_t layer, bool recompute,
-                            int64_t sink_address) {
+                            at::TensorList params, int64_t model_address, int64_t runner_address, int64_t layer) {
     auto* model = reinterpret_cast<Qwen3Model*>(model_address);
+    const auto* runner = reinterpret_cast<const TrainingBlockRunner*>(runner_address);
     ctx->saved_data["model"] = model_address;
+    ctx->saved_data["runner"] = runner_address;
     ctx->saved_data["layer"] = layer;
     ctx->saved_data["params"] = static_cast<int64_t>(params.size());
-    ctx->saved_data["sink"] = sink_address;
-    if (recompute) {
+    if (runner->recompute()) {
       ctx->save_for_backward({x, cos, sin});
       torch::NoGradGuard no_grad;
       return model->run_block(layer, x, cos, sin);
@@ -45,7 +46,7 @@ class BlockSegment : public torch::autograd::Function<BlockSegment> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     auto* model = from_address<Qwen3Model>(ctx->saved_data["model"]);
-    auto* sink = from_address<const BlockGradientSink>(ctx->saved_data["sink"]);
+    auto* runner = from_address<TrainingBlockRunner>(ctx->saved_data["runner"]);
     const int64_t layer = ctx->saved_data["layer"].toInt();
     const int64_t n_params = ctx->saved_data["params"].toInt();
     at::Tensor x, y;
@@ -58,22 +59,22 @@ class BlockSegment : public torch::autograd::Function<BlockSegment> {
       const auto saved = ctx->get_saved_variables();
       x = saved[0].detach().requires_grad_(saved[0].requires_grad());
       torch::AutoGradMode grad(true);
-      y = model->recompute_block(layer, x, saved[1], saved[2]);
+      y = runner->run_again(*model, layer, x, saved[1], saved[2]);
     }
     // Differentiate with respect to x and the block's trainable tensors (the same leaves forward saw).
-    const Qwen3Block& b = model->blocks[layer];
+    const Qwen3Block& b = model->blocks[static_cast<size_t>(layer)];
     std::vector<at::Tensor> inputs;
     std::vector<int> slot;  // which returned gradient each input's goes to: 0 = x, 3 + k = params[k]
     if (x.requires_grad()) inputs.push_back(x), slot.push_back(0);
     int k = 0;
     for (const at::Tensor* t : b.tensors())
-      if (t->requires_grad()) inputs.push_back(*t), slot.push_back(3 + k++);
+      if (t->defined() && t->requires_grad()) inputs.push_back(*t), slot.push_back(3 + k++);
     variable_list out(3 + n_params + 4);
     if (inputs.empty()) return out;
     auto grads = torch::autograd::grad({y}, inputs, {grad_outputs[0]}, /*retain_graph=*/false,
                                        /*create_graph=*/false, /*allow_unused=*/true);
     y = at::Tensor();
-    if (sink) {
+    if (const BlockGradientSink* sink = runner->sink()) {
       std::vector<std::pair<at::Tensor, at::Tensor>> param_grads;
       for (size_t i = 0; i < grads.size(); ++i)
         if (slot[i] != 0) param_grads.emplace_back(inputs[i], std::move(grads[i]));
@@ -86,13 +87,40 @@ class BlockSegment : public torch::autograd::Function<BlockSegment> {
   }
 };
 
+// The embedding lookup with its gradient added into the table's .grad() by backward.
+class EmbeddingIntoGrad : public torch::autograd::Function<EmbeddingIntoGrad> {
+ public:
+  // `table` is an input so that autograd records this node; its gradient is never returned.
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& table, const at::Tensor& ids) {
+    ctx->saved_data["table"] = table;
+    ctx->saved_data["ids"] = ids;
+    return at::embedding(table.detach(), ids);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    at::Tensor table = ctx->saved_data["table"].toTensor();
+    const at::Tensor ids = ctx->saved_data["ids"].toTensor();
+    at::Tensor& g = table.mutable_grad();
+    if (!g.defined()) g = at::zeros_like(table, at::MemoryFormat::Contiguous);
+    g.index_add_(0, ids.reshape({-1}), grad_outputs[0].reshape({-1, table.size(1)}).to(g.scalar_type()));
+    return {at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
 
-at::Tensor block_segment(Qwen3Model& model, int64_t layer, const at::Tensor& x, const at::Tensor& cos,
-                         const at::Tensor& sin, const std::vector<at::Tensor>& params, bool recompute,
-                         const BlockGradientSink* sink) {
-  return BlockSegment::apply(x, cos, sin, at::TensorList(params), reinterpret_cast<int64_t>(&model), layer, recompute,
-                             reinterpret_cast<int64_t>(sink));
+at::Tensor TrainingBlockRunner::run(Qwen3Model& model, int64_t layer, const at::Tensor& x, const at::Tensor& cos,
+                                    const at::Tensor& sin) {
+  if (!recompute_ && !sink_) return model.run_block(layer, x, cos, sin);
+  // The block's trainable tensors are the segment's inputs so that autograd routes their gradients here.
+  std::vector<at::Tensor> trainable;
+  for (const at::Tensor* t : model.blocks[static_cast<size_t>(layer)].tensors())
+    if (t->defined() && t->requires_grad()) trainable.push_back(*t);
+  return BlockSegment::apply(x, cos, sin, at::TensorList(trainable), reinterpret_cast<int64_t>(&model),
+                             reinterpret_cast<int64_t>(this), layer);
 }
 
-}  // namespace qwen3
+at::Tensor embedding_into_grad(const at::Tensor& table, const at::Tensor& ids) {
+  return EmbeddingIntoGrad::apply(table, ids);
+}
+
+}  // namespace qwen3::train_detail

@@ -1,0 +1,56 @@
+// How the trainer runs each block: as its own autograd segment, with two independent options.
+// - recompute (activation checkpointing): forward runs the block without building a graph and keeps only its
+//   input; backward runs it again with a graph and differentiates that. Memory per block drops from every
+//   intermediate activation to the [B, T, H] input, for one extra forward.
+// - a gradient sink (optimizer-in-backward): backward hands the block's parameter gradients to the sink as soon
+//   as they exist, instead of accumulating them into .grad(), so they can be applied and freed block by block.
+// With neither, a block runs as the model runs it.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <utility>
+#include <vector>
+
+#include "qwen3/model/model.h"
+
+namespace qwen3::train_detail {
+
+// Receives, during backward, the gradients of one block's trainable tensors (parameter, gradient) as soon as
+// they are complete; those parameters then get no .grad() from that block.
+using BlockGradientSink =
+    std::function<void(int64_t layer, const std::vector<std::pair<at::Tensor, at::Tensor>>& param_grads)>;
+
+class TrainingBlockRunner final : public BlockRunner {
+ public:
+  explicit TrainingBlockRunner(bool recompute) : recompute_(recompute) {}
+  // Set for a step (before its forward, which decides how each block's backward will run), cleared after.
+  void set_gradient_sink(BlockGradientSink sink) { sink_ = std::move(sink); }
+
+  at::Tensor run(Qwen3Model& model, int64_t layer, const at::Tensor& x, const at::Tensor& cos,
+                 const at::Tensor& sin) override;
+
+  // Blocks run again in backward so far: how the trainer (and a test) sees that checkpointing really
+  // recomputed rather than kept the activations.
+  int64_t recomputed_blocks() const { return recomputed_blocks_; }
+
+  // For the segment's backward.
+  bool recompute() const { return recompute_; }
+  const BlockGradientSink* sink() const { return sink_ ? &sink_ : nullptr; }
+  at::Tensor run_again(Qwen3Model& model, int64_t layer, const at::Tensor& x, const at::Tensor& cos,
+                       const at::Tensor& sin) {
+    ++recomputed_blocks_;
+    return model.run_block(layer, x, cos, sin);
+  }
+
+ private:
+  bool recompute_;
+  BlockGradientSink sink_;
+  int64_t recomputed_blocks_ = 0;
+};
+
+// The embedding lookup whose backward adds each row's gradient into the table's .grad() in place (index_add_)
+// instead of returning a dense [V, H] gradient for autograd to accumulate (and sum with a tied head's).
+at::Tensor embedding_into_grad(const at::Tensor& table, const at::Tensor& ids);
+
+}  // namespace qwen3::train_detail

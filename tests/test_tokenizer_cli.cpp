@@ -6,12 +6,14 @@
 #include <fstream>
 
 #include "cli_test_util.h"
+#include "qwen3/tokenizer/chat_format.h"
 #include "tokenizer_test_util.h"
 
 namespace qwen3 {
 namespace {
 
 using test::run_cli;
+using test::tiny_tokenizer;
 
 std::string tokenize(const std::string& args) { return "tokenize --tokenizer " + test::tiny_tokenizer_path() + " " + args; }
 
@@ -55,10 +57,39 @@ TEST(TokenizeCli, DecodeTurnsLinesOfIdsIntoText) {
   EXPECT_NE(r.err.find(path + ":2: \"x\" is not a token id"), std::string::npos) << r.err;
 }
 
+// --chat: one {"ids", "loss_mask"} per record, as training renders it; the template by name or from a config.
+TEST(TokenizeCli, ChatRecordsGiveIdsAndLossMasks) {
+  test::TempDir dir;
+  const std::string path = dir.file("c.jsonl");
+  std::ofstream(path) << R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]})"
+                      << "\n\n" << R"({"instruction": "ab", "output": "xyz"})" << "\n";
+  auto r = run_cli(tokenize("--json --chat " + path));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json all = nlohmann::json::parse(r.out);
+  ASSERT_EQ(all.size(), 2u);
+  const ChatTokens want = render_chat(tiny_tokenizer(), {std::nullopt, "hi", "hello"});
+  EXPECT_EQ(all[0]["ids"].get<std::vector<TokenId>>(), want.ids);
+  EXPECT_EQ(all[0]["loss_mask"].get<std::vector<uint8_t>>(), want.loss_mask);
+  // The hybrid template by name: the empty think block is in the ids and out of the mask.
+  r = run_cli(tokenize("--json --chat-template qwen3-thinking --chat " + path));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json thinking = nlohmann::json::parse(r.out);
+  EXPECT_GT(thinking[0]["ids"].size(), all[0]["ids"].size());
+  EXPECT_EQ(std::count(thinking[0]["loss_mask"].begin(), thinking[0]["loss_mask"].end(), 1),
+            std::count(all[0]["loss_mask"].begin(), all[0]["loss_mask"].end(), 1));
+  std::ofstream(dir.file("bad.jsonl")) << R"({"messages": [{"role": "user", "content": "hi"}]})" << "\n";
+  r = run_cli(tokenize("--chat " + dir.file("bad.jsonl")));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find(dir.file("bad.jsonl") + ":1: no assistant message"), std::string::npos) << r.err;
+  r = run_cli(tokenize("--chat-template llama --chat " + path));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("chatml or qwen3-thinking"), std::string::npos) << r.err;
+}
+
 TEST(TokenizeCli, ErrorsAreOneLineWithTheRightExitCode) {
   auto r = run_cli(tokenize(""));
   EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.err.find("--text or --file"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--text, --file or --chat"), std::string::npos) << r.err;
   r = run_cli(tokenize("--text a --file b"));
   EXPECT_EQ(r.code, 2) << r.err;
   r = run_cli("tokenize --text a");

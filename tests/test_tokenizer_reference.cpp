@@ -64,8 +64,25 @@ TEST(TokenizerReference, FixtureDecodingEqualsTheReference) {
     EXPECT_EQ(t->decode(c["ids"].get<Ids>()), c["text"].get<std::string>()) << c.dump();
 }
 
-TEST(TokenizerReference, ChatTargetIsEncodedOnItsOwn) {
+// The package's tokenizer_config.json holds the hybrid Qwen3 template, which the tokenizer picks up from beside
+// tokenizer.json: the last assistant turn carries an empty think block, which stays out of the loss and ends
+// the generation prompt.
+TEST(TokenizerReference, TheHybridTemplateBesideTheTokenizerIsUsed) {
   QWEN3_REQUIRE_REAL_TOKENIZER(t);
+  ASSERT_EQ(t->chat_template(), ChatTemplate::qwen3_thinking) << t->chat_template_origin();
+  const ChatTokens c = render_chat(*t, {std::nullopt, "Hi", "Hello!"});
+  EXPECT_EQ(c.ids, t->encode("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+                             "Hello!<|im_end|>\n"));
+  const Ids prompt = chat_generation_prompt(*t, std::nullopt, "Hi");
+  EXPECT_EQ(prompt, Ids(c.ids.begin(), c.ids.begin() + static_cast<std::ptrdiff_t>(prompt.size())));
+  for (size_t i = 0; i < c.ids.size(); ++i)
+    EXPECT_EQ(c.loss_mask[i], i >= prompt.size() && i + 1 < c.ids.size()) << "position " << i;
+}
+
+TEST(TokenizerReference, ChatTargetIsEncodedOnItsOwn) {
+  QWEN3_REQUIRE_REAL_TOKENIZER(hybrid);
+  const Tokenizer chatml = hybrid->with_chat_template(ChatTemplate::chatml, "test");
+  const Tokenizer* t = &chatml;
   const ChatTokens plain = render_chat(*t, {std::nullopt, "Hi", "Hello!"});
   EXPECT_EQ(plain.ids, t->encode("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n"));
   // A target starting with a newline: the prompt ends in "\n" (198) as at generation time, never "\n\n" (271).

@@ -427,6 +427,36 @@ std::vector<double> pair_run_losses(const test::TempDir& dir, const SynthResult&
   return losses_of(o.metrics_jsonl);
 }
 
+// The four pairs as HF chat JSONL and as an alpaca JSON array render to the TSV pairs' tokens and masks, so the
+// three runs are the same run, loss for loss.
+TEST(Trainer, ChatAndAlpacaRecordsTrainExactlyAsTheSamePairsInTsv) {
+  test::TempDir dir;
+  const SynthResult m = make_model(dir);
+  const std::pair<const char*, const char*> pairs[] = {{"hi", "world"}, {"name?", "qwen"}, {"abc", "xyz"}, {"color", "blue"}};
+  std::ofstream chat(dir.file("pairs.jsonl"));
+  nlohmann::json alpaca = nlohmann::json::array();
+  for (const auto& [prompt, target] : pairs) {
+    chat << nlohmann::json{{"messages", {{{"role", "user"}, {"content", prompt}}, {{"role", "assistant"}, {"content", target}}}}}
+         << "\n";
+    alpaca.push_back({{"instruction", prompt}, {"input", ""}, {"output", target}});
+  }
+  chat.close();
+  std::ofstream(dir.file("pairs.json")) << alpaca.dump(1);
+  std::vector<double> runs[3];
+  int i = 0;
+  for (const char* file : {"pairs.tsv", "pairs.jsonl", "pairs.json"}) {
+    TrainOptions o = pair_options(dir, m);
+    o.data.path = dir.file(file);
+    o.steps = 3;
+    o.metrics_jsonl = dir.file(std::string(file) + ".metrics");
+    run_training(o);
+    runs[i++] = losses_of(o.metrics_jsonl);
+  }
+  ASSERT_EQ(runs[0].size(), 3u);
+  EXPECT_EQ(runs[1], runs[0]);
+  EXPECT_EQ(runs[2], runs[0]);
+}
+
 // The same losses, and the blocks really recomputed in backward (4 steps x 2 blocks), not kept.
 TEST(Trainer, GradCheckpointingChangesNothingButMemory) {
   test::TempDir dir;

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "qwen3/tokenizer/chat_format.h"
+
 #include "qwen3/base/error.h"
 
 namespace qwen3::cli {
@@ -17,6 +19,19 @@ CLI::Option* add_bool_flag(CLI::App* app, const std::string& names, bool& target
   opt->type_name("[BOOL]");
   opt->default_str(target ? "true" : "false");
   return opt;
+}
+
+void add_chat_template_flags(CLI::App* app, ChatTemplateFlags& flags) {
+  app->add_option("--tokenizer-config", flags.config,
+                  "tokenizer_config.json whose chat template renders conversations (default: the one beside "
+                  "--tokenizer, else chatml)");
+  app->add_option("--chat-template", flags.name, "chatml or qwen3-thinking: overrides the tokenizer config's");
+}
+
+TokenizerSource tokenizer_source(const std::string& tokenizer, const ChatTemplateFlags& flags) {
+  TokenizerSource source{tokenizer, flags.config, std::nullopt};
+  if (!flags.name.empty()) source.chat_template = parse_chat_template(flags.name);
+  return source;
 }
 
 namespace {

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "qwen3/tokenizer/tokenizer.h"
+
 namespace qwen3::cli {
 
 // A subcommand and what to run once argv parsed cleanly; run returns the exit code.
@@ -31,6 +33,13 @@ CLI::Validator non_negative_number();
 CLI::Validator positive_number();
 CLI::Validator at_most(double bound, const std::string& why);
 CLI::Validator below_one();  // [0, 1): Adam's betas (1 would divide by a zero bias correction)
+
+// --tokenizer-config and --chat-template beside a command's --tokenizer, and the source they make.
+struct ChatTemplateFlags {
+  std::string config, name;
+};
+void add_chat_template_flags(CLI::App* app, ChatTemplateFlags& flags);
+TokenizerSource tokenizer_source(const std::string& tokenizer, const ChatTemplateFlags& flags);
 
 void setup_logging(const std::string& level);  // trace|debug|info|warn|error|off; progress goes to stderr
 

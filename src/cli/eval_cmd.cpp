@@ -21,6 +21,7 @@ namespace {
 struct EvalFlags {
   std::string weights, config, ids_file, data, tokenizer, data_format = "auto", system;
   DataOptions data_options;
+  ChatTemplateFlags chat;
   RuntimeOptions runtime;
   bool json = false;
 };
@@ -55,8 +56,10 @@ Evaluation evaluate_id_lines(Qwen3Model& model, const EvalFlags& f) {
 int run_eval(EvalFlags& f) {
   if (f.ids_file.empty() == f.data.empty()) throw UsageError("eval: give exactly one of --token-ids-file and --data");
   if (!f.data.empty() && f.tokenizer.empty()) throw UsageError("eval: --data needs --tokenizer");
-  if (f.data.empty() && (!f.tokenizer.empty() || !f.system.empty() || f.data_format != "auto"))
-    throw UsageError("eval: --tokenizer, --system and --data-format apply to --data only");
+  if (f.data.empty() && (!f.tokenizer.empty() || !f.system.empty() || f.data_format != "auto" ||
+                         !f.chat.config.empty() || !f.chat.name.empty()))
+    throw UsageError("eval: --tokenizer, --tokenizer-config, --chat-template, --system and --data-format apply to "
+                     "--data only");
   const Qwen3Config config = load_config(f.config);
   DataOptions& d = f.data_options;
   if (config.max_position_embeddings > 0 && d.seq_len > config.max_position_embeddings)
@@ -64,7 +67,7 @@ int run_eval(EvalFlags& f) {
                                  config.max_position_embeddings, f.config));
   std::optional<TrainingData> data;
   if (!f.data.empty()) {
-    const Tokenizer tok = Tokenizer::from_file(f.tokenizer);
+    const Tokenizer tok = load_tokenizer(tokenizer_source(f.tokenizer, f.chat));
     tok.check_fits_model(config.vocab_size, f.config);
     d.path = f.data;
     d.format = parse_data_format(f.data_format);
@@ -98,11 +101,12 @@ Command add_eval_command(CLI::App& app) {
   auto* sub = app.add_subcommand("eval", "Next-token cross-entropy of held-out data under a .dat model");
   sub->add_option("--weights", f->weights, "model .dat (NVFP4 or dense)")->required();
   sub->add_option("--config", f->config, "config.json")->required();
-  sub->add_option("--data", f->data, "training-format data: prompt<TAB>target pairs or text lines (needs --tokenizer)");
+  sub->add_option("--data", f->data, "training-format data: TSV pairs, text lines or JSON records (needs --tokenizer)");
   sub->add_option("--token-ids-file", f->ids_file, "one sequence of space-separated ids a line");
   sub->add_option("--tokenizer", f->tokenizer, "tokenizer.json for --data");
-  sub->add_option("--data-format", f->data_format, "auto, tsv or text (as train)")->capture_default_str();
-  sub->add_option("--system", f->system, "system prompt for TSV pairs (as train)");
+  sub->add_option("--data-format", f->data_format, "auto, tsv, text, chat, alpaca or text-jsonl (as train)")->capture_default_str();
+  sub->add_option("--system", f->system, "system prompt of pairs and records without one (as train)");
+  add_chat_template_flags(sub, f->chat);
   sub->add_option("--seq-len", f->data_options.seq_len,
                   "positions per window; longer samples are scored in windows (as train's eval_loss)")
       ->check(positive_number())->capture_default_str();

@@ -18,6 +18,7 @@ namespace {
 struct GenerateFlags {
   std::string weights, config, tokenizer, prompt, prompt_ids, system, expect;
   RuntimeOptions runtime;
+  ChatTemplateFlags chat;
   GenerateOptions gen;
   bool no_chat = false, ignore_eos = false, print_ids = false;
 };
@@ -69,7 +70,7 @@ int run_generate(const GenerateFlags& f) {
     }
   }
   std::optional<Tokenizer> tok;
-  if (!f.tokenizer.empty()) tok.emplace(Tokenizer::from_file(f.tokenizer));
+  if (!f.tokenizer.empty()) tok.emplace(load_tokenizer(tokenizer_source(f.tokenizer, f.chat)));
   const Qwen3Config config = load_config(f.config);
   if (tok) tok->check_fits_model(config.vocab_size, f.config);
   const auto device = resolve_device(f.runtime.device);
@@ -125,6 +126,7 @@ Command add_generate_command(CLI::App& app) {
   sub->add_option("--prompt", f->prompt, "the user message (wrapped in the chat format unless --no-chat)");
   sub->add_option("--prompt-ids", f->prompt_ids, "raw prompt token ids, space-separated, fed as they are");
   sub->add_option("--system", f->system, "system prompt for the chat format");
+  add_chat_template_flags(sub, f->chat);
   sub->add_option("--max-new-tokens", f->gen.max_new_tokens, "most tokens to generate")
       ->check(positive_number())->capture_default_str();
   sub->add_option("--temperature", f->gen.sampling.temperature, "0 = greedy")

@@ -1,8 +1,10 @@
 // `tokenize`: text to token ids with a model's tokenizer.json, or ids back to text with --decode.
 //   --text STR  one input (its newlines are part of it); with --decode, each line of it is one input
 //   --file F    one input per line (a trailing \r is dropped, so CRLF files read as expected)
+//   --chat F    a chat or alpaca file (JSON Lines or a JSON array): each record rendered with the chat template
 // Prints one line per input: space-separated ids, or the decoded text; --json prints [[ids...], ...] or
-// ["text", ...] instead.
+// ["text", ...] instead; with --chat, [{"ids": [...], "loss_mask": [0|1, ...]}, ...] (a line of ids, and a
+// line of the mask, per record, without --json).
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // fmt::join (only here from fmt 11 on)
 #include <nlohmann/json.hpp>
@@ -15,6 +17,7 @@
 #include "cli_common.h"
 #include "qwen3/base/file_io.h"
 #include "qwen3/base/error.h"
+#include "qwen3/data/data.h"
 #include "qwen3/tokenizer/tokenizer.h"
 
 namespace qwen3::cli {
@@ -75,7 +78,8 @@ std::vector<TokenId> parse_ids(const Input& input, bool from_flag) {
 
 Command add_tokenize_command(CLI::App& app) {
   struct Options {
-    std::string tokenizer, text, file;
+    std::string tokenizer, text, file, chat, system;
+    ChatTemplateFlags chat_template;
     bool json = false, decode = false;
   };
   auto o = std::make_shared<Options>();
@@ -83,11 +87,33 @@ Command add_tokenize_command(CLI::App& app) {
   sub->add_option("--tokenizer", o->tokenizer, "the model's tokenizer.json")->required();
   auto* text = sub->add_option("--text", o->text, "one input (newlines are part of it; --decode: a line of ids each)");
   auto* file = sub->add_option("--file", o->file, "a file of inputs, one a line");
+  auto* chat = sub->add_option("--chat", o->chat, "chat/alpaca records (JSONL or a JSON array): ids and loss mask each");
   text->excludes(file);
+  chat->excludes(text)->excludes(file);
+  sub->add_option("--system", o->system, "with --chat: system prompt of records without one");
+  add_chat_template_flags(sub, o->chat_template);
   add_bool_flag(sub, "--json", o->json, "print [[ids...], ...] (with --decode: [\"text\", ...])");
   add_bool_flag(sub, "--decode", o->decode, "read lines of space-separated ids and print their text");
-  return {sub, [o, text, file]() {
-            if (text->count() == 0 && file->count() == 0) throw UsageError("tokenize: give --text or --file");
+  return {sub, [o, text, file, chat]() {
+            if (chat->count() > 0) {
+              if (o->decode) throw UsageError("tokenize: --chat renders records; it does not decode");
+              const Tokenizer tokenizer = load_tokenizer(tokenizer_source(o->tokenizer, o->chat_template));
+              std::optional<std::string> system;
+              if (!o->system.empty()) system = o->system;
+              nlohmann::json all = nlohmann::json::array();
+              std::string out;
+              for (const ChatTokens& c : render_chat_file(tokenizer, o->chat, system)) {
+                if (o->json)
+                  all.push_back({{"ids", c.ids}, {"loss_mask", c.loss_mask}});
+                else
+                  out += fmt::format("{}\n{}\n", fmt::join(c.ids, " "), fmt::join(c.loss_mask, " "));
+              }
+              if (o->json) out = all.dump() + "\n";
+              std::fwrite(out.data(), 1, out.size(), stdout);
+              return 0;
+            }
+            if (!o->system.empty()) throw UsageError("tokenize: --system applies to --chat");
+            if (text->count() == 0 && file->count() == 0) throw UsageError("tokenize: give --text, --file or --chat");
             const bool from_flag = text->count() > 0;
             std::vector<Input> inputs;
             if (!from_flag)
@@ -96,7 +122,7 @@ Command add_tokenize_command(CLI::App& app) {
               inputs = split_lines(o->text, "--text", false);
             else
               inputs.push_back({o->text, "--text"});
-            const Tokenizer tokenizer = Tokenizer::from_file(o->tokenizer);
+            const Tokenizer tokenizer = load_tokenizer(tokenizer_source(o->tokenizer, o->chat_template));
 
             nlohmann::json all = nlohmann::json::array();
             std::string out;

@@ -28,6 +28,7 @@ struct TrainFlags {
   std::string model_dir, data_format = "auto", sample_mode = "random", moments = "float32", scale_mode = "rne",
               system, test_prompt = "Who are you?", lr_schedule = "constant", master_dtype = "float32",
               compute_dtype = "auto", loss = "ce";
+  ChatTemplateFlags chat;
   bool synthetic = false, overwrite = false;
   int64_t test_max_tokens = 0;
 };
@@ -46,7 +47,7 @@ void make_synthetic_weights(TrainFlags& f) {
 
 // The original's after-export self-test: greedy reply of the exported model to one prompt.
 void self_test(const TrainFlags& f) {
-  const Tokenizer tok = Tokenizer::from_file(f.o.tokenizer);
+  const Tokenizer tok = load_tokenizer(TokenizerSource{f.o.tokenizer, f.o.tokenizer_config, f.o.chat_template});
   const Qwen3Config config = load_config(f.o.config);
   DatReader reader(f.o.output_dat);
   auto model = load_model(reader, config, at::kFloat, resolve_device(f.o.device));
@@ -89,6 +90,9 @@ void convert_flag_values(TrainFlags& f) {
   o.master_dtype = parse_master_dtype(f.master_dtype);
   o.compute_dtype = parse_compute_dtype(f.compute_dtype);
   o.loss = parse_loss_kind(f.loss);
+  const TokenizerSource source = tokenizer_source(o.tokenizer, f.chat);
+  o.tokenizer_config = source.config_path;
+  o.chat_template = source.chat_template;
 }
 
 // Flags that contradict each other or would be silently ignored (docs/trainer.md, "Flag combinations"). Only
@@ -140,7 +144,7 @@ CLI::Option_group* add_train_flags(CLI::App* sub, const std::shared_ptr<TrainFla
   files->add_option("--config", o.config, "config.json");
   files->add_option("--tokenizer", o.tokenizer, "tokenizer.json");
   files->add_option("--model-dir", f->model_dir, "folder with config.json and tokenizer.json (fills those flags)");
-  files->add_option("--train-data", o.data.path, "TSV prompt<TAB>target pairs or text lines");
+  files->add_option("--train-data", o.data.path, "TSV prompt<TAB>target pairs, text lines, or JSON records (docs/data.md)");
   files->add_option("--output-dat", o.output_dat, "export the trained model to this new .dat at the end");
   add_bool_flag(files, "--overwrite", f->overwrite, "let --output-dat replace an existing file (never an input)");
   files->add_option("--metrics-jsonl", o.metrics_jsonl, "append one JSON object per step");
@@ -151,8 +155,9 @@ CLI::Option_group* add_train_flags(CLI::App* sub, const std::shared_ptr<TrainFla
   files->add_option("--eval-data", o.eval_data, "held-out data for --eval-every");
 
   auto* data = group("Data");
-  data->add_option("--data-format", f->data_format, "auto, tsv or text")->capture_default_str();
-  data->add_option("--system", f->system, "system prompt for TSV pairs");
+  data->add_option("--data-format", f->data_format, "auto, tsv, text, chat, alpaca or text-jsonl")->capture_default_str();
+  data->add_option("--system", f->system, "system prompt of pairs and records without one");
+  add_chat_template_flags(data, f->chat);
   data->add_option("--seq-len", o.data.seq_len, "tokens per row")->check(positive_number())->capture_default_str();
   data->add_option("--batch-size", o.data.batch_size, "rows per step")->check(positive_number())->capture_default_str();
   add_bool_flag(data, "--pack", o.data.pack, "pack samples into full rows instead of padding");

@@ -1,4 +1,5 @@
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "data/data_lines.h"
@@ -7,11 +8,15 @@
 #include "qwen3/data/data.h"
 #include "qwen3/base/enum_names.h"
 #include "qwen3/base/error.h"
+#include "qwen3/base/file_io.h"
+
+#include <sstream>
 
 namespace qwen3 {
 
 DataFormat parse_data_format(const std::string& name) {
-  const DataFormat all[] = {DataFormat::auto_detect, DataFormat::tsv, DataFormat::text};
+  const DataFormat all[] = {DataFormat::auto_detect, DataFormat::tsv,    DataFormat::text,
+                            DataFormat::chat,        DataFormat::alpaca, DataFormat::text_jsonl};
   return enum_from_name(name, all, "data format");
 }
 
@@ -25,11 +30,53 @@ const char* to_string(DataFormat format) {
     case DataFormat::auto_detect: return "auto";
     case DataFormat::tsv: return "tsv";
     case DataFormat::text: return "text";
+    case DataFormat::chat: return "chat";
+    case DataFormat::alpaca: return "alpaca";
+    case DataFormat::text_jsonl: return "text-jsonl";
   }
   return "?";
 }
 
 const char* to_string(SampleMode mode) { return mode == SampleMode::random ? "random" : "sequential"; }
+
+std::vector<ChatTokens> render_chat_file(const Tokenizer& tokenizer, const std::string& path,
+                                         const std::optional<std::string>& system) {
+  std::ifstream in = open_input_file(path, "chat data", std::ios::binary);
+  std::ostringstream all;
+  all << in.rdbuf();
+  const std::string text = all.str();
+  std::vector<std::pair<std::string, nlohmann::json>> records;  // (where, record)
+  const std::string_view trimmed = data::trim_ascii_space(text);
+  if (!trimmed.empty() && trimmed.front() == '[') {
+    const nlohmann::json array = nlohmann::json::parse(trimmed.begin(), trimmed.end(), nullptr, false);
+    if (array.is_discarded() || !array.is_array()) throw Error(path + ": not a valid JSON array of records");
+    for (size_t i = 0; i < array.size(); ++i) records.emplace_back(fmt::format("{}: record {}", path, i + 1), array[i]);
+  } else {
+    std::istringstream lines(text);
+    std::string line;
+    for (int64_t n = 1; std::getline(lines, line); ++n) {
+      if (data::trim_ascii_space(line).empty()) continue;
+      const std::string where = fmt::format("{}:{}", path, n);
+      nlohmann::json record = nlohmann::json::parse(line, nullptr, false);
+      if (record.is_discarded()) throw Error(where + ": not a JSON value (one record per line)");
+      records.emplace_back(where, std::move(record));
+    }
+  }
+  std::vector<ChatTokens> out;
+  for (const auto& [where, record] : records) {
+    const auto kind = data::record_kind_of(record);
+    if (!kind || *kind == data::RecordKind::text)
+      throw Error(where + ": not a chat {\"messages\": [...]} or alpaca {\"instruction\", \"output\"} record");
+    data::RecordMessages m = data::record_messages(record, *kind, system);
+    if (!m.problem.empty()) throw Error(where + ": " + m.problem);
+    try {
+      out.push_back(render_conversation(tokenizer, m.messages));
+    } catch (const Error& e) {
+      throw Error(where + ": " + e.what());
+    }
+  }
+  return out;
+}
 
 bool is_data_line(std::string_view line, std::string_view comment_prefix) {
   return data::classify_line(line, comment_prefix) == data::LineKind::sample;

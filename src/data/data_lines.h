@@ -7,6 +7,9 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
+#include "qwen3/tokenizer/chat_format.h"
 #include "qwen3/tokenizer/tokenizer.h"
 
 namespace qwen3::data {
@@ -40,5 +43,21 @@ LineSample tsv_line_sample(const Tokenizer& tokenizer, std::string_view line,
                            const std::optional<std::string>& system, int64_t seq_len);
 // Text: the trimmed line, every token a target except the first (nothing precedes it).
 LineSample text_line_sample(const Tokenizer& tokenizer, std::string_view line);
+
+// JSON records (docs/data.md "JSON records"). Each function names what is wrong with a record as a bad
+// sample's reason; `system` is the prompt of a record without a system message of its own.
+enum class RecordKind { chat, alpaca, text };
+// The record's kind by its keys ("messages"; "instruction" and "output"; "text"), or none.
+std::optional<RecordKind> record_kind_of(const nlohmann::json& record);
+// A chat or alpaca record as messages, or the reason it is not one.
+struct RecordMessages {
+  std::vector<ChatMessage> messages;
+  std::string problem;  // non-empty: malformed
+};
+RecordMessages record_messages(const nlohmann::json& record, RecordKind kind, const std::optional<std::string>& system);
+// A record of `kind` as one sample: conversations rendered by the tokenizer's chat template with loss on the
+// assistant turns; text records with loss on every token but the first.
+LineSample record_sample(const Tokenizer& tokenizer, const nlohmann::json& record, RecordKind kind,
+                         const std::optional<std::string>& system);
 
 }  // namespace qwen3::data

@@ -8,6 +8,9 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
 
 #include "data/data_lines.h"
 #include "data/training_data_impl.h"
@@ -27,19 +30,71 @@ struct NumberedLine {
   std::string text;    // without its "\n"
 };
 
-// `auto`: TSV when the first data line (neither blank nor a comment) has a TAB, else text. A first data line
-// that looks like JSON is refused: trained as text it would teach the model JSON syntax without a word.
-std::optional<DataFormat> detect_format(const std::vector<NumberedLine>& chunk, const DataOptions& opt) {
+bool is_json_format(DataFormat f) {
+  return f == DataFormat::chat || f == DataFormat::alpaca || f == DataFormat::text_jsonl;
+}
+
+data::RecordKind record_kind(DataFormat f) {
+  return f == DataFormat::chat ? data::RecordKind::chat
+                               : (f == DataFormat::alpaca ? data::RecordKind::alpaca : data::RecordKind::text);
+}
+
+DataFormat format_of_record(data::RecordKind kind) {
+  return kind == data::RecordKind::chat ? DataFormat::chat
+                                        : (kind == data::RecordKind::alpaca ? DataFormat::alpaca : DataFormat::text_jsonl);
+}
+
+constexpr const char* kRecordKeys =
+    "a chat record {\"messages\": [...]}, an alpaca record {\"instruction\", \"input\", \"output\"} or a text "
+    "record {\"text\": ...} (docs/data.md)";
+
+// How the file is read: its format, and whether it is one JSON array of records (else lines).
+struct Layout {
+  DataFormat format = DataFormat::text;
+  bool json_array = false;
+};
+
+// The first data line (neither blank nor a comment) decides what `auto` does not fix: a '[' starts a JSON
+// array; a JSON object is a record whose keys name the format; otherwise TSV when it has a TAB, else text. A
+// line that looks like JSON but is no record qwen3-train reads is refused: trained as text it would teach the
+// model JSON syntax without a word.
+std::optional<Layout> detect_layout(const std::vector<NumberedLine>& chunk, const DataOptions& opt) {
   for (const NumberedLine& line : chunk) {
     if (data::classify_line(line.text, opt.comment_prefix) != data::LineKind::sample) continue;
+    const std::string_view trimmed = data::trim_ascii_space(line.text);
+    if (opt.format == DataFormat::tsv || opt.format == DataFormat::text) return Layout{opt.format, false};
+    // The array's first record decides `auto` ("[INST] hi" is text: only "[", "[{" or a whole array start one).
+    if (trimmed.front() == '[' && (is_json_format(opt.format) || data::looks_like_json(trimmed)))
+      return Layout{opt.format, true};
+    if (is_json_format(opt.format)) return Layout{opt.format, false};
+    if (trimmed.front() == '{') {
+      const nlohmann::json record = nlohmann::json::parse(trimmed.begin(), trimmed.end(), nullptr, false);
+      if (!record.is_discarded())
+        if (const auto kind = data::record_kind_of(record)) return Layout{format_of_record(*kind), false};
+    }
     if (data::looks_like_json(line.text))
-      throw Error(fmt::format("{}:{}: the data looks like JSON (a JSONL record or a JSON array); qwen3-train reads "
-                              "prompt<TAB>target pairs and plain text lines (docs/data.md): convert it, or pass "
-                              "--data-format text to train on the raw lines",
-                              opt.path, line.number));
-    return line.text.find('\t') != std::string::npos ? DataFormat::tsv : DataFormat::text;
+      throw Error(fmt::format("{}:{}: the data looks like JSON but is not {}; or pass --data-format text to train on "
+                              "the raw lines",
+                              opt.path, line.number, kRecordKeys));
+    return Layout{line.text.find('\t') != std::string::npos ? DataFormat::tsv : DataFormat::text, false};
   }
   return std::nullopt;
+}
+
+data::LineSample bad_sample(std::string reason) {
+  data::LineSample s;
+  s.kind = data::LineKind::bad;
+  s.reason = std::move(reason);
+  return s;
+}
+
+data::LineSample record_or_bad(const Tokenizer& tokenizer, const nlohmann::json& record, DataFormat format,
+                               const DataOptions& opt) {
+  try {
+    return data::record_sample(tokenizer, record, record_kind(format), opt.system);
+  } catch (const Error& e) {  // what the tokenizer (or its chat template) refuses is this record's problem
+    return bad_sample(e.what());
+  }
 }
 
 data::LineSample line_sample(const Tokenizer& tokenizer, const std::string& line, DataFormat format,
@@ -49,23 +104,30 @@ data::LineSample line_sample(const Tokenizer& tokenizer, const std::string& line
     s.kind = kind;
     return s;
   }
+  if (is_json_format(format)) {
+    const nlohmann::json record = nlohmann::json::parse(line, nullptr, false);
+    if (record.is_discarded()) return bad_sample("not a JSON value (one record per line)");
+    return record_or_bad(tokenizer, record, format, opt);
+  }
   try {
     return format == DataFormat::tsv ? data::tsv_line_sample(tokenizer, line, opt.system, opt.seq_len)
                                      : data::text_line_sample(tokenizer, line);
   } catch (const Error& e) {  // what the tokenizer refuses is this line's problem, not the run's
-    data::LineSample s;
-    s.kind = data::LineKind::bad;
-    s.reason = e.what();
-    return s;
+    return bad_sample(e.what());
   }
+}
+
+// Where a line or record is: "FILE:LINE" for lines, "FILE: record N" for the elements of a JSON array.
+std::string location(const DataOptions& opt, bool json_array, int64_t number) {
+  return json_array ? fmt::format("{}: record {}", opt.path, number) : fmt::format("{}:{}", opt.path, number);
 }
 
 class BadLineReport {
  public:
   explicit BadLineReport(const DataOptions& opt) : opt_(opt) {}
-  void add(int64_t line, const std::string& reason) {
-    if (opt_.strict) throw Error(fmt::format("{}:{}: {} (strict data: bad lines are fatal)", opt_.path, line, reason));
-    if (++count_ <= opt_.max_bad_line_warnings) spdlog::warn("{}:{}: skipped: {}", opt_.path, line, reason);
+  void add(const std::string& where, const std::string& reason) {
+    if (opt_.strict) throw Error(fmt::format("{}: {} (strict data: bad lines are fatal)", where, reason));
+    if (++count_ <= opt_.max_bad_line_warnings) spdlog::warn("{}: skipped: {}", where, reason);
   }
   void summarize() const {
     if (count_ > opt_.max_bad_line_warnings)
@@ -79,7 +141,8 @@ class BadLineReport {
 };
 
 // The line's tokens go into the flat buffer once; its samples are windows of at most seq_len + 1 tokens that
-// overlap by one token, so every next-token target of the line is in exactly one window.
+// overlap by one token, so every next-token target of the line is in exactly one window. A window none of whose
+// targets carries loss (a long user turn of a cut conversation) is left out: it would train nothing.
 void append_line(TrainingData::Impl& d, const data::LineSample& line, int64_t line_number) {
   const auto base = static_cast<int64_t>(d.tokens.size());
   const auto length = static_cast<int64_t>(line.ids.size());
@@ -87,12 +150,77 @@ void append_line(TrainingData::Impl& d, const data::LineSample& line, int64_t li
   d.tokens.insert(d.tokens.end(), line.ids.begin(), line.ids.end());
   d.loss_mask.insert(d.loss_mask.end(), line.loss_mask.begin(), line.loss_mask.end());
   int64_t windows = 0;
-  for (int64_t start = 0; start + 1 < length; start += seq_len, ++windows)
-    d.samples.push_back(SampleSpan{base + start, std::min(seq_len + 1, length - start), line_number});
+  for (int64_t start = 0; start + 1 < length; start += seq_len, ++windows) {
+    const int64_t size = std::min(seq_len + 1, length - start);
+    const auto first_target = line.loss_mask.begin() + start + 1, end = line.loss_mask.begin() + start + size;
+    if (std::find(first_target, end, uint8_t{1}) == end) {
+      ++d.stats.lossless_windows;
+      continue;
+    }
+    d.samples.push_back(SampleSpan{base + start, size, line_number});
+  }
   d.stats.tokens += length;
   for (int64_t i = 1; i < length; ++i) d.stats.loss_tokens += line.loss_mask[static_cast<size_t>(i)];
   d.stats.split_lines += windows > 1;
   d.stats.truncated += line.prompt_truncated;
+}
+
+// The results of one chunk of lines or records, merged in file order.
+struct ChunkMerge {
+  TrainingData::Impl& d;
+  BadLineReport& bad;
+  bool json_array;
+  int64_t first_truncated = 0;
+  void add(int64_t number, const data::LineSample& r) {
+    if (r.kind == data::LineKind::blank) {
+      ++d.stats.blank;
+    } else if (r.kind == data::LineKind::comment) {
+      ++d.stats.comments;
+    } else if (r.kind == data::LineKind::bad) {
+      bad.add(location(d.options, json_array, number), r.reason);
+    } else {
+      if (r.prompt_truncated && first_truncated == 0) first_truncated = number;
+      append_line(d, r, number);
+    }
+  }
+};
+
+std::string read_whole_file(const DataOptions& opt) {
+  std::ifstream in = open_input_file(opt.path, opt.role, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw Error(fmt::format("error reading {} '{}'", opt.role, opt.path));
+  return text.str();
+}
+
+// A JSON array of records: parsed whole (a JSON array has no lines to stream by), then tokenized in parallel.
+// Returns the number of records.
+int64_t load_json_array(const Tokenizer& tokenizer, TrainingData::Impl& d, DataFormat format, ChunkMerge& merge) {
+  const DataOptions& opt = d.options;
+  nlohmann::json records;
+  try {
+    records = nlohmann::json::parse(read_whole_file(opt));
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(fmt::format("{} '{}': not a valid JSON array of records ({})", opt.role, opt.path, e.what()));
+  }
+  if (!records.is_array()) throw Error(fmt::format("{} '{}': a JSON file must be an array of records", opt.role, opt.path));
+  if (format == DataFormat::auto_detect) {
+    const auto kind = records.empty() ? std::nullopt : data::record_kind_of(records.front());
+    if (!kind) throw Error(fmt::format("{}: record 1 is not {}", opt.path, kRecordKeys));
+    format = format_of_record(*kind);
+  }
+  d.format = format;
+  const auto n = static_cast<int64_t>(records.size());
+  std::vector<data::LineSample> results;
+  for (int64_t first = 0; first < n; first += static_cast<int64_t>(kChunkLines)) {
+    const int64_t last = std::min(n, first + static_cast<int64_t>(kChunkLines));
+    results.assign(static_cast<size_t>(last - first), data::LineSample{});
+    at::parallel_for(first, last, kLinesPerTask, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) results[i - first] = record_or_bad(tokenizer, records[i], format, opt);
+    });
+    for (int64_t i = first; i < last; ++i) merge.add(i + 1, results[i - first]);
+  }
+  return n;
 }
 
 }  // namespace
@@ -101,10 +229,9 @@ void load_training_data(const Tokenizer& tokenizer, TrainingData::Impl& d) {
   const DataOptions& opt = d.options;
   std::ifstream in = open_input_file(opt.path, opt.role, std::ios::binary);
 
-  std::optional<DataFormat> format;
-  if (opt.format != DataFormat::auto_detect) format = opt.format;
+  std::optional<Layout> layout;
   BadLineReport bad_lines(opt);
-  int64_t first_truncated_line = 0;
+  ChunkMerge merge{d, bad_lines, false};
   int64_t line_number = 0;
   std::vector<NumberedLine> chunk;
   std::vector<data::LineSample> results;
@@ -119,40 +246,37 @@ void load_training_data(const Tokenizer& tokenizer, TrainingData::Impl& d) {
     }
     if (in.bad()) throw Error(fmt::format("error reading {} '{}' after line {}", opt.role, opt.path, line_number));
     if (chunk.empty()) break;
-    if (!format) format = detect_format(chunk, opt);
+    if (!layout) layout = detect_layout(chunk, opt);
+    if (layout && layout->json_array) break;
     // Until a data line decides the format every line is blank or a comment, so the fallback is never used.
-    const DataFormat chunk_format = format.value_or(DataFormat::text);
+    const DataFormat chunk_format = layout ? layout->format : DataFormat::text;
 
     results.assign(chunk.size(), data::LineSample{});
     at::parallel_for(0, static_cast<int64_t>(chunk.size()), kLinesPerTask, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) results[i] = line_sample(tokenizer, chunk[i].text, chunk_format, opt);
     });
-    for (size_t i = 0; i < chunk.size(); ++i) {
-      const data::LineSample& r = results[i];
-      if (r.kind == data::LineKind::blank) {
-        ++d.stats.blank;
-      } else if (r.kind == data::LineKind::comment) {
-        ++d.stats.comments;
-      } else if (r.kind == data::LineKind::bad) {
-        bad_lines.add(chunk[i].number, r.reason);
-      } else {
-        if (r.prompt_truncated && first_truncated_line == 0) first_truncated_line = chunk[i].number;
-        append_line(d, r, chunk[i].number);
-      }
-    }
+    for (size_t i = 0; i < chunk.size(); ++i) merge.add(chunk[i].number, results[i]);
+  }
+  if (layout && layout->json_array) {
+    in.close();
+    merge.json_array = true;
+    d.stats = DataStats{};
+    line_number = load_json_array(tokenizer, d, layout->format, merge);
+  } else {
+    d.format = layout ? layout->format : (opt.format == DataFormat::auto_detect ? DataFormat::text : opt.format);
   }
   d.stats.lines = line_number;
   d.stats.skipped = bad_lines.count();
   d.stats.samples = static_cast<int64_t>(d.samples.size());
-  d.format = format.value_or(DataFormat::text);
   bad_lines.summarize();
   if (d.stats.truncated > 0)
     spdlog::warn("{}: {} pairs longer than seq_len + 1 = {} tokens kept their target and lost prompt tokens on "
                  "the left (the first at line {})",
-                 opt.path, d.stats.truncated, opt.seq_len + 1, first_truncated_line);
+                 opt.path, d.stats.truncated, opt.seq_len + 1, merge.first_truncated);
   if (d.samples.empty())
-    throw Error(fmt::format("{} '{}' has no samples ({} lines: {} blank, {} comments, {} bad)", opt.role, opt.path,
-                            d.stats.lines, d.stats.blank, d.stats.comments, d.stats.skipped));
+    throw Error(fmt::format("{} '{}' has no samples ({} {}: {} blank, {} comments, {} bad)", opt.role, opt.path,
+                            d.stats.lines, merge.json_array ? "records" : "lines", d.stats.blank, d.stats.comments,
+                            d.stats.skipped));
   d.tokens.shrink_to_fit();
   d.loss_mask.shrink_to_fit();
   d.samples.shrink_to_fit();

@@ -3,10 +3,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "qwen3/base/file_io.h"
+#include "qwen3/tokenizer/chat_format.h"
 #include "qwen3/base/error.h"
 #include "tokenizer_impl.h"
 #include "unicode_text.h"
@@ -181,7 +183,45 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
   std::ostringstream text;
   text << in.rdbuf();
   if (in.bad()) throw Error("tokenizer " + path + ": cannot read the file");
-  return from_json_text(text.str(), path);
+  Tokenizer t = from_json_text(text.str(), path);
+  const std::filesystem::path config = std::filesystem::path(path).parent_path() / "tokenizer_config.json";
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(config, ec)) return t.with_chat_template_of_config(config.string());
+  return t;
+}
+
+ChatTemplate Tokenizer::chat_template() const {
+  if (!chat_template_problem_.empty()) throw Error(chat_template_problem_);
+  return chat_template_;
+}
+
+Tokenizer Tokenizer::with_chat_template(ChatTemplate t, std::string origin) const {
+  Tokenizer out = *this;
+  out.chat_template_ = t;
+  out.chat_template_origin_ = std::move(origin);
+  out.chat_template_problem_.clear();
+  return out;
+}
+
+Tokenizer Tokenizer::with_chat_template_of_config(const std::string& config_path) const {
+  try {
+    return with_chat_template(chat_template_from_config_file(config_path), config_path);
+  } catch (const Error& e) {
+    Tokenizer out = *this;
+    out.chat_template_origin_ = config_path;
+    out.chat_template_problem_ = std::string(e.what()) + "; pass --chat-template chatml|qwen3-thinking to choose one";
+    return out;
+  }
+}
+
+Tokenizer load_tokenizer(const TokenizerSource& source) {
+  Tokenizer t = Tokenizer::from_file(source.path);
+  if (source.chat_template) return t.with_chat_template(*source.chat_template, "--chat-template");
+  if (!source.config_path.empty()) {
+    open_input_file(source.config_path, "tokenizer config (--tokenizer-config)", std::ios::binary);  // names a missing file
+    return t.with_chat_template_of_config(source.config_path);
+  }
+  return t;
 }
 
 std::vector<TokenId> Tokenizer::encode(std::string_view text) const {

@@ -40,6 +40,8 @@ nlohmann::json to_json(const TrainOptions& o) {
   return {{"weights", o.weights},
           {"config", o.config},
           {"device", o.device},
+          {"data_format", to_string(o.data.format)},
+          {"chat_template", o.chat_template ? to_string(*o.chat_template) : "from the tokenizer config"},
           {"seq_len", o.data.seq_len},
           {"batch_size", o.data.batch_size},
           {"pack", o.data.pack},

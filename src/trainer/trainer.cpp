@@ -258,7 +258,7 @@ class Trainer {
     if (!o.checkpoint_dir.empty()) checkpoint_lock_.emplace(o.checkpoint_dir);
     if (!o.metrics_jsonl.empty()) prepare_output_folder("--metrics-jsonl", o.metrics_jsonl);
     config_ = load_config(o.config);
-    tok_.emplace(Tokenizer::from_file(o.tokenizer));
+    tok_.emplace(load_tokenizer(TokenizerSource{o.tokenizer, o.tokenizer_config, o.chat_template}));
     tok_->check_fits_model(config_.vocab_size, o.config);
     if (config_.max_position_embeddings > 0 && o.data.seq_len > config_.max_position_embeddings)
       throw UsageError(fmt::format("--seq-len {} is beyond the model's max_position_embeddings {} ({})",

@@ -1,4 +1,5 @@
-// Training data (docs/data.md): TSV `prompt<TAB>target` pairs or plain text lines → token samples of at most
+// Training data (docs/data.md): TSV `prompt<TAB>target` pairs, plain text lines, or JSON records (chat
+// `messages`, alpaca, `{"text": ...}`) as JSON Lines or one JSON array → token samples of at most
 // seq_len + 1 tokens → padded or packed batches in an order fixed by (seed, epoch). The whole file is read and
 // tokenized once, at construction; every batch is then a pure function of (epoch, index), so resuming needs
 // no data-loader state beyond the step counter.
@@ -12,14 +13,18 @@
 #include <string_view>
 #include <vector>
 
+#include "qwen3/tokenizer/chat_format.h"
 #include "qwen3/tokenizer/tokenizer.h"
 
 namespace qwen3 {
 
-enum class DataFormat { auto_detect, tsv, text };  // --data-format auto|tsv|text
+// --data-format auto|tsv|text|chat|alpaca|text-jsonl. chat, alpaca and text-jsonl are JSON records, one per
+// line (JSON Lines) or the elements of one JSON array (the file's first data character is '[').
+enum class DataFormat { auto_detect, tsv, text, chat, alpaca, text_jsonl };
 enum class SampleMode { random, sequential };      // --sample-mode random|sequential
 
-// Flag spellings (what --help lists): "auto", "tsv", "text"; "random", "sequential". parse_* throw UsageError.
+// Flag spellings (what --help lists): "auto", "tsv", "text", "chat", "alpaca", "text-jsonl"; "random",
+// "sequential". parse_* throw UsageError.
 DataFormat parse_data_format(const std::string& name);
 SampleMode parse_sample_mode(const std::string& name);
 const char* to_string(DataFormat format);
@@ -32,7 +37,7 @@ bool is_data_line(std::string_view line, std::string_view comment_prefix);
 struct DataOptions {
   std::string path;
   DataFormat format = DataFormat::auto_detect;
-  std::optional<std::string> system;  // TSV only: the system prompt of every pair
+  std::optional<std::string> system;  // the system prompt of every pair / record that has none of its own
   int64_t seq_len = 256;              // input positions per row
   int64_t batch_size = 1;             // rows per batch
   bool pack = false;                  // rows of exactly seq_len tokens cut from the concatenated samples
@@ -45,7 +50,7 @@ struct DataOptions {
 };
 
 struct DataStats {
-  int64_t lines = 0;        // physical lines in the file
+  int64_t lines = 0;        // physical lines in the file (records, for a JSON array)
   int64_t blank = 0;        // empty (after trimming) lines
   int64_t comments = 0;     // lines starting with the comment prefix (not bad; the summary counts them)
   int64_t samples = 0;      // token sequences that batches draw from (a long text line gives several)
@@ -53,7 +58,8 @@ struct DataStats {
   int64_t tokens = 0;       // tokens kept, each line's once (after truncation)
   int64_t loss_tokens = 0;  // targets that carry loss, summed over the samples (one padded epoch)
   int64_t truncated = 0;    // TSV pairs whose prompt lost tokens on the left to fit seq_len
-  int64_t split_lines = 0;  // text lines cut into more than one window
+  int64_t split_lines = 0;  // text lines (or conversations) cut into more than one window
+  int64_t lossless_windows = 0;  // windows of a cut conversation without a loss target, left out
 };
 
 struct Batch {
@@ -76,7 +82,7 @@ class TrainingData {
 
   const DataStats& stats() const;
   const DataOptions& options() const;
-  DataFormat format() const;  // the format used: auto_detect resolved to tsv or text
+  DataFormat format() const;  // the format used: auto_detect resolved
   TokenId pad_id() const;     // <|endoftext|> when the tokenizer has it, else 0
   // Rows per epoch: samples (padded) or ceil((stream tokens - 1) / seq_len) (packed).
   int64_t rows_per_epoch() const;
@@ -91,5 +97,10 @@ class TrainingData {
  private:
   std::unique_ptr<Impl> impl_;
 };
+
+// The conversations of a chat or alpaca file (JSON Lines, or one JSON array) rendered as training renders them,
+// one per record (`tokenize --chat`). Error naming FILE:LINE (or FILE: record N) for a malformed record.
+std::vector<ChatTokens> render_chat_file(const Tokenizer& tokenizer, const std::string& path,
+                                         const std::optional<std::string>& system);
 
 }  // namespace qwen3

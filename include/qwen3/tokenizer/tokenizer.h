@@ -15,6 +15,9 @@ namespace qwen3 {
 
 using TokenId = int32_t;
 
+// The chat templates conversations are rendered with (chat_format.h).
+enum class ChatTemplate { chatml, qwen3_thinking };
+
 // An entry of `added_tokens` in tokenizer.json, with the flags the reference honours.
 struct AddedToken {
   std::string content;
@@ -28,7 +31,9 @@ struct AddedToken {
 
 class Tokenizer {
  public:
-  // Throws qwen3::Error naming the file and what is wrong with it.
+  // Throws qwen3::Error naming the file and what is wrong with it. The chat template is the one of the
+  // tokenizer_config.json beside it when there is one (HF's layout), else chatml; a file whose template is not
+  // supported loads, and rendering a conversation with it throws that reason.
   static Tokenizer from_file(const std::string& path);
   // `source_name` is what error messages call the text (a path, or "<memory>").
   static Tokenizer from_json_text(std::string_view json_text, const std::string& source_name = "<memory>");
@@ -51,12 +56,32 @@ class Tokenizer {
   void check_fits_model(int64_t model_vocab_size, const std::string& model_origin) const;
   size_t merge_count() const;
 
+  // The template chat_format.h renders with; throws qwen3::Error (naming the file) when it was unsupported.
+  ChatTemplate chat_template() const;
+  // Where the template came from: "tokenizer_config.json path", "--chat-template", or "default".
+  const std::string& chat_template_origin() const { return chat_template_origin_; }
+  Tokenizer with_chat_template(ChatTemplate t, std::string origin) const;
+  // The template of a tokenizer_config.json (chat_format.h's rule), or its problem kept for chat_template().
+  Tokenizer with_chat_template_of_config(const std::string& config_path) const;
+
   struct Impl;
 
  private:
   explicit Tokenizer(std::shared_ptr<const Impl> impl);
   std::shared_ptr<const Impl> impl_;
+  ChatTemplate chat_template_ = ChatTemplate::chatml;
+  std::string chat_template_origin_ = "default";
+  std::string chat_template_problem_;  // non-empty: the configured template is unsupported
 };
+
+// What commands load a tokenizer from: --tokenizer, and optionally --tokenizer-config (a tokenizer_config.json
+// other than the one beside it) and --chat-template (a template by name, overriding both).
+struct TokenizerSource {
+  std::string path;
+  std::string config_path;
+  std::optional<ChatTemplate> chat_template;
+};
+Tokenizer load_tokenizer(const TokenizerSource& source);
 
 // NFC of valid UTF-8 (what encode applies before splitting); throws qwen3::Error on invalid UTF-8.
 std::string nfc_normalize(std::string_view text);

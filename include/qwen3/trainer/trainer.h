@@ -28,6 +28,8 @@ LossKind parse_loss_kind(const std::string& name);
 
 struct TrainOptions {
   std::string weights, config, tokenizer;
+  std::string tokenizer_config;                // --tokenizer-config: else the one beside the tokenizer
+  std::optional<ChatTemplate> chat_template;   // --chat-template: overrides the tokenizer config's
   DataOptions data;  // path = --train-data
   int64_t steps = 0;            // total optimizer steps; 0: from epochs
   int64_t epochs = 0;           // with steps == 0: epochs × steps_per_epoch

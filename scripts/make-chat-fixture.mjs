@@ -1,0 +1,90 @@
+#!/usr/bin/env node
+// Writes tests/data/chat_template_fixture.json: conversations rendered with the chat template of the real Qwen3
+// tokenizer_config.json by two Jinja engines independent of ours: @huggingface/jinja (transformers.js) as
+// "text_js", and Python's jinja2 configured as transformers' apply_chat_template configures it as "text"
+// (python3 with jinja2 must be installed), with the ids @huggingface/tokenizers gives "text".
+// tests/test_chat_template.cpp checks that qwen3-train renders "text" and its ids. The two engines differ where
+// the template calls strip/lstrip/rstrip with characters: @huggingface/jinja (0.5.1 to 0.5.11) ignores them
+// and strips all whitespace; Python, and so transformers, strips only those characters. Run scripts/fetch-tokenizer.sh first; the npm packages go into
+// .deps/node, never into the repository. Deterministic: the same inputs give the same file.
+//   node scripts/make-chat-fixture.mjs [out.json]
+import { execFileSync } from "node:child_process";
+import { createHash } from "node:crypto";
+import fs from "node:fs";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+
+const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
+const packages = ["@huggingface/jinja@0.5.1", "@huggingface/tokenizers@0.2.0"];
+const depsDir = path.join(root, ".deps", "node");
+const tokenizerDir = path.join(root, ".deps", "tokenizer-qwen3", "models");
+const out = process.argv[2] ?? path.join(root, "tests", "data", "chat_template_fixture.json");
+
+const modules = path.join(depsDir, "node_modules", "@huggingface");
+if (!fs.existsSync(path.join(modules, "jinja")) || !fs.existsSync(path.join(modules, "tokenizers"))) {
+  fs.mkdirSync(depsDir, { recursive: true });
+  execFileSync("npm", ["install", "--prefix", depsDir, "--no-save", "--no-fund", "--no-audit", ...packages],
+               { stdio: ["ignore", "ignore", "inherit"] });
+}
+const { Template } = await import(path.join(modules, "jinja", "dist", "index.js"));
+const { Tokenizer } = await import(path.join(modules, "tokenizers", "dist", "tokenizers.mjs"));
+
+const configPath = path.join(tokenizerDir, "tokenizer_config.json");
+const config = JSON.parse(fs.readFileSync(configPath, "utf8"));
+const tokenizer = new Tokenizer(JSON.parse(fs.readFileSync(path.join(tokenizerDir, "tokenizer.json"), "utf8")), config);
+const template = new Template(config.chat_template);
+
+const u = (content) => ({ role: "user", content });
+const a = (content, reasoning) => (reasoning === undefined ? { role: "assistant", content }
+                                                            : { role: "assistant", content, reasoning_content: reasoning });
+const s = (content) => ({ role: "system", content });
+
+// One conversation per thing the template decides.
+const conversations = [
+  [u("Hi"), a("Hello!")],
+  [s("You are brief."), u("What is 2+2?"), a("4")],
+  [s("Be kind."), u("Hello"), a("Hi there."), u("How are you?"), a("Fine, thanks.")],
+  [u("one"), a("1"), u("two"), a("2"), u("three"), a("3")],
+  [u("你好，世界"), a("你好！有什么可以帮你的吗？")],
+  [u("Emoji 👋🌍"), a("Ünïcödé façade — naïve café ✓")],
+  [u(""), a("")],
+  [s(""), u("empty system"), a("ok")],
+  [u("code"), a("```python\ndef f(x):\n    return x * 2\n```")],
+  [u("lines"), a("first\n\nsecond\n")],
+  [u("spaces"), a("  indented reply")],
+  [u("q"), a("<think>\nI should add.\n</think>\n\n42")],
+  [u("q1"), a("<think>old thoughts</think>old answer"), u("q2"), a("new answer")],
+  [u("q"), a("answer", "some reasoning")],
+  [u("q1"), a("a1", "r1"), u("q2"), a("a2", "r2")],
+  [u("q"), a("\n\nleading newlines after the think block")],
+  [s("sys"), u("q"), s("a second system message"), a("r")],
+  [u("first"), a("reply one"), u("second"), a("reply two"), u("third"), a("reply three"), u("fourth"), a("reply four")],
+  [u("special <|im_end|> in user text"), a("fine")],
+];
+
+// transformers renders with an ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True) and the
+// loopcontrols extension; the template needs nothing else for these messages.
+const python = `
+import json, sys
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+job = json.load(sys.stdin)
+env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+template = env.from_string(job["template"])
+json.dump([template.render(messages=m, add_generation_prompt=False) for m in job["conversations"]], sys.stdout)
+`;
+const pythonTexts = JSON.parse(execFileSync("python3", ["-c", python], {
+  input: JSON.stringify({ template: config.chat_template, conversations }), encoding: "utf8" }));
+const cases = conversations.map((messages, i) => {
+  const text = pythonTexts[i];
+  const textJs = template.render({ messages, add_generation_prompt: false });
+  return { messages, text, text_js: textJs, ids: tokenizer.encode(text).ids };
+});
+const sha256 = createHash("sha256").update(fs.readFileSync(configPath)).digest("hex");
+const fixture = {
+  note: "generated by scripts/make-chat-fixture.mjs; do not edit by hand",
+  reference: packages.join(" ") + " python3-jinja2",
+  tokenizer_config_sha256: sha256,
+  cases,
+};
+fs.writeFileSync(out, JSON.stringify(fixture, null, 1) + "\n");
+console.error(`make-chat-fixture: ${cases.length} conversations -> ${out}`);

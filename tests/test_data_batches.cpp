@@ -126,6 +126,25 @@ TEST(DataPacking, TsvPairsKeepTheirLossMask) {
   EXPECT_EQ(b.tokens, data.stats().tokens - 1);
 }
 
+// Packed rows say where each position is: its offset in its sample (restarting at every sample, continuing
+// the offset for a sample cut at the row's start) and which sample of the row it is; padded rows say nothing.
+TEST(DataPacking, PositionsRestartAndDocumentsNumberTheSamplesOfARow) {
+  const DataFile file(numbered_lines(10), "t.txt");  // 10 samples of 6 tokens
+  DataOptions opt = data_options(file.path(), DataFormat::text, /*seq_len=*/8, /*batch_size=*/4);
+  opt.pack = true;
+  const TrainingData data(tiny_tokenizer(), opt);
+  const Batch b = data.batch(0, 0);
+  ASSERT_TRUE(b.position_ids.defined() && b.document_ids.defined());
+  EXPECT_EQ(row(b.position_ids, 0), Ids({0, 1, 2, 3, 4, 5, 0, 1}));  // stream 0..7: sample 0, then sample 1
+  EXPECT_EQ(row(b.document_ids, 0), Ids({0, 0, 0, 0, 0, 0, 1, 1}));
+  EXPECT_EQ(row(b.position_ids, 1), Ids({2, 3, 4, 5, 0, 1, 2, 3}));  // stream 8..15: sample 1 from its offset 2
+  EXPECT_EQ(row(b.document_ids, 1), Ids({0, 0, 0, 0, 1, 1, 1, 1}));
+  const Batch tail = data.batch(0, 1);
+  const int64_t last = tail.input_ids.size(0) - 1;
+  EXPECT_EQ(row(tail.document_ids, last), Ids({0, 0, 0, -1, -1, -1, -1, -1}));  // 3 inputs, then padding
+  EXPECT_FALSE(TrainingData(tiny_tokenizer(), data_options(file.path(), DataFormat::text, 8, 4)).batch(0, 0).position_ids.defined());
+}
+
 TEST(DataOrder, SequentialKeepsFileOrderInEveryEpoch) {
   const DataFile file(numbered_lines(10), "t.txt");
   const TrainingData data(tiny_tokenizer(), data_options(file.path(), DataFormat::text, 64, 3));

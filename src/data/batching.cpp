@@ -14,17 +14,22 @@ struct Row {
   int64_t line = 0;  // the file line of the row's (first) sample
   std::vector<TokenId> ids;
   std::vector<uint8_t> is_target;  // per token: may token i be the target of position i - 1
+  std::vector<int64_t> position;   // per token: its offset in its sample
+  std::vector<int64_t> document;   // per token: which sample of the row (0, 1, ...)
 };
 
 void append_tokens(const TrainingData::Impl& d, const SampleSpan& sample, int64_t from, int64_t to, Row& row) {
+  const int64_t document = row.document.empty() ? 0 : row.document.back() + 1;
   for (int64_t i = from; i < to; ++i) {
     const auto at = static_cast<size_t>(sample.begin + i);
     row.ids.push_back(d.tokens[at]);
     row.is_target.push_back(i > 0 && d.loss_mask[at]);
+    row.position.push_back(i);
+    row.document.push_back(document);
   }
 }
 
-Batch to_batch(const std::vector<Row>& rows, TokenId pad_id) {
+Batch to_batch(const std::vector<Row>& rows, TokenId pad_id, bool packed) {
   int64_t width = 0;  // padded to the longest row of this batch, not to seq_len
   for (const Row& r : rows) width = std::max<int64_t>(width, static_cast<int64_t>(r.ids.size()) - 1);
   const auto count = static_cast<int64_t>(rows.size());
@@ -33,11 +38,23 @@ Batch to_batch(const std::vector<Row>& rows, TokenId pad_id) {
   b.target_ids = at::full({count, width}, kNoLoss, at::kLong);
   auto input = b.input_ids.accessor<int64_t, 2>();
   auto target = b.target_ids.accessor<int64_t, 2>();
+  if (packed) {
+    b.position_ids = at::arange(width, at::kLong).unsqueeze(0).repeat({count, 1});
+    b.document_ids = at::full({count, width}, int64_t{-1}, at::kLong);  // padding: a document of its own
+  } else {  // accessors need tensors; these are dropped below
+    b.position_ids = b.document_ids = at::zeros({0, 0}, at::kLong);
+  }
+  auto position = b.position_ids.accessor<int64_t, 2>();
+  auto document = b.document_ids.accessor<int64_t, 2>();
   for (int64_t r = 0; r < count; ++r) {
     const Row& row = rows[static_cast<size_t>(r)];
     const auto positions = static_cast<int64_t>(row.ids.size()) - 1;
     for (int64_t j = 0; j < positions; ++j) {
       input[r][j] = row.ids[static_cast<size_t>(j)];
+      if (packed) {
+        position[r][j] = row.position[static_cast<size_t>(j)];
+        document[r][j] = row.document[static_cast<size_t>(j)];
+      }
       if (row.is_target[static_cast<size_t>(j + 1)]) {
         target[r][j] = row.ids[static_cast<size_t>(j + 1)];
         ++b.loss_tokens;
@@ -46,6 +63,7 @@ Batch to_batch(const std::vector<Row>& rows, TokenId pad_id) {
     b.tokens += positions;
     b.lines.push_back(row.line);
   }
+  if (!packed) b.position_ids = b.document_ids = at::Tensor();
   return b;
 }
 
@@ -60,7 +78,7 @@ Batch TrainingData::Impl::padded_batch(const EpochOrder& epoch, int64_t index) c
     rows[static_cast<size_t>(r - first)].line = sample.line;
     append_tokens(*this, sample, 0, sample.length, rows[static_cast<size_t>(r - first)]);
   }
-  return to_batch(rows, pad_id);
+  return to_batch(rows, pad_id, /*packed=*/false);
 }
 
 Batch TrainingData::Impl::packed_batch(const EpochOrder& epoch, int64_t index) const {
@@ -85,7 +103,7 @@ Batch TrainingData::Impl::packed_batch(const EpochOrder& epoch, int64_t index) c
       ++k;
     }
   }
-  return to_batch(rows, pad_id);
+  return to_batch(rows, pad_id, /*packed=*/true);
 }
 
 }  // namespace qwen3

@@ -31,8 +31,8 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const int64_t half = x.size(-1) / 2;
   const at::Tensor rotated = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-  // [T, d] against [B, T, heads, d]: the tables broadcast over batch and heads.
-  const auto c = cos.to(x.scalar_type()).unsqueeze(1), s = sin.to(x.scalar_type()).unsqueeze(1);
+  // [T, d] (or [B, T, d] for packed rows) against [B, T, heads, d]: the tables broadcast over heads (and batch).
+  const auto c = cos.to(x.scalar_type()).unsqueeze(-2), s = sin.to(x.scalar_type()).unsqueeze(-2);
   return x * c + rotated * s;
 }
 
@@ -152,7 +152,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 }
 
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  if (!fused_activation_ops_take(x) || x.dim() != 4) return reference::rotary(x, cos, sin);
+  if (!fused_activation_ops_take(x) || x.dim() != 4 || cos.dim() != 2) return reference::rotary(x, cos, sin);
   return RotaryFunction::apply(x, cos, sin);
 }
 

@@ -8,7 +8,8 @@ namespace qwen3 {
 
 // x [..., H]: fp32 mean of squares, the weight applied in x's dtype (cast when the parameter's differs).
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
-// x [B, T, heads, head_dim]; cos/sin [T, head_dim] fp32, applied in x's dtype: x cos + rotate_half(x) sin.
+// x [B, T, heads, head_dim]; cos/sin [T, head_dim] (or [B, T, head_dim]) fp32, applied in x's dtype:
+// x cos + rotate_half(x) sin. The fused kernel takes the [T, head_dim] form.
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 // silu(gate) * up in their dtype.
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);

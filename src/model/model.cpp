@@ -94,16 +94,35 @@ std::pair<at::Tensor, at::Tensor> rope_tables(int64_t head_dim, double theta, in
   return {emb.cos(), emb.sin()};
 }
 
-at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+std::pair<at::Tensor, at::Tensor> rope_tables_at(int64_t head_dim, double theta, const at::Tensor& positions) {
+  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(positions.device());
+  const at::Tensor exponent = at::arange(0, head_dim, 2, f32.dtype(at::kLong)).to(at::kFloat) / static_cast<float>(head_dim);
+  const at::Tensor inv_freq = at::pow(theta, exponent).reciprocal();
+  // The same products as rope_tables' outer product, so a row's tables equal it position for position.
+  const at::Tensor angles = positions.to(at::kFloat).unsqueeze(-1) * inv_freq;
+  const at::Tensor emb = at::cat({angles, angles}, -1);
+  return {emb.cos(), emb.sin()};
+}
+
+at::Tensor packed_attention_mask(const at::Tensor& documents) {
+  const int64_t T = documents.size(1);
+  const auto idx = at::TensorOptions().dtype(at::kLong).device(documents.device());
+  const at::Tensor causal = at::arange(T, idx).unsqueeze(0) <= at::arange(T, idx).unsqueeze(1);  // [T(query), T(key)]
+  const at::Tensor same = documents.unsqueeze(2) == documents.unsqueeze(1);                    // [B, T, T]
+  return (same & causal).unsqueeze(1);
+}
+
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask) {
   const int64_t groups = q.size(1) / k.size(1);
   const at::Tensor ke = groups == 1 ? k : k.repeat_interleave(groups, 1);
   const at::Tensor ve = groups == 1 ? v : v.repeat_interleave(groups, 1);
   const int64_t T = q.size(2), S = k.size(2);
   // Query i is at absolute position (S - T) + i and sees keys j <= (S - T) + i.
   const auto idx = at::TensorOptions().dtype(at::kLong).device(q.device());
-  const at::Tensor allowed = at::arange(S, idx).unsqueeze(0) <= (at::arange(T, idx) + (S - T)).unsqueeze(1);
+  const at::Tensor allowed =
+      mask.defined() ? mask : at::arange(S, idx).unsqueeze(0) <= (at::arange(T, idx) + (S - T)).unsqueeze(1);
 #if TORCH_VERSION_MAJOR >= 2
-  if (T == S) return at::scaled_dot_product_attention(q, ke, ve, {}, 0.0, /*is_causal=*/true);
+  if (T == S && !mask.defined()) return at::scaled_dot_product_attention(q, ke, ve, {}, 0.0, /*is_causal=*/true);
   return at::scaled_dot_product_attention(q, ke, ve, allowed, 0.0, false);
 #else
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
@@ -114,7 +133,7 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
 }
 
 at::Tensor Qwen3Model::block_forward(const Qwen3Block& b, at::Tensor x, const at::Tensor& cos, const at::Tensor& sin,
-                                     KVCache* cache, int64_t layer, int64_t offset) {
+                                     KVCache* cache, int64_t layer, int64_t offset, const at::Tensor& allowed) {
   const int64_t B = x.size(0), T = x.size(1);
   const int64_t nh = config_.num_attention_heads, nkv = config_.num_key_value_heads, hd = config_.head_dim;
   const at::Tensor h = rmsnorm(x, b.input_layernorm);
@@ -128,7 +147,7 @@ at::Tensor Qwen3Model::block_forward(const Qwen3Block& b, at::Tensor x, const at
     k = cache->keys[layer].narrow(2, 0, offset + T);
     v = cache->values[layer].narrow(2, 0, offset + T);
   }
-  const at::Tensor attn = causal_attention(q, k, v).transpose(1, 2).reshape({B, T, nh * hd});
+  const at::Tensor attn = causal_attention(q, k, v, allowed).transpose(1, 2).reshape({B, T, nh * hd});
   x = x + b.o_proj(attn);
   const at::Tensor h2 = rmsnorm(x, b.post_attention_layernorm);
   return x + b.down_proj(swiglu(b.gate_proj(h2), b.up_proj(h2)));
@@ -142,18 +161,22 @@ at::Tensor Qwen3Model::hidden_states(const at::Tensor& ids, KVCache* cache) {
   return hidden_states_from_embeddings(embed(ids), cache);
 }
 
-at::Tensor Qwen3Model::hidden_states_from_embeddings(at::Tensor x, KVCache* cache) {
+at::Tensor Qwen3Model::hidden_states_from_embeddings(at::Tensor x, KVCache* cache, const PackedRows* packed) {
   const int64_t T = x.size(1);
   const int64_t offset = cache ? cache->length : 0;
   if (cache && offset + T > cache->capacity())
     throw Error("KV cache holds " + std::to_string(cache->capacity()) + " positions; " +
                 std::to_string(offset + T) + " needed");
-  const auto [cos, sin] = rope_tables(config_.head_dim, config_.rope_theta, offset, T, device_);
+  if (packed && cache) throw Error("model: packed rows are for training, not for a KV cache");
+  const auto [cos, sin] = packed ? rope_tables_at(config_.head_dim, config_.rope_theta, packed->positions.to(device_))
+                                 : rope_tables(config_.head_dim, config_.rope_theta, offset, T, device_);
+  const at::Tensor allowed = packed ? packed_attention_mask(packed->documents.to(device_)) : at::Tensor();
   x = x.to(compute_dtype_);
   const bool runner = block_runner_ && !cache && at::GradMode::is_enabled();
   for (size_t i = 0; i < blocks.size(); ++i) {
     const auto layer = static_cast<int64_t>(i);
-    x = runner ? block_runner_->run(*this, layer, x, cos, sin) : block_forward(blocks[i], x, cos, sin, cache, layer, offset);
+    x = runner ? block_runner_->run(*this, layer, x, cos, sin, allowed)
+               : block_forward(blocks[i], x, cos, sin, cache, layer, offset, allowed);
   }
   if (cache) cache->length += T;
   return rmsnorm(x, final_norm);

@@ -19,24 +19,26 @@ T* from_address(const c10::IValue& v) {
 class BlockSegment : public torch::autograd::Function<BlockSegment> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                            at::TensorList params, int64_t model_address, int64_t runner_address, int64_t layer) {
+                            const at::Tensor& allowed, at::TensorList params, int64_t model_address,
+                            int64_t runner_address, int64_t layer) {
     auto* model = reinterpret_cast<Qwen3Model*>(model_address);
     const auto* runner = reinterpret_cast<const TrainingBlockRunner*>(runner_address);
     ctx->saved_data["model"] = model_address;
     ctx->saved_data["runner"] = runner_address;
     ctx->saved_data["layer"] = layer;
     ctx->saved_data["params"] = static_cast<int64_t>(params.size());
+    if (allowed.defined()) ctx->saved_data["allowed"] = allowed;  // a mask, never differentiated
     if (runner->recompute()) {
       ctx->save_for_backward({x, cos, sin});
       torch::NoGradGuard no_grad;
-      return model->run_block(layer, x, cos, sin);
+      return model->run_block(layer, x, cos, sin, allowed);
     }
     // Keep the block's own graph, rooted at a detached copy of the input, for backward to differentiate.
     const at::Tensor input = x.detach().requires_grad_(x.requires_grad());
     at::Tensor y;
     {
       torch::AutoGradMode grad(true);
-      y = model->run_block(layer, input, cos, sin);
+      y = model->run_block(layer, input, cos, sin, allowed);
     }
     ctx->saved_data["input"] = input;
     ctx->saved_data["output"] = y;
@@ -58,18 +60,19 @@ class BlockSegment : public torch::autograd::Function<BlockSegment> {
     } else {
       const auto saved = ctx->get_saved_variables();
       x = saved[0].detach().requires_grad_(saved[0].requires_grad());
+      const at::Tensor allowed = ctx->saved_data.count("allowed") ? ctx->saved_data["allowed"].toTensor() : at::Tensor();
       torch::AutoGradMode grad(true);
-      y = runner->run_again(*model, layer, x, saved[1], saved[2]);
+      y = runner->run_again(*model, layer, x, saved[1], saved[2], allowed);
     }
     // Differentiate with respect to x and the block's trainable tensors (the same leaves forward saw).
     const Qwen3Block& b = model->blocks[static_cast<size_t>(layer)];
     std::vector<at::Tensor> inputs;
-    std::vector<int> slot;  // which returned gradient each input's goes to: 0 = x, 3 + k = params[k]
+    std::vector<int> slot;  // which returned gradient each input's goes to: 0 = x, 4 + k = params[k]
     if (x.requires_grad()) inputs.push_back(x), slot.push_back(0);
     int k = 0;
     for (const at::Tensor* t : b.tensors())
-      if (t->defined() && t->requires_grad()) inputs.push_back(*t), slot.push_back(3 + k++);
-    variable_list out(3 + n_params + 4);
+      if (t->defined() && t->requires_grad()) inputs.push_back(*t), slot.push_back(4 + k++);
+    variable_list out(4 + n_params + 3);  // x, cos, sin, allowed, params..., and the three non-tensors
     if (inputs.empty()) return out;
     auto grads = torch::autograd::grad({y}, inputs, {grad_outputs[0]}, /*retain_graph=*/false,
                                        /*create_graph=*/false, /*allow_unused=*/true);
@@ -109,13 +112,13 @@ class EmbeddingIntoGrad : public torch::autograd::Function<EmbeddingIntoGrad> {
 }  // namespace
 
 at::Tensor TrainingBlockRunner::run(Qwen3Model& model, int64_t layer, const at::Tensor& x, const at::Tensor& cos,
-                                    const at::Tensor& sin) {
-  if (!recompute_ && !sink_) return model.run_block(layer, x, cos, sin);
+                                    const at::Tensor& sin, const at::Tensor& allowed) {
+  if (!recompute_ && !sink_) return model.run_block(layer, x, cos, sin, allowed);
   // The block's trainable tensors are the segment's inputs so that autograd routes their gradients here.
   std::vector<at::Tensor> trainable;
   for (const at::Tensor* t : model.blocks[static_cast<size_t>(layer)].tensors())
     if (t->defined() && t->requires_grad()) trainable.push_back(*t);
-  return BlockSegment::apply(x, cos, sin, at::TensorList(trainable), reinterpret_cast<int64_t>(&model),
+  return BlockSegment::apply(x, cos, sin, allowed, at::TensorList(trainable), reinterpret_cast<int64_t>(&model),
                              reinterpret_cast<int64_t>(this), layer);
 }
 

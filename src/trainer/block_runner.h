@@ -28,7 +28,7 @@ class TrainingBlockRunner final : public BlockRunner {
   void set_gradient_sink(BlockGradientSink sink) { sink_ = std::move(sink); }
 
   at::Tensor run(Qwen3Model& model, int64_t layer, const at::Tensor& x, const at::Tensor& cos,
-                 const at::Tensor& sin) override;
+                 const at::Tensor& sin, const at::Tensor& allowed) override;
 
   // Blocks run again in backward so far: how the trainer (and a test) sees that checkpointing really
   // recomputed rather than kept the activations.
@@ -38,9 +38,9 @@ class TrainingBlockRunner final : public BlockRunner {
   bool recompute() const { return recompute_; }
   const BlockGradientSink* sink() const { return sink_ ? &sink_ : nullptr; }
   at::Tensor run_again(Qwen3Model& model, int64_t layer, const at::Tensor& x, const at::Tensor& cos,
-                       const at::Tensor& sin) {
+                       const at::Tensor& sin, const at::Tensor& allowed) {
     ++recomputed_blocks_;
-    return model.run_block(layer, x, cos, sin);
+    return model.run_block(layer, x, cos, sin, allowed);
   }
 
  private:

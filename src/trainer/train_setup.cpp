@@ -172,7 +172,10 @@ at::Tensor compute_loss(Qwen3Model& model, const Batch& batch, LossKind kind) {
   const at::Tensor embeddings = embedding_trains
                                     ? embedding_into_grad(model.embed_tokens, inputs).to(model.compute_dtype())
                                     : model.embed(inputs);
-  const at::Tensor hidden = model.hidden_states_from_embeddings(embeddings);
+  // Packed rows: positions restart and attention stays within each sample (docs/data.md "Batches").
+  const PackedRows packed{batch.position_ids, batch.document_ids};
+  const at::Tensor hidden =
+      model.hidden_states_from_embeddings(embeddings, nullptr, batch.position_ids.defined() ? &packed : nullptr);
   if (kind == LossKind::cross_entropy)
     return linear_cross_entropy(hidden.reshape({-1, hidden.size(-1)}), model.head_weight(), targets.reshape({-1}),
                                 int64_t{1} << 24, /*accumulate_into_weight_grad=*/true);

@@ -68,6 +68,10 @@ struct Batch {
   int64_t loss_tokens = 0;  // targets != -100
   int64_t tokens = 0;       // input positions that are not padding
   std::vector<int64_t> lines;  // per row, the file line of its (padded) or its first (packed) sample
+  // Packed batches only (undefined when padded), int64 [B, T]: each input position's offset in its sample (the
+  // positions restart with every sample), and which sample of the row it belongs to (padding is a sample of its
+  // own). The model masks attention to the position's own sample (docs/data.md "Batches").
+  at::Tensor position_ids, document_ids;
 };
 
 class TrainingData {

@@ -56,6 +56,12 @@ struct Qwen3Block {
 
 class Qwen3Model;
 
+// Several sequences packed into each row: each position's offset in its own sequence (RoPE restarts with every
+// sequence) and which sequence of the row it belongs to (attention stays within it), int64 [B, T] each.
+struct PackedRows {
+  at::Tensor positions, documents;
+};
+
 // How hidden_states runs the blocks while autograd records (training): the model calls the runner for each
 // block instead of running it itself, and the runner calls Qwen3Model::run_block when and as often as it
 // chooses (once in forward, again in backward for activation checkpointing) and may route the block's
@@ -63,8 +69,9 @@ class Qwen3Model;
 class BlockRunner {
  public:
   virtual ~BlockRunner() = default;
+  // `allowed`: the attention mask [B, 1, T, T] of packed rows, undefined for plain causal rows.
   virtual at::Tensor run(Qwen3Model& model, int64_t layer, const at::Tensor& x, const at::Tensor& cos,
-                         const at::Tensor& sin) = 0;
+                         const at::Tensor& sin, const at::Tensor& allowed) = 0;
 };
 
 class Qwen3Model {
@@ -108,11 +115,12 @@ class Qwen3Model {
   // The token embeddings [B, T, H] of ids, in the compute dtype.
   at::Tensor embed(const at::Tensor& ids) const;
   // The blocks and the final norm over embeddings x [B, T, H] (hidden_states(ids) is this over embed(ids)):
-  // for a caller that looks the embeddings up its own way.
-  at::Tensor hidden_states_from_embeddings(at::Tensor x, KVCache* cache = nullptr);
+  // for a caller that looks the embeddings up its own way. `packed` (no cache): rows of several sequences.
+  at::Tensor hidden_states_from_embeddings(at::Tensor x, KVCache* cache = nullptr, const PackedRows* packed = nullptr);
   // One block without a cache, as forward runs it: what a BlockRunner calls.
-  at::Tensor run_block(int64_t layer, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-    return block_forward(blocks[static_cast<size_t>(layer)], x, cos, sin, nullptr, layer, 0);
+  at::Tensor run_block(int64_t layer, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                       const at::Tensor& allowed) {
+    return block_forward(blocks[static_cast<size_t>(layer)], x, cos, sin, nullptr, layer, 0, allowed);
   }
 
   at::Tensor embed_tokens, final_norm;
@@ -120,7 +128,7 @@ class Qwen3Model {
 
  private:
   at::Tensor block_forward(const Qwen3Block& b, at::Tensor x, const at::Tensor& cos, const at::Tensor& sin,
-                           KVCache* cache, int64_t layer, int64_t offset);
+                           KVCache* cache, int64_t layer, int64_t offset, const at::Tensor& allowed);
   at::Tensor rmsnorm(const at::Tensor& x, const at::Tensor& weight) const;
   at::Tensor* field_of(const std::string& key);
 
@@ -136,9 +144,14 @@ class Qwen3Model {
 // Rotary embedding tables [T, head_dim] (fp32) for positions offset .. offset+T-1.
 std::pair<at::Tensor, at::Tensor> rope_tables(int64_t head_dim, double theta, int64_t offset, int64_t length,
                                               at::Device device);
+// The same for explicit positions [B, T]: tables [B, T, head_dim], equal to the above where they agree.
+std::pair<at::Tensor, at::Tensor> rope_tables_at(int64_t head_dim, double theta, const at::Tensor& positions);
+// The attention mask of packed rows [B, 1, T, T]: query i sees key j <= i of its own document.
+at::Tensor packed_attention_mask(const at::Tensor& documents);
 
 // softmax(q kᵀ / sqrt(d) + mask) v with GQA: q [B, nh, T, d], k/v [B, nkv, S, d], query i sees keys
-// j <= (S - T) + i. libtorch 2.x uses scaled_dot_product_attention; 1.13 the same math by hand.
-at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+// j <= (S - T) + i, or, given `allowed` [B, 1, T, S] (packed rows), the keys it allows. libtorch 2.x uses
+// scaled_dot_product_attention; 1.13 the same math by hand.
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& allowed = {});
 
 }  // namespace qwen3

@@ -19,8 +19,10 @@ T* from_address(const c10::IValue& v) {
 class BlockSegment : public torch::autograd::Function<BlockSegment> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                            const at::Tensor& allowed, at::TensorList params, int64_t model_address,
-                            int64_t runner_address, int64_t layer) {
+                            at::TensorList params, int64_t model_address, int64_t runner_address, int64_t layer,
+                            int64_t allowed_address) {
+    // The packed rows' mask, by address: an undefined tensor cannot be an autograd input.
+    const at::Tensor& allowed = *reinterpret_cast<const at::Tensor*>(allowed_address);
     auto* model = reinterpret_cast<Qwen3Model*>(model_address);
     const auto* runner = reinterpret_cast<const TrainingBlockRunner*>(runner_address);
     ctx->saved_data["model"] = model_address;
@@ -67,12 +69,12 @@ class BlockSegment : public torch::autograd::Function<BlockSegment> {
     // Differentiate with respect to x and the block's trainable tensors (the same leaves forward saw).
     const Qwen3Block& b = model->blocks[static_cast<size_t>(layer)];
     std::vector<at::Tensor> inputs;
-    std::vector<int> slot;  // which returned gradient each input's goes to: 0 = x, 4 + k = params[k]
+    std::vector<int> slot;  // which returned gradient each input's goes to: 0 = x, 3 + k = params[k]
     if (x.requires_grad()) inputs.push_back(x), slot.push_back(0);
     int k = 0;
     for (const at::Tensor* t : b.tensors())
-      if (t->defined() && t->requires_grad()) inputs.push_back(*t), slot.push_back(4 + k++);
-    variable_list out(4 + n_params + 3);  // x, cos, sin, allowed, params..., and the three non-tensors
+      if (t->defined() && t->requires_grad()) inputs.push_back(*t), slot.push_back(3 + k++);
+    variable_list out(3 + n_params + 4);  // x, cos, sin, params..., and the four non-tensors
     if (inputs.empty()) return out;
     auto grads = torch::autograd::grad({y}, inputs, {grad_outputs[0]}, /*retain_graph=*/false,
                                        /*create_graph=*/false, /*allow_unused=*/true);
@@ -118,8 +120,8 @@ at::Tensor TrainingBlockRunner::run(Qwen3Model& model, int64_t layer, const at::
   std::vector<at::Tensor> trainable;
   for (const at::Tensor* t : model.blocks[static_cast<size_t>(layer)].tensors())
     if (t->defined() && t->requires_grad()) trainable.push_back(*t);
-  return BlockSegment::apply(x, cos, sin, allowed, at::TensorList(trainable), reinterpret_cast<int64_t>(&model),
-                             reinterpret_cast<int64_t>(this), layer);
+  return BlockSegment::apply(x, cos, sin, at::TensorList(trainable), reinterpret_cast<int64_t>(&model),
+                             reinterpret_cast<int64_t>(this), layer, reinterpret_cast<int64_t>(&allowed));
 }
 
 at::Tensor embedding_into_grad(const at::Tensor& table, const at::Tensor& ids) {

@@ -105,6 +105,9 @@ void check_flag_combinations(const TrainFlags& f) {
   if (f.synthetic && !o.weights.empty())
     throw UsageError("train: --synthetic trains random weights of --config's shape: drop --weights or --synthetic");
   if (o.eval_every > 0 && o.eval_data.empty()) throw UsageError("train: --eval-every needs --eval-data");
+  if (o.grad_accum_steps > 1 && o.fused_optimizer)
+    throw UsageError("train: --grad-accum-steps needs the plain update: --fused-optimizer applies each block's "
+                     "gradient as soon as it exists, so there is nothing to accumulate into (docs/trainer.md)");
   if (o.train_lm_head && o.train_last_layers <= 0)
     throw UsageError("train: --train-lm-head applies with --train-last-layers (without it every tensor trains, the "
                      "head included)");
@@ -211,6 +214,8 @@ CLI::Option_group* add_train_flags(CLI::App* sub, const std::shared_ptr<TrainFla
   auto* run = group("Run");
   run->add_option("--device", o.device, "cpu or cuda")->capture_default_str();
   add_bool_flag(run, "--grad-checkpoint", o.grad_checkpoint, "recompute each block in backward (less activation memory)");
+  run->add_option("--grad-accum-steps", o.grad_accum_steps, "micro-batches of --batch-size per optimizer step")
+      ->check(positive_number())->capture_default_str();
   run->add_option("--log-every", o.log_every, "progress line every N steps")->check(non_negative_number())->capture_default_str();
   run->add_option("--checkpoint-dir", o.checkpoint_dir, "where checkpoints go (step-NNNNNNNN/)");
   run->add_option("--save-every-steps", o.save_every_steps, "checkpoint every K steps (0: at the end only)")

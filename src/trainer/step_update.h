@@ -85,7 +85,8 @@ class StepUpdate {
              TrainingBlockRunner& runner)
       : o_(o), set_(set), opt_(opt), device_(device), runner_(runner) {}
   virtual ~StepUpdate() = default;
-  virtual StepOutcome forward_backward_update(Qwen3Model& model, const Batch& batch, double lr,
+  // `batches`: the step's micro-batches (one without gradient accumulation).
+  virtual StepOutcome forward_backward_update(Qwen3Model& model, const std::vector<Batch>& batches, double lr,
                                               const PhaseMark& mark) = 0;
 
  protected:
@@ -99,10 +100,23 @@ class StepUpdate {
 class PlainUpdate final : public StepUpdate {
  public:
   using StepUpdate::StepUpdate;
-  StepOutcome forward_backward_update(Qwen3Model& model, const Batch& batch, double lr, const PhaseMark& mark) override {
-    at::Tensor loss = compute_loss(model, batch, o_.loss);
-    mark("forward_done");
-    loss.backward();
+  StepOutcome forward_backward_update(Qwen3Model& model, const std::vector<Batch>& batches, double lr,
+                                      const PhaseMark& mark) override {
+    // Gradient accumulation: each micro-batch's mean loss weighted by its share of the step's loss tokens, so the
+    // gradients add up to those of the mean over all of them (one big batch's), whatever each holds.
+    int64_t step_loss_tokens = 0;
+    for (const Batch& b : batches) step_loss_tokens += b.loss_tokens;
+    at::Tensor loss;
+    for (const Batch& batch : batches) {
+      const double share = batches.size() == 1 || step_loss_tokens == 0
+                               ? 1.0
+                               : static_cast<double>(batch.loss_tokens) / static_cast<double>(step_loss_tokens);
+      at::Tensor micro = compute_loss(model, batch, o_.loss);
+      if (share != 1.0) micro = micro * share;
+      mark("forward_done");
+      micro.backward();
+      loss = loss.defined() ? loss + micro.detach() : micro.detach();
+    }
     // One synchronization a step: the loss, the squared gradient norm and the codec's non-finite flag reach
     // the host together; clipping is a factor the update applies as it reads each gradient.
     std::vector<at::Tensor> results;
@@ -127,7 +141,10 @@ class PlainUpdate final : public StepUpdate {
 class FusedUpdate final : public StepUpdate {
  public:
   using StepUpdate::StepUpdate;
-  StepOutcome forward_backward_update(Qwen3Model& model, const Batch& batch, double lr, const PhaseMark& mark) override {
+  StepOutcome forward_backward_update(Qwen3Model& model, const std::vector<Batch>& batches, double lr,
+                                      const PhaseMark& mark) override {
+    if (batches.size() != 1) throw Error("the in-backward update takes one batch a step (no gradient accumulation)");
+    const Batch& batch = batches.front();
     // The sink must be in place before forward, which decides how each block's backward will run.
     FusedUpdater updater(opt_, o_.grad_clip, set_.trainable_parameters, lr);
     SinkGuard guard{runner_};  // cleared at the end of the step, whichever way it ends

@@ -61,6 +61,7 @@ nlohmann::json to_json(const TrainOptions& o) {
           {"grad_clip", o.grad_clip},
           {"grad_checkpoint", o.grad_checkpoint},
           {"fused_optimizer", o.fused_optimizer},
+          {"grad_accum_steps", o.grad_accum_steps},
           {"train_last_layers", o.train_last_layers},
           {"freeze_embeddings", o.freeze_embeddings},
           {"train_lm_head", o.train_lm_head},
@@ -194,7 +195,7 @@ nlohmann::json resume_flags(const TrainOptions& o) {
   // What decides the trained state and the data order; the rest (lr, steps, paths, logging) may change.
   static const char* const kKeys[] = {"master_dtype", "optimizer_state_mode", "train_last_layers", "freeze_embeddings",
                                       "train_lm_head", "loss", "scale_mode", "seed", "seq_len", "batch_size", "pack",
-                                      "sample_mode"};
+                                      "sample_mode", "grad_accum_steps"};
   const nlohmann::json all = to_json(o);
   nlohmann::json flags = nlohmann::json::object();
   for (const char* key : kKeys) flags[key] = all.at(key);

@@ -38,9 +38,15 @@ using Clock = std::chrono::steady_clock;
 constexpr const char* kOptimPrefix = "optim/";
 constexpr const char* kRngKey = "rng/stochastic_rounding";
 
+// Optimizer steps in one pass over the data: its batches, grad_accum_steps of them a step (the last step of an
+// epoch takes what is left).
+int64_t steps_per_pass(const TrainOptions& o, const TrainingData& data) {
+  return (data.batches_per_epoch() + o.grad_accum_steps - 1) / o.grad_accum_steps;
+}
+
 int64_t total_steps(const TrainOptions& o, const TrainingData& data) {
   if (o.steps > 0) return o.steps;
-  const int64_t per_epoch = o.steps_per_epoch > 0 ? o.steps_per_epoch : data.batches_per_epoch();
+  const int64_t per_epoch = o.steps_per_epoch > 0 ? o.steps_per_epoch : steps_per_pass(o, data);
   return std::max<int64_t>(1, o.epochs) * per_epoch;
 }
 
@@ -78,6 +84,8 @@ void restore_checkpoint(const CheckpointState& s, TrainableSet& set, AdamW& opt,
     const int ordinal = saved["optimizer_state_mode"].get<int>();
     if (ordinal >= 0 && ordinal <= 3) saved["optimizer_state_mode"] = moment_storage_name(static_cast<MomentStorage>(ordinal));
   }
+  // Checkpoints from before gradient accumulation took one batch a step.
+  if (!saved.contains("grad_accum_steps")) saved["grad_accum_steps"] = 1;
   std::string diff;
   for (auto& [k, v] : now.items())
     if (!saved.contains(k) || saved.at(k) != v)
@@ -298,7 +306,7 @@ class Trainer {
                                    o.schedule.warmup_steps, steps_, o.epochs));
     schedule_ = o.schedule;
     schedule_.total_steps = steps_;
-    per_epoch_ = o.steps_per_epoch > 0 ? o.steps_per_epoch : data_->batches_per_epoch();
+    per_epoch_ = o.steps_per_epoch > 0 ? o.steps_per_epoch : steps_per_pass(o, *data_);
     std::string resumed_from;
     if (o.resume) {
       const ResumePoint at = restore_newest(o, model_.set, *opt_, hash_, weights_sample_hash(*reader_));
@@ -347,15 +355,25 @@ class Trainer {
   // One step: its batch, forward + backward + update, the eval when due; what the record needs.
   StepRecord train_step() {
     const auto t0 = Clock::now();
+    // The step's micro-batches: batches [k·N, k·N + N) of its epoch for the step's index k in it (N =
+    // grad_accum_steps), wrapping within the epoch when --steps-per-epoch asks for more than the data holds.
     const int64_t epoch = step_ / per_epoch_;
-    const Batch batch = data_->batch(epoch, (step_ % per_epoch_) % data_->batches_per_epoch());
+    const int64_t per_pass = steps_per_pass(o_, *data_);
+    const int64_t first = ((step_ % per_epoch_) % per_pass) * o_.grad_accum_steps;
+    const int64_t last = std::min(first + o_.grad_accum_steps, data_->batches_per_epoch());
+    std::vector<Batch> batches;
+    int64_t step_tokens = 0;
+    for (int64_t i = first; i < last; ++i) {
+      batches.push_back(data_->batch(epoch, i));
+      step_tokens += batches.back().tokens;
+    }
     const bool first_step = sum_.steps_done == 0;
     const PhaseMark mark = [this, first_step](const char* name) {
       if (first_step) phase(name);
     };
     mark("batch_ready");
     const double lr = schedule_.at(step_);
-    const StepOutcome out = update_->forward_backward_update(*model_.model, batch, lr, mark);
+    const StepOutcome out = update_->forward_backward_update(*model_.model, batches, lr, mark);
     mark("optimizer_step_done");
     if (first_step && report_) {
       report_->finish();
@@ -371,7 +389,7 @@ class Trainer {
     }
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     total_ms_ += ms;
-    total_tokens_ += batch.tokens;
+    total_tokens_ += step_tokens;
     ++sum_.steps_done;
     if (sum_.steps_done == 1) sum_.first_loss = out.loss;
     sum_.last_loss = out.loss;
@@ -379,7 +397,7 @@ class Trainer {
     // --eval-data alone: scored once, after the last step.
     const bool eval_now = o_.eval_every > 0 ? (step_ + 1) % o_.eval_every == 0 : step_ + 1 == steps_;
     if (eval_data_ && eval_now) eval_loss = evaluate(*model_.model, *eval_data_).mean_loss;
-    return StepRecord{step_ + 1, steps_, out, lr, ms, batch.tokens, eval_loss};
+    return StepRecord{step_ + 1, steps_, out, lr, ms, step_tokens, eval_loss};
   }
 
   void save(int64_t step) { saver_->save(step, skipped_); }

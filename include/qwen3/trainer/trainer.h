@@ -51,6 +51,8 @@ struct TrainOptions {
   bool decay_norms_and_embeddings = false;
   bool grad_checkpoint = false;  // recompute each block in backward instead of keeping its activations
   bool fused_optimizer = false;  // update each block in backward and free its gradients (docs/trainer.md)
+  // Micro-batches per optimizer step; the loss is the mean over all their loss tokens (not with fused_optimizer).
+  int64_t grad_accum_steps = 1;
   std::string vram_report;       // write the first step's per-phase memory report (JSON) here
   // Frozen block projections held as NVFP4 codes only (the same bytes in forward); false keeps them dense,
   // which only the test comparing the two uses.

@@ -25,11 +25,11 @@ inline std::string slurp(const std::string& path) {
   return ss.str();
 }
 
-// `args` is appended to the binary path as-is (quote paths with spaces yourself).
-inline CliResult run_cli(const std::string& args) {
+// A shell command line, as-is (quote paths with spaces yourself).
+inline CliResult run_shell(const std::string& command) {
   TempDir dir;
   const std::string err_path = dir.file("stderr");
-  const std::string cmd = std::string(QWEN3_BINARY) + " " + args + " 2>" + err_path;
+  const std::string cmd = command + " 2>" + err_path;
   CliResult r;
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) return r;
@@ -41,5 +41,8 @@ inline CliResult run_cli(const std::string& args) {
   r.err = slurp(err_path);
   return r;
 }
+
+// `args` is appended to the binary path as-is.
+inline CliResult run_cli(const std::string& args) { return run_shell(std::string(QWEN3_BINARY) + " " + args); }
 
 }  // namespace qwen3::test

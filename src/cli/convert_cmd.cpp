@@ -51,6 +51,12 @@ Command add_convert_command(CLI::App& app) {
                        "config {}, in {:.1f} s\n",
                        o->opt.out, r.entries, r.tensors, r.shards.size(), r.quantized,
                        r.lm_head ? "written" : "tied to the embedding", r.ignored.size(), r.config_path, s);
+            if (r.modelopt_tensors > 0)
+              fmt::print("{} ModelOpt NVFP4 projections {}\n", r.modelopt_tensors,
+                         o->opt.nvfp4 ? fmt::format("re-quantized to single-level blocks: worst relative RMS error "
+                                                    "{:.3g} ({})",
+                                                    r.modelopt_worst_error, r.modelopt_worst_tensor)
+                                      : std::string("dequantized (two-level scales folded)"));
             return 0;
           }};
 }

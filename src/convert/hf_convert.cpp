@@ -13,7 +13,9 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
+#include <optional>
 #include <fstream>
 #include <sstream>
 #include <map>
@@ -116,13 +118,53 @@ at::ScalarType source_scalar_type(const std::string& dtype) {
   return at::kByte;  // not a float: refused by check_against_config
 }
 
-// Every model tensor present, float and of the config's shape; all problems in one message.
+// A ModelOpt NVFP4 projection (docs/export.md): `NAME.weight` U8 [out, in/2] (E2M1 codes, element 2j in the low
+// nibble), `NAME.weight_scale` F8_E4M3 [out, in/16], `NAME.weight_scale_2` F32 (one value): w = e2m1 x e4m3 x s2.
+struct ModelOptPair {
+  Located codes, scales, scale2;
+};
+
+std::optional<ModelOptPair> modelopt_pair(const HfCheckpoint& ck, const std::string& key) {
+  const auto codes = ck.tensors.find(key);
+  if (codes == ck.tensors.end() || codes->second.tensor->dtype != "U8") return std::nullopt;
+  const std::string base = key.substr(0, key.size() - std::string(".weight").size());
+  const auto scales = ck.tensors.find(base + ".weight_scale"), scale2 = ck.tensors.find(base + ".weight_scale_2");
+  if (scales == ck.tensors.end() || scale2 == ck.tensors.end()) return std::nullopt;
+  return ModelOptPair{codes->second, scales->second, scale2->second};
+}
+
+// Its problems against the spec's shape [out, in], or none.
+void check_modelopt_pair(const ModelOptPair& p, const TensorSpec& spec, const HfCheckpoint& ck,
+                         std::vector<std::string>& problems) {
+  const std::string base = spec.key.substr(0, spec.key.size() - std::string(".weight").size());
+  const int64_t out = spec.shape[0], in = spec.shape.size() == 2 ? spec.shape[1] : 0;
+  if (spec.shape.size() != 2 || in % 16 != 0 || p.codes.tensor->shape != std::vector<int64_t>{out, in / 2})
+    problems.push_back(fmt::format("'{}' is U8 {} in {}: NVFP4 codes of the config's {} are [{}, {}]", spec.key,
+                                   shape_text(p.codes.tensor->shape), p.codes.file->path(), shape_text(spec.shape),
+                                   out, in / 2));
+  if (p.scales.tensor->dtype != "F8_E4M3" || p.scales.tensor->shape != std::vector<int64_t>{out, in / 16})
+    problems.push_back(fmt::format("'{}.weight_scale' is {} {}, F8_E4M3 [{}, {}] expected", base,
+                                   p.scales.tensor->dtype, shape_text(p.scales.tensor->shape), out, in / 16));
+  if (p.scale2.tensor->dtype != "F32" || p.scale2.tensor->numel() != 1)
+    problems.push_back(fmt::format("'{}.weight_scale_2' is {} {}, one F32 value expected", base,
+                                   p.scale2.tensor->dtype, shape_text(p.scale2.tensor->shape)));
+  if (ck.tensors.count(base + ".pre_quant_scale"))
+    problems.push_back("'" + base + ".pre_quant_scale': NVFP4_AWQ checkpoints scale the activations, which the "
+                       ".dat format cannot express");
+}
+
+// Every model tensor present, float (or a ModelOpt NVFP4 projection) and of the config's shape; all problems in
+// one message.
 void check_against_config(const HfCheckpoint& ck, const std::vector<TensorSpec>& specs, const std::string& dir) {
   std::vector<std::string> problems;
   for (const auto& spec : specs) {
     auto it = ck.tensors.find(spec.key);
     if (it == ck.tensors.end()) {
       problems.push_back("missing '" + spec.key + "'");
+      continue;
+    }
+    if (const auto pair = modelopt_pair(ck, spec.key)) {
+      check_modelopt_pair(*pair, spec, ck, problems);
       continue;
     }
     const SafetensorsTensor& t = *it->second.tensor;
@@ -135,6 +177,63 @@ void check_against_config(const HfCheckpoint& ck, const std::vector<TensorSpec>&
   }
   if (problems.empty()) return;
   throw Error(problems_text(dir + ": the checkpoint does not match its config.json", problems));
+}
+
+// Rows [r, r + n) of a ModelOpt NVFP4 projection as fp32: the codes times the block scales (exact), times the
+// tensor scale.
+at::Tensor modelopt_rows(const ModelOptPair& p, int64_t cols, int64_t r, int64_t n, float scale2) {
+  std::vector<uint8_t> codes(static_cast<size_t>(n * cols / 2)), scales(static_cast<size_t>(n * cols / 16));
+  p.codes.file->read_range(*p.codes.tensor, static_cast<uint64_t>(r * cols / 2), codes.data(), codes.size());
+  p.scales.file->read_range(*p.scales.tensor, static_cast<uint64_t>(r * cols / 16), scales.data(), scales.size());
+  at::Tensor x = at::empty({n, cols}, at::kFloat);
+  nvfp4::dequantize_rows_cpu(codes.data(), scales.data(), n, cols, x.data_ptr<float>());
+  return scale2 == 1.0f ? x : x * scale2;
+}
+
+// A ModelOpt projection to the output: dense, or re-quantized to single-level NVFP4 blocks with the canonical
+// quantizer (the fp32 tensor scale folded into the values first); the re-quantization's relative RMS error
+// against the two-level values goes into the report.
+void convert_modelopt(const ModelOptPair& p, const TensorSpec& spec, const ConvertOptions& o, DatWriter& out,
+                      ConvertReport& rep) {
+  const int64_t rows = spec.shape[0], cols = spec.shape[1];
+  float scale2 = 0;
+  p.scale2.file->read_range(*p.scale2.tensor, 0, &scale2, 4);
+  if (!std::isfinite(scale2)) throw Error(p.scale2.file->path() + ": '" + p.scale2.tensor->name + "' is not finite");
+  const int64_t chunk_rows = std::max<int64_t>(1, static_cast<int64_t>(kChunkBytes / 4) / cols);
+  const bool quantize = o.nvfp4 && spec.quantizable;
+  std::optional<Nvfp4PairWriter> pair;
+  if (quantize) pair.emplace(out, spec.key, rows, cols, o.scale_mode, ElemType::UInt8);
+  else out.begin_entry(spec.key, o.dense_type, spec.shape);
+  double error = 0, norm = 0;
+  std::vector<uint8_t> codes, scales;
+  for (int64_t r = 0; r < rows; r += chunk_rows) {
+    const int64_t n = std::min(chunk_rows, rows - r);
+    const at::Tensor x = modelopt_rows(p, cols, r, n, scale2);
+    if (!at::isfinite(x).all().item<bool>())
+      throw Error(fmt::format("{}: '{}' (rows {}..{}) dequantizes to a value that is not finite", p.codes.file->path(),
+                              spec.key, r, r + n - 1));
+    if (!quantize) {
+      const at::Tensor d = x.to(scalar_type_of(o.dense_type));
+      out.write_payload(d.data_ptr(), static_cast<uint64_t>(d.numel()) * d.element_size());
+      continue;
+    }
+    pair->add_rows(x.data_ptr<float>(), n);
+    // The same canonical quantizer the pair writer runs, to measure what folding the tensor scale cost.
+    codes.resize(static_cast<size_t>(n * cols / 2));
+    scales.resize(static_cast<size_t>(n * cols / 16));
+    nvfp4::quantize_rows_cpu(x.data_ptr<float>(), n, cols, codes.data(), scales.data(), o.scale_mode);
+    at::Tensor back = at::empty({n, cols}, at::kFloat);
+    nvfp4::dequantize_rows_cpu(codes.data(), scales.data(), n, cols, back.data_ptr<float>());
+    error += (back - x).pow(2).sum().item<double>();
+    norm += x.pow(2).sum().item<double>();
+  }
+  if (pair) pair->finish();
+  ++rep.modelopt_tensors;
+  const double relative = norm > 0 ? std::sqrt(error / norm) : 0;
+  if (quantize && relative >= rep.modelopt_worst_error) {
+    rep.modelopt_worst_error = relative;
+    rep.modelopt_worst_tensor = spec.key;
+  }
 }
 
 // One tensor, row chunk by row chunk: read with pread, rounded to the dense type, then written as it is or
@@ -204,7 +303,13 @@ ConvertReport convert_hf_checkpoint(const ConvertOptions& o) {
   const auto specs = qwen3_tensors(config.shape(), rep.lm_head || !config.tie_word_embeddings);
   check_against_config(ck, specs, o.hf_dir);
   std::set<std::string> used;
-  for (const auto& s : specs) used.insert(s.key);
+  for (const auto& s : specs) {
+    used.insert(s.key);
+    if (modelopt_pair(ck, s.key)) {  // its scales are part of it; input_scale (activations) has no use here
+      const std::string base = s.key.substr(0, s.key.size() - std::string(".weight").size());
+      used.insert({base + ".weight_scale", base + ".weight_scale_2", base + ".input_scale"});
+    }
+  }
   for (const auto& [name, where] : ck.tensors)
     if (!used.count(name)) rep.ignored.push_back(name);
   if (!rep.ignored.empty())
@@ -221,11 +326,20 @@ ConvertReport convert_hf_checkpoint(const ConvertOptions& o) {
   for (const auto& spec : write_specs) {
     spdlog::debug("convert: {}", spec.key);
     const bool from_embedding = head_from_embedding && spec.key == "lm_head.weight";
-    convert_tensor(ck.tensors.at(from_embedding ? "model.embed_tokens.weight" : spec.key), spec, o, out, buf);
+    const std::string source = from_embedding ? "model.embed_tokens.weight" : spec.key;
+    if (const auto modelopt = modelopt_pair(ck, source))
+      convert_modelopt(*modelopt, spec, o, out, rep);
+    else
+      convert_tensor(ck.tensors.at(source), spec, o, out, buf);
     ++rep.tensors;
     if (o.nvfp4 && spec.quantizable) ++rep.quantized;
   }
   out.commit();
+  if (rep.modelopt_tensors > 0)
+    spdlog::info("convert: {} ModelOpt NVFP4 projections{}", rep.modelopt_tensors,
+                 o.nvfp4 ? fmt::format(" re-quantized to single-level blocks; worst relative RMS error {:.3g} ({})",
+                                       rep.modelopt_worst_error, rep.modelopt_worst_tensor)
+                         : std::string(" dequantized"));
   rep.config_path = copy_config(config_path, o.out);
   return rep;
 }

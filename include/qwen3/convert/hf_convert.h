@@ -30,6 +30,11 @@ struct ConvertReport {
   bool lm_head = false;              // the checkpoint has its own lm_head (written); else the config ties it
   std::vector<std::string> ignored;  // tensors in the checkpoint the model does not use
   std::string config_path;           // where config.json was copied
+  // ModelOpt NVFP4 projections read (two-level scales), and with nvfp4 output the worst relative RMS error of
+  // their re-quantization to single-level blocks.
+  uint64_t modelopt_tensors = 0;
+  double modelopt_worst_error = 0;
+  std::string modelopt_worst_tensor;
 };
 
 // Errors name the file (and tensor): a malformed safetensors header or index, tensors missing, mis-shaped or of

@@ -1,0 +1,40 @@
+// A model out to the Hugging Face layout (docs/export.md, "Hugging Face and vLLM"): a folder that
+// transformers.AutoModelForCausalLM.from_pretrained loads (format hf: every tensor bf16, projections as the
+// dequantized NVFP4 weights the model computes with), or that vLLM and TensorRT-LLM load as a ModelOpt NVFP4
+// checkpoint (format nvfp4-hf: projections as packed E2M1 codes with E4M3 block scales). The tensors come from
+// a checkpoint's master weights where it has them (re-quantized with the canonical quantizer, as the .dat export
+// does) and from the input .dat otherwise, streamed in row blocks: memory is bounded by a block, not a tensor.
+// The folder is assembled under a temporary name beside --out and renamed into place when complete.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "qwen3/nvfp4/nvfp4.h"
+
+namespace qwen3 {
+
+enum class HfFormat { hf, nvfp4_hf };
+
+struct HfExportOptions {
+  HfFormat format = HfFormat::hf;
+  std::string checkpoint;   // a step-* folder or a checkpoint root; empty: the input .dat as it is
+  std::string weights;      // the input .dat (the checkpoint's, when one is given)
+  std::string config;       // the model's config.json
+  std::string tokenizer;    // tokenizer.json to copy, with its tokenizer_config.json etc. beside it; empty: none
+  std::string out;          // the folder to create
+  uint64_t max_shard_bytes = 5'000'000'000;  // HF's default max_shard_size, "5GB"
+  bool overwrite = false;   // replace an existing folder (moved aside, removed once the new one is in place)
+  std::optional<nvfp4::ScaleMode> scale_mode;  // re-quantization of trained projections; default: the checkpoint's
+};
+
+struct HfExportReport {
+  std::vector<std::string> files;  // written, relative to `out`
+  uint64_t tensors = 0, bytes = 0, shards = 0;
+  uint64_t trained = 0;  // tensors taken from the checkpoint
+};
+
+HfExportReport export_hf(const HfExportOptions& options);
+
+}  // namespace qwen3

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "qwen3/base/file_io.h"
 #include "qwen3/dat/dat.h"
 #include "qwen3/dat/durable_file.h"
 #include "qwen3/base/json_limits.h"
@@ -45,6 +46,21 @@ std::string stable_hash(const std::string& text) {
     h ^= c;
     h *= 1099511628211ull;
   }
+  return fmt::format("{:016x}", h);
+}
+
+std::string file_content_hash(const std::string& path) {
+  std::ifstream in = open_input_file(path, "data file", std::ios::binary);
+  uint64_t h = 1469598103934665603ull;
+  std::vector<char> buf(size_t{1} << 20);
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    for (std::streamsize i = 0; i < in.gcount(); ++i) {
+      h ^= static_cast<unsigned char>(buf[static_cast<size_t>(i)]);
+      h *= 1099511628211ull;
+    }
+  }
+  if (in.bad()) throw Error(path + ": cannot read (for its content hash)");
   return fmt::format("{:016x}", h);
 }
 

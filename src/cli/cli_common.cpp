@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <map>
 
 #include "qwen3/tokenizer/chat_format.h"
 
@@ -19,6 +20,42 @@ CLI::Option* add_bool_flag(CLI::App* app, const std::string& names, bool& target
   opt->type_name("[BOOL]");
   opt->default_str(target ? "true" : "false");
   return opt;
+}
+
+namespace {
+std::vector<std::string>& argv_store() {
+  static std::vector<std::string> args;
+  return args;
+}
+}  // namespace
+
+void set_command_line(int argc, char** argv) { argv_store().assign(argv, argv + argc); }
+const std::vector<std::string>& command_line() { return argv_store(); }
+
+FlagValues flag_values(CLI::App* command) {
+  FlagValues out;
+  std::vector<CLI::App*> apps = {command};
+  for (CLI::App* group : command->get_subcommands([](CLI::App* a) { return a->get_name().empty(); }))
+    apps.push_back(group);
+  std::map<std::string, std::string> values;  // sorted: a stable file
+  for (CLI::App* app : apps)
+    for (CLI::Option* opt : app->get_options()) {
+      const std::string name = opt->get_single_name();
+      if (name.empty() || name == "help" || name == "config-file" || opt->get_lnames().empty()) continue;
+      std::string value;
+      if (opt->count() > 0) {
+        const auto& results = opt->results();
+        value = results.empty() || results.front().empty() ? "true" : results.back();  // a bare flag is true
+      } else {
+        value = opt->get_default_str();
+      }
+      if (!value.empty()) values[name] = value;
+    }
+  for (const auto& [name, value] : values) {
+    out.json[name] = value;
+    out.toml += name + " = " + nlohmann::json(value).dump() + "\n";  // a JSON string is a TOML basic string
+  }
+  return out;
 }
 
 void add_chat_template_flags(CLI::App* app, ChatTemplateFlags& flags) {

@@ -2,6 +2,7 @@
 // logging set-up. Only src/cli knows about argv.
 #pragma once
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <functional>
 #include <string>
@@ -33,6 +34,18 @@ CLI::Validator non_negative_number();
 CLI::Validator positive_number();
 CLI::Validator at_most(double bound, const std::string& why);
 CLI::Validator below_one();  // [0, 1): Adam's betas (1 would divide by a zero bias correction)
+
+// The process's argv, as main saw it (run.json records it).
+void set_command_line(int argc, char** argv);
+const std::vector<std::string>& command_line();
+
+// Every flag of a command after defaults, by long name (without dashes): {name: value} for run.json, and the
+// same as TOML that `--config-file` reads back. Flags without a value (and --help, --config-file) are left out.
+struct FlagValues {
+  nlohmann::json json = nlohmann::json::object();
+  std::string toml;
+};
+FlagValues flag_values(CLI::App* command);
 
 // --tokenizer-config and --chat-template beside a command's --tokenizer, and the source they make.
 struct ChatTemplateFlags {

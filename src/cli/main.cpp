@@ -33,6 +33,7 @@ std::string command_word(int argc, char** argv) {
 
 int run(int argc, char** argv) {
   using namespace qwen3::cli;
+  set_command_line(argc, argv);
   CLI::App app{"qwen3-train: full-parameter fine-tuning of NVFP4 Qwen3 models", "qwen3-train"};
   app.set_version_flag("--version", version_text());
   app.require_subcommand(1);

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "qwen3/base/error.h"
+#include "qwen3/base/file_io.h"
 #include "qwen3/tokenizer/chat_format.h"
 #include "qwen3/model/generate.h"
 #include "qwen3/trainer/memory_model.h"
@@ -29,6 +30,7 @@ struct TrainFlags {
               system, test_prompt = "Who are you?", lr_schedule = "constant", master_dtype = "float32",
               compute_dtype = "auto", loss = "ce";
   ChatTemplateFlags chat;
+  std::string config_file;
   bool synthetic = false, overwrite = false;
   int64_t test_max_tokens = 0;
 };
@@ -77,6 +79,34 @@ void print_time_plan(const StepTimePlan& plan, const DeviceRates& rates) {
   fmt::print("step {:.1f} ms\n", plan.total_ms());
 }
 
+// The flags of a TOML file (--config-file) that the command line did not give, each through its option as if
+// given there (so its checks and conversions run). A key that is no flag, a section, or a bad value is a
+// UsageError naming the file and the key.
+void apply_config_file(CLI::App* sub, const std::string& path) {
+  std::ifstream probe = open_input_file(path, "--config-file");
+  std::vector<CLI::ConfigItem> items;
+  try {
+    items = CLI::ConfigTOML().from_file(path);
+  } catch (const CLI::Error& e) {
+    throw UsageError(path + ": not a TOML file of flags (" + e.what() + ")");
+  }
+  for (const CLI::ConfigItem& item : items) {
+    if (item.name == "++" || item.name == "--") continue;  // section markers
+    if (!item.parents.empty())
+      throw UsageError(path + ": [" + item.parents.front() + "]: sections are not read; write the flags at the top");
+    CLI::Option* opt = sub->get_option_no_throw("--" + item.name);
+    if (!opt || item.name == "config-file")
+      throw UsageError(path + ": '" + item.name + "' is not a flag of train (keys are long flag names, e.g. seq-len)");
+    if (opt->count() > 0) continue;  // the command line wins
+    try {
+      opt->add_result(item.inputs);
+      opt->run_callback();
+    } catch (const CLI::Error& e) {
+      throw UsageError(path + ": " + item.name + ": " + e.what());
+    }
+  }
+}
+
 // The flags whose text becomes a typed option (shared by `train` and `vram-report --predict-only`).
 void convert_flag_values(TrainFlags& f) {
   TrainOptions& o = f.o;
@@ -116,6 +146,20 @@ void check_flag_combinations(const TrainFlags& f) {
                                  o.schedule.warmup_steps, o.steps));
 }
 
+// --output-dir: one folder for the run, made with its parents; what it defaults is what was not given.
+void apply_output_dir(TrainOptions& o) {
+  if (o.output_dir.empty()) return;
+  std::error_code ec;
+  if (std::filesystem::exists(o.output_dir, ec) && !std::filesystem::is_directory(o.output_dir, ec))
+    throw UsageError("--output-dir " + o.output_dir + " is a file");
+  std::filesystem::create_directories(o.output_dir, ec);
+  if (ec) throw Error("--output-dir " + o.output_dir + ": cannot create (" + ec.message() + ")");
+  const std::filesystem::path dir(o.output_dir);
+  if (o.checkpoint_dir.empty()) o.checkpoint_dir = (dir / "checkpoints").string();
+  if (o.metrics_jsonl.empty()) o.metrics_jsonl = (dir / "metrics.jsonl").string();
+  if (o.output_dat.empty()) o.output_dat = (dir / "model.dat").string();
+}
+
 void resolve(TrainFlags& f) {
   TrainOptions& o = f.o;
   if (f.test_max_tokens > 0 && o.output_dat.empty()) throw UsageError("--test-max-tokens needs --output-dat");
@@ -129,6 +173,7 @@ void resolve(TrainFlags& f) {
     if (value->empty()) throw UsageError(std::string("train: ") + name + " is required");
   if (o.steps <= 0 && o.epochs <= 0) throw UsageError("train: give --steps or --epochs");
   if (o.resume_if_present) o.resume = true;
+  apply_output_dir(o);
   convert_flag_values(f);
   resolve_device(o.device);
   // Before the first step: the export target must not replace anything unasked, nor any input of the run.
@@ -225,6 +270,13 @@ CLI::Option_group* add_train_flags(CLI::App* sub, const std::shared_ptr<TrainFla
   add_bool_flag(run, "--resume-if-present", o.resume_if_present,
                 "--resume when --checkpoint-dir holds a checkpoint, else start from the weights");
   run->add_option("--eval-every", o.eval_every, "evaluate --eval-data every K steps")->check(non_negative_number());
+  run->add_option("--output-dir", o.output_dir,
+                  "one folder for the run (made with its parents): run.json, and unless given, checkpoints/, "
+                  "metrics.jsonl and the export model.dat");
+  add_bool_flag(run, "--allow-data-change", o.allow_data_change,
+                "--resume even when the training data's content differs from the checkpoint's");
+  run->add_option("--mfu-device", o.mfu_device, "on CUDA, the device whose bf16 peak the metrics' MFU uses (default h100)")
+      ->check(CLI::IsMember(predict_device_names()));
   add_bool_flag(run, "--fused-optimizer", o.fused_optimizer,
                 "update each block during backward and free its gradients (clipping per block: docs/trainer.md)");
   return run;
@@ -238,9 +290,21 @@ Command add_train_command(CLI::App& app) {
   add_train_flags(sub, f)
       ->add_option("--vram-report,--train-step-vram-report", f->o.vram_report,
                    "write the first step's per-phase memory report (JSON) here and print it");
-  return {sub, [f]() {
+  // A run as a file: TOML whose keys are the long flag names (seq-len = 48); a flag given on the command line
+  // wins over the file's (docs/trainer.md "Runs as files"). CLI11 2.1 reads config files for the top-level app
+  // only, so the subcommand applies its file itself, with CLI11's TOML reader and its options' own parsing.
+  sub->add_option("--config-file", f->config_file,
+                  "a TOML file of train flags (keys: long flag names, e.g. seq-len = 48); command-line flags win");
+  return {sub, [f, sub]() {
+            if (!f->config_file.empty()) apply_config_file(sub, f->config_file);
             check_flag_combinations(*f);
             resolve(*f);
+            const FlagValues flags = flag_values(sub);
+            f->o.run_info = {{"tool", std::string("qwen3-train ") + QWEN3_VERSION},
+                             {"git", QWEN3_GIT_HASH},
+                             {"command_line", command_line()},
+                             {"flags", flags.json},
+                             {"config_file", flags.toml}};
             g_stop_signal.store(0);
             std::signal(SIGINT, on_stop_signal);
             std::signal(SIGTERM, on_stop_signal);

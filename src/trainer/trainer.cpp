@@ -3,10 +3,12 @@
 
 #include <ATen/ATen.h>
 #include <torch/utils.h>
+#include <torch/version.h>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <ctime>
 #include <cstring>
 #include <map>
 #include <cmath>
@@ -17,6 +19,7 @@
 
 #include "qwen3/checkpoint/checkpoint.h"
 #include "qwen3/dat/dat_tensor.h"
+#include "qwen3/dat/durable_file.h"
 #include "qwen3/trainer/evaluate.h"
 #include "qwen3/export/output_target.h"
 #include "qwen3/export/exporter.h"
@@ -51,9 +54,11 @@ int64_t total_steps(const TrainOptions& o, const TrainingData& data) {
 }
 
 CheckpointState make_checkpoint(const TrainableSet& set, const AdamW& opt, int64_t step, int64_t skipped,
-                                const std::string& hash, const TrainOptions& o, const ExportInfo& export_info) {
+                                const std::string& hash, const TrainOptions& o, const ExportInfo& export_info,
+                                const nlohmann::json& run) {
   CheckpointState s;
   s.extra = export_info.to_json();
+  s.extra["run"] = run;  // run.json of the run that wrote it
   s.step = step;
   s.optimizer_steps = opt.step_count();
   s.skipped_steps = skipped;
@@ -66,9 +71,20 @@ CheckpointState make_checkpoint(const TrainableSet& set, const AdamW& opt, int64
 }
 
 void restore_checkpoint(const CheckpointState& s, TrainableSet& set, AdamW& opt, const std::string& hash,
-                        const std::string& sample_hash, const TrainOptions& o, const std::string& path) {
+                        const std::string& sample_hash, const TrainOptions& o, const std::string& path,
+                        const nlohmann::json& run) {
   if (s.model_hash != hash)
     throw Error(path + ": this checkpoint belongs to another model (config or weight file differ)");
+  // Other training data would silently continue another run's data order on other samples. Checkpoints from
+  // before run records are not checked.
+  const nlohmann::json saved_data = s.extra.value("run", nlohmann::json::object()).value("data", nlohmann::json::object());
+  if (saved_data.contains("train") && !o.allow_data_change) {
+    const std::string then = saved_data["train"].value("hash", ""), now = run["data"]["train"]["hash"];
+    if (then != now)
+      throw Error(fmt::format("{}: was trained on other data ({} had content hash {}, {} has {}); pass "
+                              "--allow-data-change to resume on it anyway",
+                              path, saved_data["train"].value("path", "?"), then, o.data.path, now));
+  }
   // The layout hash cannot tell two models of one shape apart; the frozen tensors would come from the other
   // one. The sample hash of the stored values (as `export` checks it) can; checkpoints from before it carry
   // only the layout hash and are checked as far as that goes.
@@ -151,7 +167,7 @@ struct ResumePoint {
 };
 
 ResumePoint restore_newest(const TrainOptions& o, TrainableSet& set, AdamW& opt, const std::string& hash,
-                           const std::string& sample_hash) {
+                           const std::string& sample_hash, const nlohmann::json& run) {
   if (o.checkpoint_dir.empty()) throw UsageError("--resume needs --checkpoint-dir");
   const std::vector<std::string> paths = complete_checkpoint_paths(o.checkpoint_dir);
   for (auto it = paths.rbegin(); it != paths.rend(); ++it) {
@@ -160,7 +176,7 @@ ResumePoint restore_newest(const TrainOptions& o, TrainableSet& set, AdamW& opt,
       spdlog::warn("--resume: {} holds non-finite values ('{}'); trying an older checkpoint", *it, *bad);
       continue;
     }
-    restore_checkpoint(s, set, opt, hash, sample_hash, o, *it);
+    restore_checkpoint(s, set, opt, hash, sample_hash, o, *it, run);
     spdlog::info("resumed from {} at step {}", *it, s.step);
     return ResumePoint{s.step, s.skipped_steps, *it};
   }
@@ -182,9 +198,9 @@ ResumePoint restore_newest(const TrainOptions& o, TrainableSet& set, AdamW& opt,
 class CheckpointSaver {
  public:
   CheckpointSaver(const TrainOptions& o, const TrainableSet& set, const AdamW& opt, std::string hash,
-                  ExportInfo export_info, std::string resumed_from, int64_t resumed_step)
+                  ExportInfo export_info, nlohmann::json run, std::string resumed_from, int64_t resumed_step)
       : o_(o), set_(set), opt_(opt), hash_(std::move(hash)), export_info_(std::move(export_info)),
-        last_(std::move(resumed_from)), step_on_disk_(last_.empty() ? -1 : resumed_step) {}
+        run_(std::move(run)), last_(std::move(resumed_from)), step_on_disk_(last_.empty() ? -1 : resumed_step) {}
 
   void save(int64_t step, int64_t skipped) {
     if (o_.checkpoint_dir.empty()) return;
@@ -192,7 +208,7 @@ class CheckpointSaver {
       spdlog::info("checkpoint: step {} is saved already ({})", step, last_);
       return;
     }
-    const CheckpointState state = make_checkpoint(set_, opt_, step, skipped, hash_, o_, export_info_);
+    const CheckpointState state = make_checkpoint(set_, opt_, step, skipped, hash_, o_, export_info_, run_);
     if (const auto bad = first_nonfinite_tensor(state))
       throw Error(fmt::format("refusing to save step {}: '{}' holds non-finite values (the training diverged); {}",
                               step, *bad, last_.empty() ? "no earlier checkpoint" : "the last good one is " + last_));
@@ -210,6 +226,7 @@ class CheckpointSaver {
   const AdamW& opt_;
   std::string hash_;
   ExportInfo export_info_;
+  nlohmann::json run_;
   std::string last_;
   int64_t step_on_disk_;
   int64_t saved_ = 0;
@@ -233,7 +250,21 @@ struct StepRecord {
   double lr = 0, ms = 0;
   int64_t tokens = 0;
   std::optional<double> eval_loss;
+  double epoch = 0;            // epochs done after this step (fractional, as HF's Trainer logs it)
+  std::optional<double> mfu;   // model FLOPs utilization; none on CPU, where there is no meaningful peak
 };
+
+// Now as ISO 8601 UTC with milliseconds: "2026-11-24T08:15:03.123Z".
+std::string utc_timestamp() {
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t t = std::chrono::system_clock::to_time_t(now);
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%S", &tm);
+  return fmt::format("{}.{:03d}Z", text, static_cast<int>(ms));
+}
 
 void log_progress(const StepRecord& r, double eta_seconds) {
   spdlog::info("step {}/{} | loss {:.4f} | norm {:.2f} | lr {:.1e} | {:.0f} ms | {} tok/s | eta {}{}", r.step, r.steps,
@@ -244,7 +275,9 @@ void log_progress(const StepRecord& r, double eta_seconds) {
 void write_metrics(const StepRecord& r, std::ofstream& metrics, const std::string& path) {
   nlohmann::json m = {{"step", r.step},     {"loss", r.outcome.loss}, {"grad_norm", r.outcome.norm},
                       {"lr", r.lr},         {"step_ms", r.ms},        {"tokens", r.tokens},
-                      {"tok_per_s", r.tokens / (r.ms / 1000.0)},      {"skipped", r.outcome.bad}};
+                      {"tok_per_s", r.tokens / (r.ms / 1000.0)},      {"skipped", r.outcome.bad},
+                      {"epoch", r.epoch},   {"time", utc_timestamp()}};
+  m["mfu"] = r.mfu ? nlohmann::json(*r.mfu) : nlohmann::json(nullptr);
   if (r.eval_loss) m["eval_loss"] = *r.eval_loss;
   metrics << m.dump() << "\n" << std::flush;
   if (!metrics) throw Error(path + ": write failed (metrics; the device may be full)");
@@ -282,7 +315,9 @@ class Trainer {
     }
     reader_.emplace(o.weights);
     hash_ = model_hash(config_, *reader_);
+    run_ = run_record(o);
     model_ = setup_model(o, config_, *reader_, device_);
+    set_up_mfu(o);
     if (report_) {
       DenseFileType dense;
       if (const DatEntry* e = reader_->find("model.embed_tokens.weight"))
@@ -309,7 +344,7 @@ class Trainer {
     per_epoch_ = o.steps_per_epoch > 0 ? o.steps_per_epoch : steps_per_pass(o, *data_);
     std::string resumed_from;
     if (o.resume) {
-      const ResumePoint at = restore_newest(o, model_.set, *opt_, hash_, weights_sample_hash(*reader_));
+      const ResumePoint at = restore_newest(o, model_.set, *opt_, hash_, weights_sample_hash(*reader_), run_);
       step_ = at.step;
       skipped_ = at.skipped;
       resumed_from = at.path;
@@ -323,7 +358,15 @@ class Trainer {
     export_info.tied_head = !model_.model->has_separate_lm_head();
     export_info.scale_mode = o.scale_mode;
     export_info.config = config_.to_json();
-    saver_.emplace(o, model_.set, *opt_, hash_, std::move(export_info), resumed_from, step_);
+    saver_.emplace(o, model_.set, *opt_, hash_, std::move(export_info), run_, resumed_from, step_);
+    run_["resumed_from"] = resumed_from.empty() ? nlohmann::json(nullptr) : nlohmann::json(resumed_from);
+    // run.toml: the flags again, as the --config-file that repeats the run.
+    const std::string toml = run_.value("config_file", std::string());
+    for (const std::string& dir : {o.checkpoint_dir, o.output_dir}) {
+      if (dir.empty()) continue;
+      write_file_durably((std::filesystem::path(dir) / "run.json").string(), run_.dump(2) + "\n");
+      if (!toml.empty()) write_file_durably((std::filesystem::path(dir) / "run.toml").string(), toml);
+    }
   }
 
   TrainSummary train(const std::atomic<int>* stop_signal, const AfterStep& after_step) {
@@ -397,10 +440,42 @@ class Trainer {
     // --eval-data alone: scored once, after the last step.
     const bool eval_now = o_.eval_every > 0 ? (step_ + 1) % o_.eval_every == 0 : step_ + 1 == steps_;
     if (eval_data_ && eval_now) eval_loss = evaluate(*model_.model, *eval_data_).mean_loss;
-    return StepRecord{step_ + 1, steps_, out, lr, ms, step_tokens, eval_loss};
+    StepRecord record{step_ + 1, steps_, out, lr, ms, step_tokens, eval_loss};
+    record.epoch = static_cast<double>(step_ + 1) / static_cast<double>(per_epoch_);
+    if (peak_flops_ > 0) record.mfu = flops_per_token_ * static_cast<double>(step_tokens) / (ms / 1000.0) / peak_flops_;
+    return record;
   }
 
   void save(int64_t step) { saver_->save(step, skipped_); }
+
+  // run.json: what the caller knows (tool, git hash, command line, every flag), the options by name, the
+  // versions, the device, and the data's identity.
+  nlohmann::json run_record(const TrainOptions& o) const {
+    nlohmann::json r = o.run_info.is_object() ? o.run_info : nlohmann::json::object();
+    r["options"] = to_json(o);
+    r["libtorch"] = TORCH_VERSION;
+    r["device"] = device_.str();
+    r["started"] = utc_timestamp();
+    const auto describe = [](const std::string& path) {
+      return nlohmann::json{{"path", path}, {"bytes", std::filesystem::file_size(path)}, {"hash", file_content_hash(path)}};
+    };
+    r["data"] = {{"train", describe(o.data.path)}};
+    if (!o.eval_data.empty()) r["data"]["eval"] = describe(o.eval_data);
+    r["model"] = {{"weights", o.weights}, {"config", o.config}, {"layout_hash", hash_}};
+    return r;
+  }
+
+  // MFU on CUDA: the step-time model's FLOPs of a token (forward, backward, recompute) against the bf16 peak of
+  // --mfu-device (default h100). CPU has no peak worth the name: no MFU.
+  void set_up_mfu(const TrainOptions& o) {
+    if (!device_.is_cuda()) return;
+    const DeviceRates rates = device_rates(o.mfu_device.empty() ? "h100" : o.mfu_device);
+    const StepTimePlan plan = predict_step_time(config_, model_.model->has_separate_lm_head(), o, rates);
+    double flops = 0;
+    for (const PhaseTime& p : plan.phases) flops += p.flops;
+    flops_per_token_ = flops / static_cast<double>(o.data.seq_len * o.data.batch_size);
+    peak_flops_ = rates.bf16_tflops * 1e12;
+  }
 
   TrainSummary finish() {
     save(step_);
@@ -451,6 +526,8 @@ class Trainer {
   std::optional<AdamW> opt_;
   std::unique_ptr<StepUpdate> update_;
   int64_t steps_ = 0, per_epoch_ = 1, step_ = 0, skipped_ = 0;
+  nlohmann::json run_;
+  double flops_per_token_ = 0, peak_flops_ = 0;
   LrSchedule schedule_;
   std::ofstream metrics_;
   std::optional<CheckpointSaver> saver_;

@@ -85,6 +85,10 @@ CheckpointState load_checkpoint(const std::string& path, const std::string& tens
 // FNV-1a 64 of a string, as 16 hex digits: stable across builds and machines.
 std::string stable_hash(const std::string& text);
 
+// FNV-1a 64 of a file's bytes (streamed), as 16 hex digits: what run.json and a checkpoint record of the
+// training data, so that --resume notices other data. Error naming the file when it cannot be read.
+std::string file_content_hash(const std::string& path);
+
 // A .dat file's layout (keys, element types, shapes) as a stable hash: how a checkpoint names its input file.
 std::string weights_hash(const DatReader& reader);
 

@@ -70,6 +70,13 @@ struct TrainOptions {
   bool resume_if_present = false;  // ... unless this: then training starts from the weights
   int64_t max_skipped_steps = 10;
   std::string output_dat;
+  // run.json is written here too (the CLI's --output-dir, which also defaults the checkpoint folder, the
+  // metrics file and the export into it).
+  std::string output_dir;
+  bool allow_data_change = false;  // --resume on training data that differs from the checkpoint's
+  // What the caller knows of the run for run.json: the tool, its git hash, the command line, every flag.
+  nlohmann::json run_info = nlohmann::json::object();
+  std::string mfu_device;  // whose bf16 peak the metrics' MFU is against on CUDA (default h100)
 };
 
 // The options that shape a run, by name (never ordinals): the memory report's "config", and the subset a

@@ -340,7 +340,8 @@ Command add_vram_report_command(CLI::App& app) {
   // One step, and only the report written: a run's length, checkpoints, export and evaluation are not its.
   drop_flags(sub, {"--output-dat", "--overwrite", "--test-max-tokens", "--test-prompt", "--eval-data", "--steps",
                    "--epochs", "--steps-per-epoch", "--checkpoint-dir", "--save-every-steps", "--keep-checkpoints",
-                   "--resume", "--resume-if-present", "--eval-every"});
+                   "--resume", "--resume-if-present", "--eval-every", "--output-dir", "--allow-data-change",
+                   "--mfu-device"});
   run->add_option("--out", *out, "write the report (JSON) here");
   add_bool_flag(run, "--predict-only", *predict_only,
                 "print the memory and step-time models' figures for --config and the flags; load nothing, run nothing");

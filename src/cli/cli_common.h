@@ -68,6 +68,7 @@ Command add_vram_report_command(CLI::App& app);
 Command add_smoke_command(CLI::App& app);
 Command add_export_command(CLI::App& app);
 Command add_convert_command(CLI::App& app);
+Command add_plot_command(CLI::App& app);
 
 std::string version_text();
 

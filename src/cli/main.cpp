@@ -55,6 +55,7 @@ int run(int argc, char** argv) {
   commands.push_back(add_eval_command(app));
   commands.push_back(add_export_command(app));
   commands.push_back(add_convert_command(app));
+  commands.push_back(add_plot_command(app));
 
   try {
     app.parse(argc, argv);

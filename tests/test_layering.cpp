@@ -17,7 +17,7 @@ namespace fs = std::filesystem;
 
 // Lowest first.
 const std::vector<std::string> kOrder = {"base", "dat",   "config",     "tokenizer", "nvfp4",   "memory",  "optim",
-                                         "model", "data", "checkpoint", "export",    "convert", "trainer", "cli"};
+                                         "model", "data", "checkpoint", "export",    "convert", "dist",    "trainer", "cli"};
 
 int rank(const std::string& module) {
   for (size_t i = 0; i < kOrder.size(); ++i)

@@ -381,8 +381,9 @@ TEST(TrainOptionsJson, WritesNamesAndParsesThemBack) {
   EXPECT_EQ(parse_lr_schedule_kind(j["lr_schedule"]), o.schedule.kind);
   EXPECT_THROW(parse_loss_kind("mse"), UsageError);
   // A checkpoint's flags are a subset of the same names.
-  const nlohmann::json flags = train_detail::resume_flags(o);
+  const nlohmann::json flags = train_detail::resume_flags(o, /*world_size=*/2);
   EXPECT_EQ(flags["loss"], "scalar");
+  EXPECT_EQ(flags["global_batch"], o.data.batch_size * o.grad_accum_steps * 2);
   EXPECT_FALSE(flags.contains("lr")) << "the learning rate may change on resume";
 }
 

@@ -270,6 +270,11 @@ CLI::Option_group* add_train_flags(CLI::App* sub, const std::shared_ptr<TrainFla
   add_bool_flag(run, "--resume-if-present", o.resume_if_present,
                 "--resume when --checkpoint-dir holds a checkpoint, else start from the weights");
   run->add_option("--eval-every", o.eval_every, "evaluate --eval-data every K steps")->check(non_negative_number());
+  run->add_option("--dist-init", o.dist_init,
+                  "data parallel: file://PATH to join through a file (one machine or a shared file system) instead "
+                  "of MASTER_ADDR:MASTER_PORT; ranks come from torchrun, Slurm or Open MPI (docs/distributed.md)");
+  run->add_option("--dist-timeout", o.dist_timeout_s, "seconds a rank waits for the others before failing")
+      ->check(positive_number())->capture_default_str();
   run->add_option("--output-dir", o.output_dir,
                   "one folder for the run (made with its parents): run.json, and unless given, checkpoints/, "
                   "metrics.jsonl and the export model.dat");
@@ -341,7 +346,7 @@ Command add_vram_report_command(CLI::App& app) {
   drop_flags(sub, {"--output-dat", "--overwrite", "--test-max-tokens", "--test-prompt", "--eval-data", "--steps",
                    "--epochs", "--steps-per-epoch", "--checkpoint-dir", "--save-every-steps", "--keep-checkpoints",
                    "--resume", "--resume-if-present", "--eval-every", "--output-dir", "--allow-data-change",
-                   "--mfu-device"});
+                   "--mfu-device", "--dist-init", "--dist-timeout"});
   run->add_option("--out", *out, "write the report (JSON) here");
   add_bool_flag(run, "--predict-only", *predict_only,
                 "print the memory and step-time models' figures for --config and the flags; load nothing, run nothing");

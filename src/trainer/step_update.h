@@ -18,6 +18,7 @@
 #include "qwen3/optim/optim.h"
 #include "qwen3/data/data.h"
 #include "block_runner.h"
+#include "qwen3/dist/data_parallel.h"
 #include "train_setup.h"
 
 namespace qwen3::train_detail {
@@ -82,10 +83,12 @@ using PhaseMark = std::function<void(const char*)>;
 class StepUpdate {
  public:
   StepUpdate(const TrainOptions& o, TrainableSet& set, AdamW& opt, const c10::Device& device,
-             TrainingBlockRunner& runner)
-      : o_(o), set_(set), opt_(opt), device_(device), runner_(runner) {}
+             TrainingBlockRunner& runner, DataParallel& dp)
+      : o_(o), set_(set), opt_(opt), device_(device), runner_(runner), dp_(dp) {}
   virtual ~StepUpdate() = default;
-  // `batches`: the step's micro-batches (one without gradient accumulation).
+  // `batches`: this rank's micro-batches of the step (one without gradient accumulation). A batch whose
+  // loss_tokens is 0 is a stand-in for a rank with nothing left in the epoch: it runs, weighted 0, so that
+  // every rank takes part in every collective.
   virtual StepOutcome forward_backward_update(Qwen3Model& model, const std::vector<Batch>& batches, double lr,
                                               const PhaseMark& mark) = 0;
 
@@ -95,6 +98,22 @@ class StepUpdate {
   AdamW& opt_;
   c10::Device device_;
   TrainingBlockRunner& runner_;
+  DataParallel& dp_;
+
+  // Each micro-batch's mean loss is weighted by its share of the step's loss tokens over all ranks, so that
+  // the gradients, summed over micro-batches and ranks, are those of the mean over all of them: one big
+  // batch's, whatever each holds (gradient accumulation, data parallel).
+  std::vector<double> shares(const std::vector<Batch>& batches) const {
+    int64_t local = 0;
+    for (const Batch& b : batches) local += b.loss_tokens;
+    const int64_t global = dp_.all_reduce_sum(local, "step's loss-token count");
+    std::vector<double> out;
+    for (const Batch& b : batches)
+      out.push_back(batches.size() == 1 && dp_.world_size() == 1
+                        ? 1.0
+                        : global == 0 ? 0.0 : static_cast<double>(b.loss_tokens) / static_cast<double>(global));
+    return out;
+  }
 };
 
 class PlainUpdate final : public StepUpdate {
@@ -102,20 +121,25 @@ class PlainUpdate final : public StepUpdate {
   using StepUpdate::StepUpdate;
   StepOutcome forward_backward_update(Qwen3Model& model, const std::vector<Batch>& batches, double lr,
                                       const PhaseMark& mark) override {
-    // Gradient accumulation: each micro-batch's mean loss weighted by its share of the step's loss tokens, so the
-    // gradients add up to those of the mean over all of them (one big batch's), whatever each holds.
-    int64_t step_loss_tokens = 0;
-    for (const Batch& b : batches) step_loss_tokens += b.loss_tokens;
+    const std::vector<double> share = shares(batches);
     at::Tensor loss;
-    for (const Batch& batch : batches) {
-      const double share = batches.size() == 1 || step_loss_tokens == 0
-                               ? 1.0
-                               : static_cast<double>(batch.loss_tokens) / static_cast<double>(step_loss_tokens);
-      at::Tensor micro = compute_loss(model, batch, o_.loss);
-      if (share != 1.0) micro = micro * share;
+    for (size_t i = 0; i < batches.size(); ++i) {
+      at::Tensor micro = compute_loss(model, batches[i], o_.loss);
+      if (share[i] != 1.0) micro = micro * share[i];
       mark("forward_done");
       micro.backward();
       loss = loss.defined() ? loss + micro.detach() : micro.detach();
+    }
+    if (dp_.world_size() > 1) {  // one all-reduce of every gradient and the loss: the sums over the ranks
+      torch::NoGradGuard no_grad;
+      std::vector<at::Tensor> sums = {loss.to(at::kFloat).reshape({1})};
+      for (auto& p : set_.params) {
+        at::Tensor& g = p.param.mutable_grad();
+        if (!g.defined()) g = at::zeros_like(p.param);
+        sums.push_back(g);
+      }
+      dp_.all_reduce_sum(sums, "gradients");
+      loss = sums[0].reshape({});
     }
     // One synchronization a step: the loss, the squared gradient norm and the codec's non-finite flag reach
     // the host together; clipping is a factor the update applies as it reads each gradient.
@@ -145,15 +169,20 @@ class FusedUpdate final : public StepUpdate {
                                       const PhaseMark& mark) override {
     if (batches.size() != 1) throw Error("the in-backward update takes one batch a step (no gradient accumulation)");
     const Batch& batch = batches.front();
+    const double share = shares(batches).front();
     // The sink must be in place before forward, which decides how each block's backward will run.
     FusedUpdater updater(opt_, o_.grad_clip, set_.trainable_parameters, lr);
     SinkGuard guard{runner_};  // cleared at the end of the step, whichever way it ends
-    runner_.set_gradient_sink(
-        [&](int64_t, const std::vector<std::pair<at::Tensor, at::Tensor>>& grads) { updater.apply(grads); });
+    // Data parallel: each block's gradients are summed over the ranks before the block is applied, so every
+    // replica applies the same update (clipping included: the group norms are then the global ones).
+    runner_.set_gradient_sink([&](int64_t, const std::vector<std::pair<at::Tensor, at::Tensor>>& grads) {
+      updater.apply(reduced(grads));
+    });
     at::Tensor loss = compute_loss(model, batch, o_.loss);
+    if (share != 1.0) loss = loss * share;
     mark("forward_done");
     StepOutcome out;
-    out.loss = loss.item<double>();
+    out.loss = dp_.all_reduce_sum(loss.item<double>(), "loss");  // NaN anywhere is NaN everywhere: all skip
     out.norm = std::numeric_limits<double>::quiet_NaN();
     out.bad = !std::isfinite(out.loss);
     if (out.bad) {  // a non-finite loss skips the step before anything is applied
@@ -165,14 +194,29 @@ class FusedUpdate final : public StepUpdate {
     loss.backward();
     loss = at::Tensor();
     mark("backward_done");
-    for (auto& p : set_.params) {  // the tensors outside the blocks (embedding, final norm, head)
-      at::Tensor& grad = p.param.mutable_grad();
-      if (grad.defined()) updater.apply({{p.param, grad}});
-      grad = at::Tensor();
-    }
+    std::vector<std::pair<at::Tensor, at::Tensor>> outside;  // the tensors outside the blocks (embedding, norm, head)
+    for (auto& p : set_.params)
+      if (p.param.grad().defined()) outside.emplace_back(p.param, p.param.grad());
+    outside = reduced(outside);
+    for (const auto& pg : outside) updater.apply({pg});
+    for (auto& p : set_.params) p.param.mutable_grad() = at::Tensor();
     out.norm = updater.norm();
     out.bad = updater.nonfinite() || nvfp4::take_nonfinite_flag(device_);
     return out;
+  }
+
+ private:
+  // The gradients summed over the ranks (a gradient autograd left undefined counts as zeros there).
+  std::vector<std::pair<at::Tensor, at::Tensor>> reduced(std::vector<std::pair<at::Tensor, at::Tensor>> grads) {
+    if (dp_.world_size() == 1) return grads;
+    torch::NoGradGuard no_grad;
+    std::vector<at::Tensor> sums;
+    for (auto& [param, grad] : grads) {
+      if (!grad.defined()) grad = at::zeros_like(param);
+      sums.push_back(grad);
+    }
+    dp_.all_reduce_sum(sums, "block gradients");
+    return grads;
   }
 };
 

@@ -191,14 +191,17 @@ std::string model_hash(const Qwen3Config& config, const DatReader& reader) {
   return stable_hash(config.to_json().dump() + weights_hash(reader));
 }
 
-nlohmann::json resume_flags(const TrainOptions& o) {
-  // What decides the trained state and the data order; the rest (lr, steps, paths, logging) may change.
+nlohmann::json resume_flags(const TrainOptions& o, int world_size) {
+  // What decides the trained state and the data order; the rest (lr, steps, paths, logging) may change. The
+  // batch counts as the rows of a step over all ranks and micro-batches: a run of N ranks resumes on M with the
+  // same global batch.
   static const char* const kKeys[] = {"master_dtype", "optimizer_state_mode", "train_last_layers", "freeze_embeddings",
-                                      "train_lm_head", "loss", "scale_mode", "seed", "seq_len", "batch_size", "pack",
-                                      "sample_mode", "grad_accum_steps"};
+                                      "train_lm_head", "loss", "scale_mode", "seed", "seq_len", "pack",
+                                      "sample_mode"};
   const nlohmann::json all = to_json(o);
   nlohmann::json flags = nlohmann::json::object();
   for (const char* key : kKeys) flags[key] = all.at(key);
+  flags["global_batch"] = o.data.batch_size * o.grad_accum_steps * world_size;
   return flags;
 }
 

@@ -43,7 +43,7 @@ at::Tensor compute_loss(Qwen3Model& model, const Batch& batch, LossKind kind);
 // Ties a checkpoint to its input: the config and the file's keys, types and shapes.
 std::string model_hash(const Qwen3Config& config, const DatReader& reader);
 // Flags that must agree between a checkpoint and a resumed run.
-nlohmann::json resume_flags(const TrainOptions& opt);
+nlohmann::json resume_flags(const TrainOptions& opt, int world_size);
 
 std::string format_duration(double seconds);  // "3m20s", "1h05m", "12s"
 std::string format_count(double n);           // "9.9k", "1.2M"

@@ -20,6 +20,7 @@
 #include "qwen3/checkpoint/checkpoint.h"
 #include "qwen3/dat/dat_tensor.h"
 #include "qwen3/dat/durable_file.h"
+#include "qwen3/dist/data_parallel.h"
 #include "qwen3/trainer/evaluate.h"
 #include "qwen3/export/output_target.h"
 #include "qwen3/export/exporter.h"
@@ -41,21 +42,22 @@ using Clock = std::chrono::steady_clock;
 constexpr const char* kOptimPrefix = "optim/";
 constexpr const char* kRngKey = "rng/stochastic_rounding";
 
-// Optimizer steps in one pass over the data: its batches, grad_accum_steps of them a step (the last step of an
-// epoch takes what is left).
-int64_t steps_per_pass(const TrainOptions& o, const TrainingData& data) {
-  return (data.batches_per_epoch() + o.grad_accum_steps - 1) / o.grad_accum_steps;
+// Optimizer steps in one pass over the data: its batches, grad_accum_steps of them per rank a step (the last
+// step of an epoch takes what is left).
+int64_t steps_per_pass(const TrainOptions& o, const TrainingData& data, int world_size) {
+  const int64_t per_step = o.grad_accum_steps * world_size;
+  return (data.batches_per_epoch() + per_step - 1) / per_step;
 }
 
-int64_t total_steps(const TrainOptions& o, const TrainingData& data) {
+int64_t total_steps(const TrainOptions& o, const TrainingData& data, int world_size) {
   if (o.steps > 0) return o.steps;
-  const int64_t per_epoch = o.steps_per_epoch > 0 ? o.steps_per_epoch : steps_per_pass(o, data);
+  const int64_t per_epoch = o.steps_per_epoch > 0 ? o.steps_per_epoch : steps_per_pass(o, data, world_size);
   return std::max<int64_t>(1, o.epochs) * per_epoch;
 }
 
 CheckpointState make_checkpoint(const TrainableSet& set, const AdamW& opt, int64_t step, int64_t skipped,
                                 const std::string& hash, const TrainOptions& o, const ExportInfo& export_info,
-                                const nlohmann::json& run) {
+                                const nlohmann::json& run, int world_size) {
   CheckpointState s;
   s.extra = export_info.to_json();
   s.extra["run"] = run;  // run.json of the run that wrote it
@@ -63,7 +65,7 @@ CheckpointState make_checkpoint(const TrainableSet& set, const AdamW& opt, int64
   s.optimizer_steps = opt.step_count();
   s.skipped_steps = skipped;
   s.model_hash = hash;
-  s.flags = resume_flags(o);
+  s.flags = resume_flags(o, world_size);
   for (const auto& p : set.params) s.tensors.emplace_back(std::string(kMasterWeightPrefix) + p.name, p.param.detach());
   for (auto& [name, t] : opt.state_tensors()) s.tensors.emplace_back(kOptimPrefix + name, t);
   s.tensors.emplace_back(kRngKey, opt.rng_state());
@@ -72,7 +74,7 @@ CheckpointState make_checkpoint(const TrainableSet& set, const AdamW& opt, int64
 
 void restore_checkpoint(const CheckpointState& s, TrainableSet& set, AdamW& opt, const std::string& hash,
                         const std::string& sample_hash, const TrainOptions& o, const std::string& path,
-                        const nlohmann::json& run) {
+                        const nlohmann::json& run, int world_size) {
   if (s.model_hash != hash)
     throw Error(path + ": this checkpoint belongs to another model (config or weight file differ)");
   // Other training data would silently continue another run's data order on other samples. Checkpoints from
@@ -92,7 +94,7 @@ void restore_checkpoint(const CheckpointState& s, TrainableSet& set, AdamW& opt,
   if (info && info->weights_sample_hash && *info->weights_sample_hash != sample_hash)
     throw Error(path + ": was not trained from " + o.weights +
                 " (same layout, but the stored values differ from the checkpoint's input)");
-  const nlohmann::json now = resume_flags(o);
+  const nlohmann::json now = resume_flags(o, world_size);
   nlohmann::json saved = s.flags;
   // Checkpoints written before the moment storage was stored by name hold its ordinal (float32 0, bfloat16 1,
   // int8 2, nvfp4 3).
@@ -100,8 +102,9 @@ void restore_checkpoint(const CheckpointState& s, TrainableSet& set, AdamW& opt,
     const int ordinal = saved["optimizer_state_mode"].get<int>();
     if (ordinal >= 0 && ordinal <= 3) saved["optimizer_state_mode"] = moment_storage_name(static_cast<MomentStorage>(ordinal));
   }
-  // Checkpoints from before gradient accumulation took one batch a step.
-  if (!saved.contains("grad_accum_steps")) saved["grad_accum_steps"] = 1;
+  // Checkpoints from before data parallel stored the batch of one process (and, for a while, its micro-batches).
+  if (!saved.contains("global_batch") && saved.contains("batch_size") && saved["batch_size"].is_number_integer())
+    saved["global_batch"] = saved["batch_size"].get<int64_t>() * saved.value("grad_accum_steps", int64_t{1});
   std::string diff;
   for (auto& [k, v] : now.items())
     if (!saved.contains(k) || saved.at(k) != v)
@@ -167,7 +170,7 @@ struct ResumePoint {
 };
 
 ResumePoint restore_newest(const TrainOptions& o, TrainableSet& set, AdamW& opt, const std::string& hash,
-                           const std::string& sample_hash, const nlohmann::json& run) {
+                           const std::string& sample_hash, const nlohmann::json& run, int world_size) {
   if (o.checkpoint_dir.empty()) throw UsageError("--resume needs --checkpoint-dir");
   const std::vector<std::string> paths = complete_checkpoint_paths(o.checkpoint_dir);
   for (auto it = paths.rbegin(); it != paths.rend(); ++it) {
@@ -176,7 +179,7 @@ ResumePoint restore_newest(const TrainOptions& o, TrainableSet& set, AdamW& opt,
       spdlog::warn("--resume: {} holds non-finite values ('{}'); trying an older checkpoint", *it, *bad);
       continue;
     }
-    restore_checkpoint(s, set, opt, hash, sample_hash, o, *it, run);
+    restore_checkpoint(s, set, opt, hash, sample_hash, o, *it, run, world_size);
     spdlog::info("resumed from {} at step {}", *it, s.step);
     return ResumePoint{s.step, s.skipped_steps, *it};
   }
@@ -198,9 +201,11 @@ ResumePoint restore_newest(const TrainOptions& o, TrainableSet& set, AdamW& opt,
 class CheckpointSaver {
  public:
   CheckpointSaver(const TrainOptions& o, const TrainableSet& set, const AdamW& opt, std::string hash,
-                  ExportInfo export_info, nlohmann::json run, std::string resumed_from, int64_t resumed_step)
+                  ExportInfo export_info, nlohmann::json run, int world_size, std::string resumed_from,
+                  int64_t resumed_step)
       : o_(o), set_(set), opt_(opt), hash_(std::move(hash)), export_info_(std::move(export_info)),
-        run_(std::move(run)), last_(std::move(resumed_from)), step_on_disk_(last_.empty() ? -1 : resumed_step) {}
+        run_(std::move(run)), world_size_(world_size), last_(std::move(resumed_from)),
+        step_on_disk_(last_.empty() ? -1 : resumed_step) {}
 
   void save(int64_t step, int64_t skipped) {
     if (o_.checkpoint_dir.empty()) return;
@@ -208,7 +213,7 @@ class CheckpointSaver {
       spdlog::info("checkpoint: step {} is saved already ({})", step, last_);
       return;
     }
-    const CheckpointState state = make_checkpoint(set_, opt_, step, skipped, hash_, o_, export_info_, run_);
+    const CheckpointState state = make_checkpoint(set_, opt_, step, skipped, hash_, o_, export_info_, run_, world_size_);
     if (const auto bad = first_nonfinite_tensor(state))
       throw Error(fmt::format("refusing to save step {}: '{}' holds non-finite values (the training diverged); {}",
                               step, *bad, last_.empty() ? "no earlier checkpoint" : "the last good one is " + last_));
@@ -227,6 +232,7 @@ class CheckpointSaver {
   std::string hash_;
   ExportInfo export_info_;
   nlohmann::json run_;
+  int world_size_;
   std::string last_;
   int64_t step_on_disk_;
   int64_t saved_ = 0;
@@ -292,12 +298,21 @@ namespace {
 // the run; the step's update order is a StepUpdate.
 class Trainer {
  public:
-  explicit Trainer(const TrainOptions& o) : o_(o), t_start_(Clock::now()), device_(o.device) {
-    if (!o.vram_report.empty()) report_.emplace(o.vram_report, device_, to_json(o));
+  explicit Trainer(const TrainOptions& o)
+      : o_(o),
+        t_start_(Clock::now()),
+        device_(o.device),
+        dp_(dist_env_from_environment(), o.dist_init, std::chrono::milliseconds(o.dist_timeout_s * 1000)) {
+    // Rank 0 writes (checkpoints, metrics, run files, the export, the report) and logs; the others warn only.
+    main_ = dp_.is_main();
+    if (!main_) spdlog::set_level(spdlog::level::warn);
+    if (dp_.world_size() > 1)
+      spdlog::info("data parallel: {} ranks ({}), this is rank {}", dp_.world_size(), dp_.env().launcher, dp_.rank());
+    if (!o.vram_report.empty() && main_) report_.emplace(o.vram_report, device_, to_json(o));
     phase("start");
     // One trainer per checkpoint directory, checked (and the directory made) before anything loads.
-    if (!o.checkpoint_dir.empty()) checkpoint_lock_.emplace(o.checkpoint_dir);
-    if (!o.metrics_jsonl.empty()) prepare_output_folder("--metrics-jsonl", o.metrics_jsonl);
+    if (!o.checkpoint_dir.empty() && main_) checkpoint_lock_.emplace(o.checkpoint_dir);
+    if (!o.metrics_jsonl.empty() && main_) prepare_output_folder("--metrics-jsonl", o.metrics_jsonl);
     config_ = load_config(o.config);
     tok_.emplace(load_tokenizer(TokenizerSource{o.tokenizer, o.tokenizer_config, o.chat_template}));
     tok_->check_fits_model(config_.vocab_size, o.config);
@@ -329,28 +344,34 @@ class Trainer {
     phase("model_loaded");
     opt_.emplace(model_.set.params, o.adamw);
     if (o.fused_optimizer)
-      update_ = std::make_unique<FusedUpdate>(o, model_.set, *opt_, device_, *model_.runner);
+      update_ = std::make_unique<FusedUpdate>(o, model_.set, *opt_, device_, *model_.runner, dp_);
     else
-      update_ = std::make_unique<PlainUpdate>(o, model_.set, *opt_, device_, *model_.runner);
+      update_ = std::make_unique<PlainUpdate>(o, model_.set, *opt_, device_, *model_.runner, dp_);
     phase("optimizer_state_ready");
 
-    steps_ = total_steps(o, *data_);
+    steps_ = total_steps(o, *data_, dp_.world_size());
     if (o.epochs > 0 && o.schedule.warmup_steps > steps_)  // with --steps the CLI checked it before loading
       throw UsageError(fmt::format("--warmup-steps {} exceeds the {} steps of --epochs {}: the learning rate would "
                                    "never reach --lr",
                                    o.schedule.warmup_steps, steps_, o.epochs));
     schedule_ = o.schedule;
     schedule_.total_steps = steps_;
-    per_epoch_ = o.steps_per_epoch > 0 ? o.steps_per_epoch : steps_per_pass(o, *data_);
+    per_epoch_ = o.steps_per_epoch > 0 ? o.steps_per_epoch : steps_per_pass(o, *data_, dp_.world_size());
     std::string resumed_from;
     if (o.resume) {
-      const ResumePoint at = restore_newest(o, model_.set, *opt_, hash_, weights_sample_hash(*reader_), run_);
+      const ResumePoint at =
+          restore_newest(o, model_.set, *opt_, hash_, weights_sample_hash(*reader_), run_, dp_.world_size());
       step_ = at.step;
       skipped_ = at.skipped;
       resumed_from = at.path;
     }
+    // Every rank continues from the same step (a checkpoint folder each rank sees differently would not).
+    const std::vector<int64_t> steps = dp_.all_gather(step_, "resume step");
+    if (std::adjacent_find(steps.begin(), steps.end(), std::not_equal_to<>()) != steps.end())
+      throw Error(fmt::format("the ranks would resume at different steps ({}): give them one --checkpoint-dir on a "
+                              "shared file system", fmt::join(steps, ", ")));
     log_setup();
-    if (!o.metrics_jsonl.empty()) metrics_ = open_output_file(o.metrics_jsonl, "--metrics-jsonl", std::ios::app);
+    if (!o.metrics_jsonl.empty() && main_) metrics_ = open_output_file(o.metrics_jsonl, "--metrics-jsonl", std::ios::app);
     // What `qwen3-train export` needs to rebuild a .dat from a checkpoint without the training flags.
     ExportInfo export_info;
     export_info.weights_hash = weights_hash(*reader_);
@@ -358,12 +379,12 @@ class Trainer {
     export_info.tied_head = !model_.model->has_separate_lm_head();
     export_info.scale_mode = o.scale_mode;
     export_info.config = config_.to_json();
-    saver_.emplace(o, model_.set, *opt_, hash_, std::move(export_info), run_, resumed_from, step_);
+    saver_.emplace(o, model_.set, *opt_, hash_, std::move(export_info), run_, dp_.world_size(), resumed_from, step_);
     run_["resumed_from"] = resumed_from.empty() ? nlohmann::json(nullptr) : nlohmann::json(resumed_from);
     // run.toml: the flags again, as the --config-file that repeats the run.
     const std::string toml = run_.value("config_file", std::string());
     for (const std::string& dir : {o.checkpoint_dir, o.output_dir}) {
-      if (dir.empty()) continue;
+      if (dir.empty() || !main_) continue;
       write_file_durably((std::filesystem::path(dir) / "run.json").string(), run_.dump(2) + "\n");
       if (!toml.empty()) write_file_durably((std::filesystem::path(dir) / "run.toml").string(), toml);
     }
@@ -398,18 +419,29 @@ class Trainer {
   // One step: its batch, forward + backward + update, the eval when due; what the record needs.
   StepRecord train_step() {
     const auto t0 = Clock::now();
-    // The step's micro-batches: batches [k·N, k·N + N) of its epoch for the step's index k in it (N =
-    // grad_accum_steps), wrapping within the epoch when --steps-per-epoch asks for more than the data holds.
+    // The step's micro-batches: batches [k·N·W, (k+1)·N·W) of its epoch for the step's index k in it (N =
+    // grad_accum_steps, W = ranks), rank r taking micro-batch j as batch k·N·W + j·W + r; so the rows of a step
+    // are those of one rank with W times the batch, whatever W is. Wraps within the epoch when
+    // --steps-per-epoch asks for more than the data holds. A rank whose batch lies past the epoch's end (the
+    // tail of an epoch) runs a stand-in weighted 0, so every rank takes part in every collective.
     const int64_t epoch = step_ / per_epoch_;
-    const int64_t per_pass = steps_per_pass(o_, *data_);
-    const int64_t first = ((step_ % per_epoch_) % per_pass) * o_.grad_accum_steps;
-    const int64_t last = std::min(first + o_.grad_accum_steps, data_->batches_per_epoch());
+    const int64_t world = dp_.world_size();
+    const int64_t per_pass = steps_per_pass(o_, *data_, static_cast<int>(world));
+    const int64_t first = ((step_ % per_epoch_) % per_pass) * o_.grad_accum_steps * world;
+    const int64_t batches_in_epoch = data_->batches_per_epoch();
     std::vector<Batch> batches;
     int64_t step_tokens = 0;
-    for (int64_t i = first; i < last; ++i) {
-      batches.push_back(data_->batch(epoch, i));
-      step_tokens += batches.back().tokens;
+    for (int64_t j = 0; j < o_.grad_accum_steps; ++j) {
+      const int64_t index = first + j * world + dp_.rank();
+      if (index < batches_in_epoch) {
+        batches.push_back(data_->batch(epoch, index));
+        step_tokens += batches.back().tokens;
+      } else if (world > 1 && j == 0) {
+        batches.push_back(data_->batch(epoch, 0));
+        batches.back().loss_tokens = 0;
+      }
     }
+    step_tokens = dp_.all_reduce_sum(step_tokens, "step's token count");
     const bool first_step = sum_.steps_done == 0;
     const PhaseMark mark = [this, first_step](const char* name) {
       if (first_step) phase(name);
@@ -440,13 +472,40 @@ class Trainer {
     // --eval-data alone: scored once, after the last step.
     const bool eval_now = o_.eval_every > 0 ? (step_ + 1) % o_.eval_every == 0 : step_ + 1 == steps_;
     if (eval_data_ && eval_now) eval_loss = evaluate(*model_.model, *eval_data_).mean_loss;
-    StepRecord record{step_ + 1, steps_, out, lr, ms, step_tokens, eval_loss};
+    StepRecord record;
+    record.step = step_ + 1;
+    record.steps = steps_;
+    record.outcome = out;
+    record.lr = lr;
+    record.ms = ms;
+    record.tokens = step_tokens;
+    record.eval_loss = eval_loss;
     record.epoch = static_cast<double>(step_ + 1) / static_cast<double>(per_epoch_);
     if (peak_flops_ > 0) record.mfu = flops_per_token_ * static_cast<double>(step_tokens) / (ms / 1000.0) / peak_flops_;
     return record;
   }
 
-  void save(int64_t step) { saver_->save(step, skipped_); }
+  // Data parallel keeps the replicas bitwise identical by construction (same data order, summed gradients,
+  // a stochastic-rounding stream that does not depend on the rank); checked at the end of every run: a hash of
+  // every trainable tensor's bytes, compared across the ranks.
+  void check_replicas() {
+    if (dp_.world_size() == 1) return;
+    uint64_t h = 1469598103934665603ull;
+    for (const auto& p : model_.set.params) {
+      const at::Tensor t = p.param.detach().contiguous().to(at::kCPU);
+      const auto* bytes = static_cast<const unsigned char*>(t.data_ptr());
+      for (size_t i = 0, n = static_cast<size_t>(t.numel()) * t.element_size(); i < n; ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+    }
+    const std::vector<int64_t> hashes = dp_.all_gather(static_cast<int64_t>(h >> 1), "replica check");
+    if (std::adjacent_find(hashes.begin(), hashes.end(), std::not_equal_to<>()) != hashes.end())
+      throw Error("data parallel: the replicas' weights differ after step " + std::to_string(step_) +
+                  " (a rank saw other data or another model?)");
+    spdlog::info("data parallel: the {} replicas are bitwise identical", dp_.world_size());
+  }
+
+  void save(int64_t step) {
+    if (main_) saver_->save(step, skipped_);
+  }
 
   // run.json: what the caller knows (tool, git hash, command line, every flag), the options by name, the
   // versions, the device, and the data's identity.
@@ -478,6 +537,7 @@ class Trainer {
   }
 
   TrainSummary finish() {
+    check_replicas();
     save(step_);
     sum_.final_step = step_;
     sum_.skipped_steps = skipped_;
@@ -485,7 +545,7 @@ class Trainer {
     sum_.tokens_per_second = total_ms_ > 0 ? total_tokens_ / (total_ms_ / 1000.0) : 0;
     sum_.last_checkpoint = saver_->last();
     sum_.checkpoints_saved = saver_->saved();
-    if (!o_.output_dat.empty() && sum_.stop_signal == 0) {
+    if (!o_.output_dat.empty() && sum_.stop_signal == 0 && main_) {
       export_trained(o_, model_.set, *model_.model, *reader_);
       sum_.exported = o_.output_dat;
     }
@@ -526,6 +586,8 @@ class Trainer {
   std::optional<AdamW> opt_;
   std::unique_ptr<StepUpdate> update_;
   int64_t steps_ = 0, per_epoch_ = 1, step_ = 0, skipped_ = 0;
+  DataParallel dp_;
+  bool main_ = true;
   nlohmann::json run_;
   double flops_per_token_ = 0, peak_flops_ = 0;
   LrSchedule schedule_;

@@ -1,0 +1,56 @@
+// Data-parallel training on PyTorch's c10d (docs/distributed.md): who this process is, from the launcher's
+// environment (torchrun, Slurm, Open MPI), and the few collectives the trainer needs, over a Gloo process group
+// (CPU tensors). At world size 1 there is no process group and every collective is the identity, so the
+// single-process trainer runs the same code.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace qwen3 {
+
+struct DistEnv {
+  int rank = 0, world_size = 1, local_rank = 0;
+  std::string launcher = "none";  // torchrun | slurm | openmpi | none
+  std::string master_addr;        // MASTER_ADDR (torchrun; Slurm and Open MPI jobs set it themselves)
+  int master_port = 29500;        // MASTER_PORT
+};
+
+// torchrun's RANK / WORLD_SIZE / LOCAL_RANK (+ MASTER_ADDR / MASTER_PORT), else Slurm's SLURM_PROCID /
+// SLURM_NTASKS / SLURM_LOCALID, else Open MPI's OMPI_COMM_WORLD_RANK / _SIZE / _LOCAL_RANK; none: one process.
+// UsageError naming the variable for a value that is not a number or a rank outside the world.
+DistEnv dist_env_from_environment();
+
+class DataParallel {
+ public:
+  // `init`: "" (MASTER_ADDR:MASTER_PORT, a TCPStore served by rank 0) or "file://PATH" (a FileStore: one
+  // machine, or a shared file system; what the tests use). `timeout`: how long a collective may wait for the
+  // other ranks before this one fails with an error naming the step (a dead or stalled rank).
+  DataParallel(const DistEnv& env, const std::string& init, std::chrono::milliseconds timeout);
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  int rank() const { return env_.rank; }
+  int world_size() const { return env_.world_size; }
+  bool is_main() const { return env_.rank == 0; }
+  const DistEnv& env() const { return env_; }
+
+  // Sums over all ranks, in place. `what` names the collective in a timeout's message.
+  void all_reduce_sum(std::vector<at::Tensor>& tensors, const char* what);
+  double all_reduce_sum(double value, const char* what);
+  int64_t all_reduce_sum(int64_t value, const char* what);
+  // Every rank's value, in rank order (a small integer per rank: resume steps to compare).
+  std::vector<int64_t> all_gather(int64_t value, const char* what);
+
+ private:
+  struct Group;
+  DistEnv env_;
+  std::chrono::milliseconds timeout_;
+  std::unique_ptr<Group> group_;
+};
+
+}  // namespace qwen3

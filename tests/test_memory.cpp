@@ -302,6 +302,24 @@ TEST(InPlaceGradients, EmbeddingAndTiedHeadGradientsEqualAutogradsAccumulation) 
   EXPECT_GT(grads[1].abs().sum().item<double>(), 0.0);
 }
 
+// --shard-optimizer-state with N ranks: a rank's moments are 1/N of them, the rest of its step unchanged; without
+// the flag the world size changes nothing (every rank holds everything).
+TEST(MemoryModel, ShardedOptimizerStateIsPerRank) {
+  TrainOptions o;
+  o.data.seq_len = 64;
+  o.adamw.moments = MomentStorage::float32;
+  const Qwen3Config config = test::trainable_tiny_config();
+  const c10::Device cuda(c10::kCUDA, 0);
+  const StepMemoryPlan one = predict(o, config, cuda).memory;
+  o.predict_world_size = 8;
+  EXPECT_EQ(predict(o, config, cuda).memory.moments, one.moments);
+  o.shard_optimizer_state = true;
+  const StepMemoryPlan shard = predict(o, config, cuda).memory;
+  EXPECT_EQ(shard.moments, (one.moments + 7) / 8);
+  EXPECT_EQ(shard.weights, one.weights);
+  EXPECT_EQ(one.peak() - shard.peak(), one.moments - shard.moments);
+}
+
 TEST(VramReportCli, PredictOnlyAndBadFlags) {
   test::TempDir dir;
   const SynthResult m = make_model(dir, test::trainable_tiny_config(), "m");

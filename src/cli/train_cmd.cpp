@@ -135,6 +135,9 @@ void check_flag_combinations(const TrainFlags& f) {
   if (f.synthetic && !o.weights.empty())
     throw UsageError("train: --synthetic trains random weights of --config's shape: drop --weights or --synthetic");
   if (o.eval_every > 0 && o.eval_data.empty()) throw UsageError("train: --eval-every needs --eval-data");
+  if (o.shard_optimizer_state && o.fused_optimizer)
+    throw UsageError("train: --shard-optimizer-state works with the plain update; --fused-optimizer does not share "
+                     "out its state yet (docs/distributed.md)");
   if (o.grad_accum_steps > 1 && o.fused_optimizer)
     throw UsageError("train: --grad-accum-steps needs the plain update: --fused-optimizer applies each block's "
                      "gradient as soon as it exists, so there is nothing to accumulate into (docs/trainer.md)");
@@ -275,6 +278,8 @@ CLI::Option_group* add_train_flags(CLI::App* sub, const std::shared_ptr<TrainFla
                   "of MASTER_ADDR:MASTER_PORT; ranks come from torchrun, Slurm or Open MPI (docs/distributed.md)");
   run->add_option("--dist-timeout", o.dist_timeout_s, "seconds a rank waits for the others before failing")
       ->check(positive_number())->capture_default_str();
+  add_bool_flag(run, "--shard-optimizer-state", o.shard_optimizer_state,
+                "data parallel: each rank keeps and updates its share of the optimizer state (ZeRO-1)");
   run->add_option("--output-dir", o.output_dir,
                   "one folder for the run (made with its parents): run.json, and unless given, checkpoints/, "
                   "metrics.jsonl and the export model.dat");
@@ -350,6 +355,10 @@ Command add_vram_report_command(CLI::App& app) {
   run->add_option("--out", *out, "write the report (JSON) here");
   add_bool_flag(run, "--predict-only", *predict_only,
                 "print the memory and step-time models' figures for --config and the flags; load nothing, run nothing");
+  run->add_option("--world-size", f->o.predict_world_size,
+                  "with --predict-only: ranks of a data-parallel job (per-rank memory; with --shard-optimizer-state "
+                  "a rank holds 1/N of the moments)")
+      ->check(positive_number());
   run->add_option("--predict-device", f->o.predict_device,
                   "the device whose rates the step-time model uses: h100, h200, gb10 or cpu (default: cpu, or h100 "
                   "with --device cuda); with --predict-only also the memory model's device")

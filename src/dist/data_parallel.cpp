@@ -149,6 +149,24 @@ void DataParallel::all_reduce_sum(std::vector<at::Tensor>& tensors, const char* 
                   " tensors are not reduced");
 }
 
+void DataParallel::broadcast(at::Tensor& tensor, int root, const char* what) {
+  if (!group_) return;
+  at::Tensor t = tensor.is_contiguous() ? tensor : tensor.contiguous();
+  // A broadcast moves bytes, but Gloo takes only the types it knows (no bf16, no int16): 16-bit values travel
+  // as fp16 of the same bits, untouched.
+  std::vector<at::Tensor> data = {t.element_size() == 2 ? t.view(at::kHalf) : t};
+  c10d::BroadcastOptions options;
+  options.rootRank = root;
+  try {
+    group_->pg->broadcast(data, options)->wait(timeout_);
+  } catch (const c10::Error& e) {
+    throw Error(fmt::format("rank {} of {}: broadcast of the {} failed (another rank died or stalled past "
+                            "--dist-timeout?): {}",
+                            env_.rank, env_.world_size, what, e.what_without_backtrace()));
+  }
+  if (!tensor.is_contiguous()) tensor.copy_(t);
+}
+
 double DataParallel::all_reduce_sum(double value, const char* what) {
   if (!group_) return value;
   std::vector<at::Tensor> t = {at::full({1}, value, at::kDouble)};

@@ -149,7 +149,7 @@ void AdamW::update(size_t i, const at::Tensor& grad, double lr, double grad_scal
   // waits for the device.
   const double t = static_cast<double>(step_count_);
   const double step_size = lr / (1.0 - std::pow(o.beta1, t));
-  const int64_t index = static_cast<int64_t>(i);
+  const int64_t index = p.stream_index >= 0 ? p.stream_index : static_cast<int64_t>(i);
   kernels::adamw::StepScalars scalars{};
   scalars.beta1 = static_cast<float>(o.beta1);
   scalars.one_minus_beta1 = static_cast<float>(1.0 - o.beta1);

@@ -304,7 +304,9 @@ StepMemoryPlan predict_step_memory(const Qwen3Config& config, bool separate_head
   const StepSizes z(config, separate_head, o, device, sdpa);
   StepMemoryPlan plan;
   plan.weights = z.weights;
-  plan.moments = z.moments;
+  // --shard-optimizer-state: a rank holds its share of the moments (shares balanced to within one tensor).
+  const u64 shards = o.shard_optimizer_state ? static_cast<u64>(std::max<int64_t>(1, o.predict_world_size)) : 1;
+  plan.moments = (z.moments + shards - 1) / shards;
   plan.gradients = z.gradients;
   Timeline t;
   plan.phases.push_back(t.close("start"));

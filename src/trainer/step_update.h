@@ -83,8 +83,8 @@ using PhaseMark = std::function<void(const char*)>;
 class StepUpdate {
  public:
   StepUpdate(const TrainOptions& o, TrainableSet& set, AdamW& opt, const c10::Device& device,
-             TrainingBlockRunner& runner, DataParallel& dp)
-      : o_(o), set_(set), opt_(opt), device_(device), runner_(runner), dp_(dp) {}
+             TrainingBlockRunner& runner, DataParallel& dp, const std::vector<int>& owners)
+      : o_(o), set_(set), opt_(opt), device_(device), runner_(runner), dp_(dp), owners_(owners) {}
   virtual ~StepUpdate() = default;
   // `batches`: this rank's micro-batches of the step (one without gradient accumulation). A batch whose
   // loss_tokens is 0 is a stand-in for a rank with nothing left in the epoch: it runs, weighted 0, so that
@@ -99,6 +99,17 @@ class StepUpdate {
   c10::Device device_;
   TrainingBlockRunner& runner_;
   DataParallel& dp_;
+  const std::vector<int>& owners_;  // --shard-optimizer-state: which rank updates each parameter; else empty
+
+  // After a shared-out update: each parameter from the rank that updated it, to every rank.
+  void send_updated_parameters() {
+    if (owners_.empty()) return;
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < set_.params.size(); ++i) {
+      at::Tensor p = set_.params[i].param.detach();
+      dp_.broadcast(p, owners_[i], "updated parameters");
+    }
+  }
 
   // Each micro-batch's mean loss is weighted by its share of the step's loss tokens over all ranks, so that
   // the gradients, summed over micro-batches and ranks, are those of the mean over all of them: one big
@@ -156,7 +167,10 @@ class PlainUpdate final : public StepUpdate {
     loss = at::Tensor();
     mark("backward_done");
     out.bad = !std::isfinite(out.loss) || !std::isfinite(out.norm) || (flag.defined() && host[2].item<double>() != 0);
-    if (!out.bad) opt_.step(lr, clip_factor(out.norm, o_.grad_clip));
+    if (!out.bad) {
+      opt_.step(lr, clip_factor(out.norm, o_.grad_clip));  // this rank's share when shared out
+      send_updated_parameters();
+    }
     for (auto& p : set_.params) p.param.mutable_grad() = at::Tensor();  // free the gradients between steps
     return out;
   }

@@ -16,6 +16,7 @@
 #include <fstream>
 #include <limits>
 #include <optional>
+#include <set>
 
 #include "qwen3/checkpoint/checkpoint.h"
 #include "qwen3/dat/dat_tensor.h"
@@ -57,7 +58,8 @@ int64_t total_steps(const TrainOptions& o, const TrainingData& data, int world_s
 
 CheckpointState make_checkpoint(const TrainableSet& set, const AdamW& opt, int64_t step, int64_t skipped,
                                 const std::string& hash, const TrainOptions& o, const ExportInfo& export_info,
-                                const nlohmann::json& run, int world_size) {
+                                const nlohmann::json& run, int world_size,
+                                const std::vector<std::pair<std::string, at::Tensor>>* gathered_state) {
   CheckpointState s;
   s.extra = export_info.to_json();
   s.extra["run"] = run;  // run.json of the run that wrote it
@@ -67,7 +69,7 @@ CheckpointState make_checkpoint(const TrainableSet& set, const AdamW& opt, int64
   s.model_hash = hash;
   s.flags = resume_flags(o, world_size);
   for (const auto& p : set.params) s.tensors.emplace_back(std::string(kMasterWeightPrefix) + p.name, p.param.detach());
-  for (auto& [name, t] : opt.state_tensors()) s.tensors.emplace_back(kOptimPrefix + name, t);
+  for (auto& [name, t] : gathered_state ? *gathered_state : opt.state_tensors()) s.tensors.emplace_back(kOptimPrefix + name, t);
   s.tensors.emplace_back(kRngKey, opt.rng_state());
   return s;
 }
@@ -120,6 +122,14 @@ void restore_checkpoint(const CheckpointState& s, TrainableSet& set, AdamW& opt,
   std::vector<std::pair<std::string, at::Tensor>> optim;
   for (const auto& [name, t] : s.tensors)
     if (name.rfind(kOptimPrefix, 0) == 0) optim.emplace_back(name.substr(std::strlen(kOptimPrefix)), t);
+  if (opt.params().size() < set.params.size()) {  // a rank's share (--shard-optimizer-state): its parameters' state
+    std::set<std::string> held;
+    for (const auto& [name, t] : opt.state_tensors()) held.insert(name);
+    std::vector<std::pair<std::string, at::Tensor>> mine;
+    for (auto& named : optim)
+      if (held.count(named.first)) mine.push_back(std::move(named));
+    optim = std::move(mine);
+  }
   opt.load_state_tensors(optim, s.optimizer_steps);
   auto rng = by_name.find(kRngKey);
   if (rng == by_name.end()) throw Error(path + ": no random-number state");
@@ -207,13 +217,15 @@ class CheckpointSaver {
         run_(std::move(run)), world_size_(world_size), last_(std::move(resumed_from)),
         step_on_disk_(last_.empty() ? -1 : resumed_step) {}
 
-  void save(int64_t step, int64_t skipped) {
+  // `gathered_state`: the whole optimizer state when the ranks share it out (--shard-optimizer-state).
+  void save(int64_t step, int64_t skipped, const std::vector<std::pair<std::string, at::Tensor>>* gathered_state = nullptr) {
     if (o_.checkpoint_dir.empty()) return;
     if (step == step_on_disk_) {
       spdlog::info("checkpoint: step {} is saved already ({})", step, last_);
       return;
     }
-    const CheckpointState state = make_checkpoint(set_, opt_, step, skipped, hash_, o_, export_info_, run_, world_size_);
+    const CheckpointState state =
+        make_checkpoint(set_, opt_, step, skipped, hash_, o_, export_info_, run_, world_size_, gathered_state);
     if (const auto bad = first_nonfinite_tensor(state))
       throw Error(fmt::format("refusing to save step {}: '{}' holds non-finite values (the training diverged); {}",
                               step, *bad, last_.empty() ? "no earlier checkpoint" : "the last good one is " + last_));
@@ -337,16 +349,18 @@ class Trainer {
       DenseFileType dense;
       if (const DatEntry* e = reader_->find("model.embed_tokens.weight"))
         dense = {static_cast<int>(elem_size(e->type)), scalar_type_of(e->type) == master_scalar_type(o.master_dtype)};
-      const StepPrediction prediction = predict(o, config_, device_, dense);
+      TrainOptions per_rank = o;
+      per_rank.predict_world_size = dp_.world_size();
+      const StepPrediction prediction = predict(per_rank, config_, device_, dense);
       report_->set_plan(prediction.memory);
       report_->set_time_plan(prediction.time);
     }
     phase("model_loaded");
-    opt_.emplace(model_.set.params, o.adamw);
+    opt_.emplace(optimizer_params(o), o.adamw);
     if (o.fused_optimizer)
-      update_ = std::make_unique<FusedUpdate>(o, model_.set, *opt_, device_, *model_.runner, dp_);
+      update_ = std::make_unique<FusedUpdate>(o, model_.set, *opt_, device_, *model_.runner, dp_, owners_);
     else
-      update_ = std::make_unique<PlainUpdate>(o, model_.set, *opt_, device_, *model_.runner, dp_);
+      update_ = std::make_unique<PlainUpdate>(o, model_.set, *opt_, device_, *model_.runner, dp_, owners_);
     phase("optimizer_state_ready");
 
     steps_ = total_steps(o, *data_, dp_.world_size());
@@ -504,7 +518,69 @@ class Trainer {
   }
 
   void save(int64_t step) {
-    if (main_) saver_->save(step, skipped_);
+    if (owners_.empty()) {
+      if (main_) saver_->save(step, skipped_);
+      return;
+    }
+    // A shared-out state is gathered first (every rank takes part), so the checkpoint is the one a single
+    // process writes, whatever the world size.
+    const auto state = gather_optimizer_state();
+    if (main_) saver_->save(step, skipped_, &state);
+  }
+
+  // The optimizer's parameters: all of them, or with --shard-optimizer-state this rank's share. Every parameter
+  // keeps its position in the whole list as its random stream, so the updates are the unshared ones.
+  std::vector<OptimParam> optimizer_params(const TrainOptions& o) {
+    const auto& all = model_.set.params;
+    const bool shard = o.shard_optimizer_state && dp_.world_size() > 1;
+    if (shard) {
+      // Largest first to the least loaded rank: shares within one tensor of each other, the same on every rank.
+      std::vector<size_t> order(all.size());
+      for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+      std::stable_sort(order.begin(), order.end(),
+                       [&](size_t a, size_t b) { return all[a].param.numel() > all[b].param.numel(); });
+      std::vector<int64_t> load(static_cast<size_t>(dp_.world_size()), 0);
+      owners_.assign(all.size(), 0);
+      for (size_t i : order) {
+        const auto least = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+        owners_[i] = least;
+        load[static_cast<size_t>(least)] += all[i].param.numel();
+      }
+      spdlog::info("optimizer state shared out: this rank holds {} of {} parameters' state ({} elements)",
+                   std::count(owners_.begin(), owners_.end(), dp_.rank()), all.size(), load[dp_.rank()]);
+    }
+    std::vector<OptimParam> mine;
+    for (size_t i = 0; i < all.size(); ++i) {
+      if (shard && owners_[i] != dp_.rank()) continue;
+      OptimParam p = all[i];
+      p.stream_index = static_cast<int64_t>(i);
+      mine.push_back(std::move(p));
+    }
+    return mine;
+  }
+
+  // Every parameter's optimizer state, by name, on every rank (from the rank that holds it); rank 0 writes it.
+  std::vector<std::pair<std::string, at::Tensor>> gather_optimizer_state() {
+    const auto held = opt_->state_tensors();
+    const size_t per_param = opt_->params().empty() ? 0 : held.size() / opt_->params().size();
+    std::map<std::string, at::Tensor> mine(held.begin(), held.end());
+    std::vector<std::pair<std::string, at::Tensor>> out;
+    for (size_t i = 0; i < model_.set.params.size(); ++i) {
+      const OptimParam& p = model_.set.params[i];
+      std::vector<std::pair<std::string, at::Tensor>> state;
+      if (owners_[i] == dp_.rank()) {
+        for (const auto& [name, t] : held)
+          if (name.rfind(p.name + ".", 0) == 0 && mine.count(name)) state.emplace_back(name, t);
+      } else {  // buffers of the right names, shapes and dtypes: the state a one-parameter optimizer allocates
+        state = AdamW({OptimParam{p.name, p.param.detach(), p.decay}}, o_.adamw).state_tensors();
+      }
+      if (per_param && state.size() != per_param) throw Error("optimizer state of '" + p.name + "' not found");
+      for (auto& [name, t] : state) {
+        dp_.broadcast(t, owners_[i], "optimizer state");
+        if (main_) out.emplace_back(name, owners_[i] == dp_.rank() ? t.clone() : t);
+      }
+    }
+    return out;
   }
 
   // run.json: what the caller knows (tool, git hash, command line, every flag), the options by name, the
@@ -588,6 +664,7 @@ class Trainer {
   int64_t steps_ = 0, per_epoch_ = 1, step_ = 0, skipped_ = 0;
   DataParallel dp_;
   bool main_ = true;
+  std::vector<int> owners_;  // --shard-optimizer-state: the rank holding each parameter's state; else empty
   nlohmann::json run_;
   double flops_per_token_ = 0, peak_flops_ = 0;
   LrSchedule schedule_;

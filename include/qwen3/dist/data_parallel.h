@@ -43,6 +43,8 @@ class DataParallel {
   void all_reduce_sum(std::vector<at::Tensor>& tensors, const char* what);
   double all_reduce_sum(double value, const char* what);
   int64_t all_reduce_sum(int64_t value, const char* what);
+  // `root`'s tensor to every rank, in place (any dtype: 16-bit ones travel as fp16 bits).
+  void broadcast(at::Tensor& tensor, int root, const char* what);
   // Every rank's value, in rank order (a small integer per rank: resume steps to compare).
   std::vector<int64_t> all_gather(int64_t value, const char* what);
 

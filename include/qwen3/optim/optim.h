@@ -44,6 +44,10 @@ struct OptimParam {
   std::string name;
   at::Tensor param;
   bool decay = true;
+  // Which random stream the parameter's stochastic rounding draws from: its position in the optimizer when
+  // negative. An optimizer holding a rank's share of the parameters (--shard-optimizer-state) gives each its
+  // position in the whole list, so the bytes do not depend on how the parameters are shared out.
+  int64_t stream_index = -1;
 };
 
 // Rows of a [rows, cols] parameter that one optimizer piece covers (--optimizer-step-chunk-rows, or the

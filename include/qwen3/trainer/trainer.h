@@ -81,6 +81,12 @@ struct TrainOptions {
   // through a file instead of MASTER_ADDR:MASTER_PORT. A collective waits at most dist_timeout_s for the others.
   std::string dist_init;
   int64_t dist_timeout_s = 300;
+  // ZeRO-1: each rank keeps the optimizer state of its share of the parameters, updates those, and sends
+  // them to the others (docs/distributed.md). Checkpoints stay world-size independent.
+  bool shard_optimizer_state = false;
+  // The memory model's ranks (vram-report --world-size; the trainer sets its own): with shard_optimizer_state a
+  // rank holds 1/N of the moments.
+  int64_t predict_world_size = 1;
 };
 
 // The options that shape a run, by name (never ordinals): the memory report's "config", and the subset a

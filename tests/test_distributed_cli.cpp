@@ -144,6 +144,26 @@ TEST(DistributedCli, TwoRankCheckpointResumesOnOneRank) {
   EXPECT_LT(worst_relative(job.losses("two.jsonl"), job.losses("one.jsonl")), 1e-5);
 }
 
+// A signal to one rank stops the job after one step on every rank (the ranks agree on it), and rank 0 writes one
+// complete checkpoint of that step.
+TEST(DistributedCli, ASignalToOneRankStopsTheJobWithOneCheckpoint) {
+  const Job job;
+  const std::string common = " --steps 100000 --batch-size 2 --checkpoint-dir " + job.dir.file("ck") +
+                             " --dist-timeout 30 --dist-init file://" + job.dir.file("s.store");
+  const std::string script = "cd " + job.dir.path().string() + "\n" +
+                             "RANK=0 WORLD_SIZE=2 " + job.base + common + " --metrics-jsonl m.jsonl 2> r0.err &\n" +
+                             "p0=$!\nRANK=1 WORLD_SIZE=2 " + job.base + common + " 2> r1.err &\np1=$!\n" +
+                             "for i in $(seq 300); do [ -s m.jsonl ] && [ $(wc -l < m.jsonl) -ge 3 ] && break; sleep 0.1; done\n" +
+                             "kill -TERM $p1\nwait $p0; echo $? > r0.rc\nwait $p1; echo $? > r1.rc\n";
+  std::ofstream(job.dir.file("sig.sh")) << script;
+  test::run_shell("bash " + job.dir.file("sig.sh"));
+  EXPECT_EQ(test::slurp(job.dir.file("r0.rc")), "143\n") << test::slurp(job.dir.file("r0.err"));
+  EXPECT_EQ(test::slurp(job.dir.file("r1.rc")), "143\n") << test::slurp(job.dir.file("r1.err"));
+  const auto last = latest_checkpoint(job.dir.file("ck"));
+  ASSERT_TRUE(last.has_value());
+  EXPECT_EQ(load_checkpoint(*last, "\x01").step, static_cast<int64_t>(job.losses("m.jsonl").size()));
+}
+
 // A rank that dies: the survivor fails with a message naming the collective, within the timeout; a rank whose
 // peer never comes fails to join within it.
 TEST(DistributedCli, ADeadRankMakesTheOtherExitWithAnError) {

@@ -419,8 +419,15 @@ class Trainer {
       }
       if (o_.save_every_steps > 0 && record.step % o_.save_every_steps == 0 && record.step < steps_) save(record.step);
       if (after_step) after_step(record.step);
-      if (stop_signal && stop_signal->load() != 0) {
-        sum_.stop_signal = stop_signal->load();
+      // Data parallel: the ranks stop after the same step (a signal reaches them at different moments), or the
+      // first to stop would leave the others waiting in the next collective.
+      int signal = stop_signal ? stop_signal->load() : 0;
+      if (dp_.world_size() > 1) {
+        const std::vector<int64_t> signals = dp_.all_gather(signal, "stop signal");
+        signal = static_cast<int>(*std::max_element(signals.begin(), signals.end()));
+      }
+      if (signal != 0) {
+        sum_.stop_signal = signal;
         spdlog::warn("signal {}: stopping after step {}", sum_.stop_signal, record.step);
         ++step_;
         break;

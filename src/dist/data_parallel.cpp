@@ -127,7 +127,9 @@ void DataParallel::all_reduce_sum(std::vector<at::Tensor>& tensors, const char* 
                                                              return parts;
                                                            }())};
     try {
+      const auto t0 = std::chrono::steady_clock::now();
       group_->pg->allreduce(flat)->wait(timeout_);
+      wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     } catch (const c10::Error& e) {
       throw Error(fmt::format("rank {} of {}: all-reduce of the {} failed (another rank died or stalled past "
                               "--dist-timeout?): {}",
@@ -165,6 +167,47 @@ void DataParallel::broadcast(at::Tensor& tensor, int root, const char* what) {
                             env_.rank, env_.world_size, what, e.what_without_backtrace()));
   }
   if (!tensor.is_contiguous()) tensor.copy_(t);
+}
+
+struct DataParallel::Pending::Work {
+  c10::intrusive_ptr<c10d::Work> work;
+};
+
+DataParallel::Pending::~Pending() = default;
+
+std::unique_ptr<DataParallel::Pending> DataParallel::all_reduce_sum_async(std::vector<at::Tensor> tensors,
+                                                                           const char* what) {
+  auto pending = std::unique_ptr<Pending>(new Pending());
+  pending->owner_ = this;
+  pending->what_ = what;
+  if (!group_ || tensors.empty()) return pending;
+  std::vector<at::Tensor> parts;
+  for (const at::Tensor& t : tensors) parts.push_back(t.to(at::kFloat).reshape({-1}));
+  pending->flat_ = at::cat(parts);
+  pending->tensors_ = std::move(tensors);
+  std::vector<at::Tensor> data = {pending->flat_};
+  pending->work_ = std::make_unique<Pending::Work>();
+  pending->work_->work = group_->pg->allreduce(data);
+  return pending;
+}
+
+void DataParallel::Pending::wait() {
+  if (!work_) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    work_->work->wait(owner_->timeout_);
+  } catch (const c10::Error& e) {
+    throw Error(fmt::format("rank {} of {}: all-reduce of the {} failed (another rank died or stalled past "
+                            "--dist-timeout?): {}",
+                            owner_->env_.rank, owner_->env_.world_size, what_, e.what_without_backtrace()));
+  }
+  owner_->wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  int64_t at = 0;
+  for (at::Tensor& t : tensors_) {
+    t.copy_(flat_.narrow(0, at, t.numel()).view(t.sizes()));
+    at += t.numel();
+  }
+  work_.reset();
 }
 
 double DataParallel::all_reduce_sum(double value, const char* what) {

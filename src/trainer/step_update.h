@@ -10,6 +10,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -133,21 +134,46 @@ class PlainUpdate final : public StepUpdate {
   StepOutcome forward_backward_update(Qwen3Model& model, const std::vector<Batch>& batches, double lr,
                                       const PhaseMark& mark) override {
     const std::vector<double> share = shares(batches);
+    // Data parallel: each block's gradients go to .grad() through the block sink and, in the last micro-batch,
+    // their sum over the ranks is launched at once, running while the blocks before it are differentiated.
+    std::vector<std::unique_ptr<DataParallel::Pending>> pending;
+    std::unordered_set<const c10::TensorImpl*> reduced;  // parameters whose sum is under way
+    bool last_micro_batch = false;
+    SinkGuard guard{runner_};
+    if (dp_.world_size() > 1)
+      runner_.set_gradient_sink([&](int64_t, const std::vector<std::pair<at::Tensor, at::Tensor>>& grads) {
+        torch::NoGradGuard no_grad;
+        std::vector<at::Tensor> block;
+        for (const auto& [param, grad] : grads) {
+          at::Tensor& g = at::Tensor(param).mutable_grad();
+          if (!grad.defined()) {
+            if (!g.defined()) g = at::zeros_like(param);
+          } else {
+            g = g.defined() ? g + grad : grad;
+          }
+          block.push_back(g);
+          if (last_micro_batch) reduced.insert(param.unsafeGetTensorImpl());
+        }
+        if (last_micro_batch) pending.push_back(dp_.all_reduce_sum_async(std::move(block), "block gradients"));
+      });
     at::Tensor loss;
     for (size_t i = 0; i < batches.size(); ++i) {
+      last_micro_batch = i + 1 == batches.size();
       at::Tensor micro = compute_loss(model, batches[i], o_.loss);
       if (share[i] != 1.0) micro = micro * share[i];
       mark("forward_done");
       micro.backward();
       loss = loss.defined() ? loss + micro.detach() : micro.detach();
     }
-    if (dp_.world_size() > 1) {  // one all-reduce of every gradient and the loss: the sums over the ranks
+    if (dp_.world_size() > 1) {  // the blocks' sums, then one of everything outside the blocks and the loss
       torch::NoGradGuard no_grad;
+      for (auto& p : pending) p->wait();
       std::vector<at::Tensor> sums = {loss.to(at::kFloat).reshape({1})};
       for (auto& p : set_.params) {
+        if (!p.param.requires_grad()) continue;
         at::Tensor& g = p.param.mutable_grad();
         if (!g.defined()) g = at::zeros_like(p.param);
-        sums.push_back(g);
+        if (!reduced.count(p.param.unsafeGetTensorImpl())) sums.push_back(g);
       }
       dp_.all_reduce_sum(sums, "gradients");
       loss = sums[0].reshape({});

@@ -269,6 +269,7 @@ struct StepRecord {
   int64_t tokens = 0;
   std::optional<double> eval_loss;
   double epoch = 0;            // epochs done after this step (fractional, as HF's Trainer logs it)
+  std::optional<double> comm_wait_ms;  // data parallel: time this rank waited in all-reduces during the step
   std::optional<double> mfu;   // model FLOPs utilization; none on CPU, where there is no meaningful peak
 };
 
@@ -296,6 +297,7 @@ void write_metrics(const StepRecord& r, std::ofstream& metrics, const std::strin
                       {"tok_per_s", r.tokens / (r.ms / 1000.0)},      {"skipped", r.outcome.bad},
                       {"epoch", r.epoch},   {"time", utc_timestamp()}};
   m["mfu"] = r.mfu ? nlohmann::json(*r.mfu) : nlohmann::json(nullptr);
+  if (r.comm_wait_ms) m["comm_wait_ms"] = *r.comm_wait_ms;
   if (r.eval_loss) m["eval_loss"] = *r.eval_loss;
   metrics << m.dump() << "\n" << std::flush;
   if (!metrics) throw Error(path + ": write failed (metrics; the device may be full)");
@@ -440,6 +442,7 @@ class Trainer {
   // One step: its batch, forward + backward + update, the eval when due; what the record needs.
   StepRecord train_step() {
     const auto t0 = Clock::now();
+    const double waited_before = dp_.wait_seconds();
     // The step's micro-batches: batches [k·N·W, (k+1)·N·W) of its epoch for the step's index k in it (N =
     // grad_accum_steps, W = ranks), rank r taking micro-batch j as batch k·N·W + j·W + r; so the rows of a step
     // are those of one rank with W times the batch, whatever W is. Wraps within the epoch when
@@ -502,6 +505,7 @@ class Trainer {
     record.tokens = step_tokens;
     record.eval_loss = eval_loss;
     record.epoch = static_cast<double>(step_ + 1) / static_cast<double>(per_epoch_);
+    if (dp_.world_size() > 1) record.comm_wait_ms = (dp_.wait_seconds() - waited_before) * 1000.0;
     if (peak_flops_ > 0) record.mfu = flops_per_token_ * static_cast<double>(step_tokens) / (ms / 1000.0) / peak_flops_;
     return record;
   }

@@ -45,6 +45,27 @@ class DataParallel {
   int64_t all_reduce_sum(int64_t value, const char* what);
   // `root`'s tensor to every rank, in place (any dtype: 16-bit ones travel as fp16 bits).
   void broadcast(at::Tensor& tensor, int root, const char* what);
+  // A sum over the ranks launched now and finished by wait(), which copies the sums back into the tensors (fp32
+  // or bf16) and adds the time it waited to wait_seconds(): the trainer launches a block's gradients as soon as
+  // its backward has made them, so the reduction runs while the blocks before it are differentiated.
+  class Pending {
+   public:
+    ~Pending();
+    void wait();
+
+   private:
+    friend class DataParallel;
+    DataParallel* owner_ = nullptr;
+    std::vector<at::Tensor> tensors_;
+    at::Tensor flat_;
+    std::string what_;
+    struct Work;
+    std::unique_ptr<Work> work_;
+  };
+  std::unique_ptr<Pending> all_reduce_sum_async(std::vector<at::Tensor> tensors, const char* what);
+  // Seconds spent waiting in all-reduces so far (the blocking ones and the waits of the launched ones).
+  double wait_seconds() const { return wait_seconds_; }
+
   // Every rank's value, in rank order (a small integer per rank: resume steps to compare).
   std::vector<int64_t> all_gather(int64_t value, const char* what);
 
@@ -53,6 +74,7 @@ class DataParallel {
   DistEnv env_;
   std::chrono::milliseconds timeout_;
   std::unique_ptr<Group> group_;
+  double wait_seconds_ = 0;
 };
 
 }  // namespace qwen3

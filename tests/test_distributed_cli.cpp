@@ -3,6 +3,11 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -125,6 +130,31 @@ TEST(DistributedCli, ShardedOptimizerStateIsTheUnsharedRunBitForBit) {
   const auto r = test::run_shell(job.base + " --steps 4 --batch-size 4 --optimizer-state-mode int8 --master-dtype "
                                  "bfloat16 --resume --checkpoint-dir " + job.dir.file("shard"));
   EXPECT_EQ(r.code, 0) << r.err;
+}
+
+// The launcher path without --dist-init: MASTER_ADDR:MASTER_PORT, a TCPStore served by rank 0 (a free port of
+// the loopback, found by binding port 0).
+TEST(DistributedCli, TcpStoreFromMasterAddrAndPort) {
+  const Job job;
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const int port = ntohs(addr.sin_port);
+  ::close(fd);
+  const std::string env = "MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " WORLD_SIZE=2 ";
+  const std::string flags = " --steps 2 --batch-size 2 --dist-timeout 30";
+  const std::string script = "cd " + job.dir.path().string() + "\n(" + env + "RANK=0 " + job.base + flags +
+                             " --metrics-jsonl m.jsonl 2> r0.err; echo $? > r0.rc) &\n(" + env + "RANK=1 " + job.base +
+                             flags + " 2> r1.err; echo $? > r1.rc) &\nwait\n";
+  std::ofstream(job.dir.file("tcp.sh")) << script;
+  test::run_shell("bash " + job.dir.file("tcp.sh"));
+  EXPECT_EQ(test::slurp(job.dir.file("r0.rc")), "0\n") << test::slurp(job.dir.file("r0.err"));
+  EXPECT_EQ(test::slurp(job.dir.file("r1.rc")), "0\n") << test::slurp(job.dir.file("r1.err"));
+  EXPECT_EQ(job.losses("m.jsonl").size(), 2u);
 }
 
 // A checkpoint of 2 ranks resumes on 1 rank with the same global batch, as the 2 ranks would have continued.

@@ -69,7 +69,11 @@ DataParallel::DataParallel(const DistEnv& env, const std::string& init, std::chr
                                    env_.launcher, env_.rank, env_.world_size));
     c10d::TCPStoreOptions o;
     o.port = static_cast<std::uint16_t>(env_.master_port);
-    o.isServer = env_.rank == 0;
+    // torchrun's agent already serves a store on MASTER_PORT when it says so: every rank is then a client.
+    const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+    const bool agent_store = agent && (std::string_view(agent) == "True" || std::string_view(agent) == "true" ||
+                                       std::string_view(agent) == "1");
+    o.isServer = env_.rank == 0 && !agent_store;
     o.numWorkers = static_cast<std::size_t>(env_.world_size);
     o.timeout = timeout;
     group_->store = c10::make_intrusive<c10d::TCPStore>(env_.master_addr, o);

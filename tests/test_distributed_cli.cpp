@@ -108,28 +108,35 @@ TEST(DistributedCli, TwoRanksTrainAsOneRankWithTheirCombinedBatch) {
 // on one rank. With int8 moments and a bf16 master, where the stochastic rounding would show a changed stream.
 TEST(DistributedCli, ShardedOptimizerStateIsTheUnsharedRunBitForBit) {
   const Job job;
-  const std::string flags = "--steps 3 --batch-size 2 --optimizer-state-mode int8 --master-dtype bfloat16 ";
-  ASSERT_EQ(job.run(2, flags + "--checkpoint-dir " + job.dir.file("plain") + " --metrics-jsonl " + job.dir.file("plain.jsonl"),
-                    "plain"),
-            std::vector<int>({0, 0}));
-  ASSERT_EQ(job.run(2, flags + "--shard-optimizer-state --checkpoint-dir " + job.dir.file("shard") + " --metrics-jsonl " +
-                           job.dir.file("shard.jsonl"),
-                    "shard"),
-            std::vector<int>({0, 0}))
-      << job.err("shard", 0) << job.err("shard", 1);
-  EXPECT_EQ(job.losses("shard.jsonl"), job.losses("plain.jsonl"));
-  EXPECT_NE(job.err("shard", 0).find("the 2 replicas are bitwise identical"), std::string::npos);
-  const auto a = load_checkpoint(*latest_checkpoint(job.dir.file("plain")));
-  const auto b = load_checkpoint(*latest_checkpoint(job.dir.file("shard")));
-  ASSERT_EQ(a.tensors.size(), b.tensors.size());
-  for (size_t i = 0; i < a.tensors.size(); ++i) {
-    EXPECT_EQ(a.tensors[i].first, b.tensors[i].first);
-    EXPECT_TRUE(a.tensors[i].second.equal(b.tensors[i].second)) << a.tensors[i].first;
+  for (const std::string update : {"plain", "fused"}) {
+    const std::string flags = "--steps 3 --batch-size 2 --optimizer-state-mode int8 --master-dtype bfloat16 " +
+                              std::string(update == "fused" ? "--fused-optimizer " : "");
+    const std::string plain = update + "-plain", shard = update + "-shard";
+    ASSERT_EQ(job.run(2, flags + "--checkpoint-dir " + job.dir.file(plain) + " --metrics-jsonl " +
+                             job.dir.file(plain + ".jsonl"),
+                      plain),
+              std::vector<int>({0, 0}));
+    ASSERT_EQ(job.run(2, flags + "--shard-optimizer-state --checkpoint-dir " + job.dir.file(shard) + " --metrics-jsonl " +
+                             job.dir.file(shard + ".jsonl"),
+                      shard),
+              std::vector<int>({0, 0}))
+        << job.err(shard, 0) << job.err(shard, 1);
+    EXPECT_EQ(job.losses(shard + ".jsonl"), job.losses(plain + ".jsonl")) << update;
+    EXPECT_NE(job.err(shard, 0).find("the 2 replicas are bitwise identical"), std::string::npos);
+    const auto a = load_checkpoint(*latest_checkpoint(job.dir.file(plain)));
+    const auto b = load_checkpoint(*latest_checkpoint(job.dir.file(shard)));
+    ASSERT_EQ(a.tensors.size(), b.tensors.size());
+    for (size_t i = 0; i < a.tensors.size(); ++i) {
+      EXPECT_EQ(a.tensors[i].first, b.tensors[i].first);
+      EXPECT_TRUE(a.tensors[i].second.equal(b.tensors[i].second)) << update << " " << a.tensors[i].first;
+    }
+    // The shared-out checkpoint resumes on one rank with the same global batch.
+    const auto r = test::run_shell(job.base + " --steps 4 --batch-size 4 " +
+                                   std::string(update == "fused" ? "--fused-optimizer " : "") +
+                                   "--optimizer-state-mode int8 --master-dtype bfloat16 --resume --checkpoint-dir " +
+                                   job.dir.file(shard));
+    EXPECT_EQ(r.code, 0) << r.err;
   }
-  // The shared-out checkpoint resumes on one rank with the same global batch.
-  const auto r = test::run_shell(job.base + " --steps 4 --batch-size 4 --optimizer-state-mode int8 --master-dtype "
-                                 "bfloat16 --resume --checkpoint-dir " + job.dir.file("shard"));
-  EXPECT_EQ(r.code, 0) << r.err;
 }
 
 // The launcher path without --dist-init: MASTER_ADDR:MASTER_PORT, a TCPStore served by rank 0 (a free port of

@@ -135,9 +135,6 @@ void check_flag_combinations(const TrainFlags& f) {
   if (f.synthetic && !o.weights.empty())
     throw UsageError("train: --synthetic trains random weights of --config's shape: drop --weights or --synthetic");
   if (o.eval_every > 0 && o.eval_data.empty()) throw UsageError("train: --eval-every needs --eval-data");
-  if (o.shard_optimizer_state && o.fused_optimizer)
-    throw UsageError("train: --shard-optimizer-state works with the plain update; --fused-optimizer does not share "
-                     "out its state yet (docs/distributed.md)");
   if (o.grad_accum_steps > 1 && o.fused_optimizer)
     throw UsageError("train: --grad-accum-steps needs the plain update: --fused-optimizer applies each block's "
                      "gradient as soon as it exists, so there is nothing to accumulate into (docs/trainer.md)");

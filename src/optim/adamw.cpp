@@ -129,6 +129,12 @@ void AdamW::step(double lr, double grad_scale) {
 
 void AdamW::begin_step() { ++step_count_; }
 
+bool AdamW::holds(const at::Tensor& param) const {
+  for (const OptimParam& p : params_)
+    if (p.param.unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) return true;
+  return false;
+}
+
 size_t AdamW::index_of(const at::Tensor& param) const {
   for (size_t i = 0; i < params_.size(); ++i)
     if (params_[i].param.unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) return i;

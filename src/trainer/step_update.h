@@ -10,6 +10,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -52,8 +53,9 @@ class FusedUpdater {
     }
     const double norm = std::sqrt(square), limit = max_norm_ * std::sqrt(elements / trainable_);
     const double scale = clip_factor(norm, limit);  // applied by the update as it reads the gradient
+    // With a shared-out state (--shard-optimizer-state) this rank updates the parameters it holds the state of.
     for (const auto& [param, grad] : group)
-      if (grad.defined()) opt_.update(opt_.index_of(param), grad, lr_, scale);
+      if (grad.defined() && opt_.holds(param)) opt_.update(opt_.index_of(param), grad, lr_, scale);
   }
   double norm() const { return std::sqrt(sum_of_squares_); }
   bool nonfinite() const { return nonfinite_; }
@@ -101,6 +103,19 @@ class StepUpdate {
   TrainingBlockRunner& runner_;
   DataParallel& dp_;
   const std::vector<int>& owners_;  // --shard-optimizer-state: which rank updates each parameter; else empty
+
+  // After a shared-out update of some parameters: each from the rank that updated it, to every rank.
+  void send_updated_parameters(const std::vector<std::pair<at::Tensor, at::Tensor>>& group) {
+    if (owners_.empty()) return;
+    if (owner_of_.empty())
+      for (size_t i = 0; i < set_.params.size(); ++i) owner_of_[set_.params[i].param.unsafeGetTensorImpl()] = owners_[i];
+    torch::NoGradGuard no_grad;
+    for (const auto& [param, grad] : group) {
+      at::Tensor p = param.detach();
+      dp_.broadcast(p, owner_of_.at(param.unsafeGetTensorImpl()), "updated parameters");
+    }
+  }
+  std::unordered_map<const c10::TensorImpl*, int> owner_of_;
 
   // After a shared-out update: each parameter from the rank that updated it, to every rank.
   void send_updated_parameters() {
@@ -216,7 +231,9 @@ class FusedUpdate final : public StepUpdate {
     // Data parallel: each block's gradients are summed over the ranks before the block is applied, so every
     // replica applies the same update (clipping included: the group norms are then the global ones).
     runner_.set_gradient_sink([&](int64_t, const std::vector<std::pair<at::Tensor, at::Tensor>>& grads) {
-      updater.apply(reduced(grads));
+      const auto sums = reduced(grads);
+      updater.apply(sums);
+      send_updated_parameters(sums);
     });
     at::Tensor loss = compute_loss(model, batch, o_.loss);
     if (share != 1.0) loss = loss * share;
@@ -239,6 +256,7 @@ class FusedUpdate final : public StepUpdate {
       if (p.param.grad().defined()) outside.emplace_back(p.param, p.param.grad());
     outside = reduced(outside);
     for (const auto& pg : outside) updater.apply({pg});
+    send_updated_parameters(outside);
     for (auto& p : set_.params) p.param.mutable_grad() = at::Tensor();
     out.norm = updater.norm();
     out.bad = updater.nonfinite() || nvfp4::take_nonfinite_flag(device_);

@@ -78,6 +78,7 @@ class AdamW {
   void begin_step();
   void update(size_t index, const at::Tensor& grad, double lr, double grad_scale = 1.0);
   size_t index_of(const at::Tensor& param) const;  // Error if `param` is not one of params()
+  bool holds(const at::Tensor& param) const;       // whether `param` is one of params()
 
   int64_t step_count() const { return step_count_; }
   uint64_t state_bytes() const;

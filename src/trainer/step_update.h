@@ -10,6 +10,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -229,11 +230,27 @@ class FusedUpdate final : public StepUpdate {
     FusedUpdater updater(opt_, o_.grad_clip, set_.trainable_parameters, lr);
     SinkGuard guard{runner_};  // cleared at the end of the step, whichever way it ends
     // Data parallel: each block's gradients are summed over the ranks before the block is applied, so every
-    // replica applies the same update (clipping included: the group norms are then the global ones).
+    // replica applies the same update (clipping included: the group norms are then the global ones). The sum
+    // of a block is launched when its gradients arrive and the block is applied when the next one's arrive, so
+    // the reduction runs during the next block's backward (two blocks' gradients alive instead of one).
+    struct InFlight {
+      std::vector<std::pair<at::Tensor, at::Tensor>> grads;
+      std::unique_ptr<DataParallel::Pending> sum;
+    };
+    std::optional<InFlight> in_flight;
+    const auto finish = [&](InFlight& f) {
+      f.sum->wait();
+      updater.apply(f.grads);
+      send_updated_parameters(f.grads);
+    };
     runner_.set_gradient_sink([&](int64_t, const std::vector<std::pair<at::Tensor, at::Tensor>>& grads) {
-      const auto sums = reduced(grads);
-      updater.apply(sums);
-      send_updated_parameters(sums);
+      if (dp_.world_size() == 1) return updater.apply(grads);
+      InFlight next{launched(grads), nullptr};
+      std::vector<at::Tensor> tensors;
+      for (const auto& pg : next.grads) tensors.push_back(pg.second);
+      next.sum = dp_.all_reduce_sum_async(std::move(tensors), "block gradients");
+      if (in_flight) finish(*in_flight);
+      in_flight = std::move(next);
     });
     at::Tensor loss = compute_loss(model, batch, o_.loss);
     if (share != 1.0) loss = loss * share;
@@ -250,6 +267,8 @@ class FusedUpdate final : public StepUpdate {
     opt_.begin_step();
     loss.backward();
     loss = at::Tensor();
+    if (in_flight) finish(*in_flight);  // the last block's sum
+    in_flight.reset();
     mark("backward_done");
     std::vector<std::pair<at::Tensor, at::Tensor>> outside;  // the tensors outside the blocks (embedding, norm, head)
     for (auto& p : set_.params)
@@ -264,6 +283,13 @@ class FusedUpdate final : public StepUpdate {
   }
 
  private:
+  // A block's gradients ready to be summed: an undefined one (a parameter autograd did not reach) as zeros.
+  static std::vector<std::pair<at::Tensor, at::Tensor>> launched(std::vector<std::pair<at::Tensor, at::Tensor>> grads) {
+    for (auto& [param, grad] : grads)
+      if (!grad.defined()) grad = at::zeros_like(param);
+    return grads;
+  }
+
   // The gradients summed over the ranks (a gradient autograd left undefined counts as zeros there).
   std::vector<std::pair<at::Tensor, at::Tensor>> reduced(std::vector<std::pair<at::Tensor, at::Tensor>> grads) {
     if (dp_.world_size() == 1) return grads;

@@ -33,15 +33,13 @@
 #include "step_update.h"
 #include "memory_report.h"
 #include "train_setup.h"
+#include "trainer_checkpoint.h"
 
 namespace qwen3 {
 namespace {
 
 using namespace train_detail;
 using Clock = std::chrono::steady_clock;
-
-constexpr const char* kOptimPrefix = "optim/";
-constexpr const char* kRngKey = "rng/stochastic_rounding";
 
 // Optimizer steps in one pass over the data: its batches, grad_accum_steps of them per rank a step (the last
 // step of an epoch takes what is left).
@@ -54,86 +52,6 @@ int64_t total_steps(const TrainOptions& o, const TrainingData& data, int world_s
   if (o.steps > 0) return o.steps;
   const int64_t per_epoch = o.steps_per_epoch > 0 ? o.steps_per_epoch : steps_per_pass(o, data, world_size);
   return std::max<int64_t>(1, o.epochs) * per_epoch;
-}
-
-CheckpointState make_checkpoint(const TrainableSet& set, const AdamW& opt, int64_t step, int64_t skipped,
-                                const std::string& hash, const TrainOptions& o, const ExportInfo& export_info,
-                                const nlohmann::json& run, int world_size,
-                                const std::vector<std::pair<std::string, at::Tensor>>* gathered_state) {
-  CheckpointState s;
-  s.extra = export_info.to_json();
-  s.extra["run"] = run;  // run.json of the run that wrote it
-  s.step = step;
-  s.optimizer_steps = opt.step_count();
-  s.skipped_steps = skipped;
-  s.model_hash = hash;
-  s.flags = resume_flags(o, world_size);
-  for (const auto& p : set.params) s.tensors.emplace_back(std::string(kMasterWeightPrefix) + p.name, p.param.detach());
-  for (auto& [name, t] : gathered_state ? *gathered_state : opt.state_tensors()) s.tensors.emplace_back(kOptimPrefix + name, t);
-  s.tensors.emplace_back(kRngKey, opt.rng_state());
-  return s;
-}
-
-void restore_checkpoint(const CheckpointState& s, TrainableSet& set, AdamW& opt, const std::string& hash,
-                        const std::string& sample_hash, const TrainOptions& o, const std::string& path,
-                        const nlohmann::json& run, int world_size) {
-  if (s.model_hash != hash)
-    throw Error(path + ": this checkpoint belongs to another model (config or weight file differ)");
-  // Other training data would silently continue another run's data order on other samples. Checkpoints from
-  // before run records are not checked.
-  const nlohmann::json saved_data = s.extra.value("run", nlohmann::json::object()).value("data", nlohmann::json::object());
-  if (saved_data.contains("train") && !o.allow_data_change) {
-    const std::string then = saved_data["train"].value("hash", ""), now = run["data"]["train"]["hash"];
-    if (then != now)
-      throw Error(fmt::format("{}: was trained on other data ({} had content hash {}, {} has {}); pass "
-                              "--allow-data-change to resume on it anyway",
-                              path, saved_data["train"].value("path", "?"), then, o.data.path, now));
-  }
-  // The layout hash cannot tell two models of one shape apart; the frozen tensors would come from the other
-  // one. The sample hash of the stored values (as `export` checks it) can; checkpoints from before it carry
-  // only the layout hash and are checked as far as that goes.
-  const std::optional<ExportInfo> info = ExportInfo::from_json(s.extra, path + "/checkpoint.json");
-  if (info && info->weights_sample_hash && *info->weights_sample_hash != sample_hash)
-    throw Error(path + ": was not trained from " + o.weights +
-                " (same layout, but the stored values differ from the checkpoint's input)");
-  const nlohmann::json now = resume_flags(o, world_size);
-  nlohmann::json saved = s.flags;
-  // Checkpoints written before the moment storage was stored by name hold its ordinal (float32 0, bfloat16 1,
-  // int8 2, nvfp4 3).
-  if (saved.contains("optimizer_state_mode") && saved["optimizer_state_mode"].is_number_integer()) {
-    const int ordinal = saved["optimizer_state_mode"].get<int>();
-    if (ordinal >= 0 && ordinal <= 3) saved["optimizer_state_mode"] = moment_storage_name(static_cast<MomentStorage>(ordinal));
-  }
-  // Checkpoints from before data parallel stored the batch of one process (and, for a while, its micro-batches).
-  if (!saved.contains("global_batch") && saved.contains("batch_size") && saved["batch_size"].is_number_integer())
-    saved["global_batch"] = saved["batch_size"].get<int64_t>() * saved.value("grad_accum_steps", int64_t{1});
-  std::string diff;
-  for (auto& [k, v] : now.items())
-    if (!saved.contains(k) || saved.at(k) != v)
-      diff += fmt::format(" {} (checkpoint {}, now {})", k, saved.value(k, nlohmann::json()).dump(), v.dump());
-  if (!diff.empty()) throw Error(path + ": flags differ from the checkpoint's:" + diff);
-  std::map<std::string, at::Tensor> by_name(s.tensors.begin(), s.tensors.end());
-  torch::NoGradGuard no_grad;
-  for (auto& p : set.params) {
-    auto it = by_name.find(std::string(kMasterWeightPrefix) + p.name);
-    if (it == by_name.end()) throw Error(path + ": no master weight for '" + p.name + "'");
-    p.param.copy_(it->second);
-  }
-  std::vector<std::pair<std::string, at::Tensor>> optim;
-  for (const auto& [name, t] : s.tensors)
-    if (name.rfind(kOptimPrefix, 0) == 0) optim.emplace_back(name.substr(std::strlen(kOptimPrefix)), t);
-  if (opt.params().size() < set.params.size()) {  // a rank's share (--shard-optimizer-state): its parameters' state
-    std::set<std::string> held;
-    for (const auto& [name, t] : opt.state_tensors()) held.insert(name);
-    std::vector<std::pair<std::string, at::Tensor>> mine;
-    for (auto& named : optim)
-      if (held.count(named.first)) mine.push_back(std::move(named));
-    optim = std::move(mine);
-  }
-  opt.load_state_tensors(optim, s.optimizer_steps);
-  auto rng = by_name.find(kRngKey);
-  if (rng == by_name.end()) throw Error(path + ": no random-number state");
-  opt.set_rng_state(rng->second);
 }
 
 }  // namespace
@@ -170,85 +88,6 @@ TrainModel setup_model(const TrainOptions& o, const Qwen3Config& config, const D
   model.set_block_runner(t.runner.get());
   return t;
 }
-
-// Where --resume continues: the newest complete checkpoint whose weights and state are finite (a poisoned one,
-// from before that check existed or written by hand, is passed over with a warning), restored into the trainable
-// set and the optimizer. None: an error, unless --resume-if-present (then step 0 from the weights).
-struct ResumePoint {
-  int64_t step = 0, skipped = 0;
-  std::string path;  // empty when starting from the weights
-};
-
-ResumePoint restore_newest(const TrainOptions& o, TrainableSet& set, AdamW& opt, const std::string& hash,
-                           const std::string& sample_hash, const nlohmann::json& run, int world_size) {
-  if (o.checkpoint_dir.empty()) throw UsageError("--resume needs --checkpoint-dir");
-  const std::vector<std::string> paths = complete_checkpoint_paths(o.checkpoint_dir);
-  for (auto it = paths.rbegin(); it != paths.rend(); ++it) {
-    const CheckpointState s = load_checkpoint(*it);
-    if (const auto bad = first_nonfinite_tensor(s)) {
-      spdlog::warn("--resume: {} holds non-finite values ('{}'); trying an older checkpoint", *it, *bad);
-      continue;
-    }
-    restore_checkpoint(s, set, opt, hash, sample_hash, o, *it, run, world_size);
-    spdlog::info("resumed from {} at step {}", *it, s.step);
-    return ResumePoint{s.step, s.skipped_steps, *it};
-  }
-  if (!paths.empty())
-    throw Error("--resume: every checkpoint in " + o.checkpoint_dir + " holds non-finite values; nothing to resume");
-  if (!o.resume_if_present) {
-    const bool is_a_step = std::filesystem::path(o.checkpoint_dir).filename().string().rfind("step-", 0) == 0;
-    throw Error("--resume: no checkpoint in " + o.checkpoint_dir +
-                (is_a_step ? " (that is a checkpoint itself: give its parent folder)" : "") +
-                "; --resume-if-present starts from the weights when there is none");
-  }
-  spdlog::warn("--resume-if-present: no checkpoint in {}; starting from the weights", o.checkpoint_dir);
-  return {};
-}
-
-// Checkpoints of a run: atomic saves (save_checkpoint), never of a poisoned state, and never twice of one step —
-// the step on disk already (the one resumed from, or the last saved) is not rewritten (a signal right after
-// --save-every-steps saved, or --steps at or below the resumed step, would only rewrite the same state).
-class CheckpointSaver {
- public:
-  CheckpointSaver(const TrainOptions& o, const TrainableSet& set, const AdamW& opt, std::string hash,
-                  ExportInfo export_info, nlohmann::json run, int world_size, std::string resumed_from,
-                  int64_t resumed_step)
-      : o_(o), set_(set), opt_(opt), hash_(std::move(hash)), export_info_(std::move(export_info)),
-        run_(std::move(run)), world_size_(world_size), last_(std::move(resumed_from)),
-        step_on_disk_(last_.empty() ? -1 : resumed_step) {}
-
-  // `gathered_state`: the whole optimizer state when the ranks share it out (--shard-optimizer-state).
-  void save(int64_t step, int64_t skipped, const std::vector<std::pair<std::string, at::Tensor>>* gathered_state = nullptr) {
-    if (o_.checkpoint_dir.empty()) return;
-    if (step == step_on_disk_) {
-      spdlog::info("checkpoint: step {} is saved already ({})", step, last_);
-      return;
-    }
-    const CheckpointState state =
-        make_checkpoint(set_, opt_, step, skipped, hash_, o_, export_info_, run_, world_size_, gathered_state);
-    if (const auto bad = first_nonfinite_tensor(state))
-      throw Error(fmt::format("refusing to save step {}: '{}' holds non-finite values (the training diverged); {}",
-                              step, *bad, last_.empty() ? "no earlier checkpoint" : "the last good one is " + last_));
-    last_ = save_checkpoint(o_.checkpoint_dir, state, static_cast<int>(o_.keep_checkpoints));
-    step_on_disk_ = step;
-    ++saved_;
-    spdlog::info("checkpoint: {}", last_);
-  }
-  const std::string& last() const { return last_; }  // the newest complete checkpoint of this run (or resumed)
-  int64_t saved() const { return saved_; }
-
- private:
-  const TrainOptions& o_;
-  const TrainableSet& set_;
-  const AdamW& opt_;
-  std::string hash_;
-  ExportInfo export_info_;
-  nlohmann::json run_;
-  int world_size_;
-  std::string last_;
-  int64_t step_on_disk_;
-  int64_t saved_ = 0;
-};
 
 // The trained model into a new .dat beside the input's layout (--output-dat): trained tensors re-quantized from
 // their masters, a tied head written from the trained embedding, everything else copied (exporter.h).

@@ -1,0 +1,88 @@
+// The trainer's checkpoints: what a checkpoint of a run holds (master weights, optimizer state, the random
+// stream, the resume flags, the export information and run.json), restoring the newest good one, and the saver
+// that writes them during a run (docs/trainer.md "Checkpoints and resume").
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "qwen3/checkpoint/checkpoint.h"
+#include "qwen3/optim/optim.h"
+#include "qwen3/trainer/trainer.h"
+#include "train_setup.h"
+
+namespace qwen3::train_detail {
+
+// Names in a checkpoint's tensors: the optimizer state under kOptimPrefix, the random stream's state as kRngKey
+// (the master weights under checkpoint.h's kMasterWeightPrefix).
+constexpr const char* kOptimPrefix = "optim/";
+constexpr const char* kRngKey = "rng/stochastic_rounding";
+
+// A checkpoint of the run at `step`; `gathered_state`: the whole optimizer state when the ranks share it out.
+CheckpointState make_checkpoint(const TrainableSet& set, const AdamW& opt, int64_t step, int64_t skipped,
+                                const std::string& hash, const TrainOptions& o, const ExportInfo& export_info,
+                                const nlohmann::json& run, int world_size,
+                                const std::vector<std::pair<std::string, at::Tensor>>* gathered_state);
+
+// Where --resume continues: the newest complete checkpoint whose weights and state are finite (a poisoned one,
+// from before that check existed or written by hand, is passed over with a warning), restored into the trainable
+// set and the optimizer. None: an error, unless --resume-if-present (then step 0 from the weights).
+struct ResumePoint {
+  int64_t step = 0, skipped = 0;
+  std::string path;  // empty when starting from the weights
+};
+
+ResumePoint restore_newest(const TrainOptions& o, TrainableSet& set, AdamW& opt, const std::string& hash,
+                           const std::string& sample_hash, const nlohmann::json& run, int world_size);
+
+// Checkpoints of a run: atomic saves (save_checkpoint), never of a poisoned state, and never twice of one step —
+// the step on disk already (the one resumed from, or the last saved) is not rewritten (a signal right after
+// --save-every-steps saved, or --steps at or below the resumed step, would only rewrite the same state).
+class CheckpointSaver {
+ public:
+  CheckpointSaver(const TrainOptions& o, const TrainableSet& set, const AdamW& opt, std::string hash,
+                  ExportInfo export_info, nlohmann::json run, int world_size, std::string resumed_from,
+                  int64_t resumed_step)
+      : o_(o), set_(set), opt_(opt), hash_(std::move(hash)), export_info_(std::move(export_info)),
+        run_(std::move(run)), world_size_(world_size), last_(std::move(resumed_from)),
+        step_on_disk_(last_.empty() ? -1 : resumed_step) {}
+
+  // `gathered_state`: the whole optimizer state when the ranks share it out (--shard-optimizer-state).
+  void save(int64_t step, int64_t skipped, const std::vector<std::pair<std::string, at::Tensor>>* gathered_state = nullptr) {
+    if (o_.checkpoint_dir.empty()) return;
+    if (step == step_on_disk_) {
+      spdlog::info("checkpoint: step {} is saved already ({})", step, last_);
+      return;
+    }
+    const CheckpointState state =
+        make_checkpoint(set_, opt_, step, skipped, hash_, o_, export_info_, run_, world_size_, gathered_state);
+    if (const auto bad = first_nonfinite_tensor(state))
+      throw Error(fmt::format("refusing to save step {}: '{}' holds non-finite values (the training diverged); {}",
+                              step, *bad, last_.empty() ? "no earlier checkpoint" : "the last good one is " + last_));
+    last_ = save_checkpoint(o_.checkpoint_dir, state, static_cast<int>(o_.keep_checkpoints));
+    step_on_disk_ = step;
+    ++saved_;
+    spdlog::info("checkpoint: {}", last_);
+  }
+  const std::string& last() const { return last_; }  // the newest complete checkpoint of this run (or resumed)
+  int64_t saved() const { return saved_; }
+
+ private:
+  const TrainOptions& o_;
+  const TrainableSet& set_;
+  const AdamW& opt_;
+  std::string hash_;
+  ExportInfo export_info_;
+  nlohmann::json run_;
+  int world_size_;
+  std::string last_;
+  int64_t step_on_disk_;
+  int64_t saved_ = 0;
+};
+
+}  // namespace qwen3::train_detail

@@ -17,6 +17,7 @@
 #include "qwen3/convert/safetensors_writer.h"
 #include "qwen3/dat/dat_tensor.h"
 #include "qwen3/dat/durable_file.h"
+#include "qwen3/export/checkpoint_export.h"
 #include "qwen3/export/exporter.h"
 #include "qwen3/model/layout.h"
 #include "qwen3/model/model_loader.h"
@@ -133,14 +134,6 @@ struct Output {
   }
 };
 
-std::string resolve_checkpoint(const std::string& dir) {
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) throw Error(dir + ": no such checkpoint directory");
-  if (fs::exists(fs::path(dir) / "checkpoint.json", ec)) return dir;
-  if (auto latest = latest_checkpoint(dir)) return *latest;
-  throw Error(dir + ": neither a checkpoint (no checkpoint.json) nor a folder of complete step-* checkpoints");
-}
-
 nlohmann::json read_json_file(const std::string& path, const std::string& what) {
   std::ifstream f = open_input_file(path, what);
   try {
@@ -181,14 +174,7 @@ HfExportReport export_hf(const HfExportOptions& o) {
     ckpt.emplace((fs::path(path) / "tensors.dat").string(), DatRules::container_only);
   }
   const DatReader input(o.weights);
-  if (info) {
-    if (weights_hash(input) != info->weights_hash)
-      throw Error(o.checkpoint + ": was not trained from " + o.weights +
-                  " (the file's keys, element types or shapes differ from the checkpoint's input)");
-    if (info->weights_sample_hash && *info->weights_sample_hash != weights_sample_hash(input))
-      throw Error(o.checkpoint + ": was not trained from " + o.weights +
-                  " (same layout, but the stored values differ from the checkpoint's input)");
-  }
+  if (info) check_trained_from(*info, input, o.checkpoint, o.weights);
   nlohmann::json config_json;
   if (!o.config.empty())
     config_json = read_json_file(o.config, "config");

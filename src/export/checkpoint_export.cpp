@@ -9,10 +9,7 @@
 #include "qwen3/export/quantize_dat.h"
 
 namespace qwen3 {
-namespace {
-
 namespace fs = std::filesystem;
-
 
 std::string resolve_checkpoint(const std::string& dir) {
   std::error_code ec;
@@ -22,8 +19,16 @@ std::string resolve_checkpoint(const std::string& dir) {
   throw Error(dir + ": neither a checkpoint (no checkpoint.json) nor a folder of complete step-* checkpoints");
 }
 
-
-}  // namespace
+void check_trained_from(const ExportInfo& info, const DatReader& input, const std::string& checkpoint_path,
+                        const std::string& weights_path) {
+  if (weights_hash(input) != info.weights_hash)
+    throw Error(checkpoint_path + ": was not trained from " + weights_path +
+                " (the file's keys, element types or shapes differ from the checkpoint's input)");
+  // Checkpoints from before the sample hash carry only the layout hash: checked as far as it goes.
+  if (info.weights_sample_hash && *info.weights_sample_hash != weights_sample_hash(input))
+    throw Error(checkpoint_path + ": was not trained from " + weights_path +
+                " (same layout, but the stored values differ from the checkpoint's input)");
+}
 
 CheckpointExportResult export_checkpoint(const CheckpointExportOptions& o) {
   CheckpointExportResult res;
@@ -38,13 +43,7 @@ CheckpointExportResult export_checkpoint(const CheckpointExportOptions& o) {
   res.scale_mode = o.scale_mode ? *o.scale_mode : info->scale_mode;
   check_not_same_file(o.weights, o.out);
   const DatReader input(o.weights);
-  if (weights_hash(input) != info->weights_hash)
-    throw Error(res.checkpoint_path + ": was not trained from " + o.weights +
-                " (the file's keys, element types or shapes differ from the checkpoint's input)");
-  // Checkpoints from before the sample hash carry only the layout hash: checked as far as it goes.
-  if (info->weights_sample_hash && *info->weights_sample_hash != weights_sample_hash(input))
-    throw Error(res.checkpoint_path + ": was not trained from " + o.weights +
-                " (same layout, but the stored values differ from the checkpoint's input)");
+  check_trained_from(*info, input, res.checkpoint_path, o.weights);
   NamedTensors trained;
   const size_t prefix = std::string(kMasterWeightPrefix).size();
   for (auto& [name, t] : ckpt.tensors) trained.emplace_back(name.substr(prefix), std::move(t));

@@ -4,6 +4,7 @@
 #include <optional>
 #include <string>
 
+#include "qwen3/checkpoint/checkpoint.h"
 #include "qwen3/export/exporter.h"
 
 namespace qwen3 {
@@ -22,6 +23,14 @@ struct CheckpointExportResult {
   size_t trained_tensors = 0;   // master weights in the checkpoint
   ExportReport report;
 };
+
+// The checkpoint a path names: a `step-*` directory itself, or the newest complete one of a checkpoint root.
+// Error naming the path when it is neither.
+std::string resolve_checkpoint(const std::string& path);
+// Error unless `input` is the file the checkpoint (`info`, from `checkpoint_path`) was trained from: its layout
+// hash, and the sample hash of its values when the checkpoint has one.
+void check_trained_from(const ExportInfo& info, const DatReader& input, const std::string& checkpoint_path,
+                        const std::string& weights_path);
 
 // Errors (qwen3::Error, naming the path): no checkpoint there, a checkpoint without the export information,
 // one trained from another weight file (keys, element types or shapes differ), master weights that do not fit.

@@ -3,7 +3,7 @@
 #
 #   scripts/gpu-check.sh RESULTS_DIR [--stage STAGE]... [--cpu-dry-run]
 #
-# STAGE: env, build, test, sanitize, bench, train (= smoke, train-2048, train-512), summary, or all (default:
+# STAGE: env, build, test, sanitize, bench, train (= smoke, train-2048, train-512), hf, summary, or all (default:
 # every stage in that order). Stages can run in separate calls (the device tool allows 10 minutes per command):
 # the build folder (BUILD_DIR, default build-gpu/, ignored) keeps the build and the status of every step run so
 # far (BUILD_DIR/gpu-check/status.tsv), and every call ends by writing the table of all of them to stdout and
@@ -47,9 +47,9 @@ done
 expanded=()
 for s in "${stages[@]}"; do
   case "$s" in
-    all) expanded+=(env build test sanitize bench smoke train-2048 train-512) ;;
+    all) expanded+=(env build test sanitize bench smoke train-2048 train-512 hf) ;;
     train) expanded+=(smoke train-2048 train-512) ;;
-    env|build|test|sanitize|bench|smoke|train-2048|train-512|summary) expanded+=("$s") ;;
+    env|build|test|sanitize|bench|smoke|train-2048|train-512|hf|summary) expanded+=("$s") ;;
     "") ;;
     *) echo "gpu-check: unknown stage '$s'" >&2; usage ;;
   esac
@@ -592,6 +592,37 @@ train_model() {
   echo "$m" >"$state/model-path"
 }
 
+# The Hugging Face export against transformers (issue 16): the tiny synthetic model out with `export --format hf`,
+# loaded by AutoModelForCausalLM, its per-line losses compared with `qwen3-train eval` on the same ids.
+stage_hf() {
+  stage_begin hf
+  local d=$stage_dir m=$state/hf-check
+  if [ ! -x "$bin" ]; then record hf hf failed 0 "no $bin: run --stage build"; stage_end hf; return; fi
+  if [ "$dry_run" = 1 ] || [ ! -x "$python" ] || ! "$python" -c 'import transformers' >/dev/null 2>&1; then
+    record hf transformers skipped 0 "needs $python with transformers (the GPU machine's)"
+    stage_end hf
+    return
+  fi
+  rm -rf "$m" && mkdir -p "$m"
+  if ! run_step "$d/synth.log" 120 "$bin" synth --preset tiny --out-dir "$m/model"; then no_time hf synth; stage_end hf; return; fi
+  if ! run_step "$d/export.log" 120 "$bin" export --format hf --weights "$m/model/model.dat" --config "$m/model/config.json" --out "$m/hf"; then
+    no_time hf export; stage_end hf; return
+  fi
+  printf '9707 4337 11 1879 525 498 30\n151644 872 198 9707 151645 198 151644 77091 198\n785 3974 13876 38835 34208 916 279 15678 5562 13\n' >"$m/ids.txt"
+  if run_step "$d/compare.log" 300 "$python" "$root/bench/hf_export_vs_transformers.py" --hf "$m/hf" \
+       --weights "$m/model/model.dat" --config "$m/model/config.json" --ids-file "$m/ids.txt" --qwen3 "$bin" --device cuda; then
+    if [ "$step_rc" = 0 ]; then
+      record hf transformers ok "$step_s" "$(tail -n 1 "$d/compare.log")"
+    else
+      record hf transformers failed "$step_s" "$(fail_note "$d/compare.log")"
+      show_tail "$d/compare.log" 10
+    fi
+  else
+    no_time hf transformers
+  fi
+  stage_end hf
+}
+
 stage_train() {  # stage_train NAME SEQ_LEN BATCH
   local name=$1 seq=$2 batch=$3
   stage_begin "$name"
@@ -706,6 +737,7 @@ for s in "${expanded[@]}"; do
     smoke) stage_smoke ;;
     train-2048) stage_train train-2048 2048 1 ;;
     train-512) stage_train train-512 512 4 ;;
+    hf) stage_hf ;;
     summary) ;;
   esac
 done

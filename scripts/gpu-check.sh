@@ -710,7 +710,7 @@ write_summary() {
     echo "| stage | step | status | time (s) | key figures / notes |"
     echo "|---|---|---|---:|---|"
     local s
-    for s in env build test sanitize bench smoke train-2048 train-512; do
+    for s in env build test sanitize bench smoke train-2048 train-512 hf; do
       awk -F'\t' -v s="$s" '$1 == s && $2 != "(stage)"' "$status_file"
       awk -F'\t' -v s="$s" '$1 == s && $2 == "(stage)"' "$status_file"
     done | awk -F'\t' '{printf "| %s | %s | %s | %s | %s |\n", $1, $2, ($3 == "failed" ? "**failed**" : $3), $4, $5}'

@@ -24,11 +24,13 @@ std::optional<int> env_int(const char* name) {
   return static_cast<int>(v);
 }
 
-// One launcher's variables: rank, world size, local rank (optional).
+// One launcher's variables: rank, world size, local rank (optional). The rank decides: a launcher sets it for
+// each process it starts, while a world size alone is an allocation's (Slurm's salloc sets SLURM_NTASKS for a
+// shell that then runs one process), not a rank of a job.
 bool read_launcher(DistEnv& env, const char* launcher, const char* rank, const char* size, const char* local) {
   const auto r = env_int(rank), w = env_int(size);
-  if (!r && !w) return false;
-  if (!r || !w) throw UsageError(fmt::format("{}: {} and {} must be set together", launcher, rank, size));
+  if (!r) return false;
+  if (!w) throw UsageError(fmt::format("{}: {} is set but {} is not", launcher, rank, size));
   if (*w < 1 || *r >= *w) throw UsageError(fmt::format("{}: {}={} is not below {}={}", launcher, rank, *r, size, *w));
   env.launcher = launcher;
   env.rank = *r;

@@ -1,0 +1,70 @@
+// Who a process is in a data-parallel job, from its launcher's environment (docs/distributed.md, "Launching").
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "qwen3/base/error.h"
+#include "qwen3/dist/data_parallel.h"
+
+namespace qwen3 {
+namespace {
+
+// Sets the variables for its lifetime and clears every launcher variable around it.
+class Environment {
+ public:
+  explicit Environment(std::initializer_list<std::pair<const char*, const char*>> vars) {
+    clear();
+    for (const auto& [name, value] : vars) ::setenv(name, value, 1);
+  }
+  ~Environment() { clear(); }
+
+ private:
+  static void clear() {
+    for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID",
+                             "SLURM_NTASKS", "SLURM_LOCALID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                             "OMPI_COMM_WORLD_LOCAL_RANK"})
+      ::unsetenv(name);
+  }
+};
+
+TEST(DistEnv, EachLauncherAndNone) {
+  {
+    const Environment e({});
+    EXPECT_EQ(dist_env_from_environment().world_size, 1);
+  }
+  {
+    const Environment e({{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"MASTER_ADDR", "10.0.0.1"},
+                         {"MASTER_PORT", "29555"}});
+    const DistEnv env = dist_env_from_environment();
+    EXPECT_EQ(env.launcher, "torchrun");
+    EXPECT_EQ(env.rank, 3);
+    EXPECT_EQ(env.world_size, 8);
+    EXPECT_EQ(env.local_rank, 1);
+    EXPECT_EQ(env.master_addr, "10.0.0.1");
+    EXPECT_EQ(env.master_port, 29555);
+  }
+  {
+    const Environment e({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"}});
+    EXPECT_EQ(dist_env_from_environment().launcher, "slurm");
+  }
+  {
+    const Environment e({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}});
+    EXPECT_EQ(dist_env_from_environment().launcher, "openmpi");
+  }
+  {  // an allocation's task count alone (a shell inside salloc) is one process, not a job
+    const Environment e({{"SLURM_NTASKS", "4"}, {"WORLD_SIZE", "4"}});
+    EXPECT_EQ(dist_env_from_environment().world_size, 1);
+  }
+}
+
+TEST(DistEnv, BadValuesAreUsageErrors) {
+  for (const auto& vars : std::vector<std::vector<std::pair<const char*, const char*>>>{
+           {{"RANK", "2"}, {"WORLD_SIZE", "2"}}, {{"RANK", "x"}, {"WORLD_SIZE", "2"}}, {{"RANK", "0"}}}) {
+    Environment e({});
+    for (const auto& [name, value] : vars) ::setenv(name, value, 1);
+    EXPECT_THROW(dist_env_from_environment(), UsageError) << vars.front().second;
+  }
+}
+
+}  // namespace
+}  // namespace qwen3

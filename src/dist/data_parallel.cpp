@@ -2,8 +2,14 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+// Gloo where this libtorch has it (Debian's 1.13 and PyTorch's wheels build it; its headers need <gloo/...>,
+// libgloo-dev on Debian). Without it the trainer runs one process and says why it cannot run more.
+#if defined(USE_C10D_GLOO) && __has_include(<gloo/config.h>)
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#define QWEN3_HAVE_GLOO 1
+#endif
 #include <fmt/format.h>
 
 #include <cstdlib>
@@ -53,12 +59,21 @@ DistEnv dist_env_from_environment() {
 
 struct DataParallel::Group {
   c10::intrusive_ptr<c10d::Store> store;
+#ifdef QWEN3_HAVE_GLOO
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
+#else
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;  // never made: the constructor refuses a world of more than one
+#endif
 };
 
 DataParallel::DataParallel(const DistEnv& env, const std::string& init, std::chrono::milliseconds timeout)
     : env_(env), timeout_(timeout) {
   if (env_.world_size <= 1) return;
+#ifndef QWEN3_HAVE_GLOO
+  throw Error(fmt::format("{} rank {} of {}: this build's libtorch has no c10d Gloo (USE_C10D_GLOO and the gloo "
+                          "headers), so it trains in one process only (docs/distributed.md)",
+                          env_.launcher, env_.rank, env_.world_size));
+#else
   group_ = std::make_unique<Group>();
   constexpr std::string_view kFile = "file://";
   if (init.rfind(kFile, 0) == 0) {
@@ -95,6 +110,7 @@ DataParallel::DataParallel(const DistEnv& env, const std::string& init, std::chr
     throw Error(fmt::format("rank {} of {}: cannot join the process group within {} s: {}", env_.rank,
                             env_.world_size, timeout.count() / 1000, e.what_without_backtrace()));
   }
+#endif
 }
 
 DataParallel::~DataParallel() = default;

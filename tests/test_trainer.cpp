@@ -24,6 +24,7 @@
 #include "qwen3/model/synth.h"
 #include "qwen3/trainer/trainer.h"
 #include "tiny_model_util.h"
+#include "qwen3/trainer/evaluate.h"
 #include "trainer/train_setup.h"
 
 namespace qwen3 {
@@ -144,6 +145,26 @@ TEST(Trainer, FrozenProjectionsAreSwappedForCodesAndTheirDenseWeightsGo) {
   for (Projection* p : model->blocks[1].projections()) EXPECT_TRUE(p->weight.defined() && p->weight.requires_grad());
   torch::NoGradGuard no_grad;
   EXPECT_TRUE(model->forward(ids).equal(before));  // the codes are the bytes the straight-through forward uses
+}
+
+// Data-parallel ranks evaluate their share of the batches; the shares' sums are the whole evaluation's.
+TEST(Trainer, EvaluationSharedOutSumsToTheWhole) {
+  test::TempDir dir;
+  const SynthResult m = make_model(dir);
+  TrainOptions o = pair_options(dir, m);
+  o.data.batch_size = 1;
+  o.data.sample_mode = SampleMode::sequential;
+  const Tokenizer tok = Tokenizer::from_file(tiny_tokenizer());
+  const TrainingData data(tok, o.data);
+  DatReader reader(m.dat_path);
+  auto model = load_model(reader, load_config(m.config_path), at::kFloat, at::kCPU);
+  const Evaluation whole = evaluate(*model, data);
+  const Evaluation a = evaluate(*model, data, 0, 2), b = evaluate(*model, data, 1, 2);
+  EXPECT_EQ(a.loss_tokens + b.loss_tokens, whole.loss_tokens);
+  EXPECT_GT(a.loss_tokens, 0);
+  EXPECT_GT(b.loss_tokens, 0);
+  EXPECT_NEAR(a.loss_sum + b.loss_sum, whole.loss_sum, 1e-12 * whole.loss_sum);
+  EXPECT_NEAR(whole.mean_loss, whole.loss_sum / static_cast<double>(whole.loss_tokens), 1e-15);
 }
 
 std::vector<double> losses_of(const std::string& jsonl) {

@@ -1,5 +1,7 @@
 #include "qwen3/trainer/evaluate.h"
 
+#include <algorithm>
+
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
@@ -10,12 +12,12 @@
 
 namespace qwen3 {
 
-Evaluation evaluate(Qwen3Model& model, const TrainingData& data) {
+Evaluation evaluate(Qwen3Model& model, const TrainingData& data, int part, int parts) {
   if (data.options().pack) throw Error("evaluation needs padded rows: packed rows mix samples");
   c10::NoGradGuard no_grad;
   Evaluation out;
   double weighted = 0;
-  for (int64_t i = 0; i < data.batches_per_epoch(); ++i) {
+  for (int64_t i = part; i < data.batches_per_epoch(); i += std::max(parts, 1)) {
     const Batch b = data.batch(0, i);
     if (b.loss_tokens == 0) continue;
     const at::Tensor hidden = model.hidden_states(b.input_ids.to(model.device()));
@@ -40,6 +42,7 @@ Evaluation evaluate(Qwen3Model& model, const TrainingData& data) {
       out.loss_tokens += scored;
     }
   }
+  out.loss_sum = weighted;
   out.mean_loss = out.loss_tokens ? weighted / static_cast<double>(out.loss_tokens) : 0.0;
   return out;
 }

@@ -334,7 +334,12 @@ class Trainer {
     std::optional<double> eval_loss;
     // --eval-data alone: scored once, after the last step.
     const bool eval_now = o_.eval_every > 0 ? (step_ + 1) % o_.eval_every == 0 : step_ + 1 == steps_;
-    if (eval_data_ && eval_now) eval_loss = evaluate(*model_.model, *eval_data_).mean_loss;
+    if (eval_data_ && eval_now) {  // data parallel: each rank scores its share of the batches, summed over ranks
+      const Evaluation e = evaluate(*model_.model, *eval_data_, dp_.rank(), dp_.world_size());
+      const double sum = dp_.all_reduce_sum(e.loss_sum, "eval loss");
+      const int64_t tokens = dp_.all_reduce_sum(e.loss_tokens, "eval token count");
+      eval_loss = tokens > 0 ? sum / static_cast<double>(tokens) : 0.0;
+    }
     StepRecord record;
     record.step = step_ + 1;
     record.steps = steps_;

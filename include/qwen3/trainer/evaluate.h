@@ -19,12 +19,15 @@ struct SampleLoss {
 
 struct Evaluation {
   double mean_loss = 0;              // token-weighted over every sample (0 when nothing is scored)
+  double loss_sum = 0;               // the token-weighted sum: mean_loss × loss_tokens, summed as scored
   int64_t loss_tokens = 0;
   std::vector<SampleLoss> samples;   // in batch order: file order for sequential data
 };
 
 // Every batch of epoch 0 of padded `data` (packed rows would mix samples: Error), without gradients; each
-// row is scored on its own, so the figures do not depend on the batch size beyond float rounding.
-Evaluation evaluate(Qwen3Model& model, const TrainingData& data);
+// row is scored on its own, so the figures do not depend on the batch size beyond float rounding. `part` of
+// `parts` scores only the batches i with i % parts == part (data-parallel ranks share the work: summing their
+// loss_sum and loss_tokens gives the whole evaluation).
+Evaluation evaluate(Qwen3Model& model, const TrainingData& data, int part = 0, int parts = 1);
 
 }  // namespace qwen3

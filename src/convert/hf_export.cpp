@@ -115,8 +115,8 @@ struct Output {
       }
       return;
     }
-    // The codes of every block first, then the scales (kept: a sixteenth of the codes' bytes per row... an
-    // eighth of the codes), as the tensors lie one after the other.
+    // The codes of every block first, then the scales, as the two tensors lie one after the other: the scales
+    // (an eighth of the codes' bytes) are kept until the codes are written.
     std::vector<uint8_t> all_scales, codes, scales;
     all_scales.reserve(static_cast<size_t>(s.rows * s.cols / 16));
     for (int64_t r0 = 0; r0 < s.rows; r0 += step) {

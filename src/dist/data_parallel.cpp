@@ -45,6 +45,13 @@ bool read_launcher(DistEnv& env, const char* launcher, const char* rank, const c
   return true;
 }
 
+// The first line of a library's message (c10::Error appends a stack trace after it).
+std::string first_line(const std::exception& e) {
+  const auto* c10 = dynamic_cast<const c10::Error*>(&e);
+  const std::string text = c10 ? c10->what_without_backtrace() : e.what();
+  return text.substr(0, text.find('\n'));
+}
+
 }  // namespace
 
 DistEnv dist_env_from_environment() {
@@ -106,9 +113,9 @@ DataParallel::DataParallel(const DistEnv& env, const std::string& init, std::chr
     options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
   try {
     group_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(group_->store, env_.rank, env_.world_size, options);
-  } catch (const c10::Error& e) {
+  } catch (const std::exception& e) {
     throw Error(fmt::format("rank {} of {}: cannot join the process group within {} s: {}", env_.rank,
-                            env_.world_size, timeout.count() / 1000, e.what_without_backtrace()));
+                            env_.world_size, timeout.count() / 1000, first_line(e)));
   }
 #endif
 }
@@ -116,61 +123,7 @@ DataParallel::DataParallel(const DistEnv& env, const std::string& init, std::chr
 DataParallel::~DataParallel() = default;
 
 void DataParallel::all_reduce_sum(std::vector<at::Tensor>& tensors, const char* what) {
-  if (!group_ || tensors.empty()) return;
-  // Gloo in libtorch 1.13 has no 16-bit sum: those are summed in fp32 and rounded back (the same on every rank).
-  std::vector<std::pair<at::Tensor, at::Tensor>> narrow;  // (original, fp32 copy)
-  for (at::Tensor& t : tensors)
-    if (t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf) {
-      narrow.emplace_back(t, t.to(at::kFloat));
-      t = narrow.back().second;
-    }
-  struct Restore {
-    std::vector<std::pair<at::Tensor, at::Tensor>>& narrow;
-    std::vector<at::Tensor>& tensors;
-    ~Restore() {
-      size_t k = 0;
-      for (at::Tensor& t : tensors)
-        if (k < narrow.size() && t.unsafeGetTensorImpl() == narrow[k].second.unsafeGetTensorImpl()) {
-          narrow[k].first.copy_(t);
-          t = narrow[k++].first;
-        }
-    }
-  } restore{narrow, tensors};
-  // One flat buffer a dtype: one collective instead of one per tensor.
-  for (const at::ScalarType dtype : {at::kFloat, at::kDouble, at::kLong}) {
-    std::vector<at::Tensor> same;
-    for (const at::Tensor& t : tensors)
-      if (t.scalar_type() == dtype) same.push_back(t);
-    if (same.empty()) continue;
-    std::vector<at::Tensor> flat = {same.size() == 1 ? same[0].contiguous() : at::cat(
-                                                           [&] {
-                                                             std::vector<at::Tensor> parts;
-                                                             for (const at::Tensor& t : same) parts.push_back(t.reshape({-1}));
-                                                             return parts;
-                                                           }())};
-    try {
-      const auto t0 = std::chrono::steady_clock::now();
-      group_->pg->allreduce(flat)->wait(timeout_);
-      wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    } catch (const c10::Error& e) {
-      throw Error(fmt::format("rank {} of {}: all-reduce of the {} failed (another rank died or stalled past "
-                              "--dist-timeout?): {}",
-                              env_.rank, env_.world_size, what, e.what_without_backtrace()));
-    }
-    if (same.size() == 1) {
-      if (!same[0].is_contiguous()) same[0].copy_(flat[0]);
-      continue;
-    }
-    int64_t at = 0;
-    for (at::Tensor& t : same) {
-      t.copy_(flat[0].narrow(0, at, t.numel()).view(t.sizes()));
-      at += t.numel();
-    }
-  }
-  for (const at::Tensor& t : tensors)
-    if (t.scalar_type() != at::kFloat && t.scalar_type() != at::kDouble && t.scalar_type() != at::kLong)
-      throw Error(std::string("all-reduce of the ") + what + ": " + c10::toString(t.scalar_type()) +
-                  " tensors are not reduced");
+  all_reduce_sum_async(tensors, what)->wait();
 }
 
 void DataParallel::broadcast(at::Tensor& tensor, int root, const char* what) {
@@ -183,19 +136,33 @@ void DataParallel::broadcast(at::Tensor& tensor, int root, const char* what) {
   options.rootRank = root;
   try {
     group_->pg->broadcast(data, options)->wait(timeout_);
-  } catch (const c10::Error& e) {
+  } catch (const std::exception& e) {
     throw Error(fmt::format("rank {} of {}: broadcast of the {} failed (another rank died or stalled past "
                             "--dist-timeout?): {}",
-                            env_.rank, env_.world_size, what, e.what_without_backtrace()));
+                            env_.rank, env_.world_size, what, first_line(e)));
   }
   if (!tensor.is_contiguous()) tensor.copy_(t);
 }
 
-struct DataParallel::Pending::Work {
+// One collective a dtype: the tensors of a bucket flattened into one buffer (a tensor alone that is already the
+// buffer's dtype and contiguous is reduced in place).
+struct DataParallel::Pending::Bucket {
+  std::vector<size_t> members;  // indices into tensors_
+  at::Tensor flat;
   c10::intrusive_ptr<c10d::Work> work;
 };
 
 DataParallel::Pending::~Pending() = default;
+
+namespace {
+// The dtype a tensor is summed in: Gloo in libtorch 1.13 has no 16-bit sum, so 16-bit floats are summed in fp32
+// and rounded back (the same on every rank).
+at::ScalarType sum_type(at::ScalarType t, const char* what) {
+  if (t == at::kFloat || t == at::kBFloat16 || t == at::kHalf) return at::kFloat;
+  if (t == at::kDouble || t == at::kLong) return t;
+  throw Error(std::string("all-reduce of the ") + what + ": " + c10::toString(t) + " tensors are not summed");
+}
+}  // namespace
 
 std::unique_ptr<DataParallel::Pending> DataParallel::all_reduce_sum_async(std::vector<at::Tensor> tensors,
                                                                            const char* what) {
@@ -203,33 +170,53 @@ std::unique_ptr<DataParallel::Pending> DataParallel::all_reduce_sum_async(std::v
   pending->owner_ = this;
   pending->what_ = what;
   if (!group_ || tensors.empty()) return pending;
-  std::vector<at::Tensor> parts;
-  for (const at::Tensor& t : tensors) parts.push_back(t.to(at::kFloat).reshape({-1}));
-  pending->flat_ = at::cat(parts);
+  for (const at::ScalarType dtype : {at::kFloat, at::kDouble, at::kLong}) {
+    Pending::Bucket bucket;
+    std::vector<at::Tensor> parts;
+    for (size_t i = 0; i < tensors.size(); ++i)
+      if (sum_type(tensors[i].scalar_type(), what) == dtype) {
+        bucket.members.push_back(i);
+        parts.push_back(tensors[i].to(dtype).reshape({-1}));
+      }
+    if (parts.empty()) continue;
+    const at::Tensor& only = tensors[bucket.members.front()];
+    const bool in_place = parts.size() == 1 && only.scalar_type() == dtype && only.is_contiguous();
+    bucket.flat = in_place ? only : at::cat(parts);
+    std::vector<at::Tensor> data = {bucket.flat};
+    try {
+      bucket.work = group_->pg->allreduce(data);
+    } catch (const std::exception& e) {  // c10::Error, or Gloo's own exceptions when a peer is gone
+      throw Error(fmt::format("rank {} of {}: all-reduce of the {} failed (another rank died or stalled past "
+                              "--dist-timeout?): {}",
+                              env_.rank, env_.world_size, what, first_line(e)));
+    }
+    pending->buckets_.push_back(std::move(bucket));
+  }
   pending->tensors_ = std::move(tensors);
-  std::vector<at::Tensor> data = {pending->flat_};
-  pending->work_ = std::make_unique<Pending::Work>();
-  pending->work_->work = group_->pg->allreduce(data);
   return pending;
 }
 
 void DataParallel::Pending::wait() {
-  if (!work_) return;
   const auto t0 = std::chrono::steady_clock::now();
-  try {
-    work_->work->wait(owner_->timeout_);
-  } catch (const c10::Error& e) {
-    throw Error(fmt::format("rank {} of {}: all-reduce of the {} failed (another rank died or stalled past "
-                            "--dist-timeout?): {}",
-                            owner_->env_.rank, owner_->env_.world_size, what_, e.what_without_backtrace()));
+  for (Bucket& bucket : buckets_) {
+    try {
+      bucket.work->wait(owner_->timeout_);
+    } catch (const std::exception& e) {
+      throw Error(fmt::format("rank {} of {}: all-reduce of the {} failed (another rank died or stalled past "
+                              "--dist-timeout?): {}",
+                              owner_->env_.rank, owner_->env_.world_size, what_, first_line(e)));
+    }
+    if (bucket.flat.unsafeGetTensorImpl() == tensors_[bucket.members.front()].unsafeGetTensorImpl()) continue;
+    int64_t at = 0;
+    for (size_t i : bucket.members) {
+      at::Tensor& t = tensors_[i];
+      t.copy_(bucket.flat.narrow(0, at, t.numel()).view(t.sizes()));
+      at += t.numel();
+    }
   }
-  owner_->wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  int64_t at = 0;
-  for (at::Tensor& t : tensors_) {
-    t.copy_(flat_.narrow(0, at, t.numel()).view(t.sizes()));
-    at += t.numel();
-  }
-  work_.reset();
+  if (!buckets_.empty())
+    owner_->wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  buckets_.clear();
 }
 
 double DataParallel::all_reduce_sum(double value, const char* what) {

@@ -129,16 +129,10 @@ void AdamW::step(double lr, double grad_scale) {
 
 void AdamW::begin_step() { ++step_count_; }
 
-bool AdamW::holds(const at::Tensor& param) const {
-  for (const OptimParam& p : params_)
-    if (p.param.unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) return true;
-  return false;
-}
-
-size_t AdamW::index_of(const at::Tensor& param) const {
+std::optional<size_t> AdamW::find(const at::Tensor& param) const {
   for (size_t i = 0; i < params_.size(); ++i)
     if (params_[i].param.unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) return i;
-  throw Error("AdamW: a tensor that is not one of the optimizer's parameters was given an update");
+  return std::nullopt;
 }
 
 void AdamW::update(size_t i, const at::Tensor& grad, double lr, double grad_scale) {

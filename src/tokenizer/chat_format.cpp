@@ -105,11 +105,9 @@ std::vector<Piece> render_pieces(const std::vector<ChatMessage>& messages, ChatT
   return pieces;
 }
 
-const char* template_name(ChatTemplate t) { return t == ChatTemplate::chatml ? "chatml" : "qwen3-thinking"; }
-
 }  // namespace
 
-const char* to_string(ChatTemplate t) { return template_name(t); }
+const char* to_string(ChatTemplate t) { return t == ChatTemplate::chatml ? "chatml" : "qwen3-thinking"; }
 
 ChatTemplate parse_chat_template(const std::string& name) {
   static const ChatTemplate kAll[] = {ChatTemplate::chatml, ChatTemplate::qwen3_thinking};

@@ -6,12 +6,12 @@
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/utils.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
 #include <memory>
 #include <optional>
-#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -56,7 +56,7 @@ class FusedUpdater {
     const double scale = clip_factor(norm, limit);  // applied by the update as it reads the gradient
     // With a shared-out state (--shard-optimizer-state) this rank updates the parameters it holds the state of.
     for (const auto& [param, grad] : group)
-      if (grad.defined() && opt_.holds(param)) opt_.update(opt_.index_of(param), grad, lr_, scale);
+      if (const auto index = opt_.find(param); grad.defined() && index) opt_.update(*index, grad, lr_, scale);
   }
   double norm() const { return std::sqrt(sum_of_squares_); }
   bool nonfinite() const { return nonfinite_; }
@@ -90,11 +90,11 @@ class StepUpdate {
              TrainingBlockRunner& runner, DataParallel& dp, const std::vector<int>& owners)
       : o_(o), set_(set), opt_(opt), device_(device), runner_(runner), dp_(dp), owners_(owners) {}
   virtual ~StepUpdate() = default;
-  // `batches`: this rank's micro-batches of the step (one without gradient accumulation). A batch whose
-  // loss_tokens is 0 is a stand-in for a rank with nothing left in the epoch: it runs, weighted 0, so that
-  // every rank takes part in every collective.
-  virtual StepOutcome forward_backward_update(Qwen3Model& model, const std::vector<Batch>& batches, double lr,
-                                              const PhaseMark& mark) = 0;
+  // `batches`: this rank's micro-batches of the step (one without gradient accumulation); `loss_tokens`: the
+  // step's loss tokens over all ranks. A batch whose loss_tokens is 0 is a stand-in for a rank with nothing left
+  // in the epoch: it runs, weighted 0, so that every rank takes part in every collective.
+  virtual StepOutcome forward_backward_update(Qwen3Model& model, const std::vector<Batch>& batches,
+                                              int64_t loss_tokens, double lr, const PhaseMark& mark) = 0;
 
  protected:
   const TrainOptions& o_;
@@ -105,25 +105,18 @@ class StepUpdate {
   DataParallel& dp_;
   const std::vector<int>& owners_;  // --shard-optimizer-state: which rank updates each parameter; else empty
 
-  // After a shared-out update of some parameters: each from the rank that updated it, to every rank.
-  void send_updated_parameters(const std::vector<std::pair<at::Tensor, at::Tensor>>& group) {
-    if (owners_.empty()) return;
-    if (owner_of_.empty())
-      for (size_t i = 0; i < set_.params.size(); ++i) owner_of_[set_.params[i].param.unsafeGetTensorImpl()] = owners_[i];
-    torch::NoGradGuard no_grad;
-    for (const auto& [param, grad] : group) {
-      at::Tensor p = param.detach();
-      dp_.broadcast(p, owner_of_.at(param.unsafeGetTensorImpl()), "updated parameters");
-    }
-  }
-  std::unordered_map<const c10::TensorImpl*, int> owner_of_;
-
-  // After a shared-out update: each parameter from the rank that updated it, to every rank.
-  void send_updated_parameters() {
+  // After a shared-out update of `params` (all of them when empty): each from the rank that updated it (its
+  // position in the trainable set names the owner), to every rank.
+  void send_updated_parameters(const std::vector<std::pair<at::Tensor, at::Tensor>>& params = {}) {
     if (owners_.empty()) return;
     torch::NoGradGuard no_grad;
     for (size_t i = 0; i < set_.params.size(); ++i) {
-      at::Tensor p = set_.params[i].param.detach();
+      const at::Tensor& param = set_.params[i].param;
+      const bool sent = params.empty() || std::any_of(params.begin(), params.end(), [&](const auto& pg) {
+                          return pg.first.unsafeGetTensorImpl() == param.unsafeGetTensorImpl();
+                        });
+      if (!sent) continue;
+      at::Tensor p = param.detach();
       dp_.broadcast(p, owners_[i], "updated parameters");
     }
   }
@@ -131,10 +124,7 @@ class StepUpdate {
   // Each micro-batch's mean loss is weighted by its share of the step's loss tokens over all ranks, so that
   // the gradients, summed over micro-batches and ranks, are those of the mean over all of them: one big
   // batch's, whatever each holds (gradient accumulation, data parallel).
-  std::vector<double> shares(const std::vector<Batch>& batches) const {
-    int64_t local = 0;
-    for (const Batch& b : batches) local += b.loss_tokens;
-    const int64_t global = dp_.all_reduce_sum(local, "step's loss-token count");
+  std::vector<double> shares(const std::vector<Batch>& batches, int64_t global) const {
     std::vector<double> out;
     for (const Batch& b : batches)
       out.push_back(batches.size() == 1 && dp_.world_size() == 1
@@ -147,9 +137,9 @@ class StepUpdate {
 class PlainUpdate final : public StepUpdate {
  public:
   using StepUpdate::StepUpdate;
-  StepOutcome forward_backward_update(Qwen3Model& model, const std::vector<Batch>& batches, double lr,
-                                      const PhaseMark& mark) override {
-    const std::vector<double> share = shares(batches);
+  StepOutcome forward_backward_update(Qwen3Model& model, const std::vector<Batch>& batches, int64_t loss_tokens,
+                                      double lr, const PhaseMark& mark) override {
+    const std::vector<double> share = shares(batches, loss_tokens);
     // Data parallel: each block's gradients go to .grad() through the block sink and, in the last micro-batch,
     // their sum over the ranks is launched at once, running while the blocks before it are differentiated.
     std::vector<std::unique_ptr<DataParallel::Pending>> pending;
@@ -221,11 +211,11 @@ class PlainUpdate final : public StepUpdate {
 class FusedUpdate final : public StepUpdate {
  public:
   using StepUpdate::StepUpdate;
-  StepOutcome forward_backward_update(Qwen3Model& model, const std::vector<Batch>& batches, double lr,
-                                      const PhaseMark& mark) override {
+  StepOutcome forward_backward_update(Qwen3Model& model, const std::vector<Batch>& batches, int64_t loss_tokens,
+                                      double lr, const PhaseMark& mark) override {
     if (batches.size() != 1) throw Error("the in-backward update takes one batch a step (no gradient accumulation)");
     const Batch& batch = batches.front();
-    const double share = shares(batches).front();
+    const double share = shares(batches, loss_tokens).front();
     // The sink must be in place before forward, which decides how each block's backward will run.
     FusedUpdater updater(opt_, o_.grad_clip, set_.trainable_parameters, lr);
     SinkGuard guard{runner_};  // cleared at the end of the step, whichever way it ends
@@ -294,12 +284,10 @@ class FusedUpdate final : public StepUpdate {
   std::vector<std::pair<at::Tensor, at::Tensor>> reduced(std::vector<std::pair<at::Tensor, at::Tensor>> grads) {
     if (dp_.world_size() == 1) return grads;
     torch::NoGradGuard no_grad;
+    grads = launched(std::move(grads));
     std::vector<at::Tensor> sums;
-    for (auto& [param, grad] : grads) {
-      if (!grad.defined()) grad = at::zeros_like(param);
-      sums.push_back(grad);
-    }
-    dp_.all_reduce_sum(sums, "block gradients");
+    for (const auto& pg : grads) sums.push_back(pg.second);
+    dp_.all_reduce_sum(sums, "gradients outside the blocks");
     return grads;
   }
 };

@@ -157,15 +157,14 @@ class Trainer {
         device_(o.device),
         dp_(dist_env_from_environment(), o.dist_init, std::chrono::milliseconds(o.dist_timeout_s * 1000)) {
     // Rank 0 writes (checkpoints, metrics, run files, the export, the report) and logs; the others warn only.
-    main_ = dp_.is_main();
-    if (!main_) spdlog::set_level(spdlog::level::warn);
+    if (!dp_.is_main()) spdlog::set_level(spdlog::level::warn);
     if (dp_.world_size() > 1)
       spdlog::info("data parallel: {} ranks ({}), this is rank {}", dp_.world_size(), dp_.env().launcher, dp_.rank());
-    if (!o.vram_report.empty() && main_) report_.emplace(o.vram_report, device_, to_json(o));
+    if (!o.vram_report.empty() && dp_.is_main()) report_.emplace(o.vram_report, device_, to_json(o));
     phase("start");
     // One trainer per checkpoint directory, checked (and the directory made) before anything loads.
-    if (!o.checkpoint_dir.empty() && main_) checkpoint_lock_.emplace(o.checkpoint_dir);
-    if (!o.metrics_jsonl.empty() && main_) prepare_output_folder("--metrics-jsonl", o.metrics_jsonl);
+    if (!o.checkpoint_dir.empty() && dp_.is_main()) checkpoint_lock_.emplace(o.checkpoint_dir);
+    if (!o.metrics_jsonl.empty() && dp_.is_main()) prepare_output_folder("--metrics-jsonl", o.metrics_jsonl);
     config_ = load_config(o.config);
     tok_.emplace(load_tokenizer(TokenizerSource{o.tokenizer, o.tokenizer_config, o.chat_template}));
     tok_->check_fits_model(config_.vocab_size, o.config);
@@ -226,7 +225,7 @@ class Trainer {
       throw Error(fmt::format("the ranks would resume at different steps ({}): give them one --checkpoint-dir on a "
                               "shared file system", fmt::join(steps, ", ")));
     log_setup();
-    if (!o.metrics_jsonl.empty() && main_) metrics_ = open_output_file(o.metrics_jsonl, "--metrics-jsonl", std::ios::app);
+    if (!o.metrics_jsonl.empty() && dp_.is_main()) metrics_ = open_output_file(o.metrics_jsonl, "--metrics-jsonl", std::ios::app);
     // What `qwen3-train export` needs to rebuild a .dat from a checkpoint without the training flags.
     ExportInfo export_info;
     export_info.weights_hash = weights_hash(*reader_);
@@ -239,7 +238,7 @@ class Trainer {
     // run.toml: the flags again, as the --config-file that repeats the run.
     const std::string toml = run_.value("config_file", std::string());
     for (const std::string& dir : {o.checkpoint_dir, o.output_dir}) {
-      if (dir.empty() || !main_) continue;
+      if (dir.empty() || !dp_.is_main()) continue;
       write_file_durably((std::filesystem::path(dir) / "run.json").string(), run_.dump(2) + "\n");
       if (!toml.empty()) write_file_durably((std::filesystem::path(dir) / "run.toml").string(), toml);
     }
@@ -293,25 +292,28 @@ class Trainer {
     const int64_t first = ((step_ % per_epoch_) % per_pass) * o_.grad_accum_steps * world;
     const int64_t batches_in_epoch = data_->batches_per_epoch();
     std::vector<Batch> batches;
-    int64_t step_tokens = 0;
+    std::vector<at::Tensor> counts = {at::zeros({2}, at::kLong)};  // the step's loss tokens and tokens
+    auto count = counts[0].accessor<int64_t, 1>();
     for (int64_t j = 0; j < o_.grad_accum_steps; ++j) {
       const int64_t index = first + j * world + dp_.rank();
       if (index < batches_in_epoch) {
         batches.push_back(data_->batch(epoch, index));
-        step_tokens += batches.back().tokens;
+        count[0] += batches.back().loss_tokens;
+        count[1] += batches.back().tokens;
       } else if (world > 1 && j == 0) {
         batches.push_back(data_->batch(epoch, 0));
         batches.back().loss_tokens = 0;
       }
     }
-    step_tokens = dp_.all_reduce_sum(step_tokens, "step's token count");
+    dp_.all_reduce_sum(counts, "step's token counts");  // one collective for both, over the ranks
+    const int64_t step_loss_tokens = count[0], step_tokens = count[1];
     const bool first_step = sum_.steps_done == 0;
     const PhaseMark mark = [this, first_step](const char* name) {
       if (first_step) phase(name);
     };
     mark("batch_ready");
     const double lr = schedule_.at(step_);
-    const StepOutcome out = update_->forward_backward_update(*model_.model, batches, lr, mark);
+    const StepOutcome out = update_->forward_backward_update(*model_.model, batches, step_loss_tokens, lr, mark);
     mark("optimizer_step_done");
     if (first_step && report_) {
       report_->finish();
@@ -374,13 +376,13 @@ class Trainer {
 
   void save(int64_t step) {
     if (owners_.empty()) {
-      if (main_) saver_->save(step, skipped_);
+      if (dp_.is_main()) saver_->save(step, skipped_);
       return;
     }
     // A shared-out state is gathered first (every rank takes part), so the checkpoint is the one a single
     // process writes, whatever the world size.
     const auto state = gather_optimizer_state();
-    if (main_) saver_->save(step, skipped_, &state);
+    if (dp_.is_main()) saver_->save(step, skipped_, &state);
   }
 
   // The optimizer's parameters: all of them, or with --shard-optimizer-state this rank's share. Every parameter
@@ -416,23 +418,22 @@ class Trainer {
 
   // Every parameter's optimizer state, by name, on every rank (from the rank that holds it); rank 0 writes it.
   std::vector<std::pair<std::string, at::Tensor>> gather_optimizer_state() {
+    // This rank's state lies parameter by parameter, in the trainable set's order, the same count for each.
     const auto held = opt_->state_tensors();
     const size_t per_param = opt_->params().empty() ? 0 : held.size() / opt_->params().size();
-    std::map<std::string, at::Tensor> mine(held.begin(), held.end());
+    size_t next_held = 0;
     std::vector<std::pair<std::string, at::Tensor>> out;
     for (size_t i = 0; i < model_.set.params.size(); ++i) {
       const OptimParam& p = model_.set.params[i];
-      std::vector<std::pair<std::string, at::Tensor>> state;
-      if (owners_[i] == dp_.rank()) {
-        for (const auto& [name, t] : held)
-          if (name.rfind(p.name + ".", 0) == 0 && mine.count(name)) state.emplace_back(name, t);
-      } else {  // buffers of the right names, shapes and dtypes: the state a one-parameter optimizer allocates
-        state = AdamW({OptimParam{p.name, p.param.detach(), p.decay}}, o_.adamw).state_tensors();
-      }
-      if (per_param && state.size() != per_param) throw Error("optimizer state of '" + p.name + "' not found");
+      const bool mine = owners_[i] == dp_.rank();
+      // Others' state arrives in buffers of the right names, shapes and dtypes: a one-parameter optimizer's.
+      auto state = mine ? std::vector<std::pair<std::string, at::Tensor>>(held.begin() + next_held,
+                                                                            held.begin() + next_held + per_param)
+                        : AdamW({OptimParam{p.name, p.param.detach(), p.decay}}, o_.adamw).state_tensors();
+      if (mine) next_held += per_param;
       for (auto& [name, t] : state) {
         dp_.broadcast(t, owners_[i], "optimizer state");
-        if (main_) out.emplace_back(name, owners_[i] == dp_.rank() ? t.clone() : t);
+        if (dp_.is_main()) out.emplace_back(name, mine ? t.clone() : t);
       }
     }
     return out;
@@ -476,7 +477,7 @@ class Trainer {
     sum_.tokens_per_second = total_ms_ > 0 ? total_tokens_ / (total_ms_ / 1000.0) : 0;
     sum_.last_checkpoint = saver_->last();
     sum_.checkpoints_saved = saver_->saved();
-    if (!o_.output_dat.empty() && sum_.stop_signal == 0 && main_) {
+    if (!o_.output_dat.empty() && sum_.stop_signal == 0 && dp_.is_main()) {
       export_trained(o_, model_.set, *model_.model, *reader_);
       sum_.exported = o_.output_dat;
     }
@@ -518,7 +519,6 @@ class Trainer {
   std::unique_ptr<StepUpdate> update_;
   int64_t steps_ = 0, per_epoch_ = 1, step_ = 0, skipped_ = 0;
   DataParallel dp_;
-  bool main_ = true;
   std::vector<int> owners_;  // --shard-optimizer-state: the rank holding each parameter's state; else empty
   nlohmann::json run_;
   double flops_per_token_ = 0, peak_flops_ = 0;

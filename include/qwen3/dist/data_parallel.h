@@ -45,9 +45,10 @@ class DataParallel {
   int64_t all_reduce_sum(int64_t value, const char* what);
   // `root`'s tensor to every rank, in place (any dtype: 16-bit ones travel as fp16 bits).
   void broadcast(at::Tensor& tensor, int root, const char* what);
-  // A sum over the ranks launched now and finished by wait(), which copies the sums back into the tensors (fp32
-  // or bf16) and adds the time it waited to wait_seconds(): the trainer launches a block's gradients as soon as
-  // its backward has made them, so the reduction runs while the blocks before it are differentiated.
+  // A sum over the ranks launched now and finished by wait(), which copies the sums back into the tensors and
+  // adds the time it waited to wait_seconds(): the trainer launches a block's gradients as soon as its backward
+  // has made them, so the reduction runs while the blocks before it are differentiated. One collective a dtype
+  // (fp32, with 16-bit floats summed in fp32; f64; i64); all_reduce_sum is this, waited for at once.
   class Pending {
    public:
     ~Pending();
@@ -55,12 +56,11 @@ class DataParallel {
 
    private:
     friend class DataParallel;
+    struct Bucket;
     DataParallel* owner_ = nullptr;
     std::vector<at::Tensor> tensors_;
-    at::Tensor flat_;
+    std::vector<Bucket> buckets_;
     std::string what_;
-    struct Work;
-    std::unique_ptr<Work> work_;
   };
   std::unique_ptr<Pending> all_reduce_sum_async(std::vector<at::Tensor> tensors, const char* what);
   // Seconds spent waiting in all-reduces so far (the blocking ones and the waits of the launched ones).

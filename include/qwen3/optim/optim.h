@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -77,8 +78,9 @@ class AdamW {
   // depends only on (seed, step, i).
   void begin_step();
   void update(size_t index, const at::Tensor& grad, double lr, double grad_scale = 1.0);
-  size_t index_of(const at::Tensor& param) const;  // Error if `param` is not one of params()
-  bool holds(const at::Tensor& param) const;       // whether `param` is one of params()
+  // The index of `param` among params(), if it is one (with --shard-optimizer-state, a rank's optimizer holds
+  // its share of the parameters only).
+  std::optional<size_t> find(const at::Tensor& param) const;
 
   int64_t step_count() const { return step_count_; }
   uint64_t state_bytes() const;

@@ -561,6 +561,7 @@ TEST(Trainer, PackedRowsTrainTheSameWithCheckpointingAndTheFusedUpdate) {
 // relative differences are ~1e-2 while the loss is large, and the tail near zero is where small absolute
 // differences live), without being the same run (the compute dtype is really used).
 TEST(Trainer, Bf16ComputeFollowsFp32ComputeOnTheTinyModel) {
+  if (!train_detail::cpu_bf16_products_work()) GTEST_SKIP() << "this CPU's libtorch has no bf16 product";
   test::TempDir dir;
   const SynthResult m = make_model(dir);
   std::vector<double> runs[2];
@@ -581,9 +582,32 @@ TEST(Trainer, Bf16ComputeFollowsFp32ComputeOnTheTinyModel) {
   EXPECT_LT(runs[1].back(), 0.5 * runs[1][0]);  // and it trains
 }
 
+// Where the CPU's libtorch cannot multiply bf16 (Debian's aarch64 libtorch on Grace), auto computes in float32
+// and an explicit bfloat16 is refused with the reason, instead of oneDNN's raw exception in the first product.
+TEST(Trainer, WithoutCpuBf16ProductsAutoComputesInFloat32AndBfloat16IsRefused) {
+  TrainOptions o;
+  o.master_dtype = MasterDtype::bfloat16;
+  const c10::Device cpu(c10::kCPU), cuda(c10::kCUDA, 0);
+  EXPECT_EQ(train_detail::compute_scalar_type(o, cpu, /*cpu_bf16_products=*/true), at::kBFloat16);
+  EXPECT_EQ(train_detail::compute_scalar_type(o, cpu, /*cpu_bf16_products=*/false), at::kFloat);
+  EXPECT_EQ(train_detail::compute_scalar_type(o, cuda, /*cpu_bf16_products=*/false), at::kBFloat16);
+  o.compute_dtype = ComputeDtype::bfloat16;
+  try {
+    train_detail::compute_scalar_type(o, cpu, /*cpu_bf16_products=*/false);
+    ADD_FAILURE() << "bfloat16 compute without bf16 products was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("--compute-dtype bfloat16"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(train_detail::compute_scalar_type(o, cuda, /*cpu_bf16_products=*/false), at::kBFloat16);
+#if defined(__x86_64__)
+  EXPECT_TRUE(train_detail::cpu_bf16_products_work()) << "x86-64 libtorch multiplies bf16 (oneDNN or its own)";
+#endif
+}
+
 // With bf16 compute, activations are bf16, the logits fp32, and the fp32 masters get fp32 gradients: every
 // trainable tensor and only those.
 TEST(Trainer, Bf16ComputeGivesFp32GradientsToExactlyTheTrainableTensors) {
+  if (!train_detail::cpu_bf16_products_work()) GTEST_SKIP() << "this CPU's libtorch has no bf16 product";
   test::TempDir dir;
   const SynthResult m = make_model(dir);
   TrainOptions o = pair_options(dir, m);

@@ -91,12 +91,41 @@ at::ScalarType master_scalar_type(MasterDtype dtype) {
   return dtype == MasterDtype::bfloat16 ? at::kBFloat16 : at::kFloat;
 }
 
+bool cpu_bf16_products_work() {
+  static const bool works = [] {
+    try {
+      torch::NoGradGuard no_grad;
+      // Large enough for libtorch's oneDNN path (small products take the native kernel either way).
+      const at::Tensor a = at::ones({64, 64}, at::kBFloat16);
+      return at::mm(a, a).sum().item<float>() == 64.0f * 64 * 64;
+    } catch (const std::exception&) {
+      return false;
+    }
+  }();
+  return works;
+}
+
 at::ScalarType compute_scalar_type(const TrainOptions& o, const c10::Device& device) {
+  return compute_scalar_type(o, device, device.is_cuda() || o.compute_dtype == ComputeDtype::float32 ||
+                                            cpu_bf16_products_work());
+}
+
+at::ScalarType compute_scalar_type(const TrainOptions& o, const c10::Device& device, bool cpu_bf16_products) {
+  const bool bf16_ok = device.is_cuda() || cpu_bf16_products;
   if (o.compute_dtype == ComputeDtype::float32) return at::kFloat;
-  if (o.compute_dtype == ComputeDtype::bfloat16) return at::kBFloat16;
+  if (o.compute_dtype == ComputeDtype::bfloat16) {
+    if (!bf16_ok)
+      throw UsageError("--compute-dtype bfloat16: this libtorch cannot multiply bfloat16 matrices on this CPU "
+                       "(its oneDNN has no bf16 product here: Debian's aarch64 libtorch on a CPU with BF16 instructions); "
+                       "use --compute-dtype float32 or auto");
+    return at::kBFloat16;
+  }
   // CUDA: bf16 products on the tensor cores (and the NVFP4 product kernel takes bf16 only). CPU: the master
-  // dtype, which measured faster on the small, vocabulary-bound models a CPU trains (docs/trainer.md).
-  return device.is_cuda() ? at::kBFloat16 : master_scalar_type(o.master_dtype);
+  // dtype, which measured faster on the small, vocabulary-bound models a CPU trains (docs/trainer.md), and
+  // float32 where this CPU's libtorch has no bf16 product.
+  if (device.is_cuda()) return at::kBFloat16;
+  const at::ScalarType master = master_scalar_type(o.master_dtype);
+  return master == at::kBFloat16 && !bf16_ok ? at::kFloat : master;
 }
 
 TrainableSet select_trainable(Qwen3Model& model, const TrainOptions& opt) {

@@ -35,6 +35,14 @@ bool is_trainable(const std::string& key, int64_t layers, const TrainOptions& op
 // bfloat16 on CUDA and the master dtype on CPU, docs/trainer.md). UsageError for an unknown name.
 at::ScalarType master_scalar_type(MasterDtype dtype);
 at::ScalarType compute_scalar_type(const TrainOptions& opt, const c10::Device& device);
+// The same with the CPU's bf16 capability given: without bf16 products, auto on CPU computes in float32 and an
+// explicit `--compute-dtype bfloat16` is a UsageError saying why.
+at::ScalarType compute_scalar_type(const TrainOptions& opt, const c10::Device& device, bool cpu_bf16_products);
+
+// Whether this libtorch multiplies bf16 matrices on this CPU (probed once). Debian's libtorch 1.13 for aarch64
+// hands bf16 products to oneDNN whenever the CPU has BF16 instructions (Neoverse V1/V2, so DGX Spark's Grace),
+// but was built without the Arm Compute Library, so oneDNN has no bf16 matmul and throws.
+bool cpu_bf16_products_work();
 
 // Mean loss over the batch's loss tokens: "ce" = next-token cross-entropy on fp32 logits; "scalar" = the
 // original's L1 between the final hidden states and the (detached) embeddings of the target tokens.

@@ -118,6 +118,13 @@ TEST(StepTimeModel, PredictOnlyPrintsTheTimeForANamedDevice) {
   EXPECT_NE(r.out.find("memory shared with the CPU"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("backward_done"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("predicted memory of one step on cuda"), std::string::npos) << r.out;
+  // GB10's one number: the tensors' peak plus the runtime, against the machine's 128 GB.
+  EXPECT_NE(r.out.find("one memory pool (gb10: the GPU's memory is the machine's): predicted "), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find(" GB of 128.0 GB = tensors at their peak "), std::string::npos) << r.out;
+  r = test::run_cli("vram-report --predict-only --config " + config + " --seq-len 2048 --predict-device h100");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.find("one memory pool"), std::string::npos) << "an H100's memory is its own: " << r.out;
   r = test::run_cli("vram-report --predict-only --config " + config + " --predict-device tpu");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("--predict-device"), std::string::npos) << r.err;

@@ -9,6 +9,7 @@
 #include "qwen3/base/file_io.h"
 #include "qwen3/tokenizer/chat_format.h"
 #include "qwen3/model/generate.h"
+#include "qwen3/memory/memory_probe.h"
 #include "qwen3/trainer/memory_model.h"
 #include "qwen3/export/output_target.h"
 #include "qwen3/trainer/step_time_model.h"
@@ -77,6 +78,20 @@ void print_time_plan(const StepTimePlan& plan, const DeviceRates& rates) {
   for (const auto& p : plan.phases)
     fmt::print("{:<22} {:>12.1f} {:>12.2f} {:>12.1f}\n", p.phase, p.flops / 1e9, p.bytes / 1e9, p.ms);
   fmt::print("step {:.1f} ms\n", plan.total_ms());
+}
+
+// Where the device's memory is the machine's (GB10, or a CPU run): one number to hold against the machine, the
+// tensors' predicted peak plus what this process holds before loading anything (libtorch's runtime, measured now).
+void print_pool_prediction(const StepMemoryPlan& plan, const DeviceRates& rates) {
+  if (!rates.unified_memory && rates.name != "cpu") return;
+  const double runtime = static_cast<double>(process_rss_bytes()) / 1e9;
+  const double tensors = static_cast<double>(plan.peak()) / 1e9;
+  const double machine = rates.memory_gb > 0 ? rates.memory_gb : static_cast<double>(machine_memory_bytes()) / 1e9;
+  fmt::print("one memory pool ({}): predicted {:.1f} GB of {:.1f} GB = tensors at their peak {:.1f} GB + {:.1f} GB of "
+             "runtime (this process now){}\n",
+             rates.unified_memory ? rates.name + ": the GPU's memory is the machine's" : "a CPU run",
+             tensors + runtime, machine, tensors, runtime,
+             rates.unified_memory ? "; a GPU run's CUDA context and kernels come on top: measure them with vram-report" : "");
 }
 
 // The flags of a TOML file (--config-file) that the command line did not give, each through its option as if
@@ -375,6 +390,7 @@ Command add_vram_report_command(CLI::App& app) {
               const StepPrediction prediction = predict(o, config, device);
               print_memory_plan(prediction.memory, device);
               print_time_plan(prediction.time, prediction.rates);
+              print_pool_prediction(prediction.memory, prediction.rates);
               return 0;
             }
             if (out->empty()) throw UsageError("vram-report: --out is required (or --predict-only)");

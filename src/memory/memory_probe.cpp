@@ -87,17 +87,27 @@ uint64_t proc_status_bytes(const std::string& field) {
   return 0;
 }
 
-uint64_t machine_used_bytes() {
+struct MachineMemory {
+  uint64_t total = 0, available = 0;  // bytes
+};
+
+MachineMemory machine_memory() {
   std::ifstream in("/proc/meminfo");
   std::string key;
-  uint64_t kb = 0, total = 0, available = 0;
+  uint64_t kb = 0;
   std::string unit;
+  MachineMemory m;
   while (in >> key >> kb) {
     std::getline(in, unit);
-    if (key == "MemTotal:") total = kb;
-    if (key == "MemAvailable:") available = kb;
+    if (key == "MemTotal:") m.total = kb * 1024;
+    if (key == "MemAvailable:") m.available = kb * 1024;
   }
-  return (total - std::min(total, available)) * 1024;
+  return m;
+}
+
+uint64_t machine_used_bytes() {
+  const MachineMemory m = machine_memory();
+  return m.total - std::min(m.total, m.available);
 }
 
 uint64_t rss_now() {
@@ -134,10 +144,24 @@ struct MemoryProbe::RssSampler {
   }
 };
 
+uint64_t process_rss_bytes() { return rss_now(); }
+uint64_t machine_memory_bytes() { return machine_memory().total; }
+
 uint64_t cpu_tensor_bytes() { return g_live.load(); }
 uint64_t cpu_tensor_peak_bytes() { return g_peak.load(); }
 
-MemoryProbe::MemoryProbe(c10::Device device) : device_(device), sampler_(std::make_unique<RssSampler>()) {
+bool shares_memory_with_cpu(const c10::Device& device) {
+  if (device.is_cpu()) return true;
+#if defined(QWEN3_TORCH_HAS_CUDA)
+  cudaDeviceProp prop{};
+  if (device.is_cuda() && cudaGetDeviceProperties(&prop, device.index() < 0 ? 0 : device.index()) == cudaSuccess)
+    return prop.integrated != 0 || (prop.major == 12 && prop.minor == 1);
+#endif
+  return false;
+}
+
+MemoryProbe::MemoryProbe(c10::Device device)
+    : device_(device), shared_pool_(shares_memory_with_cpu(device)), sampler_(std::make_unique<RssSampler>()) {
   if (device_.is_cpu()) install_counting_allocator();
 #if !defined(QWEN3_TORCH_HAS_CUDA)
   if (device_.is_cuda()) throw Error("memory report: this build's libtorch has no CUDA");
@@ -153,10 +177,12 @@ MemoryReading MemoryProbe::read() const {
   sampler_->raise(r.rss);
   r.rss_peak = sampler_->peak.load();
   r.rss_peak_since_start = proc_status_bytes("VmHWM");
+  if (shared_pool_) r.pool_total = machine_memory().total;
   if (device_.is_cpu()) {
     r.allocated = g_live.load();
     r.peak = g_peak.load();
     r.device_used = machine_used_bytes();
+    r.pool_peak = r.rss_peak;
     return r;
   }
 #if defined(QWEN3_TORCH_HAS_CUDA)
@@ -168,6 +194,9 @@ MemoryReading MemoryProbe::read() const {
   r.reserved = static_cast<uint64_t>(stats.reserved_bytes[0].current);
   size_t free_bytes = 0, total_bytes = 0;
   if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) r.device_used = total_bytes - free_bytes;
+  // Counted twice if the driver maps the allocator's blocks into the RSS too: to be checked on a GB10
+  // (docs/dgx-spark.md).
+  if (shared_pool_) r.pool_peak = r.rss_peak + *r.reserved;
 #endif
   return r;
 }

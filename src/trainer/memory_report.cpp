@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <ctime>
 #include <filesystem>
@@ -72,7 +73,11 @@ void StepMemoryReport::phase(const std::string& name) {
       // the whole machine's (device) use.
       {"PidMemoryMiB", round1(mib(cpu ? r.rss : r.reserved.value_or(0)))},
       {"TotalMemoryMiB", optional_mib(r.device_used)},
+      // The one number to hold against the machine's memory where the CPU and the device share it (a CPU run;
+      // GB10): null on a discrete GPU.
+      {"PoolPeakMiB", optional_mib(r.pool_peak)},
   });
+  if (r.pool_total) report_["PoolTotalMiB"] = round1(mib(*r.pool_total));
   probe_.reset_peaks();
   last_ = std::chrono::steady_clock::now();
 }
@@ -91,6 +96,11 @@ void StepMemoryReport::finish() {
                           {"GradientsMiB", round1(mib(plan_.gradients))},
                           {"SavedActivationsMiB", round1(mib(plan_.saved_activations))},
                           {"PeakMiB", round1(mib(plan_.peak()))}};
+  if (report_.contains("PoolTotalMiB")) {
+    double pool_peak = 0;
+    for (const auto& sample : report_["Samples"]) pool_peak = std::max(pool_peak, sample["PoolPeakMiB"].get<double>());
+    report_["PoolPeakMiB"] = pool_peak;
+  }
   write_file_durably(path_, report_.dump(2) + "\n");
 
   fmt::print("memory report ({}; tensor MiB: the {}):\n", report_["Device"].get<std::string>(),
@@ -102,6 +112,14 @@ void StepMemoryReport::finish() {
     fmt::print("{:<22} {:>10.1f} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n", s["Phase"].get<std::string>(),
                s["DurationMs"].get<double>(), cell(s["PredictedMs"]), cell(s["AllocatedMiB"]), cell(s["ReservedMiB"]),
                cell(s["PeakMiB"]), cell(s["PredictedMiB"]), cell(s["RssMiB"]), cell(s["RssPeakMiB"]));
+  if (report_.contains("PoolTotalMiB")) {
+    const double pool_peak = report_["PoolPeakMiB"].get<double>();
+    const double total = report_["PoolTotalMiB"].get<double>();
+    const bool cpu = probe_.device().is_cpu();
+    fmt::print("one memory pool{}: this process's peak {:.1f} GB of the machine's {:.1f} GB (its RSS peak{})\n",
+               cpu ? "" : " (the GPU's memory is the machine's)", pool_peak * kMiB / 1e9, total * kMiB / 1e9,
+               cpu ? "" : " + the CUDA allocator's reserve");
+  }
   fmt::print("report written to {}\n", path_);
 }
 

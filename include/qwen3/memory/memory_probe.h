@@ -18,7 +18,16 @@ struct MemoryReading {
   uint64_t rss = 0;                // process resident set now
   uint64_t rss_peak = 0;           // its peak since the last reset, sampled every millisecond
   uint64_t rss_peak_since_start = 0;  // the kernel's high-water mark (VmHWM), never reset
+  // Where the CPU and the device draw on one memory (a CPU; GB10 and other integrated GPUs, whose "GPU memory" is
+  // the machine's): this process's use of it at its peak in the phase -- the RSS peak plus what the CUDA caching
+  // allocator holds -- and the pool's size (MemTotal). None on a discrete GPU, whose memory is its own.
+  std::optional<uint64_t> pool_peak;
+  std::optional<uint64_t> pool_total;
 };
+
+// Whether `device` shares one memory with the CPU: the CPU itself, or a CUDA device that reports itself integrated
+// or is compute capability 12.1 (GB10, DGX Spark).
+bool shares_memory_with_cpu(const c10::Device& device);
 
 // The RSS peak per phase comes from a thread that reads /proc/self/statm every millisecond, not from resetting
 // the kernel's high-water mark: that reset would also reset what `/usr/bin/time -v` reports for the process.
@@ -36,8 +45,13 @@ class MemoryProbe {
  private:
   struct RssSampler;
   c10::Device device_;
+  bool shared_pool_;
   std::unique_ptr<RssSampler> sampler_;
 };
+
+// This process's resident set now, and the machine's memory (MemTotal), in bytes.
+uint64_t process_rss_bytes();
+uint64_t machine_memory_bytes();
 
 // Bytes of CPU tensors live now / at the peak since reset, by the counting allocator (0 before it is installed).
 uint64_t cpu_tensor_bytes();

@@ -23,6 +23,7 @@ struct DeviceRates {
   double matmul_efficiency = 0;
   double memory_efficiency = 0;
   bool unified_memory = false;  // GPU memory and process memory are one pool (GB10)
+  double memory_gb = 0;         // the device's memory by the vendor (GB); 0 for cpu: the machine's MemTotal
 };
 
 // h100 | h200 | gb10 | cpu; UsageError naming the known ones otherwise.

@@ -238,6 +238,41 @@ TEST(Trainer, ResumeRefusesAnotherModelOrIncompatibleFlags) {
   EXPECT_THROW(run_training(o), Error);
 }
 
+// Entries fetched while the file is written (a shared-out optimizer state): in order, each let go before the next
+// is fetched, so the process never holds them all; the file is the one of the same tensors given whole.
+TEST(Checkpoint, FetchedTensorsAreWrittenInOrderOneAtATime) {
+  test::TempDir dir;
+  std::vector<at::Tensor> values;
+  for (int i = 0; i < 4; ++i) values.push_back(at::randn({64, 32}));
+  CheckpointState s;
+  s.model_hash = "h";
+  s.tensors.emplace_back("whole", at::arange(5.0));
+  for (int i = 0; i < 4; ++i) s.tensors.emplace_back("fetched/" + std::to_string(i), at::Tensor());
+  std::vector<size_t> asked;
+  std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> previous;
+  bool previous_released = true;
+  s.fetch = [&](size_t index) {
+    asked.push_back(index);
+    previous_released = previous_released && (!previous || previous->expired());
+    at::Tensor t = values[index - 1].clone();  // a fresh buffer, as a received one is
+    previous = t.storage().getWeakStorageImpl();
+    return t;
+  };
+  const std::string path = save_checkpoint(dir.file("ckpt"), s, 0);
+  EXPECT_EQ(asked, (std::vector<size_t>{1, 2, 3, 4}));
+  EXPECT_TRUE(previous_released) << "a fetched tensor was still held when the next was fetched";
+  const CheckpointState back = load_checkpoint(path);
+  ASSERT_EQ(back.tensors.size(), 5u);
+  EXPECT_TRUE(back.tensors[0].second.equal(at::arange(5.0)));
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(back.tensors[i + 1].first, "fetched/" + std::to_string(i));
+    EXPECT_TRUE(back.tensors[i + 1].second.equal(values[i]));
+  }
+  CheckpointState no_fetch;
+  no_fetch.tensors.emplace_back("missing", at::Tensor());
+  EXPECT_THROW(save_checkpoint(dir.file("other"), no_fetch, 0), Error);
+}
+
 TEST(Checkpoint, KillDuringSaveLeavesTheLastCompleteCheckpointLoadable) {
   test::TempDir dir;
   const std::string ckpt = dir.file("ckpt");

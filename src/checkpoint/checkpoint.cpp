@@ -83,7 +83,15 @@ std::string save_checkpoint(const std::string& dir, const CheckpointState& state
   try {
     {
       DatWriter w((tmp / "tensors.dat").string(), state.tensors.size());
-      for (const auto& [key, t] : state.tensors) write_tensor(w, key, t);
+      for (size_t i = 0; i < state.tensors.size(); ++i) {
+        const auto& [key, t] = state.tensors[i];
+        if (t.defined()) {
+          write_tensor(w, key, t);
+          continue;
+        }
+        if (!state.fetch) throw Error("checkpoint: '" + key + "' has no tensor and nothing fetches it");
+        write_tensor(w, key, state.fetch(i));  // released when written
+      }
       w.commit();  // fsyncs the file
     }
     nlohmann::json meta = {{"magic", kCheckpointMagic},
@@ -175,7 +183,7 @@ std::vector<std::string> complete_checkpoint_paths(const std::string& dir) {
 
 std::optional<std::string> first_nonfinite_tensor(const CheckpointState& state) {
   for (const auto& [name, t] : state.tensors)
-    if (t.is_floating_point() && !at::isfinite(t).all().item<bool>()) return name;
+    if (t.defined() && t.is_floating_point() && !at::isfinite(t).all().item<bool>()) return name;
   return std::nullopt;
 }
 

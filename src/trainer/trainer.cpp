@@ -379,10 +379,10 @@ class Trainer {
       if (dp_.is_main()) saver_->save(step, skipped_);
       return;
     }
-    // A shared-out state is gathered first (every rank takes part), so the checkpoint is the one a single
-    // process writes, whatever the world size.
-    const auto state = gather_optimizer_state();
-    if (dp_.is_main()) saver_->save(step, skipped_, &state);
+    // A shared-out state reaches rank 0's writer tensor by tensor (every rank takes part in each), so the
+    // checkpoint is the one a single process writes, whatever the world size, and no rank holds all of it.
+    const StreamedState state = streamed_optimizer_state();
+    saver_->save(step, skipped_, &state, dp_.is_main());
   }
 
   // The optimizer's parameters: all of them, or with --shard-optimizer-state this rank's share. Every parameter
@@ -416,27 +416,38 @@ class Trainer {
     return mine;
   }
 
-  // Every parameter's optimizer state, by name, on every rank (from the rank that holds it); rank 0 writes it.
-  std::vector<std::pair<std::string, at::Tensor>> gather_optimizer_state() {
-    // This rank's state lies parameter by parameter, in the trainable set's order, the same count for each.
-    const auto held = opt_->state_tensors();
-    const size_t per_param = opt_->params().empty() ? 0 : held.size() / opt_->params().size();
+  // Every parameter's optimizer state in the trainable set's order, as the checkpoint writer fetches it: the
+  // rank that holds a parameter's state broadcasts each of its tensors; the others receive it into a buffer of one
+  // parameter's state (a one-parameter optimizer's), made when its first tensor is fetched and dropped after it.
+  StreamedState streamed_optimizer_state() {
+    // The state tensors' names are the parameter's name and a suffix the moment storage decides, not the shape.
+    std::vector<std::string> suffixes;
+    for (auto& [name, t] : AdamW({OptimParam{"p", at::zeros({1}), false}}, o_.adamw).state_tensors())
+      suffixes.push_back(name.substr(1));
+    const size_t per_param = suffixes.size();
+    StreamedState s;
+    std::vector<size_t> held_at(model_.set.params.size(), 0);  // where a parameter of this rank starts in `held`
     size_t next_held = 0;
-    std::vector<std::pair<std::string, at::Tensor>> out;
     for (size_t i = 0; i < model_.set.params.size(); ++i) {
-      const OptimParam& p = model_.set.params[i];
-      const bool mine = owners_[i] == dp_.rank();
-      // Others' state arrives in buffers of the right names, shapes and dtypes: a one-parameter optimizer's.
-      auto state = mine ? std::vector<std::pair<std::string, at::Tensor>>(held.begin() + next_held,
-                                                                            held.begin() + next_held + per_param)
-                        : AdamW({OptimParam{p.name, p.param.detach(), p.decay}}, o_.adamw).state_tensors();
-      if (mine) next_held += per_param;
-      for (auto& [name, t] : state) {
-        dp_.broadcast(t, owners_[i], "optimizer state");
-        if (dp_.is_main()) out.emplace_back(name, mine ? t.clone() : t);
+      for (const std::string& suffix : suffixes) s.names.push_back(model_.set.params[i].name + suffix);
+      if (owners_[i] == dp_.rank()) {
+        held_at[i] = next_held;
+        next_held += per_param;
       }
     }
-    return out;
+    auto held = std::make_shared<std::vector<std::pair<std::string, at::Tensor>>>(opt_->state_tensors());
+    auto receiving = std::make_shared<std::vector<std::pair<std::string, at::Tensor>>>();
+    s.fetch = [this, per_param, held_at, held, receiving](size_t k) {
+      const size_t i = k / per_param, j = k % per_param;
+      const OptimParam& p = model_.set.params[i];
+      const bool mine = owners_[i] == dp_.rank();
+      if (!mine && j == 0) *receiving = AdamW({OptimParam{p.name, p.param.detach(), p.decay}}, o_.adamw).state_tensors();
+      at::Tensor t = mine ? (*held)[held_at[i] + j].second : (*receiving)[j].second;
+      dp_.broadcast(t, owners_[i], "optimizer state");
+      if (!mine && j + 1 == per_param) receiving->clear();  // the caller's handle is the last one
+      return t;
+    };
+    return s;
   }
 
   // run.json: what the caller knows (tool, git hash, command line, every flag), the options by name, the

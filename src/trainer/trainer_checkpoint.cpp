@@ -76,8 +76,7 @@ void restore_checkpoint(const CheckpointState& s, TrainableSet& set, AdamW& opt,
 
 CheckpointState make_checkpoint(const TrainableSet& set, const AdamW& opt, int64_t step, int64_t skipped,
                                 const std::string& hash, const TrainOptions& o, const ExportInfo& export_info,
-                                const nlohmann::json& run, int world_size,
-                                const std::vector<std::pair<std::string, at::Tensor>>* gathered_state) {
+                                const nlohmann::json& run, int world_size, const StreamedState* streamed) {
   CheckpointState s;
   s.extra = export_info.to_json();
   s.extra["run"] = run;  // run.json of the run that wrote it
@@ -87,7 +86,13 @@ CheckpointState make_checkpoint(const TrainableSet& set, const AdamW& opt, int64
   s.model_hash = hash;
   s.flags = resume_flags(o, world_size);
   for (const auto& p : set.params) s.tensors.emplace_back(std::string(kMasterWeightPrefix) + p.name, p.param.detach());
-  for (auto& [name, t] : gathered_state ? *gathered_state : opt.state_tensors()) s.tensors.emplace_back(kOptimPrefix + name, t);
+  if (streamed) {
+    const size_t first = s.tensors.size();
+    for (const std::string& name : streamed->names) s.tensors.emplace_back(kOptimPrefix + name, at::Tensor());
+    s.fetch = [streamed, first](size_t index) { return streamed->fetch(index - first); };
+  } else {
+    for (auto& [name, t] : opt.state_tensors()) s.tensors.emplace_back(kOptimPrefix + name, t);
+  }
   s.tensors.emplace_back(kRngKey, opt.rng_state());
   return s;
 }
@@ -116,6 +121,36 @@ ResumePoint restore_newest(const TrainOptions& o, TrainableSet& set, AdamW& opt,
   }
   spdlog::warn("--resume-if-present: no checkpoint in {}; starting from the weights", o.checkpoint_dir);
   return {};
+}
+
+void CheckpointSaver::save(int64_t step, int64_t skipped, const StreamedState* streamed, bool write) {
+  if (o_.checkpoint_dir.empty()) return;
+  if (step == step_on_disk_) {
+    if (write) spdlog::info("checkpoint: step {} is saved already ({})", step, last_);
+    return;
+  }
+  if (!write) {
+    for (size_t k = 0; streamed && k < streamed->names.size(); ++k) streamed->fetch(k);
+    step_on_disk_ = step;
+    return;
+  }
+  CheckpointState state =
+      make_checkpoint(set_, opt_, step, skipped, hash_, o_, export_info_, run_, world_size_, streamed);
+  const auto refuse = [&](const std::string& bad) {
+    return Error(fmt::format("refusing to save step {}: '{}' holds non-finite values (the training diverged); {}",
+                             step, bad, last_.empty() ? "no earlier checkpoint" : "the last good one is " + last_));
+  };
+  if (const auto bad = first_nonfinite_tensor(state)) throw refuse(*bad);
+  if (state.fetch)
+    state.fetch = [fetch = state.fetch, &state, &refuse](size_t index) {
+      at::Tensor t = fetch(index);
+      if (t.is_floating_point() && !at::isfinite(t).all().item<bool>()) throw refuse(state.tensors[index].first);
+      return t;
+    };
+  last_ = save_checkpoint(o_.checkpoint_dir, state, static_cast<int>(o_.keep_checkpoints));
+  step_on_disk_ = step;
+  ++saved_;
+  spdlog::info("checkpoint: {}", last_);
 }
 
 }  // namespace qwen3::train_detail

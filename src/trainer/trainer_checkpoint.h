@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,11 +24,19 @@ namespace qwen3::train_detail {
 constexpr const char* kOptimPrefix = "optim/";
 constexpr const char* kRngKey = "rng/stochastic_rounding";
 
-// A checkpoint of the run at `step`; `gathered_state`: the whole optimizer state when the ranks share it out.
+// The optimizer state of a run whose ranks share it out (--shard-optimizer-state), as the checkpoint writer
+// takes it: every tensor's name in order, and the fetch of the k-th, in which every rank takes part (the holder
+// sends it); rank 0 writes what it returns and lets it go before the next.
+struct StreamedState {
+  std::vector<std::string> names;
+  std::function<at::Tensor(size_t k)> fetch;
+};
+
+// A checkpoint of the run at `step`; `streamed`: the optimizer state when the ranks share it out (its entries
+// are then fetched while the file is written).
 CheckpointState make_checkpoint(const TrainableSet& set, const AdamW& opt, int64_t step, int64_t skipped,
                                 const std::string& hash, const TrainOptions& o, const ExportInfo& export_info,
-                                const nlohmann::json& run, int world_size,
-                                const std::vector<std::pair<std::string, at::Tensor>>* gathered_state);
+                                const nlohmann::json& run, int world_size, const StreamedState* streamed);
 
 // Where --resume continues: the newest complete checkpoint whose weights and state are finite (a poisoned one,
 // from before that check existed or written by hand, is passed over with a warning), restored into the trainable
@@ -52,23 +61,9 @@ class CheckpointSaver {
         run_(std::move(run)), world_size_(world_size), last_(std::move(resumed_from)),
         step_on_disk_(last_.empty() ? -1 : resumed_step) {}
 
-  // `gathered_state`: the whole optimizer state when the ranks share it out (--shard-optimizer-state).
-  void save(int64_t step, int64_t skipped, const std::vector<std::pair<std::string, at::Tensor>>* gathered_state = nullptr) {
-    if (o_.checkpoint_dir.empty()) return;
-    if (step == step_on_disk_) {
-      spdlog::info("checkpoint: step {} is saved already ({})", step, last_);
-      return;
-    }
-    const CheckpointState state =
-        make_checkpoint(set_, opt_, step, skipped, hash_, o_, export_info_, run_, world_size_, gathered_state);
-    if (const auto bad = first_nonfinite_tensor(state))
-      throw Error(fmt::format("refusing to save step {}: '{}' holds non-finite values (the training diverged); {}",
-                              step, *bad, last_.empty() ? "no earlier checkpoint" : "the last good one is " + last_));
-    last_ = save_checkpoint(o_.checkpoint_dir, state, static_cast<int>(o_.keep_checkpoints));
-    step_on_disk_ = step;
-    ++saved_;
-    spdlog::info("checkpoint: {}", last_);
-  }
+  // `streamed`: the optimizer state when the ranks share it out (--shard-optimizer-state). Every rank calls
+  // this then, at the same steps; only the one with `write` writes, the others take part in each fetch.
+  void save(int64_t step, int64_t skipped, const StreamedState* streamed = nullptr, bool write = true);
   const std::string& last() const { return last_; }  // the newest complete checkpoint of this run (or resumed)
   int64_t saved() const { return saved_; }
 

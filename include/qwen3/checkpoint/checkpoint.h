@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -33,6 +34,10 @@ struct CheckpointState {
   nlohmann::json flags;        // training flags that must agree on resume (dtypes, trainable set, ...)
   nlohmann::json extra;        // anything else worth keeping (loss history tail, timing)
   std::vector<std::pair<std::string, at::Tensor>> tensors;  // CPU or device tensors; saved as they are
+  // Entries of `tensors` left undefined are fetched while the file is written, in order, one at a time, and let
+  // go once written: a state gathered from other ranks never lies whole in one process (--shard-optimizer-state).
+  // Called with the entry's index.
+  std::function<at::Tensor(size_t index)> fetch;
 };
 
 // What `export` needs to rebuild a .dat from a checkpoint without the training flags. The trainer writes it into
@@ -74,7 +79,7 @@ class CheckpointDirLock {
 std::vector<std::string> complete_checkpoint_paths(const std::string& dir);
 
 // The first floating-point tensor of `state` holding a NaN or an infinity, or nothing: a state that must not be
-// saved (it would rotate out the good checkpoints) nor resumed from.
+// saved (it would rotate out the good checkpoints) nor resumed from. Entries still to be fetched are not looked at.
 std::optional<std::string> first_nonfinite_tensor(const CheckpointState& state);
 
 // Reads a checkpoint directory; tensors come back as CPU tensors in their saved dtypes, only those whose name

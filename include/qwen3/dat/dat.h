@@ -11,6 +11,10 @@
 
 #include "qwen3/base/error.h"
 
+// Payloads are little-endian and are copied into tensors byte for byte (x86-64 and aarch64 Linux are both
+// little-endian); a big-endian host would read every number wrong, so it does not compile.
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the .dat code assumes a little-endian host");
+
 namespace qwen3 {
 
 enum class ElemType : uint32_t {

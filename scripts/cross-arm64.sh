@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Cross-builds qwen3-train for aarch64 (DGX Spark's Grace CPU) on an x86-64 Debian 12 machine and runs tests under
+# qemu-user: docs/dgx-spark.md. One command from a clean checkout:
+#
+#   scripts/cross-arm64.sh            # sysroot (once), build into build-arm64/, the unit tests under qemu
+#   scripts/cross-arm64.sh --all      # every test (cli and slow too: ~10x slower under emulation)
+#   scripts/cross-arm64.sh --build-only
+#
+# Why a sysroot instead of `dpkg --add-architecture arm64` + `apt-get install libtorch-dev:arm64`: Debian's
+# libtorch-dev (and python3-dev, which it depends on) is not Multi-Arch: same, so the arm64 package would replace
+# the amd64 one the native build needs. mmdebstrap unpacks Debian's own arm64 packages and their dependencies into
+# a sysroot without touching the host's package database; the compiler is Debian's cross gcc 12.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# The sysroot is unpacked once per machine into a cache shared by every clone (as ccache is; CI builds a fresh
+# clone each run), and .deps/arm64-sysroot points at it. QWEN3_ARM64_SYSROOT names another folder.
+cache=${XDG_CACHE_HOME:-$HOME/.cache}/qwen3-train/arm64-sysroot
+sysroot=${QWEN3_ARM64_SYSROOT:-$cache}
+build_dir=${BUILD_DIR:-$root/build-arm64}
+mode=unit
+case "${1:-}" in
+  "") ;;
+  --all) mode=all ;;
+  --build-only) mode=none ;;
+  *) echo "usage: scripts/cross-arm64.sh [--all|--build-only]" >&2; exit 2 ;;
+esac
+
+host_packages=(mmdebstrap qemu-user-static crossbuild-essential-arm64 cmake ninja-build ccache)
+# The same libraries as scripts/setup.sh, for arm64 (the header-only ones too: one sysroot, one set of versions).
+arm64_packages=libtorch-dev,nlohmann-json3-dev,libcli11-dev,libspdlog-dev,libfmt-dev,libgtest-dev,libbenchmark-dev
+arm64_packages+=,libpcre2-dev,libutf8proc-dev,libgloo-dev,libopenblas0-pthread,libc6-dev,libstdc++-12-dev
+
+missing=()
+for p in "${host_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "cross-arm64: installing ${missing[*]}" >&2
+  sudo_cmd=()
+  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -qq
+  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+stamp=$sysroot/.qwen3-packages
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$arm64_packages" ]; then
+  if [ -e "$sysroot" ] && [ ! -f "$stamp" ] && [ -n "$(ls -A "$sysroot")" ]; then
+    echo "cross-arm64: $sysroot exists and is not a sysroot this script made; remove it or set QWEN3_ARM64_SYSROOT" >&2
+    exit 1
+  fi
+  echo "cross-arm64: unpacking Debian 12 arm64 packages into $sysroot" >&2
+  rm -rf "$sysroot"  # only ever one this script made (stamped) or an empty folder
+  mkdir -p "$(dirname "$sysroot")"
+  # The host's own Debian mirror (deb822 or one-line sources), so a machine behind a local mirror uses it.
+  mirror=$(sed -n 's/^URIs: *\([^ ]*debian\)$/\1/p; s/^deb  *\(http[^ ]*debian\)  *bookworm .*/\1/p' \
+             /etc/apt/sources.list.d/*.sources /etc/apt/sources.list 2>/dev/null | head -n 1)
+  mirror=${mirror:-http://deb.debian.org/debian}
+  # --variant=extract: unpack only (no maintainer scripts, which would need arm64 code to run).
+  mmdebstrap --quiet --variant=extract --architectures=arm64 --format=directory --include="$arm64_packages" \
+    bookworm "$sysroot" "deb $mirror bookworm main" "deb $mirror bookworm-updates main" \
+    "deb ${mirror%/debian}/debian-security bookworm-security main"
+  # Unpacked, not installed: absolute symlinks point into the host and the alternatives that the maintainer
+  # scripts would make (libblas.so.3 -> OpenBLAS) do not exist. Make both right inside the sysroot.
+  find "$sysroot" -type l -lname '/*' ! -path "$sysroot/dev/*" | while read -r link; do
+    target=$(readlink "$link")
+    ln -sfn "$(realpath -m --relative-to="$(dirname "$link")" "$sysroot$target")" "$link"
+  done
+  libdir=$sysroot/usr/lib/aarch64-linux-gnu
+  ln -sfn openblas-pthread/libblas.so.3 "$libdir/libblas.so.3"
+  ln -sfn openblas-pthread/liblapack.so.3 "$libdir/liblapack.so.3"
+  ln -sfn openblas-pthread/libopenblas.so.0 "$libdir/libopenblas.so.0"  # found through ld.so.cache when installed
+  echo "$arm64_packages" > "$stamp"
+fi
+
+if [ -z "${QWEN3_ARM64_SYSROOT:-}" ]; then
+  mkdir -p "$root/.deps"
+  if [ -e "$root/.deps/arm64-sysroot" ] && [ ! -L "$root/.deps/arm64-sysroot" ]; then
+    echo "cross-arm64: $root/.deps/arm64-sysroot is a folder, not the link this script makes; remove it" >&2
+    exit 1
+  fi
+  ln -sfn "$sysroot" "$root/.deps/arm64-sysroot"  # the toolchain file's default: re-configures find it too
+fi
+export QWEN3_ARM64_SYSROOT=$sysroot
+# The benchmarks are not built: nothing here can time an arm64 machine (qemu's timings mean nothing).
+BUILD_DIR=$build_dir CMAKE_ARGS="-DCMAKE_TOOLCHAIN_FILE=$root/cmake/toolchain-aarch64-linux-gnu.cmake -DQWEN3_CUDA=OFF -DQWEN3_BUILD_BENCH=OFF ${CMAKE_ARGS:-}" \
+  "$root/scripts/build.sh"
+[ "$(od -An -tx1 -j18 -N2 "$build_dir/qwen3-train" | tr -d ' ')" = b700 ] ||  # ELF e_machine 183: AArch64
+   { echo "cross-arm64: $build_dir/qwen3-train is not an aarch64 binary" >&2; exit 1; }
+
+# qemu-user runs one guest thread per host thread; libtorch's intra-op pool adds nothing under emulation.
+export OMP_NUM_THREADS=1
+cd "$build_dir"
+qemu-aarch64-static -L "$sysroot" "$build_dir/qwen3-train" --version  # explicit emulator: binfmt_misc not needed
+case $mode in
+  unit) ctest --output-on-failure -j "$(nproc)" -L unit ;;
+  all) ctest --output-on-failure -j "$(nproc)" --timeout 3600 ;;  # the smoke alone runs past ctest's 900 s under qemu
+  none) ;;
+esac

@@ -54,7 +54,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$arm64_packages" ]; then
   mkdir -p "$(dirname "$sysroot")"
   # The host's own Debian mirror (deb822 or one-line sources), so a machine behind a local mirror uses it.
   mirror=$(sed -n 's/^URIs: *\([^ ]*debian\)$/\1/p; s/^deb  *\(http[^ ]*debian\)  *bookworm .*/\1/p' \
-             /etc/apt/sources.list.d/*.sources /etc/apt/sources.list 2>/dev/null | head -n 1)
+             /etc/apt/sources.list.d/*.sources /etc/apt/sources.list 2>/dev/null | head -n 1 || true)
   mirror=${mirror:-http://deb.debian.org/debian}
   # --variant=extract: unpack only (no maintainer scripts, which would need arm64 code to run).
   mmdebstrap --quiet --variant=extract --architectures=arm64 --format=directory --include="$arm64_packages" \

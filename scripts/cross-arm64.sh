@@ -88,12 +88,14 @@ BUILD_DIR=$build_dir CMAKE_ARGS="-DCMAKE_TOOLCHAIN_FILE=$root/cmake/toolchain-aa
 [ "$(od -An -tx1 -j18 -N2 "$build_dir/qwen3-train" | tr -d ' ')" = b700 ] ||  # ELF e_machine 183: AArch64
    { echo "cross-arm64: $build_dir/qwen3-train is not an aarch64 binary" >&2; exit 1; }
 
-# qemu-user runs one guest thread per host thread; libtorch's intra-op pool adds nothing under emulation.
+# qemu-user runs one guest thread per host thread; libtorch's intra-op pool adds nothing under emulation. (Count
+# the cores first: nproc honours OMP_NUM_THREADS.)
+jobs=$(nproc)
 export OMP_NUM_THREADS=1
 cd "$build_dir"
 qemu-aarch64-static -L "$sysroot" "$build_dir/qwen3-train" --version  # explicit emulator: binfmt_misc not needed
 case $mode in
-  unit) ctest --output-on-failure -j "$(nproc)" -L unit ;;
-  all) ctest --output-on-failure -j "$(nproc)" --timeout 3600 ;;  # the smoke alone runs past ctest's 900 s under qemu
+  unit) ctest --output-on-failure -j "$jobs" -L unit ;;
+  all) ctest --output-on-failure -j "$jobs" --timeout 3600 ;;  # the smoke alone runs past ctest's 900 s under qemu
   none) ;;
 esac

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -44,10 +45,11 @@ std::vector<uint8_t> safetensors_bytes(const std::vector<std::pair<std::string, 
     data.insert(data.end(), p, p + c.nbytes());
   }
   if (header.empty()) header = j.dump();
-  std::vector<uint8_t> out(8);
+  // Sized once and filled (growing an 8-byte vector by insert trips GCC 12's -Warray-bounds on aarch64).
+  std::vector<uint8_t> out(8 + header.size() + data.size());
   for (int i = 0; i < 8; ++i) out[i] = static_cast<uint8_t>(static_cast<uint64_t>(header.size()) >> (8 * i));
-  out.insert(out.end(), header.begin(), header.end());
-  out.insert(out.end(), data.begin(), data.end());
+  std::copy(header.begin(), header.end(), out.begin() + 8);
+  std::copy(data.begin(), data.end(), out.begin() + 8 + static_cast<std::ptrdiff_t>(header.size()));
   return out;
 }
 

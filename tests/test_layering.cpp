@@ -57,11 +57,15 @@ TEST(Layering, ModulesIncludeOnlyWhatLiesBelowThem) {
       const std::string target = (*it)[1].str();
       ++checked;
       EXPECT_GE(rank(target), 0) << where << " includes a header of unknown module " << target;
-      if (target != module) EXPECT_LT(rank(target), rank(module)) << where << " includes " << it->str() << ", above it";
+      if (target != module) {
+        EXPECT_LT(rank(target), rank(module)) << where << " includes " << it->str() << ", above it";
+      }
     }
     for (auto it = std::sregex_iterator(text.begin(), text.end(), private_include); it != std::sregex_iterator(); ++it) {
       const std::string folder = (*it)[1].str();
-      if (rank(folder) >= 0) EXPECT_EQ(folder, module) << where << " includes " << it->str() << ", private to " << folder;
+      if (rank(folder) >= 0) {
+        EXPECT_EQ(folder, module) << where << " includes " << it->str() << ", private to " << folder;
+      }
     }
   }
   EXPECT_GT(checked, 200u);

@@ -22,7 +22,7 @@ constexpr MomentStorage kAllStorages[] = {MomentStorage::float32, MomentStorage:
 // The AdamW paper's algorithm with torch's eps placement, element by element in double.
 struct ReferenceAdamW {
   double beta1, beta2, eps, weight_decay;
-  std::vector<std::vector<double>> m, v;
+  std::vector<std::vector<double>> m = {}, v = {};
   int64_t t = 0;
   void step(std::vector<std::vector<double>>& params, const std::vector<std::vector<double>>& grads,
             const std::vector<bool>& decay, double lr) {

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "cli_test_util.h"
+#include "tokenizer_test_util.h"
 
 namespace qwen3 {
 namespace {
@@ -173,6 +174,16 @@ TEST_F(ModelCli, EvalScoresLongLinesInWindows) {
 
 // The offline smoke (the built-in tiny tokenizer, which tests/data holds too): its replies take many more
 // tokens, and 20 steps left "I am Qwen." half learned; it now trains long enough to pass.
+// The README's main job as it runs after scripts/fetch-tokenizer.sh: the real tokenizer, whose hybrid chat
+// template (an empty think block before every reply) once made 20 steps too few for the reply.
+TEST(SmokeCli, PassesWithTheRealTokenizer) {
+  QWEN3_REQUIRE_REAL_TOKENIZER(tok);
+  test::TempDir dir;
+  const auto r = test::run_cli("smoke --out-dir " + dir.file("smoke") + " --tokenizer " + test::real_tokenizer_path());
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("-> \"I am Qwen.\" (expected \"I am Qwen.\") ok"), std::string::npos) << r.out;
+}
+
 TEST(SmokeCli, PassesWithTheTinyTokenizer) {
   test::TempDir dir;
   const auto r = test::run_cli("smoke --out-dir " + dir.file("smoke") + " --tokenizer " + QWEN3_SOURCE_DIR +

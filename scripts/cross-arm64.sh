@@ -25,23 +25,11 @@ case "${1:-}" in
   *) echo "usage: scripts/cross-arm64.sh [--all|--build-only]" >&2; exit 2 ;;
 esac
 
-host_packages=(mmdebstrap qemu-user-static crossbuild-essential-arm64 cmake ninja-build ccache)
+# The native build's packages (scripts/setup.sh) and the cross tools.
+"$root/scripts/setup.sh" mmdebstrap qemu-user-static crossbuild-essential-arm64
 # The same libraries as scripts/setup.sh, for arm64 (the header-only ones too: one sysroot, one set of versions).
 arm64_packages=libtorch-dev,nlohmann-json3-dev,libcli11-dev,libspdlog-dev,libfmt-dev,libgtest-dev,libbenchmark-dev
 arm64_packages+=,libpcre2-dev,libutf8proc-dev,libgloo-dev,libopenblas0-pthread,libc6-dev,libstdc++-12-dev
-
-missing=()
-for p in "${host_packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  echo "cross-arm64: installing ${missing[*]}" >&2
-  sudo_cmd=()
-  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
-  export DEBIAN_FRONTEND=noninteractive
-  "${sudo_cmd[@]}" apt-get update -qq
-  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
 
 stamp=$sysroot/.qwen3-packages
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$arm64_packages" ]; then

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing qwen3-train needs on Debian 12, non-interactively; a no-op when all of it
-# is already there. Used by smoke.sh and test.sh; safe to run by hand.
+# is already there. Used by smoke.sh, test.sh and cross-arm64.sh (whose extra packages come as arguments); safe
+# to run by hand.
 set -euo pipefail
 
 packages=(build-essential cmake ninja-build ccache pkg-config
@@ -8,7 +9,8 @@ packages=(build-essential cmake ninja-build ccache pkg-config
           libgtest-dev libbenchmark-dev libpcre2-dev libutf8proc-dev
           libgloo-dev  # libtorch's c10d headers include <gloo/...> (data parallel: docs/distributed.md)
           libopenblas0-pthread  # libtorch's matmul goes through libblas.so.3: the reference BLAS is ~10x slower
-          python3 nodejs)       # the independent readers of the tests (SVG plots; HF exports, chat fixtures)
+          python3 nodejs        # the independent readers of the tests (SVG plots; HF exports, chat fixtures)
+          "$@")
 
 missing=()
 for p in "${packages[@]}"; do

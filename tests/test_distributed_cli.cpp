@@ -12,6 +12,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
 #include "cli_test_util.h"
 #include "qwen3/checkpoint/checkpoint.h"
 #include "qwen3/model/synth.h"
@@ -171,6 +173,37 @@ TEST(DistributedCli, TcpStoreFromMasterAddrAndPort) {
   EXPECT_EQ(test::slurp(job.dir.file("r0.rc")), "0\n") << test::slurp(job.dir.file("r0.err"));
   EXPECT_EQ(test::slurp(job.dir.file("r1.rc")), "0\n") << test::slurp(job.dir.file("r1.err"));
   EXPECT_EQ(job.losses("m.jsonl").size(), 2u);
+}
+
+// torchrun's agent serves the store itself (TORCHELASTIC_USE_AGENT_STORE=True): every rank is a client, and each
+// restart attempt (TORCHELASTIC_RESTART_COUNT) works under its own prefix, as PyTorch's workers do, because the
+// agent's store keeps the earlier attempt's keys. This test plays the agent: a TCPStore server in this process,
+// and two attempts of a 2-rank job on it.
+TEST(DistributedCli, TorchrunAgentStoreAcrossRestarts) {
+  const Job job;
+  c10d::TCPStoreOptions o;
+  o.port = 0;
+  o.isServer = true;
+  o.waitWorkers = false;
+  o.timeout = std::chrono::seconds(60);
+  const auto agent = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", o);
+  const std::string env = "TORCHELASTIC_USE_AGENT_STORE=True MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+                          std::to_string(agent->getPort()) + " WORLD_SIZE=2 ";
+  const std::string flags = " --steps 2 --batch-size 2 --dist-timeout 30";
+  for (const std::string attempt : {"0", "1"}) {
+    const std::string run_env = env + "TORCHELASTIC_RESTART_COUNT=" + attempt + " ";
+    const std::string a = "a" + attempt;
+    const std::string script = "cd " + job.dir.path().string() + "\n(" + run_env + "RANK=0 " + job.base + flags +
+                               " --metrics-jsonl " + a + ".jsonl 2> " + a + "r0.err; echo $? > " + a + "r0.rc) &\n(" +
+                               run_env + "RANK=1 " + job.base + flags + " 2> " + a + "r1.err; echo $? > " + a +
+                               "r1.rc) &\nwait\n";
+    std::ofstream(job.dir.file(a + ".sh")) << script;
+    test::run_shell("bash " + job.dir.file(a + ".sh"));
+    EXPECT_EQ(test::slurp(job.dir.file(a + "r0.rc")), "0\n") << "attempt " << attempt << ": " << test::slurp(job.dir.file(a + "r0.err"));
+    EXPECT_EQ(test::slurp(job.dir.file(a + "r1.rc")), "0\n") << "attempt " << attempt << ": " << test::slurp(job.dir.file(a + "r1.err"));
+    EXPECT_EQ(job.losses(a + ".jsonl").size(), 2u) << "attempt " << attempt;
+  }
+  EXPECT_GT(agent->getNumKeys(), 0) << "the ranks joined through the agent's store";
 }
 
 // A checkpoint of 2 ranks resumes on 1 rank with the same global batch, as the 2 ranks would have continued.

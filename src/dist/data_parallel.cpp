@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 // Gloo where this libtorch has it (Debian's 1.13 and PyTorch's wheels build it; its headers need <gloo/...>,
@@ -100,7 +101,23 @@ DataParallel::DataParallel(const DistEnv& env, const std::string& init, std::chr
     o.isServer = env_.rank == 0 && !agent_store;
     o.numWorkers = static_cast<std::size_t>(env_.world_size);
     o.timeout = timeout;
-    group_->store = c10::make_intrusive<c10d::TCPStore>(env_.master_addr, o);
+    try {
+      group_->store = c10::make_intrusive<c10d::TCPStore>(env_.master_addr, o);
+    } catch (const std::exception& e) {
+      throw Error(fmt::format("{} rank {} of {}: cannot {} the store at MASTER_ADDR:MASTER_PORT {}:{} ({}): {}",
+                              env_.launcher, env_.rank, env_.world_size, o.isServer ? "serve" : "reach",
+                              env_.master_addr, env_.master_port,
+                              o.isServer ? "is the port taken?" : "is rank 0 or torchrun's agent up?",
+                              first_line(e)));
+    }
+    // The agent's store outlives the workers: after a restart (torchrun --max-restarts) it still holds the
+    // previous attempt's keys, Gloo's peer addresses among them. Each attempt works under its own prefix, the one
+    // PyTorch's own workers use, so a restarted job never reads a dead peer's address.
+    if (agent_store) {
+      const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
+      group_->store = c10::make_intrusive<c10d::PrefixStore>(
+          std::string("/worker/attempt_") + (attempt && *attempt ? attempt : "0"), group_->store);
+    }
   }
   group_->store->setTimeout(timeout);
   auto options = c10d::ProcessGroupGloo::Options::create(timeout);

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -405,9 +406,13 @@ TEST(TrainCli, FilesAreNamedByRoleAndFoldersMade) {
             std::string::npos)
       << r.err;
   const std::string metrics = dir.file("runs/a/b/metrics.jsonl");
-  r = test::run_cli(base + " --metrics-jsonl " + metrics + " --checkpoint-dir " + dir.file("ck"));
+  // The report inside the checkpoint folder, which does not exist yet (the original's users wrote it there).
+  const std::string report = dir.file("ck/step-memory.json");
+  r = test::run_cli(base + " --metrics-jsonl " + metrics + " --checkpoint-dir " + dir.file("ck") + " --vram-report " +
+                    report);
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(losses_of(metrics).size(), 1u);
+  EXPECT_TRUE(std::filesystem::exists(report)) << r.out;
   const auto latest = latest_checkpoint(dir.file("ck"));
   ASSERT_TRUE(latest.has_value());
   const std::string meta_path = *latest + "/checkpoint.json";

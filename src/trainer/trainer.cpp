@@ -160,7 +160,10 @@ class Trainer {
     if (!dp_.is_main()) spdlog::set_level(spdlog::level::warn);
     if (dp_.world_size() > 1)
       spdlog::info("data parallel: {} ranks ({}), this is rank {}", dp_.world_size(), dp_.env().launcher, dp_.rank());
-    if (!o.vram_report.empty() && dp_.is_main()) report_.emplace(o.vram_report, device_, to_json(o));
+    if (!o.vram_report.empty() && dp_.is_main()) {
+      prepare_output_folder("--vram-report", o.vram_report);  // e.g. inside the --checkpoint-dir not made yet
+      report_.emplace(o.vram_report, device_, to_json(o));
+    }
     phase("start");
     // One trainer per checkpoint directory, checked (and the directory made) before anything loads.
     if (!o.checkpoint_dir.empty() && dp_.is_main()) checkpoint_lock_.emplace(o.checkpoint_dir);

@@ -206,6 +206,30 @@ TEST(DistributedCli, TorchrunAgentStoreAcrossRestarts) {
   EXPECT_GT(agent->getNumKeys(), 0) << "the ranks joined through the agent's store";
 }
 
+// A MASTER_PORT that rank 0 cannot serve (something else listens there): one named error, without libtorch's own
+// log lines above it (c10d's socket warnings through glog, unless TORCH_CPP_LOG_LEVEL asks for them).
+TEST(DistributedCli, ATakenMasterPortIsOneNamedError) {
+  const Job job;
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(fd, 1), 0);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string port = std::to_string(ntohs(addr.sin_port));
+  const auto r = test::run_shell("MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port + " WORLD_SIZE=2 RANK=0 " + job.base +
+                                 " --steps 1 --dist-timeout 5");
+  ::close(fd);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("error: torchrun rank 0 of 2: cannot serve the store at MASTER_ADDR:MASTER_PORT 127.0.0.1:" + port),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("[c10d]"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("InitGoogleLogging"), std::string::npos) << r.err;
+}
+
 // A checkpoint of 2 ranks resumes on 1 rank with the same global batch, as the 2 ranks would have continued.
 TEST(DistributedCli, TwoRankCheckpointResumesOnOneRank) {
   const Job job;

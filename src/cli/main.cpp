@@ -1,12 +1,14 @@
 // qwen3-train: parses argv, runs one subcommand, and turns every failure into one `error: ...` line.
 // Exit codes: 0 success, 1 runtime error, 2 bad flag or value.
 #include <c10/util/Exception.h>
+#include <c10/util/Logging.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // fmt::join
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <string>
@@ -94,7 +96,20 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
+// libtorch's own log lines (glog in Debian's libtorch, c10's logging in PyTorch's wheels) stay quiet unless the
+// user asks for them with TORCH_CPP_LOG_LEVEL: c10d printed its socket warnings ("WARNING: Logging before
+// InitGoogleLogging()", "[c10d] The server socket has failed to bind") above this tool's one named error.
+void quiet_library_logs() {
+  if (std::getenv("TORCH_CPP_LOG_LEVEL")) return;
+#if defined(C10_USE_GLOG)
+  FLAGS_minloglevel = 3;  // FATAL only
+#else
+  FLAGS_caffe2_log_level = 3;
+#endif
+}
+
 int main(int argc, char** argv) {
+  quiet_library_logs();
   try {
     return run(argc, argv);
   } catch (const qwen3::UsageError& e) {

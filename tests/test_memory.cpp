@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -353,12 +354,17 @@ TEST(VramReportCli, PredictOnlyAndBadFlags) {
     EXPECT_EQ(help.out.find(flag), std::string::npos) << flag;
   EXPECT_NE(help.out.find("--seq-len"), std::string::npos);
   std::ofstream(dir.file("pairs.tsv")) << "hi\tworld\n";
-  const test::CliResult unwritable = test::run_cli(
-      "vram-report --out " + dir.file("no/such/dir/r.json") + " --weights " + m.dat_path + " --config " +
-      m.config_path + " --tokenizer " + test::tiny_tokenizer_path() + " --train-data " + dir.file("pairs.tsv"));
+  // A missing folder is made (as for --metrics-jsonl); one that cannot be (a file stands in its way) is refused
+  // before the step.
+  const std::string train = " --weights " + m.dat_path + " --config " + m.config_path + " --tokenizer " +
+                            test::tiny_tokenizer_path() + " --train-data " + dir.file("pairs.tsv");
+  const test::CliResult unwritable = test::run_cli("vram-report --out " + dir.file("pairs.tsv/r.json") + train);
   EXPECT_EQ(unwritable.code, 1);
-  EXPECT_NE(unwritable.err.find("no/such/dir/r.json: cannot open for writing"), std::string::npos) << unwritable.err;
+  EXPECT_NE(unwritable.err.find("pairs.tsv/r.json: cannot create its folder"), std::string::npos) << unwritable.err;
   EXPECT_EQ(unwritable.err.find("step 1/1"), std::string::npos) << "refused before the step";
+  const test::CliResult made = test::run_cli("vram-report --out " + dir.file("new/dir/r.json") + train);
+  EXPECT_EQ(made.code, 0) << made.err;
+  EXPECT_TRUE(std::filesystem::exists(dir.file("new/dir/r.json")));
   const test::CliResult bad_moments = test::run_cli("vram-report --predict-only --config " + m.config_path +
                                                     " --optimizer-state-mode int4");
   EXPECT_EQ(bad_moments.code, 2);

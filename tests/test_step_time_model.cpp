@@ -105,6 +105,19 @@ TEST(StepTimeModel, RespondsToTheFlagsThatChangeTheWork) {
   EXPECT_GT(predict_step_time(c, false, fp32_compute, h100).total_ms(), 5 * base.total_ms());
 }
 
+// Without a flag naming it, a run is predicted (and its MFU measured) with the rates of the GPU it runs on: a
+// DGX Spark's GB10 against its own peak, not an H100's.
+TEST(StepTimeModel, DefaultRatesFollowTheGpu) {
+  EXPECT_EQ(rates_name_for_gpu(12, 1, uint64_t{128} << 30), "gb10");
+  EXPECT_EQ(rates_name_for_gpu(9, 0, uint64_t{80} << 30), "h100");
+  EXPECT_EQ(rates_name_for_gpu(9, 0, uint64_t{141} << 30), "h200");
+  EXPECT_EQ(rates_name_for_gpu(8, 0, uint64_t{80} << 30), "h100") << "an unknown GPU: the H100's rates";
+  EXPECT_EQ(default_rates_name(c10::Device(c10::kCPU)), "cpu");
+#if !defined(QWEN3_TORCH_HAS_CUDA)
+  EXPECT_EQ(default_rates_name(c10::Device(c10::kCUDA, 0)), "h100") << "no device to read: the H100's rates";
+#endif
+}
+
 TEST(StepTimeModel, PredictOnlyPrintsTheTimeForANamedDevice) {
   test::TempDir dir;
   const std::string config = dir.file("config.json");

@@ -297,7 +297,7 @@ CLI::Option_group* add_train_flags(CLI::App* sub, const std::shared_ptr<TrainFla
                   "metrics.jsonl and the export model.dat");
   add_bool_flag(run, "--allow-data-change", o.allow_data_change,
                 "--resume even when the training data's content differs from the checkpoint's");
-  run->add_option("--mfu-device", o.mfu_device, "on CUDA, the device whose bf16 peak the metrics' MFU uses (default h100)")
+  run->add_option("--mfu-device", o.mfu_device, "on CUDA, the device whose bf16 peak the metrics' MFU uses (default: the GPU it runs on: gb10, h200, else h100)")
       ->check(CLI::IsMember(predict_device_names()));
   add_bool_flag(run, "--fused-optimizer", o.fused_optimizer,
                 "update each block during backward and free its gradients (clipping per block: docs/trainer.md)");
@@ -372,8 +372,9 @@ Command add_vram_report_command(CLI::App& app) {
                   "a rank holds 1/N of the moments)")
       ->check(positive_number());
   run->add_option("--predict-device", f->o.predict_device,
-                  "the device whose rates the step-time model uses: h100, h200, gb10 or cpu (default: cpu, or h100 "
-                  "with --device cuda); with --predict-only also the memory model's device")
+                  "the device whose rates the step-time model uses: h100, h200, gb10 or cpu (default: cpu, or with "
+                  "--device cuda the GPU it runs on: gb10, h200, else h100); with --predict-only also the memory "
+                  "model's device")
       ->check(CLI::IsMember(predict_device_names()));
   return {sub, [f, out, predict_only]() {
             TrainOptions& o = f->o;

@@ -150,14 +150,19 @@ uint64_t machine_memory_bytes() { return machine_memory().total; }
 uint64_t cpu_tensor_bytes() { return g_live.load(); }
 uint64_t cpu_tensor_peak_bytes() { return g_peak.load(); }
 
-bool shares_memory_with_cpu(const c10::Device& device) {
-  if (device.is_cpu()) return true;
+std::optional<CudaDeviceInfo> cuda_device_info(const c10::Device& device) {
 #if defined(QWEN3_TORCH_HAS_CUDA)
   cudaDeviceProp prop{};
   if (device.is_cuda() && cudaGetDeviceProperties(&prop, device.index() < 0 ? 0 : device.index()) == cudaSuccess)
-    return prop.integrated != 0 || (prop.major == 12 && prop.minor == 1);
+    return CudaDeviceInfo{prop.major, prop.minor, prop.integrated != 0, static_cast<uint64_t>(prop.totalGlobalMem)};
 #endif
-  return false;
+  return std::nullopt;
+}
+
+bool shares_memory_with_cpu(const c10::Device& device) {
+  if (device.is_cpu()) return true;
+  const auto info = cuda_device_info(device);
+  return info && (info->integrated || (info->major == 12 && info->minor == 1));
 }
 
 MemoryProbe::MemoryProbe(c10::Device device)

@@ -55,7 +55,7 @@ StepPrediction predict(const TrainOptions& o, const Qwen3Config& config, const c
   const bool separate_head = !config.tie_word_embeddings;
   StepPrediction p;
   p.memory = predict_step_memory(config, separate_head, o, device, dense_file, device.is_cuda() || build_uses_sdpa());
-  p.rates = device_rates(!o.predict_device.empty() ? o.predict_device : (device.is_cuda() ? "h100" : "cpu"));
+  p.rates = device_rates(!o.predict_device.empty() ? o.predict_device : default_rates_name(device));
   p.time = predict_step_time(config, separate_head, o, p.rates);
   return p;
 }

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "qwen3/base/error.h"
+#include "qwen3/memory/memory_probe.h"
 #include "qwen3/model/layout.h"
 #include "qwen3/nvfp4/nvfp4_linear.h"
 #include "qwen3/optim/optim.h"
@@ -34,6 +35,18 @@ DeviceRates device_rates(std::string_view name) {
   std::string known;
   for (const auto& n : predict_device_names()) known += (known.empty() ? "" : ", ") + n;
   throw UsageError("--predict-device: unknown '" + std::string(name) + "' (" + known + ")");
+}
+
+std::string rates_name_for_gpu(int major, int minor, uint64_t total_memory) {
+  if (major == 12 && minor == 1) return "gb10";
+  if (major == 9 && minor == 0 && total_memory > (uint64_t{100} << 30)) return "h200";
+  return "h100";
+}
+
+std::string default_rates_name(const c10::Device& device) {
+  if (!device.is_cuda()) return "cpu";
+  const auto gpu = cuda_device_info(device);
+  return gpu ? rates_name_for_gpu(gpu->major, gpu->minor, gpu->total_memory) : "h100";
 }
 
 double StepTimePlan::total_ms() const {

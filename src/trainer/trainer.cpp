@@ -474,7 +474,7 @@ class Trainer {
   // --mfu-device (default h100). CPU has no peak worth the name: no MFU.
   void set_up_mfu(const TrainOptions& o) {
     if (!device_.is_cuda()) return;
-    const DeviceRates rates = device_rates(o.mfu_device.empty() ? "h100" : o.mfu_device);
+    const DeviceRates rates = device_rates(o.mfu_device.empty() ? default_rates_name(device_) : o.mfu_device);
     const StepTimePlan plan = predict_step_time(config_, model_.model->has_separate_lm_head(), o, rates);
     double flops = 0;
     for (const PhaseTime& p : plan.phases) flops += p.flops;

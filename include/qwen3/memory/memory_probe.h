@@ -25,6 +25,16 @@ struct MemoryReading {
   std::optional<uint64_t> pool_total;
 };
 
+// What the trainer needs to know of a CUDA device: its compute capability, whether it is integrated (its memory is
+// the machine's), and its memory.
+struct CudaDeviceInfo {
+  int major = 0, minor = 0;
+  bool integrated = false;
+  uint64_t total_memory = 0;  // bytes
+};
+// The device's properties; nothing for a CPU device, in a build without CUDA, or when the device cannot be read.
+std::optional<CudaDeviceInfo> cuda_device_info(const c10::Device& device);
+
 // Whether `device` shares one memory with the CPU: the CPU itself, or a CUDA device that reports itself integrated
 // or is compute capability 12.1 (GB10, DGX Spark).
 bool shares_memory_with_cpu(const c10::Device& device);

@@ -55,7 +55,7 @@ bool build_uses_sdpa();
 // Both models of one step, from the one entry `vram-report --predict-only` and the trainer's report share:
 // the head is separate exactly when the config does not tie it (the trainer ties a tied config's head even when
 // the file stores lm_head); attention is sdpa on CUDA (every CUDA build is libtorch 2.x) or when this build has
-// it; the memory is `device`'s, the rates are options.predict_device's, else h100 on CUDA and cpu on a CPU.
+// it; the memory is `device`'s, the rates are options.predict_device's, else default_rates_name(device).
 struct StepPrediction {
   StepMemoryPlan memory;
   DeviceRates rates;

@@ -4,6 +4,9 @@
 // --predict-device D` prints it, the real report prints it beside the measured durations. The model, its
 // rates and how close it is: docs/performance.md.
 #pragma once
+#include <c10/core/Device.h>
+
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -29,6 +32,11 @@ struct DeviceRates {
 // h100 | h200 | gb10 | cpu; UsageError naming the known ones otherwise.
 DeviceRates device_rates(std::string_view name);
 const std::vector<std::string>& predict_device_names();
+
+// The rates a run on `device` is predicted and its MFU measured with when no flag names them: cpu on a CPU; on a
+// GPU the one it is — gb10 for compute capability 12.1, h200 for a 9.0 with more than 100 GiB — else h100.
+std::string rates_name_for_gpu(int major, int minor, uint64_t total_memory);
+std::string default_rates_name(const c10::Device& device);
 
 struct PhaseTime {
   std::string phase;     // forward_done | backward_done | optimizer_step_done

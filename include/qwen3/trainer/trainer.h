@@ -76,7 +76,7 @@ struct TrainOptions {
   bool allow_data_change = false;  // --resume on training data that differs from the checkpoint's
   // What the caller knows of the run for run.json: the tool, its git hash, the command line, every flag.
   nlohmann::json run_info = nlohmann::json::object();
-  std::string mfu_device;  // whose bf16 peak the metrics' MFU is against on CUDA (default h100)
+  std::string mfu_device;  // whose bf16 peak the metrics' MFU is against on CUDA (default: default_rates_name)
   // Data parallel (docs/distributed.md): the ranks come from the launcher's environment; "file://PATH" joins
   // through a file instead of MASTER_ADDR:MASTER_PORT. A collective waits at most dist_timeout_s for the others.
   std::string dist_init;

@@ -8,7 +8,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
+#include <stdexcept>
 #include <filesystem>
 #include <fstream>
 
@@ -69,6 +72,32 @@ struct Job {
     }
     return out;
   }
+};
+
+// A TCP socket on a port the kernel picks, on every address (as a server holds one), listening when asked;
+// closed when it goes.
+class BoundSocket {
+ public:
+  explicit BoundSocket(bool listening) : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_ANY);
+    socklen_t len = sizeof addr;
+    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+        (listening && ::listen(fd_, 1) != 0) || ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
+      throw std::runtime_error(std::string("test socket: ") + std::strerror(errno));
+    port_ = ntohs(addr.sin_port);
+  }
+  ~BoundSocket() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  BoundSocket(const BoundSocket&) = delete;
+  BoundSocket& operator=(const BoundSocket&) = delete;
+  int port() const { return port_; }
+
+ private:
+  int fd_;
+  int port_ = 0;
 };
 
 double worst_relative(const std::vector<double>& a, const std::vector<double>& b) {
@@ -154,15 +183,7 @@ TEST(DistributedCli, ShardedOptimizerStateIsTheUnsharedRunBitForBit) {
 // the loopback, found by binding port 0).
 TEST(DistributedCli, TcpStoreFromMasterAddrAndPort) {
   const Job job;
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  const int port = ntohs(addr.sin_port);
-  ::close(fd);
+  const int port = BoundSocket(/*listening=*/false).port();  // free now: closed again at once
   const std::string env = "MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " WORLD_SIZE=2 ";
   const std::string flags = " --steps 2 --batch-size 2 --dist-timeout 30";
   const std::string script = "cd " + job.dir.path().string() + "\n(" + env + "RANK=0 " + job.base + flags +
@@ -210,18 +231,10 @@ TEST(DistributedCli, TorchrunAgentStoreAcrossRestarts) {
 // log lines above it (c10d's socket warnings through glog, unless TORCH_CPP_LOG_LEVEL asks for them).
 TEST(DistributedCli, ATakenMasterPortIsOneNamedError) {
   const Job job;
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  socklen_t len = sizeof addr;
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  ASSERT_EQ(::listen(fd, 1), 0);
-  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  const std::string port = std::to_string(ntohs(addr.sin_port));
+  const BoundSocket taken(/*listening=*/true);
+  const std::string port = std::to_string(taken.port());
   const auto r = test::run_shell("MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port + " WORLD_SIZE=2 RANK=0 " + job.base +
                                  " --steps 1 --dist-timeout 5");
-  ::close(fd);
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("error: torchrun rank 0 of 2: cannot serve the store at MASTER_ADDR:MASTER_PORT 127.0.0.1:" + port),
             std::string::npos)

@@ -105,11 +105,6 @@ MachineMemory machine_memory() {
   return m;
 }
 
-uint64_t machine_used_bytes() {
-  const MachineMemory m = machine_memory();
-  return m.total - std::min(m.total, m.available);
-}
-
 uint64_t rss_now() {
   std::ifstream in("/proc/self/statm");
   uint64_t size_pages = 0, resident_pages = 0;
@@ -182,14 +177,16 @@ MemoryReading MemoryProbe::read() const {
   sampler_->raise(r.rss);
   r.rss_peak = sampler_->peak.load();
   r.rss_peak_since_start = proc_status_bytes("VmHWM");
-  if (shared_pool_) r.pool_total = machine_memory().total;
   if (device_.is_cpu()) {
+    const MachineMemory m = machine_memory();
     r.allocated = g_live.load();
     r.peak = g_peak.load();
-    r.device_used = machine_used_bytes();
+    r.device_used = m.total - std::min(m.total, m.available);
     r.pool_peak = r.rss_peak;
+    r.pool_total = m.total;
     return r;
   }
+  if (shared_pool_) r.pool_total = machine_memory().total;
 #if defined(QWEN3_TORCH_HAS_CUDA)
   // Index 0 is StatType::AGGREGATE in every version; naming the type would tie this to one (it moved to
   // c10::CachingAllocator in PyTorch 2.5).

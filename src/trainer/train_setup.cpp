@@ -106,8 +106,11 @@ bool cpu_bf16_products_work() {
 }
 
 at::ScalarType compute_scalar_type(const TrainOptions& o, const c10::Device& device) {
-  return compute_scalar_type(o, device, device.is_cuda() || o.compute_dtype == ComputeDtype::float32 ||
-                                            cpu_bf16_products_work());
+  // Probed only where the answer matters: bf16 compute asked for, or auto with a bf16 master, on a CPU.
+  const bool bf16_on_cpu = !device.is_cuda() && (o.compute_dtype == ComputeDtype::bfloat16 ||
+                                                 (o.compute_dtype == ComputeDtype::auto_select &&
+                                                  o.master_dtype == MasterDtype::bfloat16));
+  return compute_scalar_type(o, device, !bf16_on_cpu || cpu_bf16_products_work());
 }
 
 at::ScalarType compute_scalar_type(const TrainOptions& o, const c10::Device& device, bool cpu_bf16_products) {

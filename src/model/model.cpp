@@ -1,6 +1,7 @@
 #include "qwen3/model/model.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>  // at::NoGradGuard: ATen.h stopped including it in PyTorch 2.x
 #include <torch/version.h>
 
 #include "model/activation_ops.h"

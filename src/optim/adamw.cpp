@@ -1,5 +1,6 @@
 // AdamW over master weights, the moments in any MomentStorage, one row chunk at a time.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>  // at::NoGradGuard: ATen.h stopped including it in PyTorch 2.x
 
 #include <algorithm>
 #include <cmath>

@@ -15,9 +15,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
-
 #include "cli_test_util.h"
+#include "dist/tcp_store.h"
 #include "qwen3/checkpoint/checkpoint.h"
 #include "qwen3/model/synth.h"
 #include "tiny_model_util.h"
@@ -207,7 +206,7 @@ TEST(DistributedCli, TorchrunAgentStoreAcrossRestarts) {
   o.isServer = true;
   o.waitWorkers = false;
   o.timeout = std::chrono::seconds(60);
-  const auto agent = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", o);
+  const auto agent = make_tcp_store("127.0.0.1", o);
   const std::string env = "TORCHELASTIC_USE_AGENT_STORE=True MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
                           std::to_string(agent->getPort()) + " WORLD_SIZE=2 ";
   const std::string flags = " --steps 2 --batch-size 2 --dist-timeout 30";

@@ -17,6 +17,7 @@
 #include <optional>
 #include <string_view>
 
+#include "dist/tcp_store.h"
 #include "qwen3/base/error.h"
 
 namespace qwen3 {
@@ -53,7 +54,31 @@ std::string first_line(const std::exception& e) {
   return text.substr(0, text.find('\n'));
 }
 
+// Turns off TCPStoreOptions::useLibUV where this libtorch has the field (PyTorch 2.2 and later); false where it
+// has not (or it is off already): nothing to retry with. A template, so that a libtorch without the field never
+// compiles the assignment.
+template <typename Options>
+auto without_libuv(Options& o, int) -> decltype(o.useLibUV, bool()) {
+  if (!o.useLibUV) return false;
+  o.useLibUV = false;
+  return true;
+}
+template <typename Options>
+bool without_libuv(Options&, long) {
+  return false;
+}
+
 }  // namespace
+
+c10::intrusive_ptr<c10d::TCPStore> make_tcp_store(const std::string& host, c10d::TCPStoreOptions options) {
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(host, options);
+  } catch (const std::exception& e) {
+    if (std::string_view(e.what()).find("without libuv") == std::string_view::npos || !without_libuv(options, 0))
+      throw;
+  }
+  return c10::make_intrusive<c10d::TCPStore>(host, options);
+}
 
 DistEnv dist_env_from_environment() {
   DistEnv env;
@@ -102,7 +127,7 @@ DataParallel::DataParallel(const DistEnv& env, const std::string& init, std::chr
     o.numWorkers = static_cast<std::size_t>(env_.world_size);
     o.timeout = timeout;
     try {
-      group_->store = c10::make_intrusive<c10d::TCPStore>(env_.master_addr, o);
+      group_->store = make_tcp_store(env_.master_addr, o);
     } catch (const std::exception& e) {
       throw Error(fmt::format("{} rank {} of {}: cannot {} the store at MASTER_ADDR:MASTER_PORT {}:{} ({}): {}",
                               env_.launcher, env_.rank, env_.world_size, o.isServer ? "serve" : "reach",

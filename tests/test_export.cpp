@@ -190,6 +190,9 @@ TEST(Export, WriteFailureLeavesNoFileAndSaysSo) {
   const pid_t pid = ::fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
+    // GNU OpenMP's thread pool does not survive fork(): a parallel region in the child waits for the parent's
+    // workers forever (PyTorch 2.x's export quantizes rows in parallel). The child works on one thread.
+    at::set_num_threads(1);
     ::signal(SIGXFSZ, SIG_IGN);
     struct rlimit lim {16 << 10, 16 << 10};
     ::setrlimit(RLIMIT_FSIZE, &lim);

@@ -86,7 +86,7 @@ struct StepSizes {
   u64 scratch = 0;                // a GPU's reused dequantization buffer (nvfp4_linear.h)
   bool scratch_in_forward = false;
   // What autograd keeps of one block per token, and the short-lived activations (docs/memory.md).
-  u64 block_saved_per_token = 0, mlp_saved = 0, attention_forward_temp = 0, mlp_temp = 0;
+  u64 block_saved_per_token = 0, mlp_saved = 0, attention_forward_temp = 0, mlp_temp = 0, mlp_forward_temp = 0;
   u64 block_backward_activation_temp = 0;
   u64 width = 0;  // the cross-entropy's vocabulary slice
 
@@ -158,9 +158,8 @@ struct StepSizes {
     const u64 norm_saved = (4 + 2 * a) * H + 4;  // fp32 input copy (or the input), normed, output
     const u64 qk_saved = (4 + a) * (Q + KV) + 4 * (nh + s.kv_heads);
     u64 attention_saved = a * Q /*q after RoPE*/ + a * Q /*the merged heads, copied for o_proj*/;
-    if (sdpa) {
+    if (sdpa) {  // flash attention (CUDA, and PyTorch 2.x's CPU kernel): output and log-sum-exp, no scores
       attention_saved += (grouped ? 2 * a * Q : 2 * a * KV) + a * Q /*output*/ + 4 * nh /*log-sum-exp*/;
-      if (!cuda) attention_saved += 4 * nh * T;  // the CPU math path keeps the probabilities
     } else {
       attention_saved += (grouped ? 2 * a * Q : 2 * a * KV) + 4 * nh * T + (abf16 ? 2 * nh * T : 0);
     }
@@ -168,13 +167,17 @@ struct StepSizes {
     block_saved_per_token = 2 * norm_saved + qk_saved + attention_saved + mlp_saved;
     // Attention scores [B, heads, T, T]: with the explicit softmax two fp32 copies are alive at once in forward
     // (scores and masked, or probabilities and their typed copy) and two gradients in backward; a GPU's fused
-    // attention has none. The MLP: gate, up and silu outputs (forward without a graph), their gradients
-    // (backward).
-    const bool explicit_scores = !(sdpa && cuda);
+    // attention has none (nor PyTorch 2.x's CPU flash kernel, which works in per-thread tiles). The MLP: gate,
+    // up and silu outputs (forward without a graph, below); in backward the gradient from down_proj and the two
+    // it makes (gate's, up's), less the product saved for down_proj, freed by then: two [N, I] tensors net.
+    const bool explicit_scores = !sdpa;
     const u64 scores = B * nh * T * T;
     attention_forward_temp = explicit_scores ? scores * 8 : 0;
     const u64 attention_backward_temp = explicit_scores ? scores * 8 : N * 3 * a * Q;
-    mlp_temp = N * 3 * a * I;
+    mlp_temp = N * 2 * a * I;
+    // Forward without a graph: the block's residual and normed input, gate and up, then silu(gate) and its
+    // product with up at once on CPU (four [N, I] tensors; the CUDA kernel makes the product directly: three).
+    mlp_forward_temp = N * a * ((cuda ? 3 : 4) * I + 2 * H);
     // Backward of a block: the MLP's part runs first; by the time attention's runs, its saved tensors are gone.
     block_backward_activation_temp =
         std::max(mlp_temp, attention_backward_temp > mlp_saved * N ? attention_backward_temp - mlp_saved * N : 0);
@@ -223,11 +226,11 @@ std::vector<u64> forward_phase(const StepSizes& z, Timeline& t, StepMemoryPlan& 
       // All of its projections are frozen codes: only the product's dequantization on CPU.
       const u64 product = z.cuda ? 0 : (4 + (z.abf16 ? 2 : 0)) * b.largest_projection;
       saved[l] = 0;
-      t.spike(std::max(product + z.attention_forward_temp + attention_inputs, product + z.mlp_temp));
+      t.spike(std::max(product + z.attention_forward_temp + attention_inputs, product + z.mlp_forward_temp));
       continue;
     }
     if (checkpoint) {
-      t.spike(std::max(temp + attention_inputs, z.mlp_temp + z.projection_forward_temp(b.largest_projection)));
+      t.spike(std::max(temp + attention_inputs, z.mlp_forward_temp + z.projection_forward_temp(b.largest_projection)));
       saved[l] = a * N * H;  // the block's input alone
     } else {
       saved[l] = z.block_saved_per_token * N + codes + (z.o.fused_optimizer ? a * N * H : 0);

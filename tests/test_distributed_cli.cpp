@@ -226,6 +226,32 @@ TEST(DistributedCli, TorchrunAgentStoreAcrossRestarts) {
   EXPECT_GT(agent->getNumKeys(), 0) << "the ranks joined through the agent's store";
 }
 
+// The launcher itself: PyTorch's torchrun (--standalone: its own rendezvous store and agent; --no-python: the
+// binary is the worker; --local-addr: the agent's store on loopback, whatever the host name resolves to) starts
+// two ranks that train as one process does with their combined batch. Runs where
+// torchrun is installed (scripts/torch2-check.sh's Debian 13 root has python3-torch); skips elsewhere.
+TEST(DistributedCli, UnderTorchrunItself) {
+  if (test::run_shell("command -v torchrun").code != 0) GTEST_SKIP() << "torchrun is not installed here";
+  // A PyTorch built without libuv (Debian's) cannot run its own torchrun: tests/torchrun_no_libuv.py is torchrun
+  // with the socket transport as the store's default. Where the plain torchrun can make a store, it runs.
+  const bool libuv =
+      test::run_shell("python3 -c 'import torch.distributed as d; d.TCPStore(\"127.0.0.1\", 0, is_master=True)'").code == 0;
+  const std::string torchrun =
+      libuv ? std::string("torchrun") : "python3 " + std::string(QWEN3_SOURCE_DIR) + "/tests/torchrun_no_libuv.py";
+  const Job job;
+  ASSERT_EQ(test::run_shell(job.base + " --steps 3 --batch-size 4 --metrics-jsonl " + job.dir.file("one.jsonl")).code, 0);
+  const auto r = test::run_shell("cd " + job.dir.path().string() +
+                                 " && timeout 120 " + torchrun +
+                                 " --standalone --local-addr 127.0.0.1 --nproc-per-node 2 --max-restarts 0 --no-python " +
+                                 job.base + " --steps 3 --batch-size 2 --dist-timeout 60 --metrics-jsonl " +
+                                 job.dir.file("two.jsonl"));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE((r.out + r.err).find("the 2 replicas are bitwise identical"), std::string::npos) << r.out << r.err;
+  EXPECT_NE((r.out + r.err).find("data parallel: 2 ranks (torchrun)"), std::string::npos) << r.out << r.err;
+  EXPECT_EQ(job.losses("two.jsonl").size(), 3u);
+  EXPECT_LT(worst_relative(job.losses("two.jsonl"), job.losses("one.jsonl")), 1e-5);
+}
+
 // A MASTER_PORT that rank 0 cannot serve (something else listens there): one named error, without libtorch's own
 // log lines above it (c10d's socket warnings through glog, unless TORCH_CPP_LOG_LEVEL asks for them).
 TEST(DistributedCli, ATakenMasterPortIsOneNamedError) {

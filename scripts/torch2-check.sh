@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Builds qwen3-train against PyTorch 2.x's libtorch (Debian 13's libtorch-dev 2.6, CPU) and runs the whole test
+# suite with it, torchrun included, on a Debian 12 machine: docs/build.md. The GPU machine's libtorch is
+# PyTorch 2.x; Debian 12's is 1.13. Without this lane the first build against 2.x happened on a lent GPU, where
+# its failures cost device time.
+#
+#   scripts/torch2-check.sh              # root (once), build into build-torch2/, every test
+#   scripts/torch2-check.sh -R Dist      # extra arguments go to ctest
+#
+# How: mmdebstrap makes a Debian 13 root with the same libraries as scripts/setup.sh plus python3-torch (for
+# torchrun), once per machine, in a cache shared by every clone (as ccache is); QWEN3_TORCH2_ROOT names another
+# folder. The checkout is bind-mounted into it at /src and built there with Debian 13's gcc 14 and cmake, in a
+# private mount namespace (nothing stays mounted when the script ends). Needs root (chroot and mounts).
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cache=${XDG_CACHE_HOME:-$HOME/.cache}/qwen3-train
+chroot_dir=${QWEN3_TORCH2_ROOT:-$cache/torch2-root}
+build_dir=build-torch2  # inside the checkout (ignored by git)
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "torch2-check: needs root (mmdebstrap, chroot and bind mounts); run it with sudo" >&2
+  exit 2
+fi
+"$root/scripts/setup.sh" mmdebstrap
+
+packages=build-essential,cmake,ninja-build,ccache,pkg-config,libtorch-dev,python3-torch,nlohmann-json3-dev
+packages+=,libcli11-dev,libspdlog-dev,libfmt-dev,libgtest-dev,libbenchmark-dev,libpcre2-dev,libutf8proc-dev
+packages+=,libgloo-dev,libopenblas0-pthread,python3,nodejs
+stamp=$chroot_dir/.qwen3-packages
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$packages" ]; then
+  if [ -e "$chroot_dir" ] && [ ! -f "$stamp" ] && [ -n "$(ls -A "$chroot_dir")" ]; then
+    echo "torch2-check: $chroot_dir exists and is not a root this script made; remove it or set QWEN3_TORCH2_ROOT" >&2
+    exit 1
+  fi
+  echo "torch2-check: installing Debian 13 with libtorch 2.x into $chroot_dir" >&2
+  rm -rf "$chroot_dir"  # only ever one this script made (stamped) or an empty folder
+  mkdir -p "$(dirname "$chroot_dir")"
+  # The host's own Debian mirror (deb822 or one-line sources), so a machine behind a local mirror uses it.
+  mirror=$(sed -n 's/^URIs: *\([^ ]*debian\)$/\1/p; s/^deb  *\(http[^ ]*debian\)  *bookworm .*/\1/p' \
+             /etc/apt/sources.list.d/*.sources /etc/apt/sources.list 2>/dev/null | head -n 1 || true)
+  mirror=${mirror:-http://deb.debian.org/debian}
+  mmdebstrap --quiet --variant=apt --format=directory --include="$packages" trixie "$chroot_dir" "deb $mirror trixie main"
+  echo "$packages" > "$stamp"
+fi
+mkdir -p "$cache/torch2-ccache"
+
+# Inside: configure once, build (the benchmarks too: they must compile against 2.x), run ctest. The tests that
+# need the fetched tokenizer find it in the checkout (scripts/fetch-tokenizer.sh ran on the host) or skip.
+inner=$(cat <<'INNER'
+set -euo pipefail
+export CCACHE_DIR=/ccache CCACHE_BASEDIR=/src CCACHE_NOHASHDIR=true CCACHE_COMPILERCHECK=content CCACHE_MAXSIZE=3G
+cd /src
+python3 -c 'import torch; print("torch2-check: libtorch", torch.__version__)'
+if [ ! -f "$BUILD/build.ninja" ]; then cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null; fi
+ninja -C "$BUILD" -j "$(nproc)"
+cd "$BUILD"
+ctest --output-on-failure -j "$(nproc)" "$@"
+INNER
+)
+# The private mount namespace keeps the bind mounts to this process; they go when it ends, whatever happens.
+unshare --mount --propagation private bash -euo pipefail -c '
+  dir=$1 src=$2 ccache=$3 inner=$4 build=$5
+  shift 5
+  mount -t proc proc "$dir/proc"
+  mount --rbind /dev "$dir/dev"
+  mkdir -p "$dir/src" "$dir/ccache"
+  mount --bind "$src" "$dir/src"
+  mount --bind "$ccache" "$dir/ccache"
+  exec chroot "$dir" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 BUILD="$build" \
+    bash -c "$inner" inner "$@"
+' torch2 "$chroot_dir" "$root" "$cache/torch2-ccache" "$inner" "$build_dir" "$@"

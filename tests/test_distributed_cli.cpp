@@ -179,6 +179,53 @@ TEST(DistributedCli, ShardedOptimizerStateIsTheUnsharedRunBitForBit) {
 }
 
 // The launcher path without --dist-init: MASTER_ADDR:MASTER_PORT, a TCPStore served by rank 0 (a free port of
+// --shard-optimizer-state sums each gradient onto its owner only and a rank then drops the gradients it does not
+// own: after backward, rank 0 of 2 holds about half of them (its share) where the unshared run holds all. Read
+// from the measured report's allocated tensor bytes (exact, the counting allocator), on a model whose gradients
+// (15 MiB in fp32) stand well above the rest.
+TEST(DistributedCli, ShardedRanksHoldTheirShareOfTheGradients) {
+  Job job;
+  SynthOptions s;
+  s.config = test::trainable_tiny_config();
+  s.config.hidden_size = 256;
+  s.config.num_hidden_layers = 4;
+  s.config.num_attention_heads = 8;
+  s.config.num_key_value_heads = 2;
+  s.config.head_dim = 32;
+  s.config.intermediate_size = 1024;
+  s.out_dir = job.dir.file("mid");
+  const SynthResult mid = write_synthetic_model(s);
+  job.base = std::string(QWEN3_BINARY) + " train --weights " + mid.dat_path + " --config " + mid.config_path +
+             " --tokenizer " + test::tiny_tokenizer_path() + " --train-data " + job.dir.file("pairs.tsv") +
+             " --seq-len 32 --log-every 0";
+  double held[2] = {0, 0};
+  for (int sharded = 0; sharded < 2; ++sharded) {
+    const std::string name = sharded ? "held-shard" : "held-plain";
+    const std::string report = job.dir.file(name + ".json");
+    ASSERT_EQ(job.run(2, std::string("--steps 1 --batch-size 2 ") + (sharded ? "--shard-optimizer-state " : "") +
+                             "--vram-report " + report,
+                      name),
+              std::vector<int>({0, 0}))
+        << job.err(name, 0) << job.err(name, 1);
+    const nlohmann::json r = nlohmann::json::parse(test::slurp(report));
+    double batch_ready = -1, backward_done = -1;
+    for (const auto& sample : r["Samples"]) {
+      if (sample["Phase"] == "batch_ready") batch_ready = sample["AllocatedMiB"].get<double>();
+      if (sample["Phase"] == "backward_done") backward_done = sample["AllocatedMiB"].get<double>();
+      // The memory model knows the share: each phase's predicted peak within 15% of the measured one.
+      const double measured = sample["PeakMiB"].get<double>(), predicted = sample["PredictedMiB"].get<double>();
+      if (measured >= 1.0) EXPECT_NEAR(predicted, measured, 0.15 * measured) << name << " " << sample["Phase"];
+    }
+    ASSERT_GE(batch_ready, 0);
+    ASSERT_GE(backward_done, 0);
+    held[sharded] = backward_done - batch_ready;
+  }
+  std::printf("gradients held after backward: %.1f MiB unshared, %.1f MiB sharded (rank 0 of 2)\n", held[0], held[1]);
+  EXPECT_GT(held[0], 14.0);
+  EXPECT_LT(held[1], 0.65 * held[0]);
+  EXPECT_GT(held[1], 0.35 * held[0]);
+}
+
 // the loopback, found by binding port 0).
 TEST(DistributedCli, TcpStoreFromMasterAddrAndPort) {
   const Job job;

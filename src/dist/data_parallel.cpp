@@ -208,9 +208,22 @@ at::ScalarType sum_type(at::ScalarType t, const char* what) {
 
 std::unique_ptr<DataParallel::Pending> DataParallel::all_reduce_sum_async(std::vector<at::Tensor> tensors,
                                                                            const char* what) {
+  return launch_sum(std::move(tensors), -1, what);
+}
+
+std::unique_ptr<DataParallel::Pending> DataParallel::reduce_sum_async(std::vector<at::Tensor> tensors, int root,
+                                                                       const char* what) {
+  if (root < 0 || root >= env_.world_size)
+    throw Error(fmt::format("reduce of the {}: rank {} is not in a world of {}", what, root, env_.world_size));
+  return launch_sum(std::move(tensors), root, what);
+}
+
+std::unique_ptr<DataParallel::Pending> DataParallel::launch_sum(std::vector<at::Tensor> tensors, int root,
+                                                                const char* what) {
   auto pending = std::unique_ptr<Pending>(new Pending());
   pending->owner_ = this;
   pending->what_ = what;
+  pending->root_ = root;
   if (!group_ || tensors.empty()) return pending;
   for (const at::ScalarType dtype : {at::kFloat, at::kDouble, at::kLong}) {
     Pending::Bucket bucket;
@@ -226,11 +239,17 @@ std::unique_ptr<DataParallel::Pending> DataParallel::all_reduce_sum_async(std::v
     bucket.flat = in_place ? only : at::cat(parts);
     std::vector<at::Tensor> data = {bucket.flat};
     try {
-      bucket.work = group_->pg->allreduce(data);
+      if (root < 0) {
+        bucket.work = group_->pg->allreduce(data);
+      } else {
+        c10d::ReduceOptions options;
+        options.rootRank = root;
+        bucket.work = group_->pg->reduce(data, options);
+      }
     } catch (const std::exception& e) {  // c10::Error, or Gloo's own exceptions when a peer is gone
-      throw Error(fmt::format("rank {} of {}: all-reduce of the {} failed (another rank died or stalled past "
+      throw Error(fmt::format("rank {} of {}: {} of the {} failed (another rank died or stalled past "
                               "--dist-timeout?): {}",
-                              env_.rank, env_.world_size, what, first_line(e)));
+                              env_.rank, env_.world_size, root < 0 ? "all-reduce" : "reduce", what, first_line(e)));
     }
     pending->buckets_.push_back(std::move(bucket));
   }
@@ -244,10 +263,12 @@ void DataParallel::Pending::wait() {
     try {
       bucket.work->wait(owner_->timeout_);
     } catch (const std::exception& e) {
-      throw Error(fmt::format("rank {} of {}: all-reduce of the {} failed (another rank died or stalled past "
+      throw Error(fmt::format("rank {} of {}: {} of the {} failed (another rank died or stalled past "
                               "--dist-timeout?): {}",
-                              owner_->env_.rank, owner_->env_.world_size, what_, first_line(e)));
+                              owner_->env_.rank, owner_->env_.world_size, root_ < 0 ? "all-reduce" : "reduce",
+                              what_, first_line(e)));
     }
+    if (root_ >= 0 && root_ != owner_->env_.rank) continue;  // not this rank's sum: nothing to copy back
     if (bucket.flat.unsafeGetTensorImpl() == tensors_[bucket.members.front()].unsafeGetTensorImpl()) continue;
     int64_t at = 0;
     for (size_t i : bucket.members) {

@@ -259,6 +259,20 @@ void loss_forward_phase(const StepSizes& z, Timeline& t) {
   }
 }
 
+// Ranks sharing the optimizer state (--shard-optimizer-state); 1 otherwise.
+u64 state_shards(const StepSizes& z) {
+  return z.o.shard_optimizer_state ? static_cast<u64>(std::max<int64_t>(1, z.o.predict_world_size)) : 1;
+}
+
+// The gradients alive when backward ends: all of them (plain), those outside the blocks (fused: the blocks' are
+// applied and freed), or a rank's share (shared-out state, plain: each gradient is summed onto its owner and the
+// other ranks drop it; shares are dealt by tensor, so "a share" is 1/N within one tensor).
+u64 gradients_held_after_backward(const StepSizes& z) {
+  if (z.o.fused_optimizer) return z.nonblock_grad;
+  const u64 shards = state_shards(z);
+  return shards > 1 ? (z.gradients + shards - 1) / shards : z.gradients;
+}
+
 // Backward: the loss (the head's weight gradient is always formed), the final norm, the blocks last to first,
 // the embedding.
 void backward_phase(const StepSizes& z, const std::vector<u64>& saved, Timeline& t) {
@@ -274,29 +288,36 @@ void backward_phase(const StepSizes& z, const std::vector<u64>& saved, Timeline&
   t.sub(final_norm_saved(z));
   if (z.cuda && !z.scratch_in_forward) t.add(z.scratch);
   const u64 opt_temp_per_element = optimizer_temp_per_element(z.bf16);
+  // Shared-out state, plain update: a block keeps its share once the next block's gradients arrive (the sums of
+  // the one before are waited for then), so the previous block's other shares are alive with this one's.
+  const u64 shards = z.o.fused_optimizer ? 1 : state_shards(z);
+  u64 in_flight = 0;
   for (int64_t l = z.s.layers - 1; l >= z.first_graph_block; --l) {
     const BlockSizes& b = z.blocks[l];
     const u64 grads = b.trainable * e;
-    u64 temp = z.projection_backward_temp(b.largest_projection) + z.block_backward_activation_temp + grads;
+    u64 temp = z.projection_backward_temp(b.largest_projection) + z.block_backward_activation_temp + grads + in_flight;
     if (z.o.grad_checkpoint)
       temp += z.block_saved_per_token * N + b.trained_projections * StepSizes::kCodesPerElementX16 / 16;
     t.spike(temp);
     // Fused: the block's update runs after its graph is gone, with only the gradients and a piece's temporaries.
     if (z.o.fused_optimizer)
       t.spike(grads + std::min<u64>(b.largest_projection, z.optimizer_piece_max) * opt_temp_per_element);
-    if (!z.o.fused_optimizer) t.add(grads);
+    if (!z.o.fused_optimizer) t.add(grads / shards);
+    in_flight = grads - grads / shards;
     t.sub(saved[l]);
   }
   t.sub(a * N * H);
   // The lookup adds its rows into the embedding's .grad() in place (allocated here unless the head's made it).
   if (z.embedding_trains && !(!z.separate_head && z.o.loss == LossKind::cross_entropy)) t.add(z.V * H * e);
+  // Shared-out: the gradients outside the blocks are summed onto their owners at the end, the others dropped.
+  if (shards > 1) t.sub(z.nonblock_grad - z.nonblock_grad / shards);
 }
 
 // The optimizer (and, fused, the tensors outside the blocks), then the gradients go.
 void optimizer_phase(const StepSizes& z, Timeline& t) {
   const u64 pieces = z.o.fused_optimizer ? z.nonblock_piece_max : z.optimizer_piece_max;
   t.spike(pieces * optimizer_temp_per_element(z.bf16));
-  t.sub(z.o.fused_optimizer ? z.nonblock_grad : z.gradients);
+  t.sub(gradients_held_after_backward(z));
 }
 
 }  // namespace
@@ -308,7 +329,7 @@ StepMemoryPlan predict_step_memory(const Qwen3Config& config, bool separate_head
   StepMemoryPlan plan;
   plan.weights = z.weights;
   // --shard-optimizer-state: a rank holds its share of the moments (shares balanced to within one tensor).
-  const u64 shards = o.shard_optimizer_state ? static_cast<u64>(std::max<int64_t>(1, o.predict_world_size)) : 1;
+  const u64 shards = state_shards(z);
   plan.moments = (z.moments + shards - 1) / shards;
   plan.gradients = z.gradients;
   Timeline t;

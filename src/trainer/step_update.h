@@ -12,6 +12,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -145,6 +146,10 @@ class PlainUpdate final : public StepUpdate {
     std::vector<std::unique_ptr<DataParallel::Pending>> pending;
     std::unordered_set<const c10::TensorImpl*> reduced;  // parameters whose sum is under way
     bool last_micro_batch = false;
+    // With the state shared out (--shard-optimizer-state) each block's gradients are summed onto their owners
+    // only (a reduce a rank), and once a block's sums are in, a rank drops the gradients it does not own: it holds
+    // its share of the gradients plus the two blocks whose sums are under way, instead of all of them.
+    std::vector<OwnerSums> previous_block;
     SinkGuard guard{runner_};
     if (dp_.world_size() > 1)
       runner_.set_gradient_sink([&](int64_t, const std::vector<std::pair<at::Tensor, at::Tensor>>& grads) {
@@ -160,7 +165,16 @@ class PlainUpdate final : public StepUpdate {
           block.push_back(g);
           if (last_micro_batch) reduced.insert(param.unsafeGetTensorImpl());
         }
-        if (last_micro_batch) pending.push_back(dp_.all_reduce_sum_async(std::move(block), "block gradients"));
+        if (!last_micro_batch) return;
+        if (owners_.empty()) {
+          pending.push_back(dp_.all_reduce_sum_async(std::move(block), "block gradients"));
+          return;
+        }
+        std::vector<at::Tensor> params;
+        for (const auto& pg : grads) params.push_back(pg.first);
+        std::vector<OwnerSums> current = sum_onto_owners(params, "block gradients");
+        finish(previous_block);
+        previous_block = std::move(current);
       });
     at::Tensor loss;
     for (size_t i = 0; i < batches.size(); ++i) {
@@ -171,6 +185,7 @@ class PlainUpdate final : public StepUpdate {
       micro.backward();
       loss = loss.defined() ? loss + micro.detach() : micro.detach();
     }
+    if (!owners_.empty()) return sharded_outcome(loss, lr, mark, previous_block, reduced);
     if (dp_.world_size() > 1) {  // the blocks' sums, then one of everything outside the blocks and the loss
       torch::NoGradGuard no_grad;
       for (auto& p : pending) p->wait();
@@ -206,6 +221,88 @@ class PlainUpdate final : public StepUpdate {
     for (auto& p : set_.params) p.param.mutable_grad() = at::Tensor();  // free the gradients between steps
     return out;
   }
+
+ private:
+  // One reduce under way: the sum of some parameters' gradients onto their owner.
+  struct OwnerSums {
+    std::unique_ptr<DataParallel::Pending> sum;
+    std::vector<at::Tensor> dropped;  // parameters whose gradients this rank lets go once the sum is in
+  };
+
+  int owner_of(const at::Tensor& param) {
+    if (owner_index_.empty())
+      for (size_t i = 0; i < set_.params.size(); ++i) owner_index_[set_.params[i].param.unsafeGetTensorImpl()] = owners_[i];
+    return owner_index_.at(param.unsafeGetTensorImpl());
+  }
+
+  // Launches the sums of `params`' gradients (all defined), one reduce per owning rank, in rank order.
+  std::vector<OwnerSums> sum_onto_owners(const std::vector<at::Tensor>& params, const char* what) {
+    std::vector<OwnerSums> out;
+    for (int r = 0; r < dp_.world_size(); ++r) {
+      std::vector<at::Tensor> grads, dropped;
+      for (const at::Tensor& p : params)
+        if (owner_of(p) == r) {
+          grads.push_back(p.grad());
+          if (r != dp_.rank()) dropped.push_back(p);
+        }
+      if (!grads.empty()) out.push_back({dp_.reduce_sum_async(std::move(grads), r, what), std::move(dropped)});
+    }
+    return out;
+  }
+
+  static void finish(std::vector<OwnerSums>& sums) {
+    for (OwnerSums& s : sums) {
+      s.sum->wait();
+      for (at::Tensor& p : s.dropped) p.mutable_grad() = at::Tensor();
+    }
+    sums.clear();
+  }
+
+  // The end of a shared-out step: the last block's sums and those of the tensors outside the blocks onto their
+  // owners; the loss and each parameter's squared gradient sum (from its owner) to every rank in one all-reduce
+  // (each square is one owner's value plus zeros: exact), so the norm, the clipping and the skip decision are
+  // the unshared run's to the bit. Then each rank updates its share and sends it.
+  StepOutcome sharded_outcome(at::Tensor& loss, double lr, const PhaseMark& mark, std::vector<OwnerSums>& last,
+                              const std::unordered_set<const c10::TensorImpl*>& reduced) {
+    torch::NoGradGuard no_grad;
+    finish(last);
+    std::vector<at::Tensor> outside;
+    for (auto& p : set_.params) {
+      if (!p.param.requires_grad() || reduced.count(p.param.unsafeGetTensorImpl())) continue;
+      at::Tensor& g = p.param.mutable_grad();
+      if (!g.defined()) g = at::zeros_like(p.param);
+      outside.push_back(p.param);
+    }
+    std::vector<OwnerSums> sums = sum_onto_owners(outside, "gradients");
+    finish(sums);
+    std::vector<at::Tensor> squares;
+    for (size_t i = 0; i < set_.params.size(); ++i) {
+      const at::Tensor& param = set_.params[i].param;
+      if (!param.requires_grad()) continue;
+      squares.push_back(owners_[i] == dp_.rank() ? square_sum_fp32(param.grad()).to(at::kFloat).reshape({1})
+                                                 : at::zeros({1}, param.options().dtype(at::kFloat)));
+    }
+    std::vector<at::Tensor> together = {loss.detach().to(at::kFloat).reshape({1}), at::cat(squares)};
+    dp_.all_reduce_sum(together, "loss and gradient norms");
+    std::vector<at::Tensor> results = {together[0].to(at::kDouble), together[1].sum().reshape({1}).to(at::kDouble)};
+    const at::Tensor flag = nvfp4::take_nonfinite_flag_async(device_);
+    if (flag.defined()) results.push_back(flag.to(at::kDouble));
+    const at::Tensor host = at::cat(results).to(at::kCPU);
+    StepOutcome out;
+    out.loss = host[0].item<double>();
+    out.norm = std::sqrt(host[1].item<double>());
+    loss = at::Tensor();
+    mark("backward_done");
+    out.bad = !std::isfinite(out.loss) || !std::isfinite(out.norm) || (flag.defined() && host[2].item<double>() != 0);
+    if (!out.bad) {
+      opt_.step(lr, clip_factor(out.norm, o_.grad_clip));
+      send_updated_parameters();
+    }
+    for (auto& p : set_.params) p.param.mutable_grad() = at::Tensor();
+    return out;
+  }
+
+  std::unordered_map<const c10::TensorImpl*, int> owner_index_;
 };
 
 class FusedUpdate final : public StepUpdate {

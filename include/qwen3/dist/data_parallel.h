@@ -61,8 +61,12 @@ class DataParallel {
     std::vector<at::Tensor> tensors_;
     std::vector<Bucket> buckets_;
     std::string what_;
+    int root_ = -1;  // -1: every rank receives the sum
   };
   std::unique_ptr<Pending> all_reduce_sum_async(std::vector<at::Tensor> tensors, const char* what);
+  // The same sum delivered to `root` only (c10d's reduce): half a ring all-reduce's traffic. After wait() the
+  // other ranks' tensors hold nothing meaningful (c10d may use them as scratch): they are to be dropped.
+  std::unique_ptr<Pending> reduce_sum_async(std::vector<at::Tensor> tensors, int root, const char* what);
   // Seconds spent waiting in all-reduces so far (the blocking ones and the waits of the launched ones).
   double wait_seconds() const { return wait_seconds_; }
 
@@ -75,6 +79,7 @@ class DataParallel {
   std::chrono::milliseconds timeout_;
   std::unique_ptr<Group> group_;
   double wait_seconds_ = 0;
+  std::unique_ptr<Pending> launch_sum(std::vector<at::Tensor> tensors, int root, const char* what);
 };
 
 }  // namespace qwen3

@@ -341,9 +341,11 @@ class Trainer {
     const bool eval_now = o_.eval_every > 0 ? (step_ + 1) % o_.eval_every == 0 : step_ + 1 == steps_;
     if (eval_data_ && eval_now) {  // data parallel: each rank scores its share of the batches, summed over ranks
       const Evaluation e = evaluate(*model_.model, *eval_data_, dp_.rank(), dp_.world_size());
-      const double sum = dp_.all_reduce_sum(e.loss_sum, "eval loss");
-      const int64_t tokens = dp_.all_reduce_sum(e.loss_tokens, "eval token count");
-      eval_loss = tokens > 0 ? sum / static_cast<double>(tokens) : 0.0;
+      // The sum and the token count in one collective (a count is exact in a double up to 2^53).
+      std::vector<at::Tensor> totals = {at::tensor({e.loss_sum, static_cast<double>(e.loss_tokens)}, at::kDouble)};
+      dp_.all_reduce_sum(totals, "eval loss and token count");
+      const double sum = totals[0][0].item<double>(), tokens = totals[0][1].item<double>();
+      eval_loss = tokens > 0 ? sum / tokens : 0.0;
     }
     StepRecord record;
     record.step = step_ + 1;

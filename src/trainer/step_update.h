@@ -199,27 +199,11 @@ class PlainUpdate final : public StepUpdate {
       dp_.all_reduce_sum(sums, "gradients");
       loss = sums[0].reshape({});
     }
-    // One synchronization a step: the loss, the squared gradient norm and the codec's non-finite flag reach
-    // the host together; clipping is a factor the update applies as it reads each gradient.
-    std::vector<at::Tensor> results;
-    results.push_back(loss.detach().reshape({1}).to(at::kDouble));
     const at::Tensor square = grad_square_sum(set_.params);
-    results.push_back(square.defined() ? square.reshape({1}).to(at::kDouble) : at::zeros({1}, results[0].options()));
-    const at::Tensor flag = nvfp4::take_nonfinite_flag_async(device_);
-    if (flag.defined()) results.push_back(flag.to(at::kDouble));
-    const at::Tensor host = at::cat(results).to(at::kCPU);
-    StepOutcome out;
-    out.loss = host[0].item<double>();
-    out.norm = std::sqrt(host[1].item<double>());
+    const at::Tensor loss_value = loss.detach().reshape({1}).to(at::kDouble);
     loss = at::Tensor();
-    mark("backward_done");
-    out.bad = !std::isfinite(out.loss) || !std::isfinite(out.norm) || (flag.defined() && host[2].item<double>() != 0);
-    if (!out.bad) {
-      opt_.step(lr, clip_factor(out.norm, o_.grad_clip));  // this rank's share when shared out
-      send_updated_parameters();
-    }
-    for (auto& p : set_.params) p.param.mutable_grad() = at::Tensor();  // free the gradients between steps
-    return out;
+    return update(loss_value, square.defined() ? square.reshape({1}).to(at::kDouble) : at::zeros_like(loss_value), lr,
+                  mark);
   }
 
  private:
@@ -284,21 +268,28 @@ class PlainUpdate final : public StepUpdate {
     }
     std::vector<at::Tensor> together = {loss.detach().to(at::kFloat).reshape({1}), at::cat(squares)};
     dp_.all_reduce_sum(together, "loss and gradient norms");
-    std::vector<at::Tensor> results = {together[0].to(at::kDouble), together[1].sum().reshape({1}).to(at::kDouble)};
+    loss = at::Tensor();
+    return update(together[0].to(at::kDouble), together[1].sum().reshape({1}).to(at::kDouble), lr, mark);
+  }
+
+  // The step's end, whichever way the gradients were summed: one synchronization brings the loss, the squared
+  // gradient norm and the codec's non-finite flag to the host together; clipping is a factor the update applies
+  // as it reads each gradient; this rank's share is updated and sent when the state is shared out.
+  StepOutcome update(const at::Tensor& loss_value, const at::Tensor& square, double lr, const PhaseMark& mark) {
+    std::vector<at::Tensor> results = {loss_value, square};
     const at::Tensor flag = nvfp4::take_nonfinite_flag_async(device_);
     if (flag.defined()) results.push_back(flag.to(at::kDouble));
     const at::Tensor host = at::cat(results).to(at::kCPU);
     StepOutcome out;
     out.loss = host[0].item<double>();
     out.norm = std::sqrt(host[1].item<double>());
-    loss = at::Tensor();
     mark("backward_done");
     out.bad = !std::isfinite(out.loss) || !std::isfinite(out.norm) || (flag.defined() && host[2].item<double>() != 0);
     if (!out.bad) {
       opt_.step(lr, clip_factor(out.norm, o_.grad_clip));
       send_updated_parameters();
     }
-    for (auto& p : set_.params) p.param.mutable_grad() = at::Tensor();
+    for (auto& p : set_.params) p.param.mutable_grad() = at::Tensor();  // free the gradients between steps
     return out;
   }
 

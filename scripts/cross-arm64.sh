@@ -31,19 +31,12 @@ esac
 arm64_packages=libtorch-dev,nlohmann-json3-dev,libcli11-dev,libspdlog-dev,libfmt-dev,libgtest-dev,libbenchmark-dev
 arm64_packages+=,libpcre2-dev,libutf8proc-dev,libgloo-dev,libopenblas0-pthread,libc6-dev,libstdc++-12-dev
 
-stamp=$sysroot/.qwen3-packages
-if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$arm64_packages" ]; then
-  if [ -e "$sysroot" ] && [ ! -f "$stamp" ] && [ -n "$(ls -A "$sysroot")" ]; then
-    echo "cross-arm64: $sysroot exists and is not a sysroot this script made; remove it or set QWEN3_ARM64_SYSROOT" >&2
-    exit 1
-  fi
+# shellcheck source=scripts/cached-root.sh
+. "$root/scripts/cached-root.sh"
+if needs_cached_root cross-arm64 "$sysroot" "$arm64_packages" QWEN3_ARM64_SYSROOT; then
   echo "cross-arm64: unpacking Debian 12 arm64 packages into $sysroot" >&2
-  rm -rf "$sysroot"  # only ever one this script made (stamped) or an empty folder
-  mkdir -p "$(dirname "$sysroot")"
-  # The host's own Debian mirror (deb822 or one-line sources), so a machine behind a local mirror uses it.
-  mirror=$(sed -n 's/^URIs: *\([^ ]*debian\)$/\1/p; s/^deb  *\(http[^ ]*debian\)  *bookworm .*/\1/p' \
-             /etc/apt/sources.list.d/*.sources /etc/apt/sources.list 2>/dev/null | head -n 1 || true)
-  mirror=${mirror:-http://deb.debian.org/debian}
+  make_cached_root_dir "$sysroot"
+  mirror=$(host_debian_mirror)
   # --variant=extract: unpack only (no maintainer scripts, which would need arm64 code to run).
   mmdebstrap --quiet --variant=extract --architectures=arm64 --format=directory --include="$arm64_packages" \
     bookworm "$sysroot" "deb $mirror bookworm main" "deb $mirror bookworm-updates main" \
@@ -58,7 +51,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$arm64_packages" ]; then
   ln -sfn openblas-pthread/libblas.so.3 "$libdir/libblas.so.3"
   ln -sfn openblas-pthread/liblapack.so.3 "$libdir/liblapack.so.3"
   ln -sfn openblas-pthread/libopenblas.so.0 "$libdir/libopenblas.so.0"  # found through ld.so.cache when installed
-  echo "$arm64_packages" > "$stamp"
+  stamp_cached_root "$sysroot" "$arm64_packages"
 fi
 
 if [ -z "${QWEN3_ARM64_SYSROOT:-}" ]; then

@@ -26,21 +26,14 @@ fi
 packages=build-essential,cmake,ninja-build,ccache,pkg-config,libtorch-dev,python3-torch,nlohmann-json3-dev
 packages+=,libcli11-dev,libspdlog-dev,libfmt-dev,libgtest-dev,libbenchmark-dev,libpcre2-dev,libutf8proc-dev
 packages+=,libgloo-dev,libopenblas0-pthread,python3,nodejs
-stamp=$chroot_dir/.qwen3-packages
-if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$packages" ]; then
-  if [ -e "$chroot_dir" ] && [ ! -f "$stamp" ] && [ -n "$(ls -A "$chroot_dir")" ]; then
-    echo "torch2-check: $chroot_dir exists and is not a root this script made; remove it or set QWEN3_TORCH2_ROOT" >&2
-    exit 1
-  fi
+# shellcheck source=scripts/cached-root.sh
+. "$root/scripts/cached-root.sh"
+if needs_cached_root torch2-check "$chroot_dir" "$packages" QWEN3_TORCH2_ROOT; then
   echo "torch2-check: installing Debian 13 with libtorch 2.x into $chroot_dir" >&2
-  rm -rf "$chroot_dir"  # only ever one this script made (stamped) or an empty folder
-  mkdir -p "$(dirname "$chroot_dir")"
-  # The host's own Debian mirror (deb822 or one-line sources), so a machine behind a local mirror uses it.
-  mirror=$(sed -n 's/^URIs: *\([^ ]*debian\)$/\1/p; s/^deb  *\(http[^ ]*debian\)  *bookworm .*/\1/p' \
-             /etc/apt/sources.list.d/*.sources /etc/apt/sources.list 2>/dev/null | head -n 1 || true)
-  mirror=${mirror:-http://deb.debian.org/debian}
+  make_cached_root_dir "$chroot_dir"
+  mirror=$(host_debian_mirror)
   mmdebstrap --quiet --variant=apt --format=directory --include="$packages" trixie "$chroot_dir" "deb $mirror trixie main"
-  echo "$packages" > "$stamp"
+  stamp_cached_root "$chroot_dir" "$packages"
 fi
 mkdir -p "$cache/torch2-ccache"
 

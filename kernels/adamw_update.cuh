@@ -210,13 +210,13 @@ QWEN3_HD uint8_t int8_log_encode(float v, float block_max, float uniform) {
 
 // ---- nvfp4: E2M1 codes under an E4M3 scale per 16 elements, over an fp32 scale per row --------------------------
 
-// The E2M1 value of a 4-bit code (the same as codec::e2m1_to_float), by arithmetic: m / 2 below 4, else
-// 2^(m/2 - 1) times 1 or 1.5; every step exact. Branch free and without a table, so the host loops vectorize.
+// The E2M1 value of a 4-bit code (the same as codec::e2m1_to_float), built as float bits: from code 2 up the
+// magnitude code is 2 * (exponent + 1) + mantissa bit, so its bits are (126 << 23) + (code << 22); code 1 is 0.5
+// and 0 is 0. Integer operations only, no table, so the host loops vectorize (a table becomes a gather).
 QWEN3_HD float e2m1_value(uint32_t code) {
   const uint32_t m = code & 7u;
-  const float small = static_cast<float>(static_cast<int>(m)) * 0.5f;
-  const float large = bits_to_float(((m >> 1) + 126u) << 23) * (1.0f + 0.5f * static_cast<float>(static_cast<int>(m & 1u)));
-  return bits_to_float(float_bits(m < 4u ? small : large) | ((code & 8u) << 28));
+  const uint32_t magnitude = m >= 2u ? (126u << 23) + (m << 22) : (m == 1u ? 126u << 23 : 0u);
+  return bits_to_float(magnitude | ((code & 8u) << 28));
 }
 
 // e2m1 x E4M3 is exact; the row scale rounds once.
@@ -242,6 +242,13 @@ QWEN3_HD uint8_t nvfp4_unclipped_scale_code(float amax) {
 // The E2M1 magnitude code (0..7) of normalized magnitude `a` under scale `scale`, rounded to one of the two grid
 // neighbours at random: linear in the value, or in its square (for sqrt(v), so that E[decoded^2] = v). sqrt(v)
 // is floored at the smallest non-zero level: a zero there would divide a live m by eps.
+//
+// The lower neighbour and its code come from the bits of the scaled value: E2M1 keeps one mantissa bit from
+// 1 up (1, 1.5, 2, 3, 4, 6), so for scaled >= 1 the lower neighbour is the float with its mantissa cut to one bit,
+// and its code is 2 + 2 * exponent + that bit = (bits >> 22) - 252; below 1 the grid is 0, 0.5. The upper
+// neighbour's code is the next one (the codes run in the values' order). The same values and probabilities
+// as rounding floor(scaled / spacing) * spacing (tests/test_optim_storage.cpp checks the two against each
+// other), in fewer vector instructions: the CPU loop is bound by their count.
 template <bool kIsSqrtV>
 QWEN3_HD uint32_t nvfp4_stochastic_magnitude(float a, float scale, float uniform) {
   constexpr bool is_sqrt_v = kIsSqrtV;
@@ -251,19 +258,22 @@ QWEN3_HD uint32_t nvfp4_stochastic_magnitude(float a, float scale, float uniform
     const float floored = scaled < kE2m1Smallest ? kE2m1Smallest : scaled;
     scaled = scale > 0.0f ? floored : scaled;
   }
-  const float spacing = scaled < 2.0f ? 0.5f : (scaled < 4.0f ? 1.0f : 2.0f);
-  // Dividing by a power of two is multiplying by its exact reciprocal: the same bits, without a division.
+  const uint32_t bits = float_bits(scaled);
+  const bool at_least_one = scaled >= 1.0f, at_least_half = scaled >= kE2m1Smallest;
+  const float lower = at_least_one ? bits_to_float(bits & 0xFFC00000u) : (at_least_half ? kE2m1Smallest : 0.0f);
+  const uint32_t lower_code = at_least_one ? (bits >> 22) - 252u : (at_least_half ? 1u : 0u);
+  // Dividing by the spacing (a power of two) is multiplying by its exact reciprocal: the same bits.
   const float inverse_spacing = scaled < 2.0f ? 2.0f : (scaled < 4.0f ? 1.0f : 0.5f);
-  const float lower = mul_rn(floorf(mul_rn(scaled, inverse_spacing)), spacing);
-  const float upper = add_rn(lower, spacing);
-  const float p_upper =
-      is_sqrt_v ? div_rn(sub_rn(mul_rn(scaled, scaled), mul_rn(lower, lower)), sub_rn(mul_rn(upper, upper), mul_rn(lower, lower)))
-                : mul_rn(sub_rn(scaled, lower), inverse_spacing);
-  const float value = uniform < p_upper ? upper : lower;
-  // 0, .5, 1, 1.5 -> 0..3; 2, 3 -> 4, 5; 4, 6 -> 6, 7 (a NaN gives 7; the step is skipped then anyway).
-  // Selects only, so that the CPU loops vectorize.
-  const float code = value < 2.0f ? mul_rn(value, 2.0f) : (value < 4.0f ? add_rn(value, 2.0f) : (value < 5.0f ? 6.0f : 7.0f));
-  return static_cast<uint32_t>(static_cast<int>(code));
+  float p_upper;
+  if (is_sqrt_v) {
+    const float upper = add_rn(lower, scaled < 2.0f ? 0.5f : (scaled < 4.0f ? 1.0f : 2.0f));
+    p_upper = div_rn(sub_rn(mul_rn(scaled, scaled), mul_rn(lower, lower)), sub_rn(mul_rn(upper, upper), mul_rn(lower, lower)));
+  } else {
+    p_upper = mul_rn(sub_rn(scaled, lower), inverse_spacing);
+  }
+  // At the top (scaled = 6) p_upper is 0: the code never passes 7. A NaN gives 7 (the step is skipped then).
+  const uint32_t code = lower_code + (uniform < p_upper ? 1u : 0u);
+  return scaled == scaled ? code : 7u;
 }
 
 }  // namespace qwen3::kernels::adamw

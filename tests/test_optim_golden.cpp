@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "adamw_update.cuh"
@@ -105,6 +106,65 @@ TEST(AdamWRules, TablesEqualTheirDefinitions) {
   for (uint32_t code = 0; code < 256; ++code)
     EXPECT_EQ(kernels::adamw::int8_log_level(code), static_cast<float>(std::exp2(-static_cast<double>(code) / 8.0)))
         << code;
+}
+
+// The definition of nvfp4's stochastic E2M1 rounding, as first written (floor(scaled / spacing) * spacing, the
+// neighbour's value turned into its code): the element rule derives the neighbour and its code from the scaled
+// value's bits instead, which must give the same code for every input.
+template <bool kIsSqrtV>
+uint32_t reference_stochastic_magnitude(float a, float scale, float uniform) {
+  float scaled = scale > 0.0f ? a / scale : 0.0f;
+  scaled = scaled > 6.0f ? 6.0f : scaled;
+  if (kIsSqrtV && scale > 0.0f && scaled < 0.5f) scaled = 0.5f;
+  const float spacing = scaled < 2.0f ? 0.5f : (scaled < 4.0f ? 1.0f : 2.0f);
+  const float inverse_spacing = 1.0f / spacing;
+  const float lower = std::floor(scaled * inverse_spacing) * spacing;
+  const float upper = lower + spacing;
+  const float p_upper = kIsSqrtV ? (scaled * scaled - lower * lower) / (upper * upper - lower * lower)
+                                 : (scaled - lower) * inverse_spacing;
+  const float value = uniform < p_upper ? upper : lower;
+  const float code = value < 2.0f ? value * 2.0f : (value < 4.0f ? value + 2.0f : (value < 5.0f ? 6.0f : 7.0f));
+  return static_cast<uint32_t>(code);
+}
+
+// Every E4M3 scale (and 0); magnitudes at, one ulp either side of and between the grid points times the scale,
+// across the range where the rounding is live and far below it; uniforms at 0, the smallest step, around each
+// probability the grid's midpoints give, and spread over [0, 1).
+TEST(AdamWRules, Nvfp4StochasticRoundingFromBitsEqualsTheDefinition) {
+  namespace ka = kernels::adamw;
+  std::vector<float> multiples;
+  for (float g : {0.0f, 0.25f, 0.5f, 0.75f, 1.0f, 1.25f, 1.5f, 1.75f, 2.0f, 2.5f, 3.0f, 3.5f, 4.0f, 5.0f, 6.0f, 7.0f})
+    multiples.push_back(g);
+  for (int k = 1; k <= 128; ++k) multiples.push_back(static_cast<float>(k) * (6.5f / 128.0f));
+  std::vector<float> uniforms{0.0f, 0x1p-24f, 0.25f, 0.5f, 0.75f, 1.0f - 0x1p-24f};
+  for (int k = 1; k < 64; ++k) uniforms.push_back(static_cast<float>(k * 262139 % 16777216) * 0x1p-24f);
+  int64_t checked = 0, differing = 0;
+  std::string first_difference;
+  auto check = [&](auto is_sqrt_v, float a, float scale, float uniform) {
+    constexpr bool kSqrtV = decltype(is_sqrt_v)::value;
+    const uint32_t got = ka::nvfp4_stochastic_magnitude<kSqrtV>(a, scale, uniform);
+    const uint32_t want = reference_stochastic_magnitude<kSqrtV>(a, scale, uniform);
+    ++checked;
+    if (got != want && differing++ == 0)
+      first_difference = std::string(kSqrtV ? "sqrt(v)" : "m") + ": a=" + std::to_string(a) + " scale=" +
+                         std::to_string(scale) + " uniform=" + std::to_string(uniform) + " gives " +
+                         std::to_string(got) + ", the definition " + std::to_string(want);
+  };
+  for (int scale_code = 0; scale_code <= kernels::codec::kE4m3MaxCode; ++scale_code) {
+    const float scale = kernels::codec::e4m3_to_float(static_cast<uint8_t>(scale_code));
+    const float unit = scale > 0.0f ? scale : 1.0f;
+    for (float multiple : multiples)
+      for (float tiny : {1.0f, 0x1p-20f, 0x1p-120f}) {
+        const float center = multiple * unit * tiny;
+        for (float a : {center, std::nextafter(center, 0.0f), std::nextafter(center, 1e30f)})
+          for (float uniform : uniforms) {
+            check(std::false_type{}, a, scale, uniform);
+            check(std::true_type{}, a, scale, uniform);
+          }
+      }
+  }
+  EXPECT_EQ(differing, 0) << "of " << checked << "; first: " << first_difference;
+  EXPECT_GT(checked, 1000000);
 }
 
 // The host loops draw the random stream in runs of 32-bit indices: a run stops where the high bits change, and

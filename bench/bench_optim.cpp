@@ -7,6 +7,7 @@
 
 #include <vector>
 
+#include "bench_main.h"
 #include "qwen3/optim/optim.h"
 
 namespace {
@@ -56,4 +57,4 @@ BENCHMARK(BM_AdamWStep)->Apply(storages)->Unit(benchmark::kMillisecond)->UseReal
 
 }  // namespace
 
-BENCHMARK_MAIN();
+QWEN3_BENCHMARK_MAIN()

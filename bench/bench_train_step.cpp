@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/utils.h>
 
+#include "bench_main.h"
 #include "qwen3/config/config.h"
 #include "qwen3/data/data.h"
 #include "qwen3/model/model.h"
@@ -104,4 +105,4 @@ BENCHMARK(BM_TrainStep)->Arg(0)->Arg(2)->Arg(3)->Unit(benchmark::kMillisecond)->
 
 }  // namespace
 
-BENCHMARK_MAIN();
+QWEN3_BENCHMARK_MAIN()

@@ -1,5 +1,6 @@
 // qwen3-train: parses argv, runs one subcommand, and turns every failure into one `error: ...` line.
 // Exit codes: 0 success, 1 runtime error, 2 bad flag or value.
+#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <c10/util/Logging.h>
 #include <fmt/format.h>
@@ -14,6 +15,9 @@
 #include <string>
 
 #include "cli_common.h"
+#include <spdlog/spdlog.h>
+
+#include "qwen3/base/cpu_threads.h"
 #include "qwen3/base/error.h"
 
 namespace {
@@ -24,7 +28,7 @@ std::string first_line(const std::string& s) { return s.substr(0, s.find('\n'));
 std::string command_word(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--log-level") {
+    if (a == "--log-level" || a == "--threads") {
       ++i;
       continue;
     }
@@ -44,6 +48,11 @@ int run(int argc, char** argv) {
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off (messages go to stderr)")
       ->capture_default_str();
+  int threads = 0;
+  app.add_option("--threads", threads,
+                 "CPU threads for products and the optimizer (default: the physical cores this process may use, "
+                 "shared among the ranks on the machine; OMP_NUM_THREADS if set)")
+      ->check(CLI::Range(1, 4096));
 
   std::vector<Command> commands;
   commands.push_back(add_smoke_command(app));
@@ -82,6 +91,9 @@ int run(int argc, char** argv) {
     return 2;
   }
   setup_logging(log_level);
+  const qwen3::CpuThreadChoice cpu = qwen3::choose_cpu_threads(qwen3::cpu_thread_inputs(threads, at::get_num_threads()));
+  if (cpu.threads != at::get_num_threads()) at::set_num_threads(cpu.threads);
+  spdlog::debug("CPU threads: {} ({})", at::get_num_threads(), cpu.why);  // what libtorch now uses
   for (auto& c : commands)
     if (c.app->parsed()) {
       const int code = c.run();

@@ -512,7 +512,8 @@ class Trainer {
     spdlog::info("model: {} layers, hidden {}, vocab {}; parameters {:.3f} B trainable of {:.3f} B ({} tensors)",
                  config_.num_hidden_layers, config_.hidden_size, config_.vocab_size, set.trainable_parameters / 1e9,
                  set.total_parameters / 1e9, set.params.size());
-    spdlog::info("device {}, master {}, compute {}, moments {:.1f} MiB, scale mode {}, loss {}", device_.str(),
+    spdlog::info("device {}{}, master {}, compute {}, moments {:.1f} MiB, scale mode {}, loss {}", device_.str(),
+                 device_.is_cpu() ? fmt::format(" ({} threads)", at::get_num_threads()) : std::string(),
                  to_string(o_.master_dtype), compute_scalar_type(o_, device_) == at::kFloat ? "float32" : "bfloat16",
                  opt_->state_bytes() / 1048576.0, nvfp4::scale_mode_name(o_.scale_mode), to_string(o_.loss));
     spdlog::info("data: {} samples, {} tokens ({} with loss), {} skipped lines, {} comment lines; {} batches/epoch; "

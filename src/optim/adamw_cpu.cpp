@@ -30,9 +30,19 @@ using ka::Moments;
 // Elements a parallel task should cover at least (ATen's own grain for elementwise loops).
 constexpr int64_t kGrainElements = 32768;
 
-// The random bits, and the uniform draw, of element `index` of the stream `key`.
-QWEN3_ROW_BODY uint32_t bits_at(uint64_t key, int64_t index) { return ka::random_bits(key, static_cast<uint64_t>(index)); }
-QWEN3_ROW_BODY float uniform_at(uint64_t key, int64_t index) { return ka::uniform_from_bits(bits_at(key, index)); }
+// Calls body(c0, count, low, high) for the pieces of the elements [first, first + n) whose indices share their
+// high 32 bits (all of them but where the range crosses a multiple of 2^32): a loop over a piece draws the random
+// stream with 32-bit lanes, random_bits_split(key, low + k, high), the bits of random_bits(key, first + c0 + k).
+// A 64-bit index vector and its narrowing cost as much as the rounding they feed.
+template <class Body>
+QWEN3_ROW_BODY void for_each_32bit_piece(int64_t first, int64_t n, Body&& body) {
+  for (int64_t c0 = 0; c0 < n;) {
+    const auto index = static_cast<uint64_t>(first + c0);
+    const auto count = ka::indices_sharing_high_bits(index, static_cast<uint64_t>(n - c0));
+    body(c0, static_cast<uint32_t>(count), static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32));
+    c0 += static_cast<int64_t>(count);
+  }
+}
 
 // The largest of non-negative floats, as the largest of their bit patterns (the same order): an integer
 // reduction vectorizes where a float max, with its NaN rules, does not.
@@ -67,16 +77,21 @@ QWEN3_ROW_BODY void encode_int8(const ka::ParamView& p, bool second, int64_t r, 
   for (int64_t b = 0; b < blocks; ++b) {
     const float* x = in + b * kB;
     const int64_t first = r * p.stored_cols + b * kB;
+    // A block lies within one 32-bit piece of the random stream: rows start at multiples of the block size, and
+    // 2^32 is one too.
+    const auto low = static_cast<uint32_t>(first), high = static_cast<uint32_t>(static_cast<uint64_t>(first) >> 32);
     if (second) {  // v >= 0: its block maximum
       const float top = max_of_nonnegative(x, kB);
       auto* codes = static_cast<uint8_t*>(p.exp_avg_sq) + first;
-      for (int i = 0; i < kB; ++i) codes[i] = ka::int8_log_encode(x[i], top, uniform_at(key, first + i));
+      for (uint32_t i = 0; i < kB; ++i)
+        codes[i] = ka::int8_log_encode(x[i], top, ka::uniform_from_bits(ka::random_bits_split(key, low + i, high)));
       scales[b] = top;
     } else {  // m: a step of a 127th of the largest magnitude
       for (int i = 0; i < kB; ++i) magnitude[i] = std::fabs(x[i]);
       const float step = ka::div_rn(max_of_nonnegative(magnitude, kB), ka::kInt8LinearMax);
       auto* codes = static_cast<int8_t*>(p.exp_avg) + first;
-      for (int i = 0; i < kB; ++i) codes[i] = ka::int8_linear_encode(x[i], step, uniform_at(key, first + i));
+      for (uint32_t i = 0; i < kB; ++i)
+        codes[i] = ka::int8_linear_encode(x[i], step, ka::uniform_from_bits(ka::random_bits_split(key, low + i, high)));
       scales[b] = step;
     }
   }
@@ -118,13 +133,8 @@ QWEN3_ROW_BODY void encode_nvfp4(const ka::ParamView& p, bool second, int64_t r,
     const float block_scale = kernels::codec::e4m3_to_float(scales[b]);
     for (int i = 0; i < kB; ++i) scale[b * kB + i] = block_scale;
   }
-  // The rounding in pieces whose element indices share their high 32 bits (the whole row but where it crosses a
-  // multiple of 2^32), so that the random stream is indexed with 32-bit lanes: a 64-bit index vector and its
-  // narrowing cost as much as the rounding.
-  for (int64_t c0 = 0; c0 < n;) {
-    const auto index = static_cast<uint64_t>(first + c0);
-    const auto low = static_cast<uint32_t>(index), high = static_cast<uint32_t>(index >> 32);
-    const auto count = static_cast<uint32_t>(ka::indices_sharing_high_bits(index, static_cast<uint64_t>(n - c0)));
+  // The rounding, fused: magnitude, normalization, random bits, rounding and sign.
+  for_each_32bit_piece(first, n, [&](int64_t c0, uint32_t count, uint32_t low, uint32_t high) {
     const float* x = in + c0;
     const float* piece_scale = scale + c0;
     uint8_t* piece_code = code + c0;
@@ -143,8 +153,7 @@ QWEN3_ROW_BODY void encode_nvfp4(const ka::ParamView& p, bool second, int64_t r,
         piece_code[k] = static_cast<uint8_t>(magnitude | (magnitude != 0 ? sign : 0u));
       }
     }
-    c0 += count;
-  }
+  });
   auto* codes = static_cast<uint8_t*>(second ? p.exp_avg_sq : p.exp_avg) + first / 2;
   for (int64_t j = 0; j < n / 2; ++j) codes[j] = static_cast<uint8_t>(code[2 * j] | (code[2 * j + 1] << 4));
   (second ? p.exp_avg_sq_row_scale : p.exp_avg_row_scale)[r] = row_scale;
@@ -176,16 +185,30 @@ QWEN3_ROW_BODY void decode_nvfp4(const ka::ParamView& p, bool second, int64_t r,
   }
 }
 
-// m and v of one row, fresh, then the master: one pass over the row buffers.
+// m and v of one row, fresh, then the master: one pass over the row buffers (a bf16 master's random bits with
+// 32-bit lanes).
 template <bool kBf16Master, bool kBf16Grad>
 QWEN3_ROW_BODY void update_row(const ka::ParamView& p, const ka::StepScalars& s, int64_t r, float* m, float* v) {
   const int64_t first = r * p.cols;
-  for (int64_t c = 0; c < p.cols; ++c) {
-    const int64_t i = first + c;
-    ka::update_moments(ka::grad_at<kBf16Grad>(p.grad, i, s.grad_scale), m[c], v[c], s);
-    const float updated = ka::updated_master(ka::master_at<kBf16Master>(p.master, i), m[c], v[c], s);
-    ka::store_master_at<kBf16Master>(p.master, i, updated, s.master_key);
-  }
+  for_each_32bit_piece(first, p.cols, [&](int64_t c0, uint32_t count, uint32_t low, uint32_t high) {
+    float* pm = m + c0;
+    float* pv = v + c0;
+    const int64_t index = first + c0;
+    if (kBf16Master) {
+      auto* master = static_cast<uint16_t*>(p.master) + index;
+      for (uint32_t k = 0; k < count; ++k) {
+        ka::update_moments(ka::grad_at<kBf16Grad>(p.grad, index + k, s.grad_scale), pm[k], pv[k], s);
+        const float updated = ka::updated_master(ka::bf16_to_float(master[k]), pm[k], pv[k], s);
+        master[k] = ka::bf16_stochastic(updated, ka::random_bits_split(s.master_key, low + k, high));
+      }
+    } else {
+      float* master = static_cast<float*>(p.master) + index;
+      for (uint32_t k = 0; k < count; ++k) {
+        ka::update_moments(ka::grad_at<kBf16Grad>(p.grad, index + k, s.grad_scale), pm[k], pv[k], s);
+        master[k] = ka::updated_master(master[k], pm[k], pv[k], s);
+      }
+    }
+  });
   for (int64_t c = p.cols; c < p.stored_cols; ++c) ka::update_moments(0.0f, m[c], v[c], s);  // row padding
 }
 
@@ -218,7 +241,10 @@ QWEN3_ROW_BODY void encode_row(const ka::ParamView& p, bool second, int64_t r, c
       return;
     case Moments::bf16: {
       uint16_t* state = static_cast<uint16_t*>(second ? p.exp_avg_sq : p.exp_avg) + first;
-      for (int64_t c = 0; c < p.cols; ++c) state[c] = ka::bf16_stochastic(in[c], bits_at(key, first + c));
+      for_each_32bit_piece(first, p.cols, [&](int64_t c0, uint32_t count, uint32_t low, uint32_t high) {
+        for (uint32_t k = 0; k < count; ++k)
+          state[c0 + k] = ka::bf16_stochastic(in[c0 + k], ka::random_bits_split(key, low + k, high));
+      });
       return;
     }
     case Moments::int8: return encode_int8(p, second, r, in, key);

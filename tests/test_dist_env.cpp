@@ -66,5 +66,24 @@ TEST(DistEnv, BadValuesAreUsageErrors) {
   }
 }
 
+// One process per GPU: `--device cuda` lands on the rank's LOCAL_RANK; an explicit index or the CPU stays.
+TEST(DistEnv, TheLocalRankPicksTheGpu) {
+  DistEnv env;
+  env.world_size = 4;
+  env.rank = 3;
+  env.local_rank = 1;
+  EXPECT_EQ(device_for_rank(c10::Device("cuda"), env), c10::Device("cuda:1"));
+  EXPECT_EQ(device_for_rank(c10::Device("cuda:0"), env), c10::Device("cuda:0"));
+  EXPECT_EQ(device_for_rank(c10::Device("cpu"), env), c10::Device("cpu"));
+  EXPECT_EQ(device_for_rank(c10::Device("cuda"), DistEnv{}), c10::Device("cuda:0"));
+}
+
+// One process: no group, no backend; the collectives are the identity.
+TEST(DistEnv, OneProcessHasNoBackend) {
+  DataParallel one(DistEnv{}, "", std::chrono::milliseconds(1000), c10::Device("cuda"));
+  EXPECT_EQ(one.backend(), "");
+  EXPECT_EQ(one.all_reduce_sum(int64_t{5}, "a count"), 5);
+}
+
 }  // namespace
 }  // namespace qwen3

@@ -296,7 +296,7 @@ TEST(DistributedCli, UnderTorchrunItself) {
                                  job.dir.file("two.jsonl"));
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_NE((r.out + r.err).find("the 2 replicas are bitwise identical"), std::string::npos) << r.out << r.err;
-  EXPECT_NE((r.out + r.err).find("data parallel: 2 ranks (torchrun)"), std::string::npos) << r.out << r.err;
+  EXPECT_NE((r.out + r.err).find("data parallel: 2 ranks (torchrun, gloo), this is rank 0 on cpu"), std::string::npos) << r.out << r.err;
   EXPECT_EQ(job.losses("two.jsonl").size(), 3u);
   EXPECT_LT(worst_relative(job.losses("two.jsonl"), job.losses("one.jsonl")), 1e-5);
 }

@@ -3,7 +3,6 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 // Gloo where this libtorch has it (Debian's 1.13 and PyTorch's wheels build it; its headers need <gloo/...>,
 // libgloo-dev on Debian). Without it the trainer runs one process and says why it cannot run more.
@@ -17,6 +16,7 @@
 #include <optional>
 #include <string_view>
 
+#include "dist/c10d_backend.h"
 #include "dist/tcp_store.h"
 #include "qwen3/base/error.h"
 
@@ -90,24 +90,36 @@ DistEnv dist_env_from_environment() {
   return env;
 }
 
+c10::Device device_for_rank(const c10::Device& requested, const DistEnv& env) {
+  if (!requested.is_cuda() || requested.has_index()) return requested;
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
+}
+
 struct DataParallel::Group {
   c10::intrusive_ptr<c10d::Store> store;
-#ifdef QWEN3_HAVE_GLOO
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
-#else
-  c10::intrusive_ptr<c10d::ProcessGroup> pg;  // never made: the constructor refuses a world of more than one
-#endif
+  c10::intrusive_ptr<CollectiveBackend> pg;
+  // Where the collectives' buffers live: the GPU for NCCL, the CPU for Gloo (a GPU run's tensors are staged
+  // through host memory then: Gloo's reduce takes CPU tensors only).
+  c10::Device staging = c10::Device(c10::kCPU);
 };
 
-DataParallel::DataParallel(const DistEnv& env, const std::string& init, std::chrono::milliseconds timeout)
+DataParallel::DataParallel(const DistEnv& env, const std::string& init, std::chrono::milliseconds timeout,
+                           const c10::Device& device)
     : env_(env), timeout_(timeout) {
   if (env_.world_size <= 1) return;
+  bool nccl = false;
+#ifdef QWEN3_HAVE_NCCL
+  nccl = device.is_cuda();
+#endif
 #ifndef QWEN3_HAVE_GLOO
-  throw Error(fmt::format("{} rank {} of {}: this build's libtorch has no c10d Gloo (USE_C10D_GLOO and the gloo "
-                          "headers), so it trains in one process only (docs/distributed.md)",
-                          env_.launcher, env_.rank, env_.world_size));
-#else
+  if (!nccl)
+    throw Error(fmt::format("{} rank {} of {}: this build's libtorch has no c10d Gloo (USE_C10D_GLOO and the gloo "
+                            "headers){}, so it trains in one process only (docs/distributed.md)",
+                            env_.launcher, env_.rank, env_.world_size,
+                            device.is_cuda() ? " nor NCCL" : " and NCCL runs on CUDA devices only"));
+#endif
   group_ = std::make_unique<Group>();
+  backend_ = nccl ? "nccl" : "gloo";
   constexpr std::string_view kFile = "file://";
   if (init.rfind(kFile, 0) == 0) {
     group_->store = c10::make_intrusive<c10d::FileStore>(init.substr(kFile.size()), env_.world_size);
@@ -145,20 +157,46 @@ DataParallel::DataParallel(const DistEnv& env, const std::string& init, std::chr
     }
   }
   group_->store->setTimeout(timeout);
-  auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+  try {
+    if (nccl) {
+      join_nccl(device);
+    } else {
+      join_gloo(init);
+    }
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(fmt::format("rank {} of {}: cannot join the {} process group within {} s: {}", env_.rank,
+                            env_.world_size, backend_, timeout.count() / 1000, first_line(e)));
+  }
+}
+
+void DataParallel::join_nccl(const c10::Device& device) {
+#ifdef QWEN3_HAVE_NCCL
+  auto options = c10d::ProcessGroupNCCL::Options::create();
+  options->timeout = timeout_;
+  group_->staging = device;
+  group_->pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(group_->store, env_.rank, env_.world_size, options);
+#else
+  (void)device;
+  throw Error("this build's libtorch has no NCCL");
+#endif
+}
+
+void DataParallel::join_gloo(const std::string& init) {
+#ifdef QWEN3_HAVE_GLOO
+  auto options = c10d::ProcessGroupGloo::Options::create(timeout_);
   // Loopback on one machine; the hostname's address across machines (GLOO_SOCKET_IFNAME picks an interface).
   if (const char* iface = std::getenv("GLOO_SOCKET_IFNAME"))
     options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(iface));
-  else if (init.rfind(kFile, 0) == 0 || env_.master_addr == "127.0.0.1" || env_.master_addr == "localhost")
+  else if (init.rfind("file://", 0) == 0 || env_.master_addr == "127.0.0.1" || env_.master_addr == "localhost")
     options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
   else
     options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
-  try {
-    group_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(group_->store, env_.rank, env_.world_size, options);
-  } catch (const std::exception& e) {
-    throw Error(fmt::format("rank {} of {}: cannot join the process group within {} s: {}", env_.rank,
-                            env_.world_size, timeout.count() / 1000, first_line(e)));
-  }
+  group_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(group_->store, env_.rank, env_.world_size, options);
+#else
+  (void)init;
+  throw Error("this build's libtorch has no c10d Gloo");
 #endif
 }
 
@@ -170,7 +208,8 @@ void DataParallel::all_reduce_sum(std::vector<at::Tensor>& tensors, const char* 
 
 void DataParallel::broadcast(at::Tensor& tensor, int root, const char* what) {
   if (!group_) return;
-  at::Tensor t = tensor.is_contiguous() ? tensor : tensor.contiguous();
+  at::Tensor t = tensor.is_contiguous() && tensor.device() == group_->staging ? tensor
+                                                                            : tensor.to(group_->staging).contiguous();
   // A broadcast moves bytes, but Gloo takes only the types it knows (no bf16, no int16): 16-bit values travel
   // as fp16 of the same bits, untouched.
   std::vector<at::Tensor> data = {t.element_size() == 2 ? t.view(at::kHalf) : t};
@@ -183,7 +222,7 @@ void DataParallel::broadcast(at::Tensor& tensor, int root, const char* what) {
                             "--dist-timeout?): {}",
                             env_.rank, env_.world_size, what, first_line(e)));
   }
-  if (!tensor.is_contiguous()) tensor.copy_(t);
+  if (t.unsafeGetTensorImpl() != tensor.unsafeGetTensorImpl()) tensor.copy_(t);
 }
 
 // One collective a dtype: the tensors of a bucket flattened into one buffer (a tensor alone that is already the
@@ -231,11 +270,12 @@ std::unique_ptr<DataParallel::Pending> DataParallel::launch_sum(std::vector<at::
     for (size_t i = 0; i < tensors.size(); ++i)
       if (sum_type(tensors[i].scalar_type(), what) == dtype) {
         bucket.members.push_back(i);
-        parts.push_back(tensors[i].to(dtype).reshape({-1}));
+        parts.push_back(tensors[i].to(group_->staging, dtype).reshape({-1}));
       }
     if (parts.empty()) continue;
     const at::Tensor& only = tensors[bucket.members.front()];
-    const bool in_place = parts.size() == 1 && only.scalar_type() == dtype && only.is_contiguous();
+    const bool in_place = parts.size() == 1 && only.scalar_type() == dtype && only.is_contiguous() &&
+                          only.device() == group_->staging;
     bucket.flat = in_place ? only : at::cat(parts);
     std::vector<at::Tensor> data = {bucket.flat};
     try {

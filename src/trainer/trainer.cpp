@@ -154,12 +154,13 @@ class Trainer {
   explicit Trainer(const TrainOptions& o)
       : o_(o),
         t_start_(Clock::now()),
-        device_(o.device),
-        dp_(dist_env_from_environment(), o.dist_init, std::chrono::milliseconds(o.dist_timeout_s * 1000)) {
+        device_(device_for_rank(o.device, dist_env_from_environment())),
+        dp_(dist_env_from_environment(), o.dist_init, std::chrono::milliseconds(o.dist_timeout_s * 1000), device_) {
     // Rank 0 writes (checkpoints, metrics, run files, the export, the report) and logs; the others warn only.
     if (!dp_.is_main()) spdlog::set_level(spdlog::level::warn);
     if (dp_.world_size() > 1)
-      spdlog::info("data parallel: {} ranks ({}), this is rank {}", dp_.world_size(), dp_.env().launcher, dp_.rank());
+      spdlog::info("data parallel: {} ranks ({}, {}), this is rank {} on {}", dp_.world_size(), dp_.env().launcher,
+                   dp_.backend(), dp_.rank(), device_.str());
     if (!o.vram_report.empty() && dp_.is_main()) {
       prepare_output_folder("--vram-report", o.vram_report);  // e.g. inside the --checkpoint-dir not made yet
       report_.emplace(o.vram_report, device_, to_json(o));

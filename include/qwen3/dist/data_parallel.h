@@ -4,6 +4,7 @@
 // single-process trainer runs the same code.
 #pragma once
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <chrono>
 #include <memory>
@@ -24,12 +25,19 @@ struct DistEnv {
 // UsageError naming the variable for a value that is not a number or a rank outside the world.
 DistEnv dist_env_from_environment();
 
+// The device a rank trains on: `--device cuda` without an index means the GPU of the rank's LOCAL_RANK (one
+// process per GPU, as torchrun starts them); anything else as given.
+c10::Device device_for_rank(const c10::Device& requested, const DistEnv& env);
+
 class DataParallel {
  public:
   // `init`: "" (MASTER_ADDR:MASTER_PORT, a TCPStore served by rank 0) or "file://PATH" (a FileStore: one
   // machine, or a shared file system; what the tests use). `timeout`: how long a collective may wait for the
-  // other ranks before this one fails with an error naming the step (a dead or stalled rank).
-  DataParallel(const DistEnv& env, const std::string& init, std::chrono::milliseconds timeout);
+  // other ranks before this one fails with an error naming the step (a dead or stalled rank). `device`: where
+  // the rank trains; a CUDA device takes NCCL where this libtorch has it (PyTorch's CUDA builds), else Gloo
+  // with the buffers staged through host memory.
+  DataParallel(const DistEnv& env, const std::string& init, std::chrono::milliseconds timeout,
+               const c10::Device& device = c10::Device(c10::kCPU));
   ~DataParallel();
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
@@ -38,6 +46,8 @@ class DataParallel {
   int world_size() const { return env_.world_size; }
   bool is_main() const { return env_.rank == 0; }
   const DistEnv& env() const { return env_; }
+  // "gloo" or "nccl"; "" at world size 1 (no process group).
+  const std::string& backend() const { return backend_; }
 
   // Sums over all ranks, in place. `what` names the collective in a timeout's message.
   void all_reduce_sum(std::vector<at::Tensor>& tensors, const char* what);
@@ -78,7 +88,10 @@ class DataParallel {
   DistEnv env_;
   std::chrono::milliseconds timeout_;
   std::unique_ptr<Group> group_;
+  std::string backend_;
   double wait_seconds_ = 0;
+  void join_nccl(const c10::Device& device);
+  void join_gloo(const std::string& init);
   std::unique_ptr<Pending> launch_sum(std::vector<at::Tensor> tensors, int root, const char* what);
 };
 

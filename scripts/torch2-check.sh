@@ -56,6 +56,7 @@ unshare --mount --propagation private bash -euo pipefail -c '
   shift 5
   mount -t proc proc "$dir/proc"
   mount --rbind /dev "$dir/dev"
+  mount --rbind /sys "$dir/sys"  # the CPU topology qwen3-train sizes its threads by
   mkdir -p "$dir/src" "$dir/ccache"
   mount --bind "$src" "$dir/src"
   mount --bind "$ccache" "$dir/ccache"

@@ -10,8 +10,7 @@
 
 #define QWEN3_BENCHMARK_MAIN()                                                                              \
   int main(int argc, char** argv) {                                                                         \
-    const qwen3::CpuThreadChoice cpu = qwen3::choose_cpu_threads(qwen3::cpu_thread_inputs(0, at::get_num_threads())); \
-    at::set_num_threads(cpu.threads);                                                                       \
+    const qwen3::CpuThreadChoice cpu = qwen3::apply_cpu_threads(0);                                        \
     benchmark::AddCustomContext("cpu_threads", std::to_string(at::get_num_threads()) + " (" + cpu.why + ")"); \
     benchmark::Initialize(&argc, argv);                                                                     \
     if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;                                       \

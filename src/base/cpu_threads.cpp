@@ -1,6 +1,8 @@
-// The CPU thread count (include/qwen3/base/cpu_threads.h): a pure choice, and the two readings it needs.
+// The CPU thread count (include/qwen3/base/cpu_threads.h): a pure choice, the two readings it needs, and
+// setting libtorch's pool to it.
 #include "qwen3/base/cpu_threads.h"
 
+#include <ATen/Parallel.h>
 #include <sched.h>
 
 #include <cstdlib>
@@ -71,14 +73,16 @@ int processes_per_machine_from_environment() {
   return 1;
 }
 
-CpuThreadInputs cpu_thread_inputs(int flag, int library_default) {
+CpuThreadChoice apply_cpu_threads(int flag) {
   CpuThreadInputs in;
   in.flag = flag;
   in.env_set = positive_env("OMP_NUM_THREADS") > 0 || positive_env("MKL_NUM_THREADS") > 0;
-  in.library_default = library_default;
+  in.library_default = at::get_num_threads();
   in.physical_cores = physical_cores_available();
   in.processes_per_machine = processes_per_machine_from_environment();
-  return in;
+  const CpuThreadChoice choice = choose_cpu_threads(in);
+  if (choice.threads != in.library_default) at::set_num_threads(choice.threads);
+  return choice;
 }
 
 }  // namespace qwen3

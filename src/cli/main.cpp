@@ -91,8 +91,7 @@ int run(int argc, char** argv) {
     return 2;
   }
   setup_logging(log_level);
-  const qwen3::CpuThreadChoice cpu = qwen3::choose_cpu_threads(qwen3::cpu_thread_inputs(threads, at::get_num_threads()));
-  if (cpu.threads != at::get_num_threads()) at::set_num_threads(cpu.threads);
+  const qwen3::CpuThreadChoice cpu = qwen3::apply_cpu_threads(threads);
   spdlog::debug("CPU threads: {} ({})", at::get_num_threads(), cpu.why);  // what libtorch now uses
   for (auto& c : commands)
     if (c.app->parsed()) {

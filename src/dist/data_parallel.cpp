@@ -157,46 +157,40 @@ DataParallel::DataParallel(const DistEnv& env, const std::string& init, std::chr
     }
   }
   group_->store->setTimeout(timeout);
+  // Gloo's address: loopback on one machine, the hostname's across machines.
+  const bool one_machine =
+      init.rfind(kFile, 0) == 0 || env_.master_addr == "127.0.0.1" || env_.master_addr == "localhost";
   try {
-    if (nccl) {
+    if (nccl)
       join_nccl(device);
-    } else {
-      join_gloo(init);
-    }
-  } catch (const Error&) {
-    throw;
+    else
+      join_gloo(one_machine);
   } catch (const std::exception& e) {
     throw Error(fmt::format("rank {} of {}: cannot join the {} process group within {} s: {}", env_.rank,
                             env_.world_size, backend_, timeout.count() / 1000, first_line(e)));
   }
 }
 
-void DataParallel::join_nccl(const c10::Device& device) {
+// Each is called only where the constructor found its backend compiled in (the other build has an empty body).
+void DataParallel::join_nccl([[maybe_unused]] const c10::Device& device) {
 #ifdef QWEN3_HAVE_NCCL
   auto options = c10d::ProcessGroupNCCL::Options::create();
   options->timeout = timeout_;
   group_->staging = device;
   group_->pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(group_->store, env_.rank, env_.world_size, options);
-#else
-  (void)device;
-  throw Error("this build's libtorch has no NCCL");
 #endif
 }
 
-void DataParallel::join_gloo(const std::string& init) {
+void DataParallel::join_gloo([[maybe_unused]] bool one_machine) {
 #ifdef QWEN3_HAVE_GLOO
   auto options = c10d::ProcessGroupGloo::Options::create(timeout_);
-  // Loopback on one machine; the hostname's address across machines (GLOO_SOCKET_IFNAME picks an interface).
-  if (const char* iface = std::getenv("GLOO_SOCKET_IFNAME"))
+  if (const char* iface = std::getenv("GLOO_SOCKET_IFNAME"))  // the user's choice of interface
     options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(iface));
-  else if (init.rfind("file://", 0) == 0 || env_.master_addr == "127.0.0.1" || env_.master_addr == "localhost")
+  else if (one_machine)
     options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
   else
     options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
   group_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(group_->store, env_.rank, env_.world_size, options);
-#else
-  (void)init;
-  throw Error("this build's libtorch has no c10d Gloo");
 #endif
 }
 

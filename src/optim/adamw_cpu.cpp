@@ -194,19 +194,14 @@ QWEN3_ROW_BODY void update_row(const ka::ParamView& p, const ka::StepScalars& s,
     float* pm = m + c0;
     float* pv = v + c0;
     const int64_t index = first + c0;
-    if (kBf16Master) {
-      auto* master = static_cast<uint16_t*>(p.master) + index;
-      for (uint32_t k = 0; k < count; ++k) {
-        ka::update_moments(ka::grad_at<kBf16Grad>(p.grad, index + k, s.grad_scale), pm[k], pv[k], s);
-        const float updated = ka::updated_master(ka::bf16_to_float(master[k]), pm[k], pv[k], s);
-        master[k] = ka::bf16_stochastic(updated, ka::random_bits_split(s.master_key, low + k, high));
-      }
-    } else {
-      float* master = static_cast<float*>(p.master) + index;
-      for (uint32_t k = 0; k < count; ++k) {
-        ka::update_moments(ka::grad_at<kBf16Grad>(p.grad, index + k, s.grad_scale), pm[k], pv[k], s);
-        master[k] = ka::updated_master(master[k], pm[k], pv[k], s);
-      }
+    for (uint32_t k = 0; k < count; ++k) {
+      ka::update_moments(ka::grad_at<kBf16Grad>(p.grad, index + k, s.grad_scale), pm[k], pv[k], s);
+      const float updated = ka::updated_master(ka::master_at<kBf16Master>(p.master, index + k), pm[k], pv[k], s);
+      if (kBf16Master)  // store_master_at's rounding, its bits drawn in 32-bit lanes
+        static_cast<uint16_t*>(p.master)[index + k] =
+            ka::bf16_stochastic(updated, ka::random_bits_split(s.master_key, low + k, high));
+      else
+        static_cast<float*>(p.master)[index + k] = updated;
     }
   });
   for (int64_t c = p.cols; c < p.stored_cols; ++c) ka::update_moments(0.0f, m[c], v[c], s);  // row padding

@@ -35,7 +35,8 @@ int physical_cores_available();
 // machine); else 1.
 int processes_per_machine_from_environment();
 
-// Reads the process's environment and topology for choose_cpu_threads (flag and library default from the caller).
-CpuThreadInputs cpu_thread_inputs(int flag, int library_default);
+// Reads the process's environment and topology, chooses, and sets libtorch's pool to the choice (the binary's
+// start and the CPU benchmarks' main). `flag`: --threads, 0 when not given.
+CpuThreadChoice apply_cpu_threads(int flag);
 
 }  // namespace qwen3

@@ -91,7 +91,7 @@ class DataParallel {
   std::string backend_;
   double wait_seconds_ = 0;
   void join_nccl(const c10::Device& device);
-  void join_gloo(const std::string& init);
+  void join_gloo(bool one_machine);
   std::unique_ptr<Pending> launch_sum(std::vector<at::Tensor> tensors, int root, const char* what);
 };
 

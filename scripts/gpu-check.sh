@@ -620,6 +620,19 @@ stage_hf() {
   else
     no_time hf transformers
   fi
+  # The independent reference for the model: transformers' Qwen3ForCausalLM with the .dat's values decoded by the
+  # script itself, float32 logits against `eval --logits-out` (scripts/hf-reference-check.sh runs it on a CPU).
+  if run_step "$d/logits.log" 300 "$python" "$root/bench/hf_peer.py" logits --weights "$m/model/model.dat" \
+       --config "$m/model/config.json" --qwen3 "$bin" --device cuda; then
+    if [ "$step_rc" = 0 ]; then
+      record hf logits ok "$step_s" "$(grep '^{' "$d/logits.log" | tail -n 1)"
+    else
+      record hf logits failed "$step_s" "$(fail_note "$d/logits.log")"
+      show_tail "$d/logits.log" 10
+    fi
+  else
+    no_time hf logits
+  fi
   stage_end hf
 }
 
@@ -654,8 +667,10 @@ stage_train() {  # stage_train NAME SEQ_LEN BATCH
     record "$name" vram-report skipped 0 "qwen3-train has no vram-report command"
   fi
 
-  # Most wanted first, so a call that runs out of time drops the least wanted: lean (both flags: the memory
-  # goal), fused-optimizer (the speed goal), grad-checkpoint, base. TRAIN_CONFIGS picks some of them.
+  # Most wanted first, so a call that runs out of time drops the least wanted: lean (bf16 masters with stochastic
+  # rounding, int8 moments, both flags: the memory goal), fused-optimizer (fp32 masters and moments, bf16 compute
+  # on CUDA: the speed goal; the fused update keeps the 4B model's fp32 gradients from all living at once),
+  # grad-checkpoint, base. TRAIN_CONFIGS picks some of them.
   local missing=() have_gc=0 have_fo=0 wanted
   has_flag train --grad-checkpoint && have_gc=1 || missing+=(--grad-checkpoint)
   has_flag train --fused-optimizer && have_fo=1 || missing+=(--fused-optimizer)
@@ -672,7 +687,7 @@ stage_train() {  # stage_train NAME SEQ_LEN BATCH
     case "$c" in
       grad-checkpoint) extra=(--grad-checkpoint) ;;
       fused-optimizer) extra=(--fused-optimizer) ;;
-      lean) extra=(--grad-checkpoint --fused-optimizer) ;;
+      lean) extra=(--master-dtype bfloat16 --optimizer-state-mode int8 --grad-checkpoint --fused-optimizer) ;;
     esac
     local step=train-$c log=$d/train-$c.log
     rm -f "$d/train-$c.jsonl"
@@ -696,7 +711,47 @@ stage_train() {  # stage_train NAME SEQ_LEN BATCH
       show_tail "$log" 8
     fi
   done
+  hf_peer_train "$name" "$m" "$seq" "$batch"
   stage_end "$name"
+}
+
+hf_peer_figures() {  # the JSON line of hf_peer.py train as one short note
+  py - "$1" <<'PY'
+import json, sys
+lines = [l for l in open(sys.argv[1]) if l.startswith("{")]
+if not lines:
+    print("no JSON line in the log")
+    sys.exit(0)
+j = json.loads(lines[-1])
+print("transformers %s, %s params: %s tokens/s, %s ms/step, peak allocated %s GiB, reserved %s GiB" % (
+    j["transformers"], j["params"], j["tokens_per_s"], j["ms_per_step"], j.get("peak_allocated_gib"),
+    j.get("peak_reserved_gib")))
+PY
+}
+
+# The peer at the same shape (bench/hf_peer.py train): transformers' Qwen3ForCausalLM with bf16 weights and
+# fused AdamW, gradient checkpointing on and off, training the same parameters (the head tied to the embedding as
+# the config says, as qwen3-train's training does). TRAIN_HF=0 leaves it out.
+hf_peer_train() {
+  local name=$1 m=$2 seq=$3 batch=$4 d=$stage_dir gc
+  if [ "${TRAIN_HF:-1}" = 0 ]; then return; fi
+  if [ "$dry_run" = 1 ] || [ ! -x "$python" ] || ! "$python" -c 'import transformers' >/dev/null 2>&1; then
+    record "$name" hf-peer skipped 0 "needs $python with transformers (the GPU machine's)"
+    return
+  fi
+  for gc in on off; do
+    local log=$d/hf-peer-gc-$gc.log
+    if ! run_monitored "$log" "${TRAIN_TIMEOUT_S:-240}" "$d/hf-peer-gc-$gc.mem" "$python" "$root/bench/hf_peer.py" train         --config "$m/config.json" --seq-len "$seq" --batch-size "$batch" --steps "$train_steps" --device cuda         --grad-checkpoint "$gc"; then
+      no_time "$name" "hf-peer-gc-$gc"
+      continue
+    fi
+    if [ "$step_rc" = 0 ]; then
+      record "$name" "hf-peer-gc-$gc" ok "$step_s" "$(hf_peer_figures "$log"); $(cat "$d/hf-peer-gc-$gc.mem")"
+    else
+      record "$name" "hf-peer-gc-$gc" failed "$step_s" "$(fail_note "$log"); $(cat "$d/hf-peer-gc-$gc.mem")"
+      show_tail "$log" 8
+    fi
+  done
 }
 
 # ------------------------------------------------------------------------------------------------ summary

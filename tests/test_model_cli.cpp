@@ -5,7 +5,10 @@
 #include <fstream>
 #include <sstream>
 
+#include <ATen/ATen.h>
+
 #include "cli_test_util.h"
+#include "qwen3/convert/safetensors.h"
 #include "tokenizer_test_util.h"
 
 namespace qwen3 {
@@ -170,6 +173,60 @@ TEST_F(ModelCli, EvalScoresLongLinesInWindows) {
   r = run_cli("eval " + model_flags() + " --data " + text + " --tokenizer " + tiny_tokenizer() + " --seq-len 100000");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("max_position_embeddings"), std::string::npos) << r.err;
+}
+
+// --logits-out: every window's fp32 logits and ids, in a safetensors file an independent implementation can read
+// (bench/hf_peer.py). The logits must be the ones eval scored: their cross-entropy is eval's loss.
+TEST_F(ModelCli, EvalWritesTheLogitsItScores) {
+  const std::string ids = dir_->file("logit_ids.txt");
+  std::ofstream(ids) << "9707 4337 13 151645\n1 2 3 4 5 6 7 8 9 10\n";
+  const std::string out = dir_->file("logits/out.safetensors");
+  auto r = run_cli("eval " + model_flags() + " --token-ids-file " + ids + " --seq-len 6 --json --logits-out " + out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["sequences"].size(), 3u);  // line 2 in windows of 7 ids overlapping by one: 1..7, 7..10
+
+  const SafetensorsFile file(out);
+  const int64_t vocab = 151936;
+  const std::vector<std::vector<int64_t>> expected_ids = {{9707, 4337, 13, 151645}, {1, 2, 3, 4, 5, 6, 7}, {7, 8, 9, 10}};
+  for (size_t k = 0; k < expected_ids.size(); ++k) {
+    const auto* id_tensor = file.find("ids." + std::to_string(k));
+    const auto* logit_tensor = file.find("logits." + std::to_string(k));
+    ASSERT_TRUE(id_tensor && logit_tensor) << k;
+    const auto n = static_cast<int64_t>(expected_ids[k].size());
+    EXPECT_EQ(id_tensor->dtype, "I64");
+    EXPECT_EQ(logit_tensor->dtype, "F32");
+    EXPECT_EQ(logit_tensor->shape, (std::vector<int64_t>{n - 1, vocab}));
+    std::vector<int64_t> got(static_cast<size_t>(n));
+    file.read_range(*id_tensor, 0, got.data(), id_tensor->nbytes);
+    EXPECT_EQ(got, expected_ids[k]);
+    at::Tensor logits = at::empty({n - 1, vocab}, at::kFloat);
+    file.read_range(*logit_tensor, 0, logits.data_ptr<float>(), logit_tensor->nbytes);
+    const at::Tensor targets = at::tensor(std::vector<int64_t>(got.begin() + 1, got.end()), at::kLong);
+    const double loss = at::cross_entropy_loss(logits, targets).item<double>();
+    EXPECT_NEAR(loss, j["sequences"][k]["loss"].get<double>(), 1e-5) << "window " << k;
+  }
+  // The metadata says where each window came from.
+  std::ifstream raw(out, std::ios::binary);
+  uint64_t header_len = 0;
+  raw.read(reinterpret_cast<char*>(&header_len), 8);
+  std::string header(header_len, ' ');
+  raw.read(header.data(), static_cast<std::streamsize>(header_len));
+  const auto windows = nlohmann::json::parse(nlohmann::json::parse(header)["__metadata__"]["windows"].get<std::string>());
+  EXPECT_EQ(windows, nlohmann::json::parse(R"([{"line":1,"start":0},{"line":2,"start":0},{"line":2,"start":6}])"));
+
+  // Never a silent overwrite, never an input; --logits-out reads ids only.
+  r = run_cli("eval " + model_flags() + " --token-ids-file " + ids + " --logits-out " + out);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--overwrite"), std::string::npos) << r.err;
+  r = run_cli("eval " + model_flags() + " --token-ids-file " + ids + " --logits-out " + ids + " --overwrite");
+  EXPECT_EQ(r.code, 2);
+  r = run_cli("eval " + model_flags() + " --data " + ids + " --tokenizer " + tiny_tokenizer() + " --logits-out " +
+              dir_->file("x.safetensors"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--logits-out needs --token-ids-file"), std::string::npos) << r.err;
+  r = run_cli("eval " + model_flags() + " --token-ids-file " + ids + " --logits-out " + out + " --overwrite");
+  EXPECT_EQ(r.code, 0) << r.err;
 }
 
 // The offline smoke (the built-in tiny tokenizer, which tests/data holds too): its replies take many more

@@ -2,14 +2,20 @@
 // with the trainer's own rules and scores it with the function training's eval_loss uses (qwen3/trainer/evaluate.h):
 // the same file, weights and --seq-len give the same figure. --token-ids-file scores lines of ids, every token
 // after a window's first. Both cut long sequences into windows of --seq-len + 1 tokens (docs/data.md).
+// --logits-out writes the fp32 logits of every --token-ids-file window to a safetensors file: what an independent
+// implementation (bench/hf_peer.py, Hugging Face transformers) is compared with.
+#include <ATen/core/grad_mode.h>  // at::NoGradGuard: ATen.h stopped including it in PyTorch 2.x
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <optional>
 
 #include "qwen3/base/file_io.h"
+#include "qwen3/convert/safetensors_writer.h"
+#include "qwen3/export/output_target.h"
 #include "qwen3/trainer/evaluate.h"
 #include "qwen3/model/generate.h"
 #include "qwen3/model/model_loader.h"
@@ -19,36 +25,82 @@ namespace qwen3::cli {
 namespace {
 
 struct EvalFlags {
-  std::string weights, config, ids_file, data, tokenizer, data_format = "auto", system;
+  std::string weights, config, ids_file, data, tokenizer, data_format = "auto", system, logits_out;
   DataOptions data_options;
   ChatTemplateFlags chat;
   RuntimeOptions runtime;
-  bool json = false;
+  bool json = false, overwrite = false;
 };
 
 constexpr int64_t kDefaultEvalSeqLen = 2048;
 
-// Lines of ids: windows of seq_len + 1 ids overlapping by one, each scored on its own (as the data's text rule).
-Evaluation evaluate_id_lines(Qwen3Model& model, const EvalFlags& f) {
+struct IdWindow {
+  int64_t line = 0, start = 0;  // the file line and the window's first id's place in it
+  std::vector<int64_t> ids;
+};
+
+// Lines of ids as windows of seq_len + 1 ids overlapping by one, each scored on its own (as the data's text rule).
+// Read whole before anything runs, so a bad line fails before the model is loaded and the logits file's layout
+// is known up front.
+std::vector<IdWindow> read_id_windows(const EvalFlags& f) {
   std::ifstream in = open_input_file(f.ids_file, "--token-ids-file");
-  const int64_t seq_len = f.data_options.seq_len;
-  Evaluation out;
-  double weighted = 0;
+  const auto seq_len = static_cast<size_t>(f.data_options.seq_len);
+  std::vector<IdWindow> windows;
   std::string line;
   for (int64_t n = 1; std::getline(in, line); ++n) {
     if (!is_data_line(line, f.data_options.comment_prefix)) continue;
     const std::string where = fmt::format("{}:{}", f.ids_file, n);
     const std::vector<int64_t> ids = parse_token_ids(line, where);
     if (ids.size() < 2) throw Error(where + ": a sequence needs at least 2 tokens");
-    for (size_t start = 0; start + 1 < ids.size(); start += static_cast<size_t>(seq_len)) {
-      const size_t end = std::min(ids.size(), start + static_cast<size_t>(seq_len) + 1);
-      const SequenceLoss l = sequence_loss(model, std::vector<int64_t>(ids.begin() + start, ids.begin() + end));
-      out.samples.push_back(SampleLoss{n, l.tokens, l.loss});
-      weighted += l.loss * static_cast<double>(l.tokens);
-      out.loss_tokens += l.tokens;
+    for (size_t start = 0; start + 1 < ids.size(); start += seq_len) {
+      const size_t end = std::min(ids.size(), start + seq_len + 1);
+      windows.push_back({n, static_cast<int64_t>(start), std::vector<int64_t>(ids.begin() + start, ids.begin() + end)});
     }
   }
-  if (out.samples.empty()) throw Error(f.ids_file + ": no sequences");
+  if (windows.empty()) throw Error(f.ids_file + ": no sequences");
+  return windows;
+}
+
+// `logits.K` [ids - 1, vocab] F32: the logits at every position of window K but the last (the ones its loss
+// scores), and `ids.K` [ids] I64; the metadata's "windows" lists each K's file line and start.
+class LogitsFile {
+ public:
+  LogitsFile(const std::string& path, const std::vector<IdWindow>& windows, int64_t vocab) {
+    std::vector<SafetensorsSpec> specs;
+    nlohmann::json where = nlohmann::json::array();
+    for (size_t k = 0; k < windows.size(); ++k) {
+      const auto n = static_cast<int64_t>(windows[k].ids.size());
+      specs.push_back({fmt::format("ids.{}", k), "I64", {n}});
+      specs.push_back({fmt::format("logits.{}", k), "F32", {n - 1, vocab}});
+      where.push_back({{"line", windows[k].line}, {"start", windows[k].start}});
+    }
+    writer_.emplace(path, std::move(specs), nlohmann::json{{"format", "pt"}, {"windows", where.dump()}});
+  }
+  void add(const IdWindow& w, const at::Tensor& logits) {
+    writer_->write(w.ids.data(), w.ids.size() * sizeof(int64_t));
+    const at::Tensor host = logits.to(at::kCPU, at::kFloat).contiguous();
+    writer_->write(host.data_ptr<float>(), static_cast<uint64_t>(host.numel()) * sizeof(float));
+  }
+  void commit() { writer_->commit(); }
+
+ private:
+  std::optional<SafetensorsWriter> writer_;
+};
+
+Evaluation evaluate_id_windows(Qwen3Model& model, const std::vector<IdWindow>& windows, LogitsFile* logits) {
+  Evaluation out;
+  double weighted = 0;
+  for (const IdWindow& w : windows) {
+    const SequenceLoss l = sequence_loss(model, w.ids);
+    if (logits) {
+      at::NoGradGuard no_grad;
+      const auto inputs = static_cast<int64_t>(w.ids.size()) - 1;
+      logits->add(w, model.forward(at::tensor(w.ids, at::kLong).narrow(0, 0, inputs).unsqueeze(0))[0]);
+    }
+    out.samples.push_back(SampleLoss{w.line, l.tokens, l.loss});
+    weighted += l.loss * static_cast<double>(l.tokens);
+    out.loss_tokens += l.tokens;
+  }
   out.mean_loss = weighted / static_cast<double>(out.loss_tokens);
   return out;
 }
@@ -60,6 +112,8 @@ int run_eval(EvalFlags& f) {
                          !f.chat.config.empty() || !f.chat.name.empty()))
     throw UsageError("eval: --tokenizer, --tokenizer-config, --chat-template, --system and --data-format apply to "
                      "--data only");
+  if (!f.logits_out.empty() && f.ids_file.empty()) throw UsageError("eval: --logits-out needs --token-ids-file");
+  if (f.overwrite && f.logits_out.empty()) throw UsageError("eval: --overwrite applies to --logits-out only");
   const Qwen3Config config = load_config(f.config);
   DataOptions& d = f.data_options;
   if (config.max_position_embeddings > 0 && d.seq_len > config.max_position_embeddings)
@@ -76,10 +130,17 @@ int run_eval(EvalFlags& f) {
     d.role = "data (--data)";
     data.emplace(tok, d);
   }
+  std::vector<IdWindow> windows;
+  if (!data) windows = read_id_windows(f);
+  if (!f.logits_out.empty())
+    prepare_output_target("--logits-out", f.logits_out, f.overwrite, {f.weights, f.config, f.ids_file});
   const auto device = resolve_device(f.runtime.device);
   DatReader reader(f.weights);
   auto model = load_model(reader, config, resolve_dtype(f.runtime.dtype, device), device);
-  const Evaluation e = data ? evaluate(*model, *data) : evaluate_id_lines(*model, f);
+  std::optional<LogitsFile> logits;
+  if (!f.logits_out.empty()) logits.emplace(f.logits_out, windows, config.vocab_size);
+  const Evaluation e = data ? evaluate(*model, *data) : evaluate_id_windows(*model, windows, logits ? &*logits : nullptr);
+  if (logits) logits->commit();
   if (e.samples.empty()) throw Error(f.data + ": no target carries loss");
   nlohmann::json rows = nlohmann::json::array();
   for (const SampleLoss& s : e.samples) {
@@ -115,6 +176,10 @@ Command add_eval_command(CLI::App& app) {
   sub->add_option("--comment-prefix", f->data_options.comment_prefix, "lines starting with it are comments ('': none)")
       ->capture_default_str();
   add_bool_flag(sub, "--strict-data", f->data_options.strict, "a bad data line is fatal instead of skipped");
+  sub->add_option("--logits-out", f->logits_out,
+                  "with --token-ids-file: write each window's fp32 logits to this safetensors file "
+                  "(logits.K [ids - 1, vocab], ids.K; 4 bytes x vocab per token)");
+  add_bool_flag(sub, "--overwrite", f->overwrite, "replace an existing --logits-out (never an input)");
   add_bool_flag(sub, "--json", f->json, "print {\"sequences\": [{\"line\", \"tokens\", \"loss\"}], \"mean_loss\"}");
   add_runtime_options(sub, f->runtime);
   return {sub, [f]() { return run_eval(*f); }};

@@ -1,0 +1,287 @@
+#!/usr/bin/env python3
+"""Hugging Face transformers' Qwen3ForCausalLM beside qwen3-train (docs/performance.md, "The peer").
+
+  hf_peer.py logits --weights M.dat --config C.json [--ids-file IDS] [--qwen3 BIN | --ours LOGITS.safetensors]
+  hf_peer.py train  --config C.json --seq-len T --batch-size B [--steps 20] [--grad-checkpoint on|off]
+
+logits: the independent reference for the model. Decodes the .dat here (its own reader and NVFP4 decoder, written
+from the format's definition, sharing nothing with qwen3-train), loads the values into Qwen3ForCausalLM built from
+the same config.json in float32, and compares its logits on every window with `qwen3-train eval --logits-out`
+(run here with --qwen3, or read from --ours where the binary cannot run beside this Python). Exit 1 when the largest
+|difference| of a logit exceeds --tolerance times the largest |logit|.
+
+train: the peer's training step on the same shape as `qwen3-train train`: random weights from config.json in
+bfloat16, torch.optim.AdamW(fused=True), gradient checkpointing on or off, random ids; tokens/s over the steps after
+--warmup and the peak memory (CUDA: allocated and reserved by PyTorch's allocator; CPU: the process's peak RSS).
+The config's tie_word_embeddings holds for both: qwen3-train's training ties the head to the embedding as HF does,
+even where the .dat also stores an lm_head (docs/data.md), so the two train the same parameters.
+
+Each prints one JSON line on stdout.
+"""
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+
+# ------------------------------------------------------------------------------------------- the .dat, read here
+def _leb128(f):
+    value, shift = 0, 0
+    while True:
+        b = f.read(1)
+        if not b:
+            raise ValueError("truncated LEB128")
+        value |= (b[0] & 0x7F) << shift
+        shift += 7
+        if not b[0] & 0x80:
+            return value
+
+
+# element type id -> (torch dtype of the payload, bytes per element)
+_DAT_TYPES = {0: (torch.uint8, 1), 1: (torch.int8, 1), 2: (torch.int16, 2), 3: (torch.int32, 4), 4: (torch.int64, 8),
+              5: (torch.float16, 2), 6: (torch.float32, 4), 7: (torch.float64, 8), 15: (torch.bfloat16, 2),
+              100: (torch.uint8, 1), 101: (torch.uint8, 1)}
+# E2M1 magnitudes of codes 0..7; bit 3 is the sign.
+_E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
+
+
+def read_dat(path):
+    """Every entry of a .dat as {key: (type id, tensor)}; payloads little-endian, row-major."""
+    out = {}
+    with open(path, "rb") as f:
+        for _ in range(_leb128(f)):
+            key = f.read(_leb128(f)).decode()
+            etype = _leb128(f)
+            shape = [_leb128(f) for _ in range(_leb128(f))]
+            if etype not in _DAT_TYPES:
+                raise ValueError(f"{path}: entry '{key}' has element type {etype}, unknown here")
+            dtype, size = _DAT_TYPES[etype]
+            numel = 1
+            for d in shape:
+                numel *= d
+            raw = bytearray(f.read(numel * size))
+            if len(raw) != numel * size:
+                raise ValueError(f"{path}: entry '{key}' is truncated")
+            t = torch.frombuffer(raw, dtype=dtype) if numel else torch.empty(0, dtype=dtype)
+            out[key] = (etype, t.reshape(shape))
+    return out
+
+
+def e4m3fn_to_float(codes):
+    """E4M3FN bytes to float64, from the definition: (1 + m/8)·2^(e-7), subnormal m/8·2^-6, 0x7F/0xFF NaN."""
+    c = codes.to(torch.int64)
+    sign = torch.where(c & 0x80 != 0, -1.0, 1.0).to(torch.float64)
+    e = (c >> 3) & 0xF
+    m = (c & 0x7).to(torch.float64)
+    normal = (1 + m / 8) * torch.pow(2.0, (e - 7).to(torch.float64))
+    subnormal = m / 8 * 2.0 ** -6
+    v = sign * torch.where(e == 0, subnormal, normal)
+    return torch.where((c & 0x7F) == 0x7F, torch.full_like(v, float("nan")), v)
+
+
+def dequantize_pair(codes, scales, scale_type):
+    """A [out, in/2] code tensor (element 2j in the low nibble) and its [out, in/16] scales -> [out, in] float64."""
+    lo, hi = codes & 0x0F, codes >> 4
+    nibbles = torch.stack([lo, hi], dim=-1).reshape(codes.shape[0], -1).to(torch.int64)
+    values = _E2M1[nibbles & 7] * torch.where(nibbles & 8 != 0, -1.0, 1.0).to(torch.float64)
+    s = e4m3fn_to_float(scales) if scale_type == 101 else scales.to(torch.float64)
+    return values * s.repeat_interleave(16, dim=1)
+
+
+def dat_state_dict(path):
+    """The model's tensors under their Hugging Face names, float32 (NVFP4 pairs dequantized)."""
+    entries = read_dat(path)
+    state = {}
+    for key, (etype, t) in entries.items():
+        if key.endswith(".scale"):
+            continue
+        if key.endswith(".qdata"):
+            name = key[: -len(".qdata")]
+            stype, scales = entries[name + ".scale"]
+            state[name] = dequantize_pair(t, scales, stype).to(torch.float32)
+        else:
+            state[key] = t.to(torch.float32)
+    return state
+
+
+# ------------------------------------------------------------------------------------------- the peer model
+def _transformers():
+    import transformers
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    return transformers.__version__, Qwen3Config, Qwen3ForCausalLM
+
+
+def hf_config(config_path, **overrides):
+    _, Qwen3Config, _ = _transformers()
+    with open(config_path) as f:
+        d = json.load(f)
+    d.pop("torch_dtype", None)
+    d.pop("dtype", None)
+    d.update(overrides)
+    return Qwen3Config(**d)
+
+
+def cmd_logits(a):
+    version, _, Qwen3ForCausalLM = _transformers()
+    from safetensors.torch import load_file
+
+    state = dat_state_dict(a.weights)
+    # A file with its own lm_head is used as such even when the config ties it (as qwen3-train loads it).
+    config = hf_config(a.config, tie_word_embeddings="lm_head.weight" not in state)
+    config._attn_implementation = "eager"  # the textbook formula, in float32
+    model = Qwen3ForCausalLM(config).to(torch.float32)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
+    if missing or unexpected:
+        sys.exit(f"hf_peer: {a.weights}: missing {missing}, unexpected {unexpected}")
+    model = model.to(a.device).eval()
+
+    tmp = tempfile.TemporaryDirectory()
+    ids_file = a.ids_file
+    if ids_file is None:  # a few lines of random ids, one longer than --seq-len so that windows overlap
+        g = torch.Generator().manual_seed(0)
+        ids_file = os.path.join(tmp.name, "ids.txt")
+        with open(ids_file, "w") as f:
+            for n in (7, 33, 2 * a.seq_len + 5):
+                f.write(" ".join(str(int(i)) for i in torch.randint(0, config.vocab_size, (n,), generator=g)) + "\n")
+    ours_path = a.ours
+    if ours_path is None:
+        ours_path = os.path.join(tmp.name, "ours.safetensors")
+        subprocess.run([a.qwen3, "eval", "--weights", a.weights, "--config", a.config, "--token-ids-file", ids_file,
+                        "--seq-len", str(a.seq_len), "--dtype", "float32", "--device", a.device,
+                        "--logits-out", ours_path, "--json"], check=True, stdout=subprocess.DEVNULL)
+    ours = load_file(ours_path)
+    windows = sum(1 for k in ours if k.startswith("logits."))
+    if windows == 0:
+        sys.exit(f"hf_peer: {ours_path} holds no logits")
+
+    worst, worst_rel, largest, loss_diff, tokens = 0.0, 0.0, 0.0, 0.0, 0
+    with torch.no_grad():
+        for k in range(windows):
+            ids = ours[f"ids.{k}"].to(a.device)
+            mine = ours[f"logits.{k}"].to(a.device)
+            theirs = model(input_ids=ids[:-1].unsqueeze(0)).logits[0].float()
+            if theirs.shape != mine.shape:
+                sys.exit(f"hf_peer: window {k}: shapes {tuple(theirs.shape)} (transformers) and {tuple(mine.shape)}")
+            diff = (theirs - mine).abs().max().item()
+            worst = max(worst, diff)
+            worst_rel = max(worst_rel, diff / max(theirs.abs().max().item(), 1e-30))
+            largest = max(largest, theirs.abs().max().item())
+            ce = torch.nn.functional.cross_entropy
+            loss_diff = max(loss_diff, abs(ce(theirs, ids[1:]).item() - ce(mine, ids[1:]).item()))
+            tokens += ids.numel() - 1
+    ok = worst_rel <= a.tolerance
+    print(json.dumps({"check": "logits", "transformers": version, "torch": torch.__version__, "device": a.device,
+                      "windows": windows, "tokens": tokens, "max_abs_diff": worst, "max_rel_diff": worst_rel,
+                      "max_abs_logit": largest, "max_loss_diff": loss_diff, "tolerance": a.tolerance, "ok": ok}))
+    return 0 if ok else 1
+
+
+def cmd_train(a):
+    version, _, Qwen3ForCausalLM = _transformers()
+    device = torch.device(a.device)
+    cuda = device.type == "cuda"
+    torch.manual_seed(a.seed)
+    config = hf_config(a.config, use_cache=False)
+    config._attn_implementation = a.attn
+    t0 = time.time()
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    with device:  # weights made where they train, in bf16: no fp32 copy of a 4B model on the host
+        model = Qwen3ForCausalLM(config)
+    torch.set_default_dtype(default_dtype)
+    model.train()
+    if a.grad_checkpoint == "on":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    params = sum(p.numel() for p in model.parameters())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.0, fused=True)
+    build_s = time.time() - t0
+    if cuda:
+        torch.cuda.synchronize(device)
+        weights_gib = torch.cuda.memory_allocated(device) / 2**30
+        torch.cuda.reset_peak_memory_stats(device)
+    g = torch.Generator(device="cpu").manual_seed(a.seed)
+    ids = torch.randint(0, config.vocab_size, (a.batch_size, a.seq_len), generator=g).to(device)
+
+    losses, step_s = [], []
+    start = None
+    for step in range(a.steps):
+        if step == a.warmup:
+            if cuda:
+                torch.cuda.synchronize(device)
+            start = time.time()
+        t = time.time()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())  # synchronizes, as qwen3-train's per-step loss does
+        step_s.append(time.time() - t)
+    if cuda:
+        torch.cuda.synchronize(device)
+    timed = a.steps - a.warmup
+    elapsed = time.time() - start
+    tokens_per_s = a.batch_size * a.seq_len * timed / elapsed
+    heads_dim = config.num_attention_heads * getattr(config, "head_dim", config.hidden_size // config.num_attention_heads)
+    flops_per_token = 6 * params + 12 * config.num_hidden_layers * heads_dim * a.seq_len  # PaLM's count
+    out = {"check": "train", "transformers": version, "torch": torch.__version__, "device": str(device),
+           "attn": a.attn, "params": params, "tied": bool(config.tie_word_embeddings), "seq_len": a.seq_len, "batch_size": a.batch_size,
+           "grad_checkpoint": a.grad_checkpoint, "steps": a.steps, "timed_steps": timed, "build_s": round(build_s, 2),
+           "tokens_per_s": round(tokens_per_s, 1), "ms_per_step": round(1000 * elapsed / timed, 2),
+           "ms_per_step_median": round(1000 * sorted(step_s[a.warmup:])[timed // 2], 2),
+           "tflops_per_s": round(tokens_per_s * flops_per_token / 1e12, 2),
+           "loss_first": round(losses[0], 6), "loss_last": round(losses[-1], 6)}
+    if cuda:
+        out["weights_gib"] = round(weights_gib, 3)
+        out["peak_allocated_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 3)
+        out["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved(device) / 2**30, 3)
+    out["peak_rss_gib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)
+    print(json.dumps(out))
+    return 0
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    default_device = "cuda" if torch.cuda.is_available() else "cpu"
+
+    lg = sub.add_parser("logits", help="logits of the .dat's model: transformers against qwen3-train eval")
+    lg.add_argument("--weights", required=True)
+    lg.add_argument("--config", required=True)
+    lg.add_argument("--ids-file", help="lines of space-separated ids (default: three random lines)")
+    lg.add_argument("--seq-len", type=int, default=64, help="window length, as eval's --seq-len")
+    who = lg.add_mutually_exclusive_group()
+    who.add_argument("--qwen3", default="build/qwen3-train", help="the binary, run here")
+    who.add_argument("--ours", help="eval --logits-out's file, made elsewhere with the same --ids-file and --seq-len")
+    lg.add_argument("--device", default=default_device)
+    lg.add_argument("--tolerance", type=float, default=1e-4,
+                    help="largest |logit difference| allowed, as a fraction of the largest |logit|")
+    lg.set_defaults(run=cmd_logits)
+
+    tr = sub.add_parser("train", help="the peer's training step: tokens/s and peak memory")
+    tr.add_argument("--config", required=True)
+    tr.add_argument("--seq-len", type=int, required=True)
+    tr.add_argument("--batch-size", type=int, required=True)
+    tr.add_argument("--steps", type=int, default=20)
+    tr.add_argument("--warmup", type=int, default=3, help="first steps left out of the timing")
+    tr.add_argument("--grad-checkpoint", choices=["on", "off"], default="off")
+    tr.add_argument("--attn", default="sdpa", help="transformers' attention implementation")
+    tr.add_argument("--lr", type=float, default=1e-5)
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--device", default=default_device)
+    tr.set_defaults(run=cmd_train)
+
+    a = p.parse_args()
+    if a.cmd == "train" and not 0 <= a.warmup < a.steps:
+        p.error("--warmup must be below --steps")
+    return a.run(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The model against Hugging Face transformers, on a CPU (docs/model.md, "The independent reference"):
+# bench/hf_peer.py builds transformers' Qwen3ForCausalLM from a synth model's config.json, loads the .dat's values
+# through its own reader and NVFP4 decoder, and compares its float32 logits with `qwen3-train eval --logits-out`
+# on the same ids; then it runs the peer's training step (the GPU round's side-by-side benchmark) for a few tiny
+# steps, gradient checkpointing on and off, so the script is known to run before a GPU session depends on it.
+#
+#   scripts/hf-reference-check.sh            # needs root (chroot); uses BUILD_DIR/qwen3-train (default build/)
+#
+# transformers is not in Debian 12 and PyPI is not reachable from these machines: mmdebstrap makes a Debian
+# unstable root with python3-transformers and python3-torch (CPU) once per machine, in the cache the other lanes
+# use (QWEN3_HF_ROOT names another folder). qwen3-train runs on the host; Python runs in the root on the files.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cache=${XDG_CACHE_HOME:-$HOME/.cache}/qwen3-train
+chroot_dir=${QWEN3_HF_ROOT:-$cache/hf-root}
+build_dir=${BUILD_DIR:-$root/build}
+bin=$build_dir/qwen3-train
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "hf-reference-check: needs root (mmdebstrap, chroot and bind mounts); run it with sudo" >&2
+  exit 2
+fi
+[ -x "$bin" ] || { echo "hf-reference-check: no $bin: build first (scripts/build.sh)" >&2; exit 2; }
+"$root/scripts/setup.sh" mmdebstrap
+
+packages=python3-transformers,python3-torch,python3-safetensors
+# shellcheck source=scripts/cached-root.sh
+. "$root/scripts/cached-root.sh"
+if needs_cached_root hf-reference-check "$chroot_dir" "$packages" QWEN3_HF_ROOT; then
+  echo "hf-reference-check: installing Debian unstable with transformers into $chroot_dir" >&2
+  make_cached_root_dir "$chroot_dir"
+  mirror=$(host_debian_mirror)
+  # A mirror snapshot's unstable Release file may be past its Valid-Until date; its signature is still checked.
+  mmdebstrap --quiet --variant=apt --format=directory --aptopt='Acquire::Check-Valid-Until "false"' \
+    --include="$packages" sid "$chroot_dir" "deb $mirror sid main"
+  stamp_cached_root "$chroot_dir" "$packages"
+fi
+
+# The files both sides read: in the checkout's build folder (ignored), bind-mounted into the root at /src.
+work=$build_dir/hf-reference
+rm -rf "$work"
+mkdir -p "$work"
+"$bin" synth --preset tiny --seed 1 --out-dir "$work/m1" >/dev/null
+"$bin" synth --preset tiny --seed 2 --out-dir "$work/m2" >/dev/null
+# Three lines of ids, one longer than two windows (the overlap of windows is part of what is compared).
+awk 'BEGIN { srand(7); split("7 33 133", n, " ");
+             for (l = 1; l <= 3; ++l) { s = ""; for (i = 0; i < n[l]; ++i) s = s (i ? " " : "") int(rand() * 151936); print s } }' \
+  >"$work/ids.txt"
+"$bin" eval --weights "$work/m1/model.dat" --config "$work/m1/config.json" --token-ids-file "$work/ids.txt" \
+  --seq-len 64 --dtype float32 --logits-out "$work/ours.safetensors" --json >"$work/eval.json"
+rel=${work#"$root"/}
+
+inner=$(cat <<'INNER'
+set -euo pipefail
+cd /src
+w=$REL
+peer() { python3 bench/hf_peer.py "$@" 2> >(grep -v -e 'UCX  ERROR' -e '^Error in cpuinfo' >&2); }
+peer logits --weights $w/m1/model.dat --config $w/m1/config.json --ids-file $w/ids.txt --seq-len 64 \
+  --ours $w/ours.safetensors
+# The comparison can fail: another model's weights against these logits.
+if peer logits --weights $w/m2/model.dat --config $w/m2/config.json --ids-file $w/ids.txt --seq-len 64 \
+     --ours $w/ours.safetensors >$w/wrong.json; then
+  echo "hf-reference-check: the logits of seed 1 passed against the weights of seed 2" >&2
+  exit 1
+fi
+echo "hf-reference-check: another model's weights are refused: $(cat $w/wrong.json)"
+for gc in on off; do
+  peer train --config $w/m1/config.json --seq-len 64 --batch-size 2 --steps 3 --warmup 1 --grad-checkpoint $gc
+done
+INNER
+)
+unshare --mount --propagation private bash -euo pipefail -c '
+  dir=$1 src=$2 inner=$3 rel=$4
+  mount -t proc proc "$dir/proc"
+  mount --rbind /sys "$dir/sys"
+  mount --rbind /dev "$dir/dev"
+  mkdir -p "$dir/src"
+  mount --bind "$src" "$dir/src"
+  exec chroot "$dir" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 OMP_NUM_THREADS=2 REL="$rel" \
+    bash -c "$inner"
+' hf-reference "$chroot_dir" "$root" "$inner" "$rel"
+echo "hf-reference-check: transformers' Qwen3ForCausalLM agrees with qwen3-train eval (float32 logits)"

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Configures and compiles the whole project against a CUDA build of PyTorch 2.x's libtorch, on a machine with
+# nvcc but no GPU and no CUDA libtorch (docs/build.md, "Against a CUDA libtorch, without a GPU"). Every path
+# behind QWEN3_TORCH_HAS_CUDA (the kernels' libtorch glue, the CUDA memory probe, the NCCL data-parallel
+# backend) is compiled nowhere else before a GPU machine is lent, and PyTorch's CUDA cmake (which sets
+# CMAKE_CUDA_ARCHITECTURES OFF and adds -gencode flags of its own) runs here as it will there.
+#
+#   scripts/cuda-libtorch-check.sh        # build folder build-cuda-libtorch/ (BUILD_DIR), ~7 min cold, ~1 warm
+#
+# What: Debian 13's libtorch-cuda-dev 2.6 (headers and cmake package) and libnccl-dev are unpacked (dpkg -x,
+# nothing installed) once per machine into a cache shared by every clone. Their runtime libraries are not
+# fetched (480 MB that nothing here would link or run): CMake's package only checks that the five files it
+# names exist, so empty placeholders stand in for them. Then: configure with QWEN3_CUDA=ON and the CUDA
+# toolkit here (/usr/local/cuda, or CUDA_HOME; without one the check is skipped with a message), check that
+# the kernels are built for exactly QWEN3_CUDA_ARCHITECTURES and nothing of PyTorch's list, and build the four
+# static libraries (every object; nothing is linked into an executable or run). QWEN3_REQUIRE_NCCL makes the
+# data-parallel module fail to compile if its NCCL path were left out.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cache=${XDG_CACHE_HOME:-$HOME/.cache}/qwen3-train/cuda-libtorch
+cuda=${CUDA_HOME:-/usr/local/cuda}
+build_dir=${BUILD_DIR:-$root/build-cuda-libtorch}
+if [ ! -x "$cuda/bin/nvcc" ]; then
+  echo "cuda-libtorch-check: no nvcc under $cuda (set CUDA_HOME): skipped" >&2
+  exit 0
+fi
+# shellcheck source=scripts/cached-root.sh
+. "$root/scripts/cached-root.sh"
+debs="pool/contrib/p/pytorch-cuda/libtorch-cuda-dev_2.6.0+dfsg-7+b1_amd64.deb pool/contrib/n/nvidia-nccl/libnccl-dev_2.22.3-1-1_amd64.deb"
+if needs_cached_root cuda-libtorch-check "$cache" "$debs" XDG_CACHE_HOME; then
+  echo "cuda-libtorch-check: unpacking libtorch-cuda-dev and libnccl-dev (Debian 13) into $cache" >&2
+  make_cached_root_dir "$cache"
+  mkdir -p "$cache"
+  mirror=$(host_debian_mirror)
+  for deb in $debs; do
+    curl -fsSL --retry 3 -o "$cache/package.deb" "$mirror/$deb"
+    dpkg -x "$cache/package.deb" "$cache"
+    rm "$cache/package.deb"
+  done
+  lib=$cache/usr/lib/x86_64-linux-gnu
+  for name in c10 c10_cuda torch torch_cpu torch_cuda; do : >"$lib/lib$name.so.2.6.0"; done  # placeholders (above)
+  stamp_cached_root "$cache" "$debs"
+fi
+
+mkdir -p "$build_dir"
+# PyTorch 2.6's cmake names CUDA::nvToolsExt, which CUDA 13 no longer has (2.7+ use NVTX 3, header-only): an
+# empty target stands in for it, as the library is never linked here.
+cat >"$build_dir/nvtoolsext-placeholder.cmake" <<'EOF'
+if(NOT TARGET CUDA::nvToolsExt)
+  add_library(CUDA::nvToolsExt INTERFACE IMPORTED)
+endif()
+EOF
+export CCACHE_BASEDIR=$root CCACHE_NOHASHDIR=true CCACHE_COMPILERCHECK=content
+if [ ! -f "$build_dir/build.ninja" ]; then
+  cmake -S "$root" -B "$build_dir" -G Ninja -Wno-dev -DCMAKE_BUILD_TYPE=Release -DQWEN3_CUDA=ON \
+    -DCMAKE_CUDA_COMPILER="$cuda/bin/nvcc" -DCUDAToolkit_ROOT="$cuda" \
+    -DCMAKE_PREFIX_PATH="$cache/usr/lib/x86_64-linux-gnu/cmake" \
+    -DCMAKE_PROJECT_INCLUDE="$build_dir/nvtoolsext-placeholder.cmake" \
+    -DCMAKE_CXX_FLAGS=-DQWEN3_REQUIRE_NCCL=1 ${CMAKE_ARGS:-} >"$build_dir/configure.log" 2>&1 ||
+    { tail -n 40 "$build_dir/configure.log" >&2; exit 1; }
+fi
+grep -q 'libtorch with CUDA: ON' "$build_dir/configure.log" ||
+  { echo "cuda-libtorch-check: the configure did not see a CUDA libtorch ($build_dir/configure.log)" >&2; exit 1; }
+
+# The kernels' architectures: ours, whatever PyTorch's cmake added.
+archs=$(sed -n 's/^QWEN3_CUDA_ARCHITECTURES:STRING=//p' "$build_dir/CMakeCache.txt")
+expected=$(tr ';' '\n' <<<"$archs" | sort -u | tr '\n' ' ')
+got=$(grep -o -E -- '--generate-code=arch=compute_[0-9a-z]+|-gencode[= ]arch=compute_[0-9a-z]+' "$build_dir/build.ninja" |
+      sed -E 's/.*compute_//' | sort -u | tr '\n' ' ')
+if [ "$got" != "$expected" ]; then
+  echo "cuda-libtorch-check: kernels built for [$got], expected [$expected] (QWEN3_CUDA_ARCHITECTURES)" >&2
+  exit 1
+fi
+
+ninja -C "$build_dir" qwen3_kernels qwen3_dat qwen3_core qwen3_cli
+echo "cuda-libtorch-check: every object compiles against libtorch-cuda 2.6 with nvcc $("$cuda/bin/nvcc" --version |
+  sed -n 's/.*release \([0-9.]*\).*/\1/p'), kernels for sm_${archs//;/, sm_}, NCCL path included"

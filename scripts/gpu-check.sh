@@ -681,8 +681,13 @@ stage_train() {  # stage_train NAME SEQ_LEN BATCH
   [[ "$wanted" == *" base "* ]] && configs+=(base)
   [ ${#missing[@]} -gt 0 ] && record "$name" flags skipped 0 "train has no ${missing[*]}: only the configurations without them run"
 
-  local c
+  local c hf_done=0
   for c in "${configs[@]}"; do
+    # The peer right after the two configurations the goals compare (lean, fast), before the optional ones.
+    if [ "$hf_done" = 0 ] && { [ "$c" = grad-checkpoint ] || [ "$c" = base ]; }; then
+      hf_peer_train "$name" "$m" "$seq" "$batch"
+      hf_done=1
+    fi
     extra=()
     case "$c" in
       grad-checkpoint) extra=(--grad-checkpoint) ;;
@@ -711,7 +716,7 @@ stage_train() {  # stage_train NAME SEQ_LEN BATCH
       show_tail "$log" 8
     fi
   done
-  hf_peer_train "$name" "$m" "$seq" "$batch"
+  [ "$hf_done" = 1 ] || hf_peer_train "$name" "$m" "$seq" "$batch"
   stage_end "$name"
 }
 

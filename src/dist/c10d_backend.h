@@ -14,8 +14,8 @@
 #if defined(USE_C10D_NCCL) && __has_include(<torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>)
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #define QWEN3_HAVE_NCCL 1
-#elif defined(QWEN3_REQUIRE_NCCL)  // scripts/nccl-compile-check.sh: the check must not pass without the NCCL path
-#error "USE_C10D_NCCL and ProcessGroupNCCL.hpp expected (scripts/nccl-compile-check.sh)"
+#elif defined(QWEN3_REQUIRE_NCCL)  // scripts/cuda-libtorch-check.sh: the check must not pass without the NCCL path
+#error "USE_C10D_NCCL and ProcessGroupNCCL.hpp expected (scripts/cuda-libtorch-check.sh)"
 #endif
 
 namespace qwen3 {

@@ -705,6 +705,7 @@ stage_train() {  # stage_train NAME SEQ_LEN BATCH
     fi
     local fig
     fig=$(grep -o -E 'trained [0-9]+ steps.*' "$log" | tail -n 1 | sed -E 's/^trained ([0-9]+) steps \(now at step [0-9]+, ([0-9]+) skipped\)/\1 steps, \2 skipped/' | cut -c1-150)
+    fig+="; $(steady_figures "$d/train-$c.jsonl")"
     fig+="; $(cat "$d/train-$c.mem")"
     local peak_line
     peak_line=$(grep -i -o -E 'peak[^,;]*[0-9.]+ ?[GM]i?B' "$log" | tail -n 1)
@@ -720,6 +721,27 @@ stage_train() {  # stage_train NAME SEQ_LEN BATCH
   stage_end "$name"
 }
 
+# The steps after the first 3 of a metrics JSONL (as hf_peer.py times them): tokens/s, ms/step and the trainer's
+# MFU (against --mfu-device's bf16 peak: H100's 989 TFLOP/s unless told).
+steady_figures() {
+  py - "$1" <<'PY'
+import json, sys
+try:
+    rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{") and '"step"' in l]
+except OSError:
+    rows = []
+rows = [r for r in rows if r.get("step_ms")][3:]
+if not rows:
+    print("no steady steps in the metrics")
+    sys.exit(0)
+ms = sum(r["step_ms"] for r in rows)
+mfu = [r["mfu"] for r in rows if r.get("mfu") is not None]
+print("steps %d-%d: %.0f tokens/s, %.1f ms/step%s" % (rows[0]["step"], rows[-1]["step"],
+      1000 * sum(r["tokens"] for r in rows) / ms, ms / len(rows),
+      ", MFU %.1f%%" % (100 * sum(mfu) / len(mfu)) if mfu else ""))
+PY
+}
+
 hf_peer_figures() {  # the JSON line of hf_peer.py train as one short note
   py - "$1" <<'PY'
 import json, sys
@@ -728,9 +750,10 @@ if not lines:
     print("no JSON line in the log")
     sys.exit(0)
 j = json.loads(lines[-1])
-print("transformers %s, %s params: %s tokens/s, %s ms/step, peak allocated %s GiB, reserved %s GiB" % (
-    j["transformers"], j["params"], j["tokens_per_s"], j["ms_per_step"], j.get("peak_allocated_gib"),
-    j.get("peak_reserved_gib")))
+print("transformers %s, %s params: steps %d-%d: %s tokens/s, %s ms/step, MFU %.1f%% (of 989 TFLOP/s), "
+      "peak allocated %s GiB, reserved %s GiB" % (
+    j["transformers"], j["params"], j["steps"] - j["timed_steps"] + 1, j["steps"], j["tokens_per_s"], j["ms_per_step"],
+    100 * j["tflops_per_s"] / 989, j.get("peak_allocated_gib"), j.get("peak_reserved_gib")))
 PY
 }
 

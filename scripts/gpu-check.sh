@@ -140,6 +140,15 @@ fail_note() {  # a short reason from a log's tail
   echo "exit $step_rc${line:+: $line}"
 }
 show_tail() { echo "  --- last lines of $1"; tail -n "${2:-12}" "$1" | sed 's/^/  | /'; }
+# record_outcome STAGE STEP LOG OK_NOTE, after run_step: ok with OK_NOTE, or failed with the log's reason and tail.
+record_outcome() {
+  if [ "$step_rc" = 0 ]; then
+    record "$1" "$2" ok "$step_s" "$4"
+  else
+    record "$1" "$2" failed "$step_s" "$(fail_note "$3")"
+    show_tail "$3" 10
+  fi
+}
 no_time() { record "$1" "$2" skipped 0 "no time left in this call (GPU_CHECK_BUDGET_S=$budget): run --stage $1 again"; }
 
 # Peak memory of a running command: host VmHWM of the process, GPU memory.used over the run (minus the
@@ -611,12 +620,7 @@ stage_hf() {
   printf '9707 4337 11 1879 525 498 30\n151644 872 198 9707 151645 198 151644 77091 198\n785 3974 13876 38835 34208 916 279 15678 5562 13\n' >"$m/ids.txt"
   if run_step "$d/compare.log" 300 "$python" "$root/bench/hf_export_vs_transformers.py" --hf "$m/hf" \
        --weights "$m/model/model.dat" --config "$m/model/config.json" --ids-file "$m/ids.txt" --qwen3 "$bin" --device cuda; then
-    if [ "$step_rc" = 0 ]; then
-      record hf transformers ok "$step_s" "$(tail -n 1 "$d/compare.log")"
-    else
-      record hf transformers failed "$step_s" "$(fail_note "$d/compare.log")"
-      show_tail "$d/compare.log" 10
-    fi
+    record_outcome hf transformers "$d/compare.log" "$(tail -n 1 "$d/compare.log")"
   else
     no_time hf transformers
   fi
@@ -624,12 +628,7 @@ stage_hf() {
   # script itself, float32 logits against `eval --logits-out` (scripts/hf-reference-check.sh runs it on a CPU).
   if run_step "$d/logits.log" 300 "$python" "$root/bench/hf_peer.py" logits --weights "$m/model/model.dat" \
        --config "$m/model/config.json" --qwen3 "$bin" --device cuda; then
-    if [ "$step_rc" = 0 ]; then
-      record hf logits ok "$step_s" "$(grep '^{' "$d/logits.log" | tail -n 1)"
-    else
-      record hf logits failed "$step_s" "$(fail_note "$d/logits.log")"
-      show_tail "$d/logits.log" 10
-    fi
+    record_outcome hf logits "$d/logits.log" "$(grep '^{' "$d/logits.log" | tail -n 1)"
   else
     no_time hf logits
   fi

@@ -105,4 +105,18 @@ BENCHMARK(BM_TrainStep)->Arg(0)->Arg(2)->Arg(3)->Unit(benchmark::kMillisecond)->
 
 }  // namespace
 
+// The product rate the step-time model's `cpu` device assumes (src/trainer/step_time_model.cpp): one of a
+// Qwen3-4B step's largest products at a CPU run's token count, x [32, 2560] times a gate projection's
+// W [9728, 2560] transposed, as the straight-through linear computes it. Arg: dtype (0 float32, 1 bfloat16).
+void BM_ProductRate(benchmark::State& state) {
+  const at::ScalarType dtype = state.range(0) ? at::kBFloat16 : at::kFloat;
+  constexpr int64_t kM = 32, kK = 2560, kN = 9728;
+  at::manual_seed(0);
+  const at::Tensor x = at::randn({kM, kK}).to(dtype), w = at::randn({kN, kK}).to(dtype);
+  for (auto _ : state) benchmark::DoNotOptimize(at::matmul(x, w.t()));
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * kM * kK * kN * static_cast<double>(state.iterations()) / 1e9,
+                                                 benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_ProductRate)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+
 QWEN3_BENCHMARK_MAIN()

@@ -25,13 +25,14 @@ const std::vector<std::string>& predict_device_names() {
 DeviceRates device_rates(std::string_view name) {
   // GPUs: the vendors' dense peaks (H100/H200 SXM; GB10: 1 PFLOP FP4 with sparsity, halved for dense and
   // quartered for bf16, and ~31 TFLOPS fp32 as presented at Hot Chips 2025). Efficiencies: assumptions until
-  // the GPU round measures a step (issue 12). cpu: the development machine (dev-2c), measured: a
-  // [32, 2560] x [2560, 9728] product at 241 GFLOP/s in bf16 and 108 in fp32, memcpy 23.5 GiB/s; the product
-  // rates are already what a training-shaped product reaches, an elementwise ATen pass about half a memcpy.
+  // the GPU round measures a step (issue 12). cpu: the development machine (dev-2c, its two cores), measured
+  // by bench_train_step's BM_ProductRate: a [32, 2560] x [2560, 9728] product at 300 GFLOP/s in bf16 and 107
+  // in fp32; memcpy 23.5 GiB/s; the product rates are already what a training-shaped product reaches, an
+  // elementwise ATen pass about half a memcpy.
   if (name == "h100") return {"h100", 989.0, 67.0, 3350.0, 0.6, 0.7, false, 80.0};
   if (name == "h200") return {"h200", 989.0, 67.0, 4800.0, 0.6, 0.7, false, 141.0};
   if (name == "gb10") return {"gb10", 125.0, 31.0, 273.0, 0.6, 0.7, true, 128.0};
-  if (name == "cpu") return {"cpu", 0.241, 0.108, 25.2, 1.0, 0.5, false, 0.0};
+  if (name == "cpu") return {"cpu", 0.300, 0.107, 25.2, 1.0, 0.5, false, 0.0};
   std::string known;
   for (const auto& n : predict_device_names()) known += (known.empty() ? "" : ", ") + n;
   throw UsageError("--predict-device: unknown '" + std::string(name) + "' (" + known + ")");

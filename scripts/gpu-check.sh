@@ -350,7 +350,12 @@ stage_build() {
       hgmma=$(grep -c -E '\bHGMMA\b' "$sass")
       # Only the product's kernels: the lines between its "Function :" header and the next one.
       matmul_hmma=$(awk '/Function :/{f = ($0 ~ /nvfp4_matmul/)} f && /[ \t]HMMA[. ]/{n++} END{print n+0}' "$sass")
-      counts+="$arch: HMMA $hmma (matmul $matmul_hmma), HGMMA $hgmma; "
+      # The product kernels' opcode histogram (what they are made of on this architecture), kept with the SASS;
+      # its tensor-core variants go into the note.
+      sass_opcodes nvfp4_matmul <"$sass" >"$d/sass-ops-$arch.txt"
+      local variants
+      variants=$(awk '$2 ~ /^H(G)?MMA/ {printf "%s%s x%s", (n++ ? ", " : ""), $2, $1}' "$d/sass-ops-$arch.txt")
+      counts+="$arch: HMMA $hmma (matmul $matmul_hmma${variants:+: $variants}), HGMMA $hgmma; "
       [ "$matmul_hmma" -gt 0 ] || [ "$hgmma" -gt 0 ] || ok=0
       gzip -f "$sass"
     done
@@ -363,6 +368,21 @@ stage_build() {
     fi
   fi
   stage_end build
+}
+
+# sass_opcodes PATTERN < cuobjdump -sass output: "count opcode" of the functions whose name matches PATTERN,
+# most frequent first (a predicate such as @P0 or @!P1 is not part of the opcode).
+sass_opcodes() {
+  awk -v pat="$1" '
+    /Function :/ { f = ($0 ~ pat); next }
+    f && /^[ \t]*\/\*[0-9a-f]+\*\/[ \t]/ {
+      line = $0
+      sub(/^[ \t]*\/\*[0-9a-f]+\*\/[ \t]+/, "", line)
+      if (line ~ /^@/) sub(/^@[^ \t]+[ \t]+/, "", line)
+      split(line, part, /[ \t;]/)
+      if (part[1] != "") n[part[1]]++
+    }
+    END { for (op in n) print n[op], op }' | sort -k1,1nr -k2
 }
 
 # gtest JSON -> "P passed, F failed, S skipped"

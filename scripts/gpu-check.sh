@@ -708,9 +708,18 @@ stage_train() {  # stage_train NAME SEQ_LEN BATCH
       hf_done=1
     fi
     extra=()
+    local profiled=0
     case "$c" in
       grad-checkpoint) extra=(--grad-checkpoint) ;;
-      fused-optimizer) extra=(--fused-optimizer) ;;
+      fused-optimizer)
+        extra=(--fused-optimizer)
+        # The fast configuration's last step under the profiler (issue 12's step breakdown): the trace beside the
+        # log, the phase and op tables in it; the steady figures leave that step out.
+        if has_flag train --profile-step; then
+          rm -f "$d/profile-$c.json"
+          extra+=(--profile-step "$train_steps" --profile-out "$d/profile-$c.json")
+          profiled=$train_steps
+        fi ;;
       lean) extra=(--master-dtype bfloat16 --optimizer-state-mode int8 --grad-checkpoint --fused-optimizer) ;;
     esac
     local step=train-$c log=$d/train-$c.log
@@ -724,7 +733,7 @@ stage_train() {  # stage_train NAME SEQ_LEN BATCH
     fi
     local fig
     fig=$(grep -o -E 'trained [0-9]+ steps.*' "$log" | tail -n 1 | sed -E 's/^trained ([0-9]+) steps \(now at step [0-9]+, ([0-9]+) skipped\)/\1 steps, \2 skipped/' | cut -c1-150)
-    fig+="; $(steady_figures "$d/train-$c.jsonl")"
+    fig+="; $(steady_figures "$d/train-$c.jsonl" "$profiled")"
     fig+="; $(cat "$d/train-$c.mem")"
     local peak_line
     peak_line=$(grep -i -o -E 'peak[^,;]*[0-9.]+ ?[GM]i?B' "$log" | tail -n 1)
@@ -735,21 +744,29 @@ stage_train() {  # stage_train NAME SEQ_LEN BATCH
       record "$name" "$step" failed "$step_s" "$(fail_note "$log"); $fig"
       show_tail "$log" 8
     fi
+    if [ "$profiled" != 0 ]; then
+      local table
+      table=$(grep -A5 'profile of step' "$log" | grep -E ' (batch|forward|backward|optimizer) ' |
+              sed -E 's/^.*info //; s/ +/ /g' | cut -c1-110 | tr '\n' ';')
+      record "$name" "profile-$c" "$([ -s "$d/profile-$c.json" ] && echo ok || echo failed)" 0 \
+        "step $profiled: ${table:-no phase table in the log}"
+    fi
   done
   [ "$hf_done" = 1 ] || hf_peer_train "$name" "$m" "$seq" "$batch"
   stage_end "$name"
 }
 
-# The steps after the first 3 of a metrics JSONL (as hf_peer.py times them): tokens/s, ms/step and the trainer's
-# MFU (against --mfu-device's bf16 peak: H100's 989 TFLOP/s unless told).
+# The steps after the first 3 of a metrics JSONL (as hf_peer.py times them), but a profiled one (second argument,
+# 0: none): tokens/s, ms/step and the trainer's MFU (against --mfu-device's bf16 peak: H100's 989 TFLOP/s unless
+# told).
 steady_figures() {
-  py - "$1" <<'PY'
+  py - "$1" "${2:-0}" <<'PY'
 import json, sys
 try:
     rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{") and '"step"' in l]
 except OSError:
     rows = []
-rows = [r for r in rows if r.get("step_ms")][3:]
+rows = [r for r in rows if r.get("step_ms") and r["step"] != int(sys.argv[2])][3:]
 if not rows:
     print("no steady steps in the metrics")
     sys.exit(0)

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "cli_test_util.h"
 #include "qwen3/model/synth.h"
@@ -105,6 +106,63 @@ TEST(RunsCli, ResumeRefusesOtherTrainingDataUnlessAllowed) {
   EXPECT_NE(r.err.find("--allow-data-change"), std::string::npos) << r.err;
   r = run_cli(s.base + " --steps 4 --checkpoint-dir " + ck + " --resume --allow-data-change");
   EXPECT_EQ(r.code, 0) << r.err;
+}
+
+// --profile-step: the step runs under libtorch's profiler; its phases are scopes of their own in a Chrome trace
+// and the log has the time per phase and per op. Without the flag nothing is written.
+TEST(RunsCli, ProfileStepWritesATraceOfItsPhases) {
+  RunSetup s;
+  const std::string trace = s.dir.file("prof/step2.json");
+  auto r = run_cli(s.base + " --steps 3 --profile-step 2 --profile-out " + trace);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("profile of step 2:"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("aten::mm"), std::string::npos) << r.err;
+  const nlohmann::json t = nlohmann::json::parse(test::slurp(trace));
+  EXPECT_EQ(t["otherData"]["step"], 2);
+  std::map<std::string, std::pair<double, double>> phases;  // name -> [start, end)
+  std::vector<double> products;                              // aten::mm start times
+  for (const auto& e : t["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    if (e["cat"] == "phase") phases[e["name"]] = {e["ts"].get<double>(), e["ts"].get<double>() + e["dur"].get<double>()};
+    if (e["name"] == "aten::mm") products.push_back(e["ts"].get<double>());
+  }
+  ASSERT_EQ(phases.size(), 4u) << t.dump().substr(0, 2000);
+  for (const char* name : {"batch", "forward", "backward", "optimizer"}) {
+    ASSERT_TRUE(phases.count(name)) << name;
+    EXPECT_NE(r.err.find(std::string(name) + " "), std::string::npos) << name << "\n" << r.err;
+  }
+  EXPECT_LE(phases["batch"].second, phases["forward"].first);
+  EXPECT_LE(phases["forward"].second, phases["backward"].first);
+  EXPECT_LE(phases["backward"].second, phases["optimizer"].first);
+  // Products run in forward and in backward, never outside the phases.
+  int in_forward = 0, in_backward = 0;
+  for (double ts : products) {
+    in_forward += ts >= phases["forward"].first && ts < phases["forward"].second;
+    in_backward += ts >= phases["backward"].first && ts < phases["backward"].second;
+  }
+  EXPECT_GT(in_forward, 0);
+  EXPECT_GT(in_backward, 0);
+  EXPECT_EQ(in_forward + in_backward, static_cast<int>(products.size()));
+
+  // Off unless asked; the output is checked before the first step and never replaced.
+  r = run_cli(s.base + " --steps 1 --output-dir " + s.dir.file("plain"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.err.find("profile of step"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(s.dir.file("plain/profile-step-1.json")));
+  r = run_cli(s.base + " --steps 1 --profile-step 1 --output-dir " + s.dir.file("profiled"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(s.dir.file("profiled/profile-step-1.json")));
+  r = run_cli(s.base + " --steps 3 --profile-step 2 --profile-out " + trace);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--profile-out"), std::string::npos) << r.err;
+  r = run_cli(s.base + " --steps 3 --profile-step 4 --profile-out " + s.dir.file("late.json"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--profile-step 4 is beyond the run's 3 steps"), std::string::npos) << r.err;
+  r = run_cli(s.base + " --steps 3 --profile-step 2");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--profile-step needs --profile-out"), std::string::npos) << r.err;
+  r = run_cli(s.base + " --steps 3 --profile-out " + s.dir.file("x.json"));
+  EXPECT_EQ(r.code, 2);
 }
 
 }  // namespace

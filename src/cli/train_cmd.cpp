@@ -195,6 +195,17 @@ void resolve(TrainFlags& f) {
   if (!o.output_dat.empty())
     prepare_output_target("--output-dat", o.output_dat, f.overwrite,
                         {o.weights, o.config, o.tokenizer, o.data.path, o.eval_data}, {o.checkpoint_dir});
+  if (o.profile_step > 0) {
+    if (o.profile_out.empty() && o.output_dir.empty())
+      throw UsageError("train: --profile-step needs --profile-out FILE (or --output-dir, which holds "
+                       "profile-step-N.json)");
+    if (o.profile_out.empty())
+      o.profile_out = (std::filesystem::path(o.output_dir) / fmt::format("profile-step-{}.json", o.profile_step)).string();
+    prepare_output_target("--profile-out", o.profile_out, false,
+                        {o.weights, o.config, o.tokenizer, o.data.path, o.eval_data, o.output_dat}, {o.checkpoint_dir});
+  } else if (!o.profile_out.empty()) {
+    throw UsageError("train: --profile-out applies with --profile-step");
+  }
 }
 
 // Every flag of `train`, shared with `vram-report` (which runs one step of the same configuration).
@@ -292,6 +303,11 @@ CLI::Option_group* add_train_flags(CLI::App* sub, const std::shared_ptr<TrainFla
       ->check(positive_number())->capture_default_str();
   add_bool_flag(run, "--shard-optimizer-state", o.shard_optimizer_state,
                 "data parallel: each rank keeps and updates its share of the optimizer state (ZeRO-1)");
+  run->add_option("--profile-step", o.profile_step,
+                  "run this step (1-based, as logged) under libtorch's profiler: a Chrome trace and the time per "
+                  "phase and op in the log")
+      ->check(non_negative_number());
+  run->add_option("--profile-out", o.profile_out, "the --profile-step trace (default: --output-dir/profile-step-N.json)");
   run->add_option("--output-dir", o.output_dir,
                   "one folder for the run (made with its parents): run.json, and unless given, checkpoints/, "
                   "metrics.jsonl and the export model.dat");

@@ -18,6 +18,7 @@
 
 #if defined(QWEN3_TORCH_HAS_CUDA)
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
 #endif
 
@@ -152,6 +153,15 @@ std::optional<CudaDeviceInfo> cuda_device_info(const c10::Device& device) {
     return CudaDeviceInfo{prop.major, prop.minor, prop.integrated != 0, static_cast<uint64_t>(prop.totalGlobalMem)};
 #endif
   return std::nullopt;
+}
+
+void synchronize_device(const c10::Device& device) {
+#if defined(QWEN3_TORCH_HAS_CUDA)
+  if (!device.is_cuda()) return;
+  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device.index() < 0 ? 0 : device.index()));
+  const cudaError_t status = cudaDeviceSynchronize();
+  if (status != cudaSuccess) throw Error(std::string("CUDA device synchronize: ") + cudaGetErrorString(status));
+#endif
 }
 
 bool shares_memory_with_cpu(const c10::Device& device) {

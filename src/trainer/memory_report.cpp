@@ -55,6 +55,7 @@ StepMemoryReport::StepMemoryReport(std::string path, const c10::Device& device, 
 }
 
 void StepMemoryReport::phase(const std::string& name) {
+  synchronize_device(probe_.device());  // the phase's kernels are done: its duration, not its launches
   const auto now = std::chrono::steady_clock::now();
   const MemoryReading r = probe_.read();
   const bool cpu = probe_.device().is_cpu();

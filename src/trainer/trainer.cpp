@@ -32,6 +32,7 @@
 #include "qwen3/trainer/step_time_model.h"
 #include "step_update.h"
 #include "memory_report.h"
+#include "step_profiler.h"
 #include "train_setup.h"
 #include "trainer_checkpoint.h"
 
@@ -228,6 +229,11 @@ class Trainer {
     if (std::adjacent_find(steps.begin(), steps.end(), std::not_equal_to<>()) != steps.end())
       throw Error(fmt::format("the ranks would resume at different steps ({}): give them one --checkpoint-dir on a "
                               "shared file system", fmt::join(steps, ", ")));
+    if (o.profile_step > steps_)
+      throw UsageError(fmt::format("--profile-step {} is beyond the run's {} steps", o.profile_step, steps_));
+    if (o.profile_step > 0 && o.profile_step <= step_)
+      spdlog::warn("--profile-step {}: the run resumes after it (at step {}); nothing is profiled", o.profile_step,
+                   step_);
     log_setup();
     if (!o.metrics_jsonl.empty() && dp_.is_main()) metrics_ = open_output_file(o.metrics_jsonl, "--metrics-jsonl", std::ios::app);
     // What `qwen3-train export` needs to rebuild a .dat from a checkpoint without the training flags.
@@ -283,6 +289,9 @@ class Trainer {
  private:
   // One step: its batch, forward + backward + update, the eval when due; what the record needs.
   StepRecord train_step() {
+    std::optional<StepProfiler> profiler;  // --profile-step: this step, on the rank that writes
+    if (o_.profile_step == step_ + 1 && dp_.is_main()) profiler.emplace(o_.profile_out, device_);
+    if (profiler) profiler->start();
     const auto t0 = Clock::now();
     const double waited_before = dp_.wait_seconds();
     // The step's micro-batches: batches [k·N·W, (k+1)·N·W) of its epoch for the step's index k in it (N =
@@ -312,13 +321,15 @@ class Trainer {
     dp_.all_reduce_sum(counts, "step's token counts");  // one collective for both, over the ranks
     const int64_t step_loss_tokens = count[0], step_tokens = count[1];
     const bool first_step = sum_.steps_done == 0;
-    const PhaseMark mark = [this, first_step](const char* name) {
+    const PhaseMark mark = [this, first_step, &profiler](const char* name) {
       if (first_step) phase(name);
+      if (profiler) profiler->mark(name);
     };
     mark("batch_ready");
     const double lr = schedule_.at(step_);
     const StepOutcome out = update_->forward_backward_update(*model_.model, batches, step_loss_tokens, lr, mark);
     mark("optimizer_step_done");
+    if (profiler) profiler->finish(step_ + 1);
     if (first_step && report_) {
       report_->finish();
       report_.reset();  // stops its sampling thread

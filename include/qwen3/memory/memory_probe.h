@@ -39,6 +39,10 @@ std::optional<CudaDeviceInfo> cuda_device_info(const c10::Device& device);
 // or is compute capability 12.1 (GB10, DGX Spark).
 bool shares_memory_with_cpu(const c10::Device& device);
 
+// Waits until `device` has finished the work queued on it (CUDA; nothing to wait for on a CPU), so that a clock
+// read afterwards counts that work: a phase's duration, not the time its kernels took to be launched.
+void synchronize_device(const c10::Device& device);
+
 // The RSS peak per phase comes from a thread that reads /proc/self/statm every millisecond, not from resetting
 // the kernel's high-water mark: that reset would also reset what `/usr/bin/time -v` reports for the process.
 class MemoryProbe {

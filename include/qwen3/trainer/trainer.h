@@ -54,6 +54,10 @@ struct TrainOptions {
   // Micro-batches per optimizer step; the loss is the mean over all their loss tokens (not with fused_optimizer).
   int64_t grad_accum_steps = 1;
   std::string vram_report;       // write the first step's per-phase memory report (JSON) here
+  // Run global step `profile_step` (1-based; 0: none) under libtorch's profiler: a Chrome trace to profile_out
+  // and the phase and op tables in the log (docs/trainer.md, "Profiling a step").
+  int64_t profile_step = 0;
+  std::string profile_out;
   // Frozen block projections held as NVFP4 codes only (the same bytes in forward); false keeps them dense,
   // which only the test comparing the two uses.
   bool frozen_projections_as_codes = true;

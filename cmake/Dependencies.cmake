@@ -1,6 +1,24 @@
 # Every third-party dependency is wrapped in one interface target, so the rest of the build does not care
 # whether it came from a Debian package or from a carried header-only copy (QWEN3_VENDOR_DIR).
 
+# A CUDA libtorch's cmake (PyTorch 2.5-2.7's public/cuda.cmake, and Debian's 2.6) looks for the NVTX 3 headers in
+# PyTorch's own source tree, which a project using an installed libtorch never has, then falls back to linking
+# CUDA::nvToolsExt; CUDA 12.9 and 13 ship NVTX only as the header-only nvtx3 and have no such library, and the
+# configure stops ("The link interface of target torch::nvtoolsext contains: CUDA::nvToolsExt but the target was
+# not found"). Nothing of ours calls NVTX: where the toolkit lacks the library, CUDA::nvToolsExt is defined here,
+# before PyTorch's cmake runs, as the header-only nvtx3 (an empty target where CMake has no nvtx3 either).
+# scripts/cuda-libtorch-check.sh configures against Debian's 2.6 and CUDA 13 and fails without this.
+if(NOT QWEN3_CUDA STREQUAL "OFF")
+  find_package(CUDAToolkit QUIET)
+  if(CUDAToolkit_FOUND AND NOT TARGET CUDA::nvToolsExt)
+    add_library(CUDA::nvToolsExt INTERFACE IMPORTED)
+    if(TARGET CUDA::nvtx3)
+      target_link_libraries(CUDA::nvToolsExt INTERFACE CUDA::nvtx3)
+    endif()
+    message(STATUS "CUDA ${CUDAToolkit_VERSION} has no nvToolsExt library: CUDA::nvToolsExt stands for the nvtx3 headers")
+  endif()
+endif()
+
 find_package(Torch REQUIRED)
 add_library(qwen3_torch INTERFACE)
 target_link_libraries(qwen3_torch INTERFACE ${TORCH_LIBRARIES})

@@ -43,19 +43,11 @@ if needs_cached_root cuda-libtorch-check "$cache" "$debs" XDG_CACHE_HOME; then
 fi
 
 mkdir -p "$build_dir"
-# PyTorch 2.6's cmake names CUDA::nvToolsExt, which CUDA 13 no longer has (2.7+ use NVTX 3, header-only): an
-# empty target stands in for it, as the library is never linked here.
-cat >"$build_dir/nvtoolsext-placeholder.cmake" <<'EOF'
-if(NOT TARGET CUDA::nvToolsExt)
-  add_library(CUDA::nvToolsExt INTERFACE IMPORTED)
-endif()
-EOF
 export CCACHE_BASEDIR=$root CCACHE_NOHASHDIR=true CCACHE_COMPILERCHECK=content
 if [ ! -f "$build_dir/build.ninja" ]; then
   cmake -S "$root" -B "$build_dir" -G Ninja -Wno-dev -DCMAKE_BUILD_TYPE=Release -DQWEN3_CUDA=ON \
     -DCMAKE_CUDA_COMPILER="$cuda/bin/nvcc" -DCUDAToolkit_ROOT="$cuda" \
     -DCMAKE_PREFIX_PATH="$cache/usr/lib/x86_64-linux-gnu/cmake" \
-    -DCMAKE_PROJECT_INCLUDE="$build_dir/nvtoolsext-placeholder.cmake" \
     -DCMAKE_CXX_FLAGS=-DQWEN3_REQUIRE_NCCL=1 ${CMAKE_ARGS:-} >"$build_dir/configure.log" 2>&1 ||
     { tail -n 40 "$build_dir/configure.log" >&2; exit 1; }
 fi

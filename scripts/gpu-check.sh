@@ -666,26 +666,6 @@ stage_train() {  # stage_train NAME SEQ_LEN BATCH
   data=$(make_train_data)
   tok=$(tokenizer_file)
 
-  if has_command vram-report; then
-    # The lean configuration (the memory goal) at this stage's shape; the report's table goes to the log and
-    # its JSON beside it.
-    local vargs=(--weights "$m/model.dat" --config "$m/config.json" --tokenizer "$tok" --train-data "$data"
-                 --data-format text --pack --seq-len "$seq" --batch-size "$batch" --device "$dev"
-                 --master-dtype bfloat16 --optimizer-state-mode int8 --grad-checkpoint --fused-optimizer
-                 --out "$d/vram-report.json")
-    if run_step "$d/vram-report.log" 300 "$bin" vram-report "${vargs[@]}"; then
-      if [ "$step_rc" = 0 ]; then
-        record "$name" vram-report ok "$step_s" "$(grep -E '^(forward_done|backward_done|optimizer_step_done) ' "$d/vram-report.log" | tr -s ' ' | tr '\n' ';' | cut -c1-240)"
-      else
-        record "$name" vram-report failed "$step_s" "$(fail_note "$d/vram-report.log")"
-      fi
-    else
-      no_time "$name" vram-report
-    fi
-  else
-    record "$name" vram-report skipped 0 "qwen3-train has no vram-report command"
-  fi
-
   # Most wanted first, so a call that runs out of time drops the least wanted: lean (bf16 masters with stochastic
   # rounding, int8 moments, both flags: the memory goal), fused-optimizer (fp32 masters and moments, bf16 compute
   # on CUDA: the speed goal; the fused update keeps the 4B model's fp32 gradients from all living at once),
@@ -723,11 +703,13 @@ stage_train() {  # stage_train NAME SEQ_LEN BATCH
       lean) extra=(--master-dtype bfloat16 --optimizer-state-mode int8 --grad-checkpoint --fused-optimizer) ;;
     esac
     local step=train-$c log=$d/train-$c.log
-    rm -f "$d/train-$c.jsonl"
+    rm -f "$d/train-$c.jsonl" "$d/vram-$c.json"
+    # Every run's first step is also its memory report (measured and predicted per phase, vram-$c.json beside
+    # the log): the GPU rows docs/memory.md is waiting for, at no extra model load.
     if ! run_monitored "$log" "${TRAIN_TIMEOUT_S:-240}" "$d/train-$c.mem" "$bin" train --weights "$m/model.dat" \
         --config "$m/config.json" --tokenizer "$tok" --train-data "$data" --data-format text --pack \
         --seq-len "$seq" --batch-size "$batch" --steps "$train_steps" --lr 1e-5 --device "$dev" --log-every 5 \
-        --metrics-jsonl "$d/train-$c.jsonl" "${extra[@]}"; then
+        --metrics-jsonl "$d/train-$c.jsonl" --vram-report "$d/vram-$c.json" "${extra[@]}"; then
       no_time "$name" "$step"
       continue
     fi
@@ -735,6 +717,7 @@ stage_train() {  # stage_train NAME SEQ_LEN BATCH
     fig=$(grep -o -E 'trained [0-9]+ steps.*' "$log" | tail -n 1 | sed -E 's/^trained ([0-9]+) steps \(now at step [0-9]+, ([0-9]+) skipped\)/\1 steps, \2 skipped/' | cut -c1-150)
     fig+="; $(steady_figures "$d/train-$c.jsonl" "$profiled")"
     fig+="; $(cat "$d/train-$c.mem")"
+    fig+="; $(vram_figures "$d/vram-$c.json")"
     local peak_line
     peak_line=$(grep -i -o -E 'peak[^,;]*[0-9.]+ ?[GM]i?B' "$log" | tail -n 1)
     [ -n "$peak_line" ] && fig+="; reported: $peak_line"
@@ -775,6 +758,31 @@ mfu = [r["mfu"] for r in rows if r.get("mfu") is not None]
 print("steps %d-%d: %.0f tokens/s, %.1f ms/step%s" % (rows[0]["step"], rows[-1]["step"],
       1000 * sum(r["tokens"] for r in rows) / ms, ms / len(rows),
       ", MFU %.1f%%" % (100 * sum(mfu) / len(mfu)) if mfu else ""))
+PY
+}
+
+# A first-step memory report (train --vram-report) as one short note: per phase the measured tensor peak, the
+# allocator's reserve and the memory model's prediction (MiB), then the step's peak against the prediction.
+vram_figures() {
+  py - "$1" <<'PY'
+import json, sys
+try:
+    r = json.load(open(sys.argv[1]))
+except (OSError, ValueError):
+    print("no memory report")
+    sys.exit(0)
+fmt = lambda v: "-" if v is None else "%.0f" % v
+rows = [s for s in r.get("Samples", []) if s.get("Phase") in ("forward_done", "backward_done", "optimizer_step_done")]
+peak = max((s.get("PeakMiB") or 0 for s in r.get("Samples", [])), default=0)
+reserved = max((s.get("ReservedMiB") or 0 for s in r.get("Samples", [])), default=0)
+predicted = (r.get("Predicted") or {}).get("PeakMiB")
+line = "memory MiB peak/reserved/predicted: " + ", ".join(
+    "%s %s/%s/%s" % (s["Phase"].replace("_done", ""), fmt(s.get("PeakMiB")), fmt(s.get("ReservedMiB")),
+                     fmt(s.get("PredictedMiB"))) for s in rows)
+line += "; step peak %.0f, reserved %s, predicted %s" % (peak, fmt(reserved or None), fmt(predicted))
+if predicted:
+    line += " (%+.1f%%)" % (100.0 * (peak - predicted) / predicted)
+print(line)
 PY
 }
 

@@ -146,7 +146,7 @@ TEST(FusedKernels, RmsNormFollowsTheHostRule) {
 }
 
 TEST(FusedKernelLaunch, RejectsBadArgumentsWithoutLaunching) {
-  float dummy[4];
+  float dummy[4] = {};  // never read: every call is refused before a launch
   EXPECT_NE(kernels::launch_rope(dummy, dummy, KernelDType::bf16, 1, 1, 1, 3, dummy, dummy, 0, nullptr), 0);  // odd d
   EXPECT_NE(kernels::launch_rope(dummy, dummy, KernelDType::f16, 1, 1, 1, 2, dummy, dummy, 0, nullptr), 0);
   EXPECT_NE(kernels::launch_swiglu_forward(nullptr, dummy, dummy, KernelDType::f32, 4, nullptr), 0);

@@ -624,23 +624,35 @@ TEST(Trainer, Bf16ComputeFollowsFp32ComputeOnTheTinyModel) {
 
 // Where the CPU's libtorch cannot multiply bf16 (Debian's aarch64 libtorch on Grace), auto computes in float32
 // and an explicit bfloat16 is refused with the reason, instead of oneDNN's raw exception in the first product.
+// Where the CPU multiplies bf16 without dot-product instructions (x86-64 before AVX512-BF16), auto computes in
+// float32 too (bf16 products are several times slower there) and an explicit bfloat16 is taken.
 TEST(Trainer, WithoutCpuBf16ProductsAutoComputesInFloat32AndBfloat16IsRefused) {
+  using train_detail::CpuBf16;
   TrainOptions o;
   o.master_dtype = MasterDtype::bfloat16;
   const c10::Device cpu(c10::kCPU), cuda(c10::kCUDA, 0);
-  EXPECT_EQ(train_detail::compute_scalar_type(o, cpu, /*cpu_bf16_products=*/true), at::kBFloat16);
-  EXPECT_EQ(train_detail::compute_scalar_type(o, cpu, /*cpu_bf16_products=*/false), at::kFloat);
-  EXPECT_EQ(train_detail::compute_scalar_type(o, cuda, /*cpu_bf16_products=*/false), at::kBFloat16);
+  EXPECT_EQ(train_detail::compute_scalar_type(o, cpu, CpuBf16::native), at::kBFloat16);
+  EXPECT_EQ(train_detail::compute_scalar_type(o, cpu, CpuBf16::emulated), at::kFloat);
+  EXPECT_EQ(train_detail::compute_scalar_type(o, cpu, CpuBf16::fails), at::kFloat);
+  EXPECT_EQ(train_detail::compute_scalar_type(o, cuda, CpuBf16::fails), at::kBFloat16);
+  o.master_dtype = MasterDtype::float32;  // auto follows an fp32 master on every CPU
+  for (CpuBf16 c : {CpuBf16::native, CpuBf16::emulated, CpuBf16::fails})
+    EXPECT_EQ(train_detail::compute_scalar_type(o, cpu, c), at::kFloat);
   o.compute_dtype = ComputeDtype::bfloat16;
+  EXPECT_EQ(train_detail::compute_scalar_type(o, cpu, CpuBf16::native), at::kBFloat16);
+  EXPECT_EQ(train_detail::compute_scalar_type(o, cpu, CpuBf16::emulated), at::kBFloat16);
   try {
-    train_detail::compute_scalar_type(o, cpu, /*cpu_bf16_products=*/false);
+    train_detail::compute_scalar_type(o, cpu, CpuBf16::fails);
     ADD_FAILURE() << "bfloat16 compute without bf16 products was accepted";
   } catch (const UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("--compute-dtype bfloat16"), std::string::npos) << e.what();
   }
-  EXPECT_EQ(train_detail::compute_scalar_type(o, cuda, /*cpu_bf16_products=*/false), at::kBFloat16);
+  EXPECT_EQ(train_detail::compute_scalar_type(o, cuda, CpuBf16::fails), at::kBFloat16);
 #if defined(__x86_64__)
   EXPECT_TRUE(train_detail::cpu_bf16_products_work()) << "x86-64 libtorch multiplies bf16 (oneDNN or its own)";
+  __builtin_cpu_init();
+  EXPECT_EQ(train_detail::cpu_bf16() == CpuBf16::native,
+            __builtin_cpu_supports("avx512bf16") || __builtin_cpu_supports("amx-bf16"));
 #endif
 }
 

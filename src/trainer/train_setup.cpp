@@ -5,6 +5,10 @@
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/utils.h>
 
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#endif
+
 #include "block_runner.h"
 #include "qwen3/base/enum_names.h"
 #include "qwen3/model/layout.h"
@@ -91,44 +95,63 @@ at::ScalarType master_scalar_type(MasterDtype dtype) {
   return dtype == MasterDtype::bfloat16 ? at::kBFloat16 : at::kFloat;
 }
 
-bool cpu_bf16_products_work() {
-  static const bool works = [] {
+namespace {
+// bf16 dot-product instructions, which oneDNN (x86-64, and aarch64 with the Arm Compute Library) uses for bf16
+// products; without them libtorch converts to float and back around each product.
+bool cpu_has_bf16_dot_products() {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512bf16") || __builtin_cpu_supports("amx-bf16");
+#elif defined(__aarch64__) && defined(__linux__)
+  constexpr unsigned long kHwcap2Bf16 = 1ul << 14;  // HWCAP2_BF16 of the kernel's asm/hwcap.h
+  return (getauxval(AT_HWCAP2) & kHwcap2Bf16) != 0;
+#else
+  return false;
+#endif
+}
+}  // namespace
+
+CpuBf16 cpu_bf16() {
+  static const CpuBf16 answer = [] {
     try {
       torch::NoGradGuard no_grad;
       // Large enough for libtorch's oneDNN path (small products take the native kernel either way).
       const at::Tensor a = at::ones({64, 64}, at::kBFloat16);
-      return at::mm(a, a).sum().item<float>() == 64.0f * 64 * 64;
+      if (at::mm(a, a).sum().item<float>() != 64.0f * 64 * 64) return CpuBf16::fails;
     } catch (const std::exception&) {
-      return false;
+      return CpuBf16::fails;
     }
+    return cpu_has_bf16_dot_products() ? CpuBf16::native : CpuBf16::emulated;
   }();
-  return works;
+  return answer;
 }
+
+bool cpu_bf16_products_work() { return cpu_bf16() != CpuBf16::fails; }
 
 at::ScalarType compute_scalar_type(const TrainOptions& o, const c10::Device& device) {
   // Probed only where the answer matters: bf16 compute asked for, or auto with a bf16 master, on a CPU.
   const bool bf16_on_cpu = !device.is_cuda() && (o.compute_dtype == ComputeDtype::bfloat16 ||
                                                  (o.compute_dtype == ComputeDtype::auto_select &&
                                                   o.master_dtype == MasterDtype::bfloat16));
-  return compute_scalar_type(o, device, !bf16_on_cpu || cpu_bf16_products_work());
+  return compute_scalar_type(o, device, bf16_on_cpu ? cpu_bf16() : CpuBf16::native);
 }
 
-at::ScalarType compute_scalar_type(const TrainOptions& o, const c10::Device& device, bool cpu_bf16_products) {
-  const bool bf16_ok = device.is_cuda() || cpu_bf16_products;
+at::ScalarType compute_scalar_type(const TrainOptions& o, const c10::Device& device, CpuBf16 cpu) {
   if (o.compute_dtype == ComputeDtype::float32) return at::kFloat;
   if (o.compute_dtype == ComputeDtype::bfloat16) {
-    if (!bf16_ok)
+    if (!device.is_cuda() && cpu == CpuBf16::fails)
       throw UsageError("--compute-dtype bfloat16: this libtorch cannot multiply bfloat16 matrices on this CPU "
                        "(its oneDNN has no bf16 product here: Debian's aarch64 libtorch on a CPU with BF16 instructions); "
                        "use --compute-dtype float32 or auto");
     return at::kBFloat16;
   }
   // CUDA: bf16 products on the tensor cores (and the NVFP4 product kernel takes bf16 only). CPU: the master
-  // dtype, which measured faster on the small, vocabulary-bound models a CPU trains (docs/trainer.md), and
-  // float32 where this CPU's libtorch has no bf16 product.
+  // dtype, which measured faster on the small, vocabulary-bound models a CPU trains where the CPU has bf16 dot
+  // products (docs/trainer.md), and float32 where it has none (bf16 products are then several times slower)
+  // or where this CPU's libtorch has no bf16 product.
   if (device.is_cuda()) return at::kBFloat16;
   const at::ScalarType master = master_scalar_type(o.master_dtype);
-  return master == at::kBFloat16 && !bf16_ok ? at::kFloat : master;
+  return master == at::kBFloat16 && cpu != CpuBf16::native ? at::kFloat : master;
 }
 
 TrainableSet select_trainable(Qwen3Model& model, const TrainOptions& opt) {

@@ -31,17 +31,25 @@ void use_nvfp4_projections(Qwen3Model& model, nvfp4::ScaleMode mode, bool frozen
 // The rule select_trainable applies to one file key of a model with `layers` blocks.
 bool is_trainable(const std::string& key, int64_t layers, const TrainOptions& opt);
 
+// What this CPU does with bf16 matrix products: they fail (Debian's libtorch 1.13 for aarch64 hands them to
+// oneDNN whenever the CPU has BF16 instructions, Neoverse V1/V2 and so DGX Spark's Grace, but was built without
+// the Arm Compute Library, so oneDNN has no bf16 matmul and throws); they run without bf16 dot-product
+// instructions (converted to float and back: several times slower than float32 products); or natively
+// (x86-64 AVX512-BF16 or AMX-BF16, aarch64 BF16).
+enum class CpuBf16 { fails, emulated, native };
+
 // The dtypes of a run: the master weights' (--master-dtype) and the activations' (--compute-dtype; auto is
-// bfloat16 on CUDA and the master dtype on CPU, docs/trainer.md). UsageError for an unknown name.
+// bfloat16 on CUDA and on CPU the master dtype where the CPU multiplies bf16 natively, else float32;
+// docs/trainer.md). UsageError for an unknown name.
 at::ScalarType master_scalar_type(MasterDtype dtype);
 at::ScalarType compute_scalar_type(const TrainOptions& opt, const c10::Device& device);
-// The same with the CPU's bf16 capability given: without bf16 products, auto on CPU computes in float32 and an
-// explicit `--compute-dtype bfloat16` is a UsageError saying why.
-at::ScalarType compute_scalar_type(const TrainOptions& opt, const c10::Device& device, bool cpu_bf16_products);
+// The same with the CPU's bf16 capability given: an explicit `--compute-dtype bfloat16` is a UsageError
+// saying why where the products fail.
+at::ScalarType compute_scalar_type(const TrainOptions& opt, const c10::Device& device, CpuBf16 cpu_bf16);
 
-// Whether this libtorch multiplies bf16 matrices on this CPU (probed once). Debian's libtorch 1.13 for aarch64
-// hands bf16 products to oneDNN whenever the CPU has BF16 instructions (Neoverse V1/V2, so DGX Spark's Grace),
-// but was built without the Arm Compute Library, so oneDNN has no bf16 matmul and throws.
+// This CPU's bf16 products (probed once: one product, and the CPU's instruction set).
+CpuBf16 cpu_bf16();
+// Whether this libtorch multiplies bf16 matrices on this CPU at all (cpu_bf16() != fails).
 bool cpu_bf16_products_work();
 
 // Mean loss over the batch's loss tokens: "ce" = next-token cross-entropy on fp32 logits; "scalar" = the

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <sstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -650,10 +651,41 @@ TEST(Trainer, WithoutCpuBf16ProductsAutoComputesInFloat32AndBfloat16IsRefused) {
   EXPECT_EQ(train_detail::compute_scalar_type(o, cuda, CpuBf16::fails), at::kBFloat16);
 #if defined(__x86_64__)
   EXPECT_TRUE(train_detail::cpu_bf16_products_work()) << "x86-64 libtorch multiplies bf16 (oneDNN or its own)";
-  __builtin_cpu_init();
-  EXPECT_EQ(train_detail::cpu_bf16() == CpuBf16::native,
-            __builtin_cpu_supports("avx512bf16") || __builtin_cpu_supports("amx-bf16"));
+  // The instruction-set read against the kernel's own account of the CPU (/proc/cpuinfo's flags).
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line) && line.rfind("flags", 0) != 0) {
+  }
+  if (!line.empty()) {
+    std::istringstream flags(line.substr(line.find(':') + 1));
+    bool bf16 = false;
+    for (std::string f; flags >> f;) bf16 = bf16 || f == "avx512_bf16" || f == "amx_bf16";
+    EXPECT_EQ(train_detail::cpu_bf16() == CpuBf16::native, bf16) << line;
+  }
 #endif
+}
+
+// The log says why a CPU run's compute dtype differs from what its flags suggest, and warns of an explicit bf16
+// without bf16 instructions; nothing where there is nothing to say.
+TEST(Trainer, ComputeDtypeNoteSaysWhyACpuRunComputesAsItDoes) {
+  using train_detail::CpuBf16;
+  using train_detail::compute_dtype_note;
+  TrainOptions o;
+  const c10::Device cpu(c10::kCPU), cuda(c10::kCUDA, 0);
+  for (CpuBf16 c : {CpuBf16::native, CpuBf16::emulated, CpuBf16::fails})
+    EXPECT_EQ(compute_dtype_note(o, cpu, c).text, "");  // fp32 master, auto: float32 everywhere
+  o.master_dtype = MasterDtype::bfloat16;
+  EXPECT_EQ(compute_dtype_note(o, cpu, CpuBf16::native).text, "");
+  EXPECT_EQ(compute_dtype_note(o, cuda, CpuBf16::emulated).text, "");
+  const auto emulated = compute_dtype_note(o, cpu, CpuBf16::emulated);
+  EXPECT_NE(emulated.text.find("no bfloat16 dot-product instructions"), std::string::npos) << emulated.text;
+  EXPECT_FALSE(emulated.warn);
+  EXPECT_NE(compute_dtype_note(o, cpu, CpuBf16::fails).text.find("cannot multiply"), std::string::npos);
+  o.compute_dtype = ComputeDtype::bfloat16;
+  EXPECT_EQ(compute_dtype_note(o, cpu, CpuBf16::native).text, "");
+  EXPECT_TRUE(compute_dtype_note(o, cpu, CpuBf16::emulated).warn);
+  o.compute_dtype = ComputeDtype::float32;
+  EXPECT_EQ(compute_dtype_note(o, cpu, CpuBf16::emulated).text, "");
 }
 
 // With bf16 compute, activations are bf16, the logits fp32, and the fp32 masters get fp32 gradients: every

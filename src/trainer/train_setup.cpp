@@ -128,12 +128,19 @@ CpuBf16 cpu_bf16() {
 
 bool cpu_bf16_products_work() { return cpu_bf16() != CpuBf16::fails; }
 
-at::ScalarType compute_scalar_type(const TrainOptions& o, const c10::Device& device) {
-  // Probed only where the answer matters: bf16 compute asked for, or auto with a bf16 master, on a CPU.
+namespace {
+// The CPU's bf16 capability where a run's dtypes depend on it (bf16 compute asked for, or auto with a bf16
+// master, on a CPU), probed only then; elsewhere it does not matter and `native` stands for "not probed".
+CpuBf16 cpu_bf16_if_asked(const TrainOptions& o, const c10::Device& device) {
   const bool bf16_on_cpu = !device.is_cuda() && (o.compute_dtype == ComputeDtype::bfloat16 ||
                                                  (o.compute_dtype == ComputeDtype::auto_select &&
                                                   o.master_dtype == MasterDtype::bfloat16));
-  return compute_scalar_type(o, device, bf16_on_cpu ? cpu_bf16() : CpuBf16::native);
+  return bf16_on_cpu ? cpu_bf16() : CpuBf16::native;
+}
+}  // namespace
+
+at::ScalarType compute_scalar_type(const TrainOptions& o, const c10::Device& device) {
+  return compute_scalar_type(o, device, cpu_bf16_if_asked(o, device));
 }
 
 at::ScalarType compute_scalar_type(const TrainOptions& o, const c10::Device& device, CpuBf16 cpu) {
@@ -147,11 +154,33 @@ at::ScalarType compute_scalar_type(const TrainOptions& o, const c10::Device& dev
   }
   // CUDA: bf16 products on the tensor cores (and the NVFP4 product kernel takes bf16 only). CPU: the master
   // dtype, which measured faster on the small, vocabulary-bound models a CPU trains where the CPU has bf16 dot
-  // products (docs/trainer.md), and float32 where it has none (bf16 products are then several times slower)
+  // products (docs/trainer.md), and float32 where it has none (steps are then 6-17x slower in bf16)
   // or where this CPU's libtorch has no bf16 product.
   if (device.is_cuda()) return at::kBFloat16;
   const at::ScalarType master = master_scalar_type(o.master_dtype);
   return master == at::kBFloat16 && cpu != CpuBf16::native ? at::kFloat : master;
+}
+
+ComputeDtypeNote compute_dtype_note(const TrainOptions& o, const c10::Device& device) {
+  return compute_dtype_note(o, device, cpu_bf16_if_asked(o, device));
+}
+
+ComputeDtypeNote compute_dtype_note(const TrainOptions& o, const c10::Device& device, CpuBf16 cpu) {
+  if (device.is_cuda() || o.compute_dtype == ComputeDtype::float32) return {};
+  if (o.compute_dtype == ComputeDtype::bfloat16)
+    return cpu != CpuBf16::emulated
+               ? ComputeDtypeNote{}
+               : ComputeDtypeNote{"compute bfloat16 on a CPU without bfloat16 dot-product instructions: steps run "
+                                  "6-17x slower than in float32 there (docs/trainer.md); --compute-dtype auto or "
+                                  "float32 avoids that",
+                                  true};
+  if (o.master_dtype != MasterDtype::bfloat16 || cpu == CpuBf16::native) return {};
+  return {cpu == CpuBf16::fails ? "compute float32 under a bfloat16 master: this CPU's libtorch cannot multiply "
+                                  "bfloat16 matrices"
+                                : "compute float32 under a bfloat16 master: this CPU has no bfloat16 dot-product "
+                                  "instructions, where steps run 6-17x slower in bfloat16 (--compute-dtype "
+                                  "bfloat16 still asks for it)",
+          false};
 }
 
 TrainableSet select_trainable(Qwen3Model& model, const TrainOptions& opt) {

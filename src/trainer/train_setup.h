@@ -34,7 +34,7 @@ bool is_trainable(const std::string& key, int64_t layers, const TrainOptions& op
 // What this CPU does with bf16 matrix products: they fail (Debian's libtorch 1.13 for aarch64 hands them to
 // oneDNN whenever the CPU has BF16 instructions, Neoverse V1/V2 and so DGX Spark's Grace, but was built without
 // the Arm Compute Library, so oneDNN has no bf16 matmul and throws); they run without bf16 dot-product
-// instructions (converted to float and back: several times slower than float32 products); or natively
+// instructions (converted to float and back: 6-17x slower steps than float32 on an AVX2 CPU); or natively
 // (x86-64 AVX512-BF16 or AMX-BF16, aarch64 BF16).
 enum class CpuBf16 { fails, emulated, native };
 
@@ -46,6 +46,15 @@ at::ScalarType compute_scalar_type(const TrainOptions& opt, const c10::Device& d
 // The same with the CPU's bf16 capability given: an explicit `--compute-dtype bfloat16` is a UsageError
 // saying why where the products fail.
 at::ScalarType compute_scalar_type(const TrainOptions& opt, const c10::Device& device, CpuBf16 cpu_bf16);
+
+// Why a CPU run's compute dtype is not what its flags alone suggest, for the log: empty where nothing needs
+// saying; a warning for an explicit bf16 on a CPU without bf16 instructions.
+struct ComputeDtypeNote {
+  std::string text;
+  bool warn = false;
+};
+ComputeDtypeNote compute_dtype_note(const TrainOptions& opt, const c10::Device& device);
+ComputeDtypeNote compute_dtype_note(const TrainOptions& opt, const c10::Device& device, CpuBf16 cpu_bf16);
 
 // This CPU's bf16 products (probed once: one product, and the CPU's instruction set).
 CpuBf16 cpu_bf16();

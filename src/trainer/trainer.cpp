@@ -528,16 +528,8 @@ class Trainer {
                  device_.is_cpu() ? fmt::format(" ({} threads)", at::get_num_threads()) : std::string(),
                  to_string(o_.master_dtype), compute_scalar_type(o_, device_) == at::kFloat ? "float32" : "bfloat16",
                  opt_->state_bytes() / 1048576.0, nvfp4::scale_mode_name(o_.scale_mode), to_string(o_.loss));
-    if (device_.is_cpu() && compute_scalar_type(o_, device_) == at::kBFloat16 && cpu_bf16() == CpuBf16::emulated)
-      spdlog::warn("compute bfloat16 on a CPU without bfloat16 dot-product instructions: a step runs about 10x "
-                   "slower than in float32 there (docs/trainer.md); --compute-dtype auto or float32 avoids that");
-    if (device_.is_cpu() && o_.master_dtype == MasterDtype::bfloat16 &&
-        o_.compute_dtype == ComputeDtype::auto_select && compute_scalar_type(o_, device_) == at::kFloat)
-      spdlog::info("compute float32 under a bfloat16 master: {}",
-                   cpu_bf16() == CpuBf16::fails
-                       ? "this CPU's libtorch cannot multiply bfloat16 matrices"
-                       : "this CPU has no bfloat16 dot-product instructions, where a step runs about 10x slower "
-                         "in bfloat16 (--compute-dtype bfloat16 still asks for it)");
+    if (const ComputeDtypeNote note = compute_dtype_note(o_, device_); !note.text.empty())
+      spdlog::log(note.warn ? spdlog::level::warn : spdlog::level::info, note.text);
     spdlog::info("data: {} samples, {} tokens ({} with loss), {} skipped lines, {} comment lines; {} batches/epoch; "
                  "{} steps",
                  ds.samples, ds.tokens, ds.loss_tokens, ds.skipped, ds.comments, data_->batches_per_epoch(), steps_);

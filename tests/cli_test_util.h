@@ -9,6 +9,7 @@
 #include <string>
 
 #include "dat_test_util.h"
+#include "build_paths.h"
 
 namespace qwen3::test {
 
@@ -43,6 +44,6 @@ inline CliResult run_shell(const std::string& command) {
 }
 
 // `args` is appended to the binary path as-is.
-inline CliResult run_cli(const std::string& args) { return run_shell(std::string(QWEN3_BINARY) + " " + args); }
+inline CliResult run_cli(const std::string& args) { return run_shell(test::binary_command() + " " + args); }
 
 }  // namespace qwen3::test

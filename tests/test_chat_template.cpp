@@ -11,6 +11,7 @@
 #include "qwen3/base/error.h"
 #include "qwen3/tokenizer/chat_format.h"
 #include "tokenizer_test_util.h"
+#include "build_paths.h"
 
 namespace qwen3 {
 namespace {
@@ -18,7 +19,7 @@ namespace {
 using Ids = std::vector<TokenId>;
 
 nlohmann::json load_fixture() {
-  return nlohmann::json::parse(test::slurp(std::string(QWEN3_SOURCE_DIR) + "/tests/data/chat_template_fixture.json"));
+  return nlohmann::json::parse(test::slurp(test::source_dir() + "/tests/data/chat_template_fixture.json"));
 }
 
 std::vector<ChatMessage> messages_of(const nlohmann::json& json) {

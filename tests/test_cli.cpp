@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_test_util.h"
+#include "build_paths.h"
 
 namespace qwen3 {
 namespace {
@@ -123,7 +124,8 @@ TEST(Cli, MessagesNameTheirCauseBriefly) {
 
 // Results that cannot be written (a full device) are an error, exit 1, not a silent success.
 TEST(Cli, AFullDeviceIsAnErrorNotASuccess) {
-  const std::string tokenize = "tokenize --tokenizer " + std::string(QWEN3_SOURCE_DIR) + "/tests/data/tiny_tokenizer.json --text 'hello world'";
+  const std::string tokenize =
+      "tokenize --tokenizer " + test::source_dir() + "/tests/data/tiny_tokenizer.json --text 'hello world'";
   auto r = test::run_cli(tokenize + " >/dev/null");
   EXPECT_EQ(r.code, 0) << r.err;
   r = test::run_cli(tokenize + " >/dev/full");

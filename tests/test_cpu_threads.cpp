@@ -11,6 +11,7 @@
 
 #include "cli_test_util.h"
 #include "qwen3/base/cpu_threads.h"
+#include "build_paths.h"
 
 namespace qwen3 {
 namespace {
@@ -93,7 +94,7 @@ TEST(CpuThreadsCli, TheBinaryAppliesTheFlagAndTheDefault) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("CPU threads: 3 (--threads)"), std::string::npos) << r.err;
   r = test::run_shell(std::string("env -u OMP_NUM_THREADS -u MKL_NUM_THREADS -u LOCAL_WORLD_SIZE ") +
-                      "-u SLURM_NTASKS_PER_NODE -u OMPI_COMM_WORLD_LOCAL_SIZE " + QWEN3_BINARY +
+                      "-u SLURM_NTASKS_PER_NODE -u OMPI_COMM_WORLD_LOCAL_SIZE " + test::binary_command() +
                       " --log-level debug synth --preset tiny --out-dir " + dir.file("n"));
   ASSERT_EQ(r.code, 0) << r.err;
   const int cores = physical_cores_available();
@@ -103,13 +104,13 @@ TEST(CpuThreadsCli, TheBinaryAppliesTheFlagAndTheDefault) {
             std::string::npos)
       << r.err;
   // One CPU allowed (taskset is util-linux, on every Debian): one core.
-  r = test::run_shell(std::string("taskset -c 0 env -u OMP_NUM_THREADS ") + QWEN3_BINARY +
+  r = test::run_shell(std::string("taskset -c 0 env -u OMP_NUM_THREADS ") + test::binary_command() +
                       " --log-level debug synth --preset tiny --out-dir " + dir.file("o"));
   ASSERT_EQ(r.code, 0) << r.err;
   if (topology) {
     EXPECT_NE(r.err.find("CPU threads: 1 (1 core)"), std::string::npos) << r.err;
   }
-  r = test::run_shell(std::string("OMP_NUM_THREADS=1 ") + QWEN3_BINARY +
+  r = test::run_shell(std::string("OMP_NUM_THREADS=1 ") + test::binary_command() +
                       " --log-level debug synth --preset tiny --out-dir " + dir.file("p"));
   EXPECT_NE(r.err.find("CPU threads: 1 (OMP_NUM_THREADS/MKL_NUM_THREADS)"), std::string::npos) << r.err;
   r = test::run_cli("--threads 0 synth --preset tiny --out-dir " + dir.file("q"));

@@ -20,6 +20,7 @@
 #include "qwen3/checkpoint/checkpoint.h"
 #include "qwen3/model/synth.h"
 #include "tiny_model_util.h"
+#include "build_paths.h"
 
 namespace qwen3 {
 namespace {
@@ -40,7 +41,7 @@ struct Job {
     const char* answers[] = {"world", "qwen", "xyz", "blue", "high", "four", "meow", "salt"};
     for (int i = 0; i < 8; ++i) pairs << words[i] << '\t' << answers[i] << '\n';
     pairs.close();
-    base = std::string(QWEN3_BINARY) + " train --weights " + model.dat_path + " --config " + model.config_path +
+    base = test::binary_command() + " train --weights " + model.dat_path + " --config " + model.config_path +
            " --tokenizer " + test::tiny_tokenizer_path() + " --train-data " + dir.file("pairs.tsv") +
            " --seq-len 32 --log-every 0 --lr 0.003";
   }
@@ -195,7 +196,7 @@ TEST(DistributedCli, ShardedRanksHoldTheirShareOfTheGradients) {
   s.config.intermediate_size = 1024;
   s.out_dir = job.dir.file("mid");
   const SynthResult mid = write_synthetic_model(s);
-  job.base = std::string(QWEN3_BINARY) + " train --weights " + mid.dat_path + " --config " + mid.config_path +
+  job.base = test::binary_command() + " train --weights " + mid.dat_path + " --config " + mid.config_path +
              " --tokenizer " + test::tiny_tokenizer_path() + " --train-data " + job.dir.file("pairs.tsv") +
              " --seq-len 32 --log-every 0";
   double held[2] = {0, 0};
@@ -286,7 +287,7 @@ TEST(DistributedCli, UnderTorchrunItself) {
   const bool libuv =
       test::run_shell("python3 -c 'import torch.distributed as d; d.TCPStore(\"127.0.0.1\", 0, is_master=True)'").code == 0;
   const std::string torchrun =
-      libuv ? std::string("torchrun") : "python3 " + std::string(QWEN3_SOURCE_DIR) + "/tests/torchrun_no_libuv.py";
+      libuv ? std::string("torchrun") : "python3 " + test::source_dir() + "/tests/torchrun_no_libuv.py";
   const Job job;
   ASSERT_EQ(test::run_shell(job.base + " --steps 3 --batch-size 4 --metrics-jsonl " + job.dir.file("one.jsonl")).code, 0);
   const auto r = test::run_shell("cd " + job.dir.path().string() +

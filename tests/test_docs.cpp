@@ -7,6 +7,7 @@
 #include <regex>
 #include <set>
 #include <sstream>
+#include "build_paths.h"
 
 namespace qwen3 {
 namespace {
@@ -21,7 +22,7 @@ std::string slurp(const fs::path& p) {
 }
 
 std::vector<fs::path> cited_from() {
-  const fs::path root(QWEN3_SOURCE_DIR);
+  const fs::path root(test::source_dir());
   std::vector<fs::path> files = {root / "README.md"};
   for (const char* dir : {"docs", "kernels", "src", "include", "tests", "scripts", "bench"})
     for (const auto& e : fs::recursive_directory_iterator(root / dir))
@@ -30,7 +31,7 @@ std::vector<fs::path> cited_from() {
 }
 
 TEST(Docs, CitedPathsExistAndStayInTheRepository) {
-  const fs::path root(QWEN3_SOURCE_DIR);
+  const fs::path root(test::source_dir());
   // A repository path: one of the top folders, then path characters, ending in a known extension; not preceded
   // by a path character (so "build/docs/x.md" or "a_docs/x.md" are not citations).
   const std::regex path_pattern(R"((^|[^\w/.-])((docs|kernels|src|include|tests|scripts|bench|cmake)/[\w./-]+\.(md|h|cpp|cuh|cu|sh|cmake|json|txt)))");

@@ -30,6 +30,7 @@
 #include "qwen3/trainer/trainer.h"
 
 #include "tiny_model_util.h"
+#include "build_paths.h"
 
 namespace qwen3 {
 namespace {
@@ -387,7 +388,7 @@ TEST(ExportCli, FlagsDefaultScaleModeAndWriteFailure) {
   // binary first, so a harmless --version comes before the shell part; ulimit -f counts 512-byte blocks in
   // dash, and SIGXFSZ is ignored so that write(2) fails with EFBIG as it would with ENOSPC on a full disk.
   test::TempDir out_dir;
-  r = test::run_cli("--version >/dev/null; trap '' XFSZ; ulimit -f 16; exec " + std::string(QWEN3_BINARY) + " " +
+  r = test::run_cli("--version >/dev/null; trap '' XFSZ; ulimit -f 16; exec " + test::binary_command() + " " +
                     base + " --out " + out_dir.file("d.dat"));
   EXPECT_EQ(r.code, 1) << r.err;
   EXPECT_NE(r.err.find("write failed"), std::string::npos) << r.err;

@@ -18,6 +18,7 @@
 #include "qwen3/model/synth.h"
 #include "qwen3/trainer/trainer.h"
 #include "tiny_model_util.h"
+#include "build_paths.h"
 
 namespace qwen3 {
 namespace {
@@ -106,7 +107,7 @@ TEST(HfExportCli, TrainedModelOutToHfAndNvfp4HfReadByAnIndependentReader) {
   EXPECT_EQ(compared, tensors.size());
 
   if (std::system("node --version > /dev/null 2>&1") != 0) GTEST_SKIP() << "node is not installed: the independent reader did not run";
-  const test::CliResult node = test::run_shell("node " + std::string(QWEN3_SOURCE_DIR) +
+  const test::CliResult node = test::run_shell("node " + test::source_dir() +
                                                "/tests/readers/check_hf_export.mjs " + hf + " " + fp4);
   ASSERT_EQ(node.code, 0) << node.err;
   const nlohmann::json summary = nlohmann::json::parse(node.out);
@@ -140,7 +141,7 @@ TEST(HfExportCli, ShardsTiedHeadAndReplacingTheFolder) {
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("--max-shard-size"), std::string::npos) << r.err;
   if (std::system("node --version > /dev/null 2>&1") != 0) GTEST_SKIP() << "node is not installed";
-  const test::CliResult node = test::run_shell("node " + std::string(QWEN3_SOURCE_DIR) +
+  const test::CliResult node = test::run_shell("node " + test::source_dir() +
                                                "/tests/readers/check_hf_export.mjs " + hf + " " + fp4);
   ASSERT_EQ(node.code, 0) << node.err;
   EXPECT_GT(nlohmann::json::parse(node.out)["nvfp4_shards"].get<int>(), 1);

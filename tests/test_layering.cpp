@@ -9,6 +9,7 @@
 #include <regex>
 #include <sstream>
 #include <vector>
+#include "build_paths.h"
 
 namespace qwen3 {
 namespace {
@@ -33,7 +34,7 @@ std::string slurp(const fs::path& p) {
 }
 
 TEST(Layering, ModulesIncludeOnlyWhatLiesBelowThem) {
-  const fs::path root(QWEN3_SOURCE_DIR);
+  const fs::path root(test::source_dir());
   std::vector<std::pair<fs::path, std::string>> files;  // file, its module
   for (const char* top : {"include/qwen3", "src"})
     for (const auto& entry : fs::directory_iterator(root / top)) {

@@ -10,6 +10,7 @@
 #include "cli_test_util.h"
 #include "qwen3/convert/safetensors.h"
 #include "tokenizer_test_util.h"
+#include "build_paths.h"
 
 namespace qwen3 {
 namespace {
@@ -28,7 +29,7 @@ class ModelCli : public ::testing::Test {
   static std::string model_flags() {
     return "--weights " + dir_->file("m/model.dat") + " --config " + dir_->file("m/config.json");
   }
-  static std::string tiny_tokenizer() { return std::string(QWEN3_SOURCE_DIR) + "/tests/data/tiny_tokenizer.json"; }
+  static std::string tiny_tokenizer() { return test::source_dir() + "/tests/data/tiny_tokenizer.json"; }
   static test::TempDir* dir_;
 };
 test::TempDir* ModelCli::dir_ = nullptr;
@@ -243,7 +244,7 @@ TEST(SmokeCli, PassesWithTheRealTokenizer) {
 
 TEST(SmokeCli, PassesWithTheTinyTokenizer) {
   test::TempDir dir;
-  const auto r = test::run_cli("smoke --out-dir " + dir.file("smoke") + " --tokenizer " + QWEN3_SOURCE_DIR +
+  const auto r = test::run_cli("smoke --out-dir " + dir.file("smoke") + " --tokenizer " + test::source_dir() +
                                "/tests/data/tiny_tokenizer.json");
   EXPECT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("-> \"I am Qwen.\" (expected \"I am Qwen.\") ok"), std::string::npos) << r.out;

@@ -28,6 +28,7 @@
 #include "tiny_model_util.h"
 #include "qwen3/trainer/evaluate.h"
 #include "trainer/train_setup.h"
+#include "build_paths.h"
 
 namespace qwen3 {
 namespace {
@@ -329,7 +330,7 @@ TEST(TrainCli, FlagsAliasesAndSignals) {
 
   // SIGTERM: the current step finishes, a checkpoint is written, exit code 143.
   const std::string metrics = dir.file("m.jsonl");
-  const std::string cmd = std::string(QWEN3_BINARY) + " " + base + " --steps 100000 --log-every 0 --checkpoint-dir " +
+  const std::string cmd = test::binary_command() + " " + base + " --steps 100000 --log-every 0 --checkpoint-dir " +
                           dir.file("sig") + " --metrics-jsonl " + metrics + " 2>/dev/null";
   const pid_t pid = ::fork();
   ASSERT_GE(pid, 0);

@@ -4,10 +4,11 @@
 #include <string>
 
 #include "qwen3/config/config.h"
+#include "build_paths.h"
 
 namespace qwen3::test {
 
-inline std::string tiny_tokenizer_path() { return std::string(QWEN3_SOURCE_DIR) + "/tests/data/tiny_tokenizer.json"; }
+inline std::string tiny_tokenizer_path() { return test::source_dir() + "/tests/data/tiny_tokenizer.json"; }
 
 inline Qwen3Config trainable_tiny_config(bool tied = true) {
   Qwen3Config c = preset_config("tiny");

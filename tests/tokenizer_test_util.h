@@ -7,18 +7,19 @@
 #include <string>
 
 #include "qwen3/tokenizer/tokenizer.h"
+#include "build_paths.h"
 
 namespace qwen3::test {
 
-inline std::string tiny_tokenizer_path() { return std::string(QWEN3_SOURCE_DIR) + "/tests/data/tiny_tokenizer.json"; }
+inline std::string tiny_tokenizer_path() { return test::source_dir() + "/tests/data/tiny_tokenizer.json"; }
 inline std::string tokenizer_fixture_path() {
-  return std::string(QWEN3_SOURCE_DIR) + "/tests/data/tokenizer_fixture.json";
+  return test::source_dir() + "/tests/data/tokenizer_fixture.json";
 }
 
 // The real Qwen3 tokenizer.json: $QWEN3_TOKENIZER_JSON, else where scripts/fetch-tokenizer.sh puts it.
 inline std::string real_tokenizer_path() {
   if (const char* env = std::getenv("QWEN3_TOKENIZER_JSON"); env && *env) return env;
-  return std::string(QWEN3_SOURCE_DIR) + "/.deps/tokenizer-qwen3/models/tokenizer.json";
+  return test::source_dir() + "/.deps/tokenizer-qwen3/models/tokenizer.json";
 }
 
 inline const Tokenizer& tiny_tokenizer() {

@@ -71,5 +71,8 @@ Command add_convert_command(CLI::App& app);
 Command add_plot_command(CLI::App& app);
 
 std::string version_text();
+// "qwen3-train <version>" and the commit it was built from ("unknown" outside a git checkout), for run records.
+std::string tool_name_and_version();
+std::string git_hash();
 
 }  // namespace qwen3::cli

@@ -338,8 +338,8 @@ Command add_train_command(CLI::App& app) {
             check_flag_combinations(*f);
             resolve(*f);
             const FlagValues flags = flag_values(sub);
-            f->o.run_info = {{"tool", std::string("qwen3-train ") + QWEN3_VERSION},
-                             {"git", QWEN3_GIT_HASH},
+            f->o.run_info = {{"tool", tool_name_and_version()},
+                             {"git", git_hash()},
                              {"command_line", command_line()},
                              {"flags", flags.json},
                              {"config_file", flags.toml}};

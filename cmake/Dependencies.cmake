@@ -9,6 +9,25 @@
 # before PyTorch's cmake runs, as the header-only nvtx3 (an empty target where CMake has no nvtx3 either).
 # scripts/cuda-libtorch-check.sh configures against Debian's 2.6 and CUDA 13 and fails without this.
 if(NOT QWEN3_CUDA STREQUAL "OFF")
+  # The toolkit by its real path ($CUDA_HOME, else /usr/local/cuda, a symlink to the versioned folder), for
+  # both nvcc and CUDAToolkit: the include folder that every translation unit of the core and the tests gets is
+  # then spelled the same under any PATH (a developer's shell has /usr/local/cuda/bin, CI's only a wrapper
+  # script in /usr/local/bin), and ccache hits across the two (it missed on all of them).
+  if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX})
+    set(_qwen3_nvcc "")
+    if(DEFINED ENV{CUDA_HOME} AND EXISTS "$ENV{CUDA_HOME}/bin/nvcc")
+      set(_qwen3_nvcc "$ENV{CUDA_HOME}/bin/nvcc")
+    elseif(EXISTS /usr/local/cuda/bin/nvcc)
+      set(_qwen3_nvcc /usr/local/cuda/bin/nvcc)
+    endif()
+    if(_qwen3_nvcc)
+      file(REAL_PATH "${_qwen3_nvcc}" CMAKE_CUDA_COMPILER)
+    endif()
+  endif()
+  if(CMAKE_CUDA_COMPILER AND NOT CUDAToolkit_ROOT AND NOT DEFINED ENV{CUDAToolkit_ROOT})
+    get_filename_component(_qwen3_cuda_bin "${CMAKE_CUDA_COMPILER}" DIRECTORY)
+    get_filename_component(CUDAToolkit_ROOT "${_qwen3_cuda_bin}" DIRECTORY)
+  endif()
   find_package(CUDAToolkit QUIET)
   if(CUDAToolkit_FOUND AND NOT TARGET CUDA::nvToolsExt)
     add_library(CUDA::nvToolsExt INTERFACE IMPORTED)

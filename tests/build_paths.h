@@ -11,4 +11,7 @@ const std::string& source_dir();
 // The command that starts qwen3-train (its absolute path; in a cross build, behind the emulator).
 const std::string& binary_command();
 
+// The hand-made tokenizer of tests/data (no download needed), which the tiny test models are sized to.
+inline std::string tiny_tokenizer_path() { return source_dir() + "/tests/data/tiny_tokenizer.json"; }
+
 }  // namespace qwen3::test

@@ -124,8 +124,7 @@ TEST(Cli, MessagesNameTheirCauseBriefly) {
 
 // Results that cannot be written (a full device) are an error, exit 1, not a silent success.
 TEST(Cli, AFullDeviceIsAnErrorNotASuccess) {
-  const std::string tokenize =
-      "tokenize --tokenizer " + test::source_dir() + "/tests/data/tiny_tokenizer.json --text 'hello world'";
+  const std::string tokenize = "tokenize --tokenizer " + test::tiny_tokenizer_path() + " --text 'hello world'";
   auto r = test::run_cli(tokenize + " >/dev/null");
   EXPECT_EQ(r.code, 0) << r.err;
   r = test::run_cli(tokenize + " >/dev/full");

@@ -35,8 +35,6 @@
 namespace qwen3 {
 namespace {
 
-std::string tiny_tokenizer() { return test::tiny_tokenizer_path(); }
-
 Qwen3Config tiny_config(bool tied) { return test::trainable_tiny_config(tied); }
 
 struct Model {
@@ -226,7 +224,7 @@ Trained train_tiny(const test::TempDir& dir, const Model& m, const std::string& 
   TrainOptions o;
   o.weights = m.dat;
   o.config = m.config;
-  o.tokenizer = tiny_tokenizer();
+  o.tokenizer = test::tiny_tokenizer_path();
   o.data.path = dir.file("pairs.tsv");
   o.data.seq_len = 32;
   o.data.batch_size = 4;

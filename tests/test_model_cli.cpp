@@ -29,7 +29,6 @@ class ModelCli : public ::testing::Test {
   static std::string model_flags() {
     return "--weights " + dir_->file("m/model.dat") + " --config " + dir_->file("m/config.json");
   }
-  static std::string tiny_tokenizer() { return test::source_dir() + "/tests/data/tiny_tokenizer.json"; }
   static test::TempDir* dir_;
 };
 test::TempDir* ModelCli::dir_ = nullptr;
@@ -57,7 +56,8 @@ TEST_F(ModelCli, GenerateChecksItsFlags) {
   auto r = run_cli("generate " + model_flags() + " --prompt hello");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("--tokenizer"), std::string::npos) << r.err;
-  r = run_cli("generate " + model_flags() + " --prompt-ids '1 2' --prompt hi --tokenizer " + tiny_tokenizer());
+  r = run_cli("generate " + model_flags() + " --prompt-ids '1 2' --prompt hi --tokenizer " +
+              test::tiny_tokenizer_path());
   EXPECT_EQ(r.code, 2);
   r = run_cli("generate " + model_flags() + " --prompt-ids '1 x' --print-ids");
   EXPECT_EQ(r.code, 2);  // the text of a flag
@@ -90,7 +90,7 @@ TEST_F(ModelCli, GenerateStopsAtTheModelsPositions) {
 }
 
 TEST_F(ModelCli, GenerateChatPromptAndExpect) {
-  const std::string base = "generate " + model_flags() + " --tokenizer " + tiny_tokenizer() +
+  const std::string base = "generate " + model_flags() + " --tokenizer " + test::tiny_tokenizer_path() +
                            " --prompt 'hello world' --max-new-tokens 4";
   auto r = run_cli(base + " --expect '.*'");
   EXPECT_EQ(r.code, 0) << r.err;
@@ -122,7 +122,7 @@ TEST_F(ModelCli, EvalPrintsPerSequenceAndTokenWeightedMean) {
 
   const std::string tsv = dir_->file("pairs.tsv");
   std::ofstream(tsv) << "hello\tworld\nplain text line\n";
-  r = run_cli("eval " + model_flags() + " --data " + tsv + " --tokenizer " + tiny_tokenizer());
+  r = run_cli("eval " + model_flags() + " --data " + tsv + " --tokenizer " + test::tiny_tokenizer_path());
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("mean loss"), std::string::npos) << r.out;
 }
@@ -133,7 +133,7 @@ TEST_F(ModelCli, EvalPrintsPerSequenceAndTokenWeightedMean) {
 TEST_F(ModelCli, EvalDataEqualsTrainingsEvalLoss) {
   const std::string tsv = dir_->file("held_out.tsv");
   std::ofstream(tsv) << "# format: prompt<TAB>target\nhello\tworld\nwhat is two and two\tfour\n";
-  const std::string common = " --tokenizer " + tiny_tokenizer() + " --system 'be brief' --seq-len 96";
+  const std::string common = " --tokenizer " + test::tiny_tokenizer_path() + " --system 'be brief' --seq-len 96";
   auto r = run_cli("eval " + model_flags() + " --data " + tsv + common + " --json");
   ASSERT_EQ(r.code, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);
@@ -160,7 +160,7 @@ TEST_F(ModelCli, EvalDataEqualsTrainingsEvalLoss) {
 TEST_F(ModelCli, EvalScoresLongLinesInWindows) {
   const std::string text = dir_->file("long.txt");
   std::ofstream(text) << std::string(1000, 'a') << "\n";  // 250 tokens of the tiny tokenizer
-  auto r = run_cli("eval " + model_flags() + " --data " + text + " --tokenizer " + tiny_tokenizer() +
+  auto r = run_cli("eval " + model_flags() + " --data " + text + " --tokenizer " + test::tiny_tokenizer_path() +
                    " --seq-len 32 --batch-size 3 --json");
   ASSERT_EQ(r.code, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);
@@ -171,7 +171,8 @@ TEST_F(ModelCli, EvalScoresLongLinesInWindows) {
     scored += s["tokens"].get<int64_t>();
   }
   EXPECT_EQ(scored, 249);
-  r = run_cli("eval " + model_flags() + " --data " + text + " --tokenizer " + tiny_tokenizer() + " --seq-len 100000");
+  r = run_cli("eval " + model_flags() + " --data " + text + " --tokenizer " + test::tiny_tokenizer_path() +
+              " --seq-len 100000");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("max_position_embeddings"), std::string::npos) << r.err;
 }
@@ -222,8 +223,8 @@ TEST_F(ModelCli, EvalWritesTheLogitsItScores) {
   EXPECT_NE(r.err.find("--overwrite"), std::string::npos) << r.err;
   r = run_cli("eval " + model_flags() + " --token-ids-file " + ids + " --logits-out " + ids + " --overwrite");
   EXPECT_EQ(r.code, 2);
-  r = run_cli("eval " + model_flags() + " --data " + ids + " --tokenizer " + tiny_tokenizer() + " --logits-out " +
-              dir_->file("x.safetensors"));
+  r = run_cli("eval " + model_flags() + " --data " + ids + " --tokenizer " + test::tiny_tokenizer_path() +
+              " --logits-out " + dir_->file("x.safetensors"));
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("--logits-out needs --token-ids-file"), std::string::npos) << r.err;
   r = run_cli("eval " + model_flags() + " --token-ids-file " + ids + " --logits-out " + out + " --overwrite");
@@ -244,8 +245,7 @@ TEST(SmokeCli, PassesWithTheRealTokenizer) {
 
 TEST(SmokeCli, PassesWithTheTinyTokenizer) {
   test::TempDir dir;
-  const auto r = test::run_cli("smoke --out-dir " + dir.file("smoke") + " --tokenizer " + test::source_dir() +
-                               "/tests/data/tiny_tokenizer.json");
+  const auto r = test::run_cli("smoke --out-dir " + dir.file("smoke") + " --tokenizer " + test::tiny_tokenizer_path());
   EXPECT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("-> \"I am Qwen.\" (expected \"I am Qwen.\") ok"), std::string::npos) << r.out;
 }

@@ -33,8 +33,6 @@
 namespace qwen3 {
 namespace {
 
-std::string tiny_tokenizer() { return test::tiny_tokenizer_path(); }
-
 SynthResult make_model(const test::TempDir& dir, const std::string& name = "m") {
   SynthOptions s;
   s.config = test::trainable_tiny_config();
@@ -56,7 +54,7 @@ TrainOptions base_options(const SynthResult& m, const std::string& data) {
   TrainOptions o;
   o.weights = m.dat_path;
   o.config = m.config_path;
-  o.tokenizer = tiny_tokenizer();
+  o.tokenizer = test::tiny_tokenizer_path();
   o.data.path = data;
   o.data.seq_len = 32;
   o.data.batch_size = 4;
@@ -76,7 +74,7 @@ TEST(Trainer, OverfitsFourPairsUntilGreedyGenerationReproducesTheTargets) {
   EXPECT_LT(s.last_loss, 0.05) << "first " << s.first_loss;
   ASSERT_EQ(s.exported, o.output_dat);
 
-  const Tokenizer tok = Tokenizer::from_file(tiny_tokenizer());
+  const Tokenizer tok = Tokenizer::from_file(test::tiny_tokenizer_path());
   DatReader reader(o.output_dat);
   auto model = load_model(reader, load_config(m.config_path), at::kFloat, at::kCPU);
   GenerateOptions g;
@@ -95,7 +93,7 @@ TEST(Trainer, GradientsReachEveryTrainableTensorAndOnlyThose) {
   test::TempDir dir;
   const SynthResult m = make_model(dir);
   TrainOptions o = pair_options(dir, m);
-  const Tokenizer tok = Tokenizer::from_file(tiny_tokenizer());
+  const Tokenizer tok = Tokenizer::from_file(test::tiny_tokenizer_path());
   TrainingData data(tok, o.data);
   for (int64_t last : {0, 1}) {
     o.train_last_layers = last;
@@ -157,7 +155,7 @@ TEST(Trainer, EvaluationSharedOutSumsToTheWhole) {
   TrainOptions o = pair_options(dir, m);
   o.data.batch_size = 1;
   o.data.sample_mode = SampleMode::sequential;
-  const Tokenizer tok = Tokenizer::from_file(tiny_tokenizer());
+  const Tokenizer tok = Tokenizer::from_file(test::tiny_tokenizer_path());
   const TrainingData data(tok, o.data);
   DatReader reader(m.dat_path);
   auto model = load_model(reader, load_config(m.config_path), at::kFloat, at::kCPU);
@@ -309,7 +307,8 @@ TEST(TrainCli, FlagsAliasesAndSignals) {
   const SynthResult m = make_model(dir);
   std::ofstream(dir.file("pairs.tsv")) << kPairs << "no tab here\n";
   const std::string base = "train --weight " + m.dat_path + " --config " + m.config_path + " --tokenizer " +
-                           tiny_tokenizer() + " --train-data " + dir.file("pairs.tsv") + " --data-format tsv";
+                           test::tiny_tokenizer_path() + " --train-data " + dir.file("pairs.tsv") +
+                           " --data-format tsv";
   auto r = test::run_cli(base + " --steps 2 --bogus 1");
   EXPECT_EQ(r.code, 2);
   r = test::run_cli(base + " --steps 2 --resume true");
@@ -357,7 +356,7 @@ TEST(TrainCli, ContradictoryOrIgnoredFlagsAreRefused) {
   const SynthResult m = make_model(dir);
   std::ofstream(dir.file("pairs.tsv")) << kPairs;
   const std::string base = "train --weights " + m.dat_path + " --config " + m.config_path + " --tokenizer " +
-                           tiny_tokenizer() + " --train-data " + dir.file("pairs.tsv");
+                           test::tiny_tokenizer_path() + " --train-data " + dir.file("pairs.tsv");
   const std::vector<std::pair<std::string, std::string>> refused = {
       {" --steps 2 --epochs 1", "not both"},
       {" --steps 2 --steps-per-epoch 3", "--steps-per-epoch applies with --epochs"},
@@ -381,7 +380,7 @@ TEST(TrainCli, ContradictoryOrIgnoredFlagsAreRefused) {
   config["num_hidden_layers"] = 1;
   std::ofstream(dir.file("one_layer.json")) << config.dump();
   auto r = test::run_cli("train --weights " + m.dat_path + " --config " + dir.file("one_layer.json") + " --tokenizer " +
-                         tiny_tokenizer() + " --train-data " + dir.file("pairs.tsv") + " --steps 1");
+                         test::tiny_tokenizer_path() + " --train-data " + dir.file("pairs.tsv") + " --steps 1");
   EXPECT_EQ(r.code, 1) << r.err;
   EXPECT_NE(r.err.find("the file has 2 layers, the config's num_hidden_layers is 1"), std::string::npos) << r.err;
 
@@ -401,7 +400,7 @@ TEST(TrainCli, FilesAreNamedByRoleAndFoldersMade) {
   const SynthResult m = make_model(dir);
   std::ofstream(dir.file("pairs.tsv")) << kPairs;
   const std::string base = "train --weights " + m.dat_path + " --config " + m.config_path + " --tokenizer " +
-                           tiny_tokenizer() + " --train-data " + dir.file("pairs.tsv") + " --steps 1";
+                           test::tiny_tokenizer_path() + " --train-data " + dir.file("pairs.tsv") + " --steps 1";
   auto r = test::run_cli(base + " --eval-data " + dir.file("missing.tsv"));
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("eval data (--eval-data) " + dir.file("missing.tsv") + ": cannot open (No such file"),
@@ -470,13 +469,14 @@ TEST(TrainCli, SyntheticWeightsAndTheAfterExportSelfTest) {
   test::TempDir dir;
   const SynthResult m = make_model(dir);  // only its config.json is used: --synthetic makes the weights
   std::ofstream(dir.file("pairs.tsv")) << kPairs;
-  auto r = test::run_cli("train --synthetic true --config " + m.config_path + " --tokenizer " + tiny_tokenizer() +
-                         " --train-data " + dir.file("pairs.tsv") + " --steps 60 --lr 1e-2 --batch-size 4" +
+  auto r = test::run_cli("train --synthetic true --config " + m.config_path +
+                         " --tokenizer " + test::tiny_tokenizer_path() + " --train-data " + dir.file("pairs.tsv") +
+                         " --steps 60 --lr 1e-2 --batch-size 4" +
                          " --checkpoint-dir " + dir.file("ck") + " --output-dat " + dir.file("out.dat") +
                          " --test-max-tokens 8 --test-prompt hi");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("self-test: hi -> world"), std::string::npos) << r.out;
-  r = test::run_cli("train --synthetic --config " + m.config_path + " --tokenizer " + tiny_tokenizer() +
+  r = test::run_cli("train --synthetic --config " + m.config_path + " --tokenizer " + test::tiny_tokenizer_path() +
                     " --train-data " + dir.file("pairs.tsv") + " --steps 1 --test-max-tokens 8");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("--output-dat"), std::string::npos) << r.err;
@@ -697,7 +697,7 @@ TEST(Trainer, Bf16ComputeGivesFp32GradientsToExactlyTheTrainableTensors) {
   const SynthResult m = make_model(dir);
   TrainOptions o = pair_options(dir, m);
   o.train_last_layers = 1;
-  const Tokenizer tok = Tokenizer::from_file(tiny_tokenizer());
+  const Tokenizer tok = Tokenizer::from_file(test::tiny_tokenizer_path());
   TrainingData data(tok, o.data);
   DatReader reader(m.dat_path);
   auto model = load_model(reader, load_config(m.config_path), at::kFloat, at::kCPU);

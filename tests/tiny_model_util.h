@@ -8,8 +8,6 @@
 
 namespace qwen3::test {
 
-inline std::string tiny_tokenizer_path() { return test::source_dir() + "/tests/data/tiny_tokenizer.json"; }
-
 inline Qwen3Config trainable_tiny_config(bool tied = true) {
   Qwen3Config c = preset_config("tiny");
   c.vocab_size = 384;

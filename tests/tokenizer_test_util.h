@@ -11,7 +11,6 @@
 
 namespace qwen3::test {
 
-inline std::string tiny_tokenizer_path() { return test::source_dir() + "/tests/data/tiny_tokenizer.json"; }
 inline std::string tokenizer_fixture_path() {
   return test::source_dir() + "/tests/data/tokenizer_fixture.json";
 }

@@ -603,7 +603,8 @@ TEST(Trainer, PackedRowsTrainTheSameWithCheckpointingAndTheFusedUpdate) {
 // relative differences are ~1e-2 while the loss is large, and the tail near zero is where small absolute
 // differences live), without being the same run (the compute dtype is really used).
 TEST(Trainer, Bf16ComputeFollowsFp32ComputeOnTheTinyModel) {
-  if (!train_detail::cpu_bf16_products_work()) GTEST_SKIP() << "this CPU's libtorch has no bf16 product";
+  if (train_detail::cpu_bf16() == train_detail::CpuBf16::fails)
+    GTEST_SKIP() << "this CPU's libtorch has no bf16 product";
   test::TempDir dir;
   const SynthResult m = make_model(dir);
   std::vector<double> runs[2];
@@ -651,7 +652,7 @@ TEST(Trainer, WithoutCpuBf16ProductsAutoComputesInFloat32AndBfloat16IsRefused) {
   }
   EXPECT_EQ(train_detail::compute_scalar_type(o, cuda, CpuBf16::fails), at::kBFloat16);
 #if defined(__x86_64__)
-  EXPECT_TRUE(train_detail::cpu_bf16_products_work()) << "x86-64 libtorch multiplies bf16 (oneDNN or its own)";
+  EXPECT_NE(train_detail::cpu_bf16(), CpuBf16::fails) << "x86-64 libtorch multiplies bf16 (oneDNN or its own)";
   // The instruction-set read against the kernel's own account of the CPU (/proc/cpuinfo's flags).
   std::ifstream cpuinfo("/proc/cpuinfo");
   std::string line;
@@ -692,7 +693,8 @@ TEST(Trainer, ComputeDtypeNoteSaysWhyACpuRunComputesAsItDoes) {
 // With bf16 compute, activations are bf16, the logits fp32, and the fp32 masters get fp32 gradients: every
 // trainable tensor and only those.
 TEST(Trainer, Bf16ComputeGivesFp32GradientsToExactlyTheTrainableTensors) {
-  if (!train_detail::cpu_bf16_products_work()) GTEST_SKIP() << "this CPU's libtorch has no bf16 product";
+  if (train_detail::cpu_bf16() == train_detail::CpuBf16::fails)
+    GTEST_SKIP() << "this CPU's libtorch has no bf16 product";
   test::TempDir dir;
   const SynthResult m = make_model(dir);
   TrainOptions o = pair_options(dir, m);

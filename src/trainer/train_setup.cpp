@@ -126,8 +126,6 @@ CpuBf16 cpu_bf16() {
   return answer;
 }
 
-bool cpu_bf16_products_work() { return cpu_bf16() != CpuBf16::fails; }
-
 namespace {
 // The CPU's bf16 capability where a run's dtypes depend on it (bf16 compute asked for, or auto with a bf16
 // master, on a CPU), probed only then; elsewhere it does not matter and `native` stands for "not probed".

@@ -58,8 +58,6 @@ ComputeDtypeNote compute_dtype_note(const TrainOptions& opt, const c10::Device& 
 
 // This CPU's bf16 products (probed once: one product, and the CPU's instruction set).
 CpuBf16 cpu_bf16();
-// Whether this libtorch multiplies bf16 matrices on this CPU at all (cpu_bf16() != fails).
-bool cpu_bf16_products_work();
 
 // Mean loss over the batch's loss tokens: "ce" = next-token cross-entropy on fp32 logits; "scalar" = the
 // original's L1 between the final hidden states and the (detached) embeddings of the target tokens.

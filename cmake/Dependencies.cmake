@@ -43,14 +43,11 @@ if(NOT QWEN3_CUDA STREQUAL "OFF")
   # The same cmake also runs the old FindCUDA, which takes the toolkit's root from the first nvcc on PATH: a
   # wrapper script such as /usr/local/bin/nvcc (CI machines have one, without /usr/local/cuda/bin on PATH) makes
   # it look for the headers and cudart under /usr/local and stop ("Could NOT find CUDA (missing:
-  # CUDA_INCLUDE_DIRS CUDA_CUDART_LIBRARY)"). It is pointed at the toolkit CUDAToolkit found instead.
+  # CUDA_INCLUDE_DIRS CUDA_CUDART_LIBRARY)"). It gets the folder above the nvcc CUDAToolkit found instead,
+  # which is how FindCUDA itself derives the root from a real nvcc.
   if(CUDAToolkit_FOUND AND NOT CUDA_TOOLKIT_ROOT_DIR)
-    if(CUDAToolkit_LIBRARY_ROOT)
-      set(CUDA_TOOLKIT_ROOT_DIR "${CUDAToolkit_LIBRARY_ROOT}" CACHE PATH "CUDA toolkit root for FindCUDA")
-    else()
-      get_filename_component(_qwen3_cuda_root "${CUDAToolkit_BIN_DIR}" DIRECTORY)
-      set(CUDA_TOOLKIT_ROOT_DIR "${_qwen3_cuda_root}" CACHE PATH "CUDA toolkit root for FindCUDA")
-    endif()
+    get_filename_component(_qwen3_cuda_root "${CUDAToolkit_BIN_DIR}" DIRECTORY)
+    set(CUDA_TOOLKIT_ROOT_DIR "${_qwen3_cuda_root}" CACHE PATH "CUDA toolkit root for FindCUDA")
   endif()
 endif()
 

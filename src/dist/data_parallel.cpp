@@ -12,6 +12,7 @@
 #endif
 #include <fmt/format.h>
 
+#include <csignal>
 #include <cstdlib>
 #include <optional>
 #include <string_view>
@@ -107,6 +108,10 @@ DataParallel::DataParallel(const DistEnv& env, const std::string& init, std::chr
                            const c10::Device& device)
     : env_(env), timeout_(timeout) {
   if (env_.world_size <= 1) return;
+  // A peer that dies mid-collective closes its sockets, and Gloo's next write to one raises SIGPIPE, which
+  // killed this rank silently (exit 141) instead of letting the collective fail with its message and exit 1.
+  // Python-launched PyTorch ignores SIGPIPE from the start; so does a rank of ours from joining on.
+  std::signal(SIGPIPE, SIG_IGN);
   bool nccl = false;
 #ifdef QWEN3_HAVE_NCCL
   nccl = device.is_cuda();

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "fused_ops.cuh"
+#include "gpu_test.h"
 #include "model/activation_ops.h"
 #include "qwen3/model/model.h"
 
@@ -143,8 +144,8 @@ TEST_P(FusedOps, RmsNormForwardAndBackwardFollowLibtorch) {
 }
 
 // On a GPU: the fused autograd nodes against the reference forms on the same device tensors.
-TEST_P(FusedOps, CudaNodesFollowTheReferenceForms) {
-  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device (or a CPU-only libtorch)";
+TEST_P(FusedOps, GpuNodesFollowTheReferenceForms) {
+  QWEN3_GPU_TEST(at::hasCUDA());  // a CUDA libtorch and a device
   const at::ScalarType dtype = GetParam();
   const at::Device cuda(at::kCUDA, 0);
   ASSERT_TRUE(fused_activation_ops_take(at::zeros({1}, at::TensorOptions().device(cuda).dtype(dtype))));

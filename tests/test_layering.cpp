@@ -2,6 +2,7 @@
 // is its folder (src/<module>/); a module may include the headers of the modules below it in this order and its
 // own, never one above it (a cycle starts there), and never another module's private headers
 // (src/<module>/*.h). The order and what each module is: docs/build.md, "Modules".
+#include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -10,6 +11,7 @@
 #include <sstream>
 #include <vector>
 #include "build_paths.h"
+#include "gpu_test.h"
 
 namespace qwen3 {
 namespace {
@@ -70,6 +72,33 @@ TEST(Layering, ModulesIncludeOnlyWhatLiesBelowThem) {
     }
   }
   EXPECT_GT(checked, 200u);
+}
+
+// Every device check of the tests sits inside QWEN3_GPU_TEST (gpu_test.h), which also makes the test carry "Gpu"
+// in its name: so the GPU machine's filter (*Gpu*) runs, and sanitizes, every test that needs a device.
+TEST(TestConventions, GpuTestsSkipOnlyThroughTheMacro) {
+  const fs::path root(test::source_dir());
+  const std::regex device_check(R"(hasCUDA\s*\(|have_gpu\s*\(|cuda_device_count\s*\(|cuda::is_available\s*\()");
+  int checked = 0;
+  for (const char* folder : {"tests", "tests/gpu"})
+    for (const auto& entry : fs::directory_iterator(root / folder)) {
+      const std::string name = entry.path().filename().string();
+      if (!entry.is_regular_file() || name.rfind("test_", 0) != 0) continue;
+      std::istringstream lines(slurp(entry.path()));
+      std::string line;
+      for (int n = 1; std::getline(lines, line); ++n) {
+        if (!std::regex_search(line, device_check)) continue;
+        ++checked;
+        EXPECT_NE(line.find("QWEN3_GPU_TEST("), std::string::npos)
+            << folder << "/" << name << ":" << n << " checks for a device outside QWEN3_GPU_TEST: " << line;
+      }
+    }
+  EXPECT_GT(checked, 0) << "no test checks for a device: the scan reads the wrong folder";
+}
+
+// A test that needs a device but is not named for the filter fails, with or without a device.
+TEST(TestConventions, ADeviceTestMustCarryTheFiltersWordInItsName) {
+  EXPECT_FATAL_FAILURE(QWEN3_GPU_TEST(true), "'Gpu' in its suite or test name");
 }
 
 }  // namespace

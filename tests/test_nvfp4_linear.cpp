@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "gpu_test.h"
 #include "qwen3/base/error.h"
 #include "qwen3/nvfp4/nvfp4_linear.h"
 #include "qwen3/nvfp4/nvfp4_ops.h"
@@ -158,11 +159,13 @@ namespace {
 // dequantized into the reused scratch. Against each other (the kernel within the fp32-accumulation bound of
 // the cuBLAS product of the same bf16 operands) and the scratch's reuse (a later product of another weight
 // does not change an earlier result). Needs a CUDA libtorch and a GPU; skipped otherwise.
-TEST(Nvfp4Product, KernelAndScratchPathsAgreeOnQwen3Shapes) {
-  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device (or a CPU-only libtorch)";
+TEST(Nvfp4Product, GpuKernelAndScratchPathsAgreeOnQwen3Shapes) {
+  QWEN3_GPU_TEST(at::hasCUDA());  // a CUDA libtorch and a device
   const at::Device cuda(at::kCUDA, 0);
   at::manual_seed(3);
-  for (const auto& [k, n] : std::vector<std::pair<int64_t, int64_t>>{{2560, 4096}, {2560, 1024}, {9728, 2560}}) {
+  std::vector<std::pair<int64_t, int64_t>> shapes{{2560, 4096}, {2560, 1024}, {9728, 2560}};
+  if (test::small_gpu_shapes()) shapes.resize(1);
+  for (const auto& [k, n] : shapes) {
     const Quantized w = quantize((at::randn({n, k}) * 0.02).to(cuda));
     const Quantized other = quantize((at::randn({n, k}) * 0.02).to(cuda));
     for (int64_t m : {int64_t{1}, int64_t{16}, kNvfp4KernelMaxRows - 1, kNvfp4KernelMaxRows, int64_t{1024}}) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "adamw_update.cuh"
+#include "gpu_test.h"
 #include "optim_test_util.h"
 #include "qwen3/optim/optim.h"
 
@@ -90,8 +91,8 @@ TEST_P(AdamWGolden, ThreeStepsGiveTheBytesOfTheComposedOptimizer) {
 
 // The CUDA kernel (kernels/adamw_step.cu) runs the same element rules: the same bytes on the GPU. Needs a CUDA
 // libtorch and a device; skipped otherwise.
-TEST_P(AdamWGolden, CudaStepGivesTheSameBytes) {
-  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device (or a CPU-only libtorch): the GPU step is not checked here";
+TEST_P(AdamWGolden, GpuStepGivesTheSameBytes) {
+  QWEN3_GPU_TEST(at::hasCUDA());  // a CUDA libtorch and a device
   const GoldenCase c = GetParam();
   EXPECT_EQ(three_steps_hash(c.storage, c.master, 0, at::Device(at::kCUDA, 0)), c.expected);
 }

@@ -11,14 +11,15 @@
 #include <cstring>
 #include <vector>
 
+#include "gpu_test.h"
 #include "qwen3_kernels.h"
 
 namespace qwen3::gpu_test {
 
 inline bool have_gpu() { return kernels::cuda_device_count() > 0; }
 
-#define QWEN3_REQUIRE_GPU() \
-  if (!::qwen3::gpu_test::have_gpu()) GTEST_SKIP() << "no CUDA device: kernel test skipped"
+// A kernel test's first line (gpu_test.h: the test's name must contain "Gpu").
+#define QWEN3_REQUIRE_GPU() QWEN3_GPU_TEST(::qwen3::gpu_test::have_gpu())
 
 #define QWEN3_CUDA_OK(call)                                                          \
   do {                                                                               \

@@ -101,9 +101,9 @@ std::string case_name(const KernelCase& c) {
          (c.bf16_grad ? "_bf16_grad" : "_f32_grad");
 }
 
-class AdamWKernel : public ::testing::TestWithParam<KernelCase> {};
+class GpuAdamWKernel : public ::testing::TestWithParam<KernelCase> {};
 
-TEST_P(AdamWKernel, ThreeStepsEqualTheCpuStepByteForByte) {
+TEST_P(GpuAdamWKernel, ThreeStepsEqualTheCpuStepByteForByte) {
   QWEN3_REQUIRE_GPU();
   const KernelCase c = GetParam();
   for (const auto& shape : {std::pair<int64_t, int64_t>{13, 37}, {1, 29}, {70, 2560}, {300, 80}}) {
@@ -135,7 +135,7 @@ TEST_P(AdamWKernel, ThreeStepsEqualTheCpuStepByteForByte) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    AllStorages, AdamWKernel,
+    AllStorages, GpuAdamWKernel,
     ::testing::Values(KernelCase{ka::Moments::f32, false, false}, KernelCase{ka::Moments::f32, true, true},
                       KernelCase{ka::Moments::bf16, false, false}, KernelCase{ka::Moments::bf16, true, true},
                       KernelCase{ka::Moments::int8, false, false}, KernelCase{ka::Moments::int8, true, true},

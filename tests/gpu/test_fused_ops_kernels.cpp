@@ -40,7 +40,7 @@ void download(std::vector<T>& h, const DeviceBuffer& d) {
 
 float bf(uint16_t b) { return kernels::adamw::bf16_to_float(b); }
 
-TEST(FusedKernels, RopeEqualsTheHostRuleByteForByte) {
+TEST(GpuFusedKernels, RopeEqualsTheHostRuleByteForByte) {
   QWEN3_REQUIRE_GPU();
   const int64_t B = 2, T = 33, heads = 5, d = 128, n = B * T * heads * d;
   const std::vector<uint16_t> x = bf16_values(n, 1, 3.0f);
@@ -73,7 +73,7 @@ TEST(FusedKernels, RopeEqualsTheHostRuleByteForByte) {
   }
 }
 
-TEST(FusedKernels, SwigluFollowsTheHostRule) {
+TEST(GpuFusedKernels, SwigluFollowsTheHostRule) {
   QWEN3_REQUIRE_GPU();
   const int64_t n = 300 * 9728 + 7;
   const std::vector<uint16_t> g = bf16_values(n, 2, 6.0f), u = bf16_values(n, 3, 2.0f), dh = bf16_values(n, 4, 1.0f);
@@ -96,7 +96,7 @@ TEST(FusedKernels, SwigluFollowsTheHostRule) {
   EXPECT_EQ(beyond_one_step, 0);
 }
 
-TEST(FusedKernels, RmsNormFollowsTheHostRule) {
+TEST(GpuFusedKernels, RmsNormFollowsTheHostRule) {
   QWEN3_REQUIRE_GPU();
   const int64_t rows = 517, cols = 2560;
   const std::vector<uint16_t> x = bf16_values(rows * cols, 5, 2.0f), dy = bf16_values(rows * cols, 6, 1.0f);

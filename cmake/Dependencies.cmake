@@ -107,6 +107,36 @@ else()
 endif()
 message(STATUS "libtorch with CUDA: ${QWEN3_TORCH_HAS_CUDA}")
 
+# NCCL's header. A libtorch built with NCCL exports USE_C10D_NCCL on torch_cuda, so ProcessGroupNCCL.hpp (which
+# src/dist includes) includes <nccl.h>, and the libtorch does not ship it: PyTorch's pip wheel keeps it in the
+# nvidia-nccl package beside torch (site-packages/nvidia/nccl/include), Debian in libnccl-dev. It is looked for
+# there, in the folders above the Torch package (the wheel's layout), then on the usual paths; without it the
+# configure stops here rather than the build at the first #include. QWEN3_NCCL_INCLUDE_DIR names it outright.
+if(TARGET torch_cuda)
+  get_target_property(_qwen3_torch_cuda_defs torch_cuda INTERFACE_COMPILE_DEFINITIONS)
+  if(_qwen3_torch_cuda_defs MATCHES "USE_C10D_NCCL")
+    set(_qwen3_nccl_hints "")
+    get_filename_component(_qwen3_up "${Torch_DIR}" ABSOLUTE)
+    foreach(_qwen3_level RANGE 6)
+      file(GLOB _qwen3_found LIST_DIRECTORIES true "${_qwen3_up}/nvidia/*/include")
+      list(APPEND _qwen3_nccl_hints ${_qwen3_found})
+      get_filename_component(_qwen3_up "${_qwen3_up}" DIRECTORY)
+    endforeach()
+    find_path(QWEN3_NCCL_INCLUDE_DIR nccl.h HINTS ${_qwen3_nccl_hints} ${TORCH_INCLUDE_DIRS}
+              DOC "folder holding nccl.h (PyTorch's wheel: site-packages/nvidia/nccl/include)")
+    if(NOT QWEN3_NCCL_INCLUDE_DIR)
+      message(FATAL_ERROR "This libtorch (${TORCH_INSTALL_PREFIX}) is built with NCCL (torch_cuda defines "
+        "USE_C10D_NCCL), so its ProcessGroupNCCL.hpp needs nccl.h, which is neither beside its headers nor in a "
+        "nvidia/*/include folder above ${Torch_DIR}. Install the NCCL headers matching the wheel (pip's "
+        "nvidia-nccl package, Debian's libnccl-dev) or pass -DQWEN3_NCCL_INCLUDE_DIR=<folder with nccl.h>.")
+    endif()
+    # First on the path: a CUDA toolkit may ship an nccl.h of another version (CUDA 13's /usr/local/cuda/include
+    # does), and the header must be the one the libtorch was built against.
+    target_include_directories(qwen3_torch SYSTEM BEFORE INTERFACE "${QWEN3_NCCL_INCLUDE_DIR}")
+    message(STATUS "NCCL headers: ${QWEN3_NCCL_INCLUDE_DIR}")
+  endif()
+endif()
+
 # The tokenizer's regex (PCRE2, 8-bit code units) and NFC (libutf8proc): Debian's libpcre2-dev and
 # libutf8proc-dev, or any install that find_path/find_library can see (CMAKE_PREFIX_PATH).
 # With QWEN3_VENDOR_DIR holding lib/libpcre2-8.a: the carried headers and static archives only.

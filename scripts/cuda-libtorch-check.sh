@@ -12,7 +12,8 @@
 # fetched (480 MB that nothing here would link or run): CMake's package only checks that the five files it
 # names exist, so empty placeholders stand in for them. Then: configure with QWEN3_CUDA=ON and the CUDA
 # toolkit here (/usr/local/cuda, or CUDA_HOME; without one the check is skipped with a message), check that
-# the kernels are built for exactly QWEN3_CUDA_ARCHITECTURES and nothing of PyTorch's list, and build the four
+# the kernels are built for exactly QWEN3_CUDA_ARCHITECTURES and nothing of PyTorch's list, that nccl.h was found
+# where PyTorch's wheel keeps it (outside torch's headers, which hold none), and build the four
 # static libraries (every object; nothing is linked into an executable or run). QWEN3_REQUIRE_NCCL makes the
 # data-parallel module fail to compile if its NCCL path were left out.
 set -euo pipefail
@@ -41,6 +42,13 @@ if needs_cached_root cuda-libtorch-check "$cache" "$debs" XDG_CACHE_HOME; then
   for name in c10 c10_cuda torch torch_cpu torch_cuda; do : >"$lib/lib$name.so.2.6.0"; done  # placeholders (above)
   stamp_cached_root "$cache" "$debs"
 fi
+# PyTorch's pip wheel has no nccl.h beside torch's headers: it is in site-packages/nvidia/nccl/include, a sibling
+# of the torch folder. The same here: Debian's nccl*.h move out of usr/include into nvidia/nccl/include beside usr/
+# (done on every run, so a cache unpacked before this layout is moved too), and the configure must find them there.
+if compgen -G "$cache/usr/include/nccl*.h" >/dev/null; then
+  mkdir -p "$cache/nvidia/nccl/include"
+  mv "$cache"/usr/include/nccl*.h "$cache/nvidia/nccl/include/"
+fi
 
 mkdir -p "$build_dir"
 export CCACHE_BASEDIR=$root CCACHE_NOHASHDIR=true CCACHE_COMPILERCHECK=content
@@ -54,6 +62,12 @@ fi
 grep -q 'libtorch with CUDA: ON' "$build_dir/configure.log" ||
   { echo "cuda-libtorch-check: the configure did not see a CUDA libtorch ($build_dir/configure.log)" >&2; exit 1; }
 
+nccl_dir=$(sed -n 's/^QWEN3_NCCL_INCLUDE_DIR:PATH=//p' "$build_dir/CMakeCache.txt")
+if [ "$nccl_dir" != "$cache/nvidia/nccl/include" ]; then
+  echo "cuda-libtorch-check: nccl.h found at '$nccl_dir', expected the wheel's layout $cache/nvidia/nccl/include" >&2
+  exit 1
+fi
+
 # The kernels' architectures: ours, whatever PyTorch's cmake added.
 archs=$(sed -n 's/^QWEN3_CUDA_ARCHITECTURES:STRING=//p' "$build_dir/CMakeCache.txt")
 expected=$(tr ';' '\n' <<<"$archs" | sort -u | tr '\n' ' ')
@@ -65,5 +79,11 @@ if [ "$got" != "$expected" ]; then
 fi
 
 ninja -C "$build_dir" qwen3_kernels qwen3_dat qwen3_core qwen3_cli
+# ... and compiled against it, not against an nccl.h of the CUDA toolkit's (CUDA 13 ships one in its include/).
+used=$(ninja -C "$build_dir" -t deps CMakeFiles/qwen3_core.dir/src/dist/data_parallel.cpp.o | grep -E '/nccl\.h$' | tr -d ' ')
+if [ "$used" != "$cache/nvidia/nccl/include/nccl.h" ]; then
+  echo "cuda-libtorch-check: src/dist/data_parallel.cpp compiled against '$used', not $cache/nvidia/nccl/include/nccl.h" >&2
+  exit 1
+fi
 echo "cuda-libtorch-check: every object compiles against libtorch-cuda 2.6 with nvcc $("$cuda/bin/nvcc" --version |
   sed -n 's/.*release \([0-9.]*\).*/\1/p'), kernels for sm_${archs//;/, sm_}, NCCL path included"

@@ -8,7 +8,9 @@
 #include <map>
 
 #include "cli_test_util.h"
+#include "qwen3/config/config.h"
 #include "qwen3/model/synth.h"
+#include "qwen3/trainer/step_time_model.h"
 #include "tiny_model_util.h"
 
 namespace qwen3 {
@@ -82,6 +84,11 @@ TEST(RunsCli, OutputDirHoldsTheRunAndRunTomlRepeatsIt) {
   ASSERT_EQ(metrics.size(), 3u);
   EXPECT_DOUBLE_EQ(metrics[2]["epoch"].get<double>(), 1.5);  // 4 pairs, 2 a step
   EXPECT_TRUE(metrics[0]["mfu"].is_null());                  // CPU: no meaningful peak
+  // Achieved model TFLOP/s on every device: the model FLOPs of the step's tokens over its time.
+  const Qwen3Config config = load_config(s.model.config_path);
+  for (const auto& m : metrics)
+    EXPECT_NEAR(m["tflops"].get<double>(), model_flops_per_token(config, run["options"]["seq_len"].get<int64_t>()) * m["tok_per_s"].get<double>() * 1e-12,
+                1e-9 * m["tflops"].get<double>()) << m.dump();
   EXPECT_EQ(metrics[0]["time"].get<std::string>().size(), 24u);  // 2026-11-24T08:15:03.123Z
   // The same run from run.toml, into another folder.
   r = run_cli("train --config-file " + out + "/run.toml --output-dir " + s.dir.file("runs/again"));

@@ -143,5 +143,14 @@ TEST(StepTimeModel, PredictOnlyPrintsTheTimeForANamedDevice) {
   EXPECT_NE(r.err.find("--predict-device"), std::string::npos) << r.err;
 }
 
+// Model FLOPs per token: 6 per parameter but the input embedding (Qwen3-4B has 4,022,468,096 parameters, what
+// transformers' num_parameters() says of the tied model: the head is the embedding, counted once) plus PaLM's
+// 12·L·(heads·head_dim)·T for attention; nothing for recompute or freezing, which are not in the signature.
+TEST(ModelFlops, SixPerParameterPlusAttentionAtTheRowLength) {
+  const Qwen3Config c = qwen3_4b();
+  EXPECT_EQ(model_flops_per_token(c, 2048), 6.0 * 4022468096.0 + 12.0 * 36 * 32 * 128 * 2048);
+  EXPECT_EQ(model_flops_per_token(c, 512) - model_flops_per_token(c, 256), 12.0 * 36 * 4096 * 256);
+}
+
 }  // namespace
 }  // namespace qwen3

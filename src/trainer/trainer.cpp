@@ -110,6 +110,7 @@ struct StepRecord {
   std::optional<double> eval_loss;
   double epoch = 0;            // epochs done after this step (fractional, as HF's Trainer logs it)
   std::optional<double> comm_wait_ms;  // data parallel: time this rank waited in all-reduces during the step
+  double tflops = 0;           // model TFLOP/s achieved (model_flops_per_token: no recompute counted)
   std::optional<double> mfu;   // model FLOPs utilization; none on CPU, where there is no meaningful peak
 };
 
@@ -126,8 +127,10 @@ std::string utc_timestamp() {
 }
 
 void log_progress(const StepRecord& r, double eta_seconds) {
-  spdlog::info("step {}/{} | loss {:.4f} | norm {:.2f} | lr {:.1e} | {:.0f} ms | {} tok/s | eta {}{}", r.step, r.steps,
-               r.outcome.loss, r.outcome.norm, r.lr, r.ms, format_count(r.tokens / (r.ms / 1000.0)),
+  spdlog::info("step {}/{} | loss {:.4f} | norm {:.2f} | lr {:.1e} | {:.0f} ms | {} tok/s | {} | eta {}{}", r.step,
+               r.steps, r.outcome.loss, r.outcome.norm, r.lr, r.ms, format_count(r.tokens / (r.ms / 1000.0)),
+               r.mfu ? fmt::format("MFU {:.1f}% ({:.1f} TFLOP/s)", 100 * *r.mfu, r.tflops)
+                     : fmt::format("{:.2f} TFLOP/s", r.tflops),
                format_duration(eta_seconds), r.eval_loss ? fmt::format(" | eval {:.4f}", *r.eval_loss) : "");
 }
 
@@ -136,6 +139,7 @@ void write_metrics(const StepRecord& r, std::ofstream& metrics, const std::strin
                       {"lr", r.lr},         {"step_ms", r.ms},        {"tokens", r.tokens},
                       {"tok_per_s", r.tokens / (r.ms / 1000.0)},      {"skipped", r.outcome.bad},
                       {"epoch", r.epoch},   {"time", utc_timestamp()}};
+  m["tflops"] = r.tflops;
   m["mfu"] = r.mfu ? nlohmann::json(*r.mfu) : nlohmann::json(nullptr);
   if (r.comm_wait_ms) m["comm_wait_ms"] = *r.comm_wait_ms;
   if (r.eval_loss) m["eval_loss"] = *r.eval_loss;
@@ -369,7 +373,8 @@ class Trainer {
     record.eval_loss = eval_loss;
     record.epoch = static_cast<double>(step_ + 1) / static_cast<double>(per_epoch_);
     if (dp_.world_size() > 1) record.comm_wait_ms = (dp_.wait_seconds() - waited_before) * 1000.0;
-    if (peak_flops_ > 0) record.mfu = flops_per_token_ * static_cast<double>(step_tokens) / (ms / 1000.0) / peak_flops_;
+    record.tflops = flops_per_token_ * static_cast<double>(step_tokens) / (ms / 1000.0) * 1e-12;
+    if (peak_flops_ > 0) record.mfu = record.tflops * 1e12 / peak_flops_;
     return record;
   }
 
@@ -484,16 +489,12 @@ class Trainer {
     return r;
   }
 
-  // MFU on CUDA: the step-time model's FLOPs of a token (forward, backward, recompute) against the bf16 peak of
-  // --mfu-device (default h100). CPU has no peak worth the name: no MFU.
+  // Achieved model FLOP/s on every device (model_flops_per_token: no recompute, whatever trains); MFU on CUDA,
+  // against the bf16 peak of --mfu-device (default: the GPU it runs on). A CPU has no peak worth the name.
   void set_up_mfu(const TrainOptions& o) {
+    flops_per_token_ = model_flops_per_token(config_, o.data.seq_len);
     if (!device_.is_cuda()) return;
-    const DeviceRates rates = device_rates(o.mfu_device.empty() ? default_rates_name(device_) : o.mfu_device);
-    const StepTimePlan plan = predict_step_time(config_, model_.model->has_separate_lm_head(), o, rates);
-    double flops = 0;
-    for (const PhaseTime& p : plan.phases) flops += p.flops;
-    flops_per_token_ = flops / static_cast<double>(o.data.seq_len * o.data.batch_size);
-    peak_flops_ = rates.bf16_tflops * 1e12;
+    peak_flops_ = device_rates(o.mfu_device.empty() ? default_rates_name(device_) : o.mfu_device).bf16_tflops * 1e12;
   }
 
   TrainSummary finish() {

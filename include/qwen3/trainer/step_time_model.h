@@ -56,4 +56,12 @@ struct StepTimePlan {
 StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, const TrainOptions& options,
                                const DeviceRates& device);
 
+// The model FLOPs of one trained token, what MFU divides by the peak (docs/performance.md, "MFU"), the same count
+// for qwen3-train and for the peer (bench/hf_peer.py): 6 per parameter a token's products use — every parameter
+// but the input embedding, a tied head counted once, as the head — plus 12·L·(heads·head_dim)·T for attention over
+// a row of T = seq_len positions (PaLM's count, as torchtitan and nanoGPT make it, not halved for the causal
+// mask). Never recompute, never what --train-last-layers leaves frozen: what the model does per token, not what
+// this run chose to spend on it.
+double model_flops_per_token(const Qwen3Config& config, int64_t seq_len);
+
 }  // namespace qwen3

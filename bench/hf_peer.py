@@ -3,6 +3,7 @@
 
   hf_peer.py logits --weights M.dat --config C.json [--ids-file IDS] [--qwen3 BIN | --ours LOGITS.safetensors]
   hf_peer.py train  --config C.json --seq-len T --batch-size B [--steps 20] [--grad-checkpoint on|off]
+                    [--param-dtype bfloat16|float32] [--moments param|int8|4bit]
 
 logits: the independent reference for the model. Decodes the .dat here (its own reader and NVFP4 decoder, written
 from the format's definition, sharing nothing with qwen3-train), loads the values into Qwen3ForCausalLM built from
@@ -10,15 +11,22 @@ the same config.json in float32, and compares its logits on every window with `q
 (run here with --qwen3, or read from --ours where the binary cannot run beside this Python). Exit 1 when the largest
 |difference| of a logit exceeds --tolerance times the largest |logit|.
 
-train: the peer's training step on the same shape as `qwen3-train train`: random weights from config.json in
-bfloat16, torch.optim.AdamW(fused=True), gradient checkpointing on or off, random ids; tokens/s over the steps after
---warmup and the peak memory (CUDA: allocated and reserved by PyTorch's allocator; CPU: the process's peak RSS).
+train: the peer's training step on the same shape and with the same dtypes as a `qwen3-train train`
+configuration: random weights from config.json in --param-dtype (bfloat16: a bf16 master; float32: an fp32 master
+whose products run in bf16 under autocast, as qwen3-train computes in bf16 on a GPU), AdamW with moments in the
+parameters' dtype (torch.optim.AdamW(fused=True)) or, with --moments int8|4bit, torchao's 8-bit / 4-bit AdamW
+(block-quantized moments, the nearest a PyTorch user has to qwen3-train's int8 / nvfp4 moments; refused when
+torchao is not installed), gradient checkpointing on or off, random ids; tokens/s over the steps after --warmup,
+the model TFLOP/s and the peak memory (CUDA: allocated and reserved by PyTorch's allocator; CPU: the process's
+peak RSS). Model FLOPs per token are qwen3-train's (docs/performance.md, "MFU"): 6 per parameter but the input
+embedding (a tied head counted once) + 12·L·(heads·head_dim)·T, never recompute.
 The config's tie_word_embeddings holds for both: qwen3-train's training ties the head to the embedding as HF does,
 even where the .dat also stores an lm_head (docs/data.md), so the two train the same parameters.
 
 Each prints one JSON line on stdout.
 """
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -183,6 +191,22 @@ def cmd_logits(a):
     return 0 if ok else 1
 
 
+def optimizer_moments(a):
+    return a.param_dtype if a.moments == "param" else a.moments
+
+
+def make_optimizer(a, parameters):
+    """AdamW without weight decay, as qwen3-train's default; moments in the parameters' dtype or torchao's."""
+    if a.moments == "param":
+        return torch.optim.AdamW(parameters, lr=a.lr, weight_decay=0.0, fused=True)
+    try:
+        from torchao.optim import AdamW4bit, AdamW8bit
+    except ImportError:
+        sys.exit(f"hf_peer: --moments {a.moments} needs torchao (its AdamW8bit / AdamW4bit), not installed here")
+    kind = AdamW8bit if a.moments == "int8" else AdamW4bit
+    return kind(parameters, lr=a.lr, weight_decay=0.0)
+
+
 def cmd_train(a):
     version, _, Qwen3ForCausalLM = _transformers()
     device = torch.device(a.device)
@@ -191,16 +215,24 @@ def cmd_train(a):
     config = hf_config(a.config, use_cache=False)
     config._attn_implementation = a.attn
     t0 = time.time()
+    param_dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[a.param_dtype]
     default_dtype = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    with device:  # weights made where they train, in bf16: no fp32 copy of a 4B model on the host
+    torch.set_default_dtype(param_dtype)
+    with device:  # weights made where they train, in their dtype: no extra copy of a 4B model on the host
         model = Qwen3ForCausalLM(config)
     torch.set_default_dtype(default_dtype)
     model.train()
     if a.grad_checkpoint == "on":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     params = sum(p.numel() for p in model.parameters())
-    optimizer = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.0, fused=True)
+    embedding = model.get_input_embeddings().weight.numel()
+    # qwen3-train's model FLOPs (step_time_model.h, model_flops_per_token): a tied head is the embedding, counted
+    # once as the head; an untied model's input embedding does no product.
+    flop_params = params if config.tie_word_embeddings else params - embedding
+    optimizer = make_optimizer(a, model.parameters())
+    # An fp32 master computes in bf16 on the GPU (qwen3-train's compute dtype there); a bf16 master is bf16 already.
+    autocast = (torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+                if param_dtype == torch.float32 and cuda else contextlib.nullcontext())
     build_s = time.time() - t0
     if cuda:
         torch.cuda.synchronize(device)
@@ -217,7 +249,8 @@ def cmd_train(a):
                 torch.cuda.synchronize(device)
             start = time.time()
         t = time.time()
-        loss = model(input_ids=ids, labels=ids).loss
+        with autocast:
+            loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -229,9 +262,12 @@ def cmd_train(a):
     elapsed = time.time() - start
     tokens_per_s = a.batch_size * a.seq_len * timed / elapsed
     heads_dim = config.num_attention_heads * getattr(config, "head_dim", config.hidden_size // config.num_attention_heads)
-    flops_per_token = 6 * params + 12 * config.num_hidden_layers * heads_dim * a.seq_len  # PaLM's count
+    flops_per_token = 6 * flop_params + 12 * config.num_hidden_layers * heads_dim * a.seq_len  # PaLM's count
     out = {"check": "train", "transformers": version, "torch": torch.__version__, "device": str(device),
-           "attn": a.attn, "params": params, "tied": bool(config.tie_word_embeddings), "seq_len": a.seq_len, "batch_size": a.batch_size,
+           "attn": a.attn, "params": params, "flop_params": flop_params, "tied": bool(config.tie_word_embeddings),
+           "seq_len": a.seq_len, "batch_size": a.batch_size, "param_dtype": a.param_dtype,
+           "compute_dtype": "bfloat16" if param_dtype == torch.bfloat16 or cuda else "float32",
+           "moments": optimizer_moments(a), "flops_per_token": flops_per_token,
            "grad_checkpoint": a.grad_checkpoint, "steps": a.steps, "timed_steps": timed, "build_s": round(build_s, 2),
            "tokens_per_s": round(tokens_per_s, 1), "ms_per_step": round(1000 * elapsed / timed, 2),
            "ms_per_step_median": round(1000 * sorted(step_s[a.warmup:])[timed // 2], 2),
@@ -271,6 +307,10 @@ def main():
     tr.add_argument("--steps", type=int, default=20)
     tr.add_argument("--warmup", type=int, default=3, help="first steps left out of the timing")
     tr.add_argument("--grad-checkpoint", choices=["on", "off"], default="off")
+    tr.add_argument("--param-dtype", choices=["bfloat16", "float32"], default="bfloat16",
+                    help="the master weights' dtype (float32 computes in bf16 under autocast on a GPU)")
+    tr.add_argument("--moments", choices=["param", "int8", "4bit"], default="param",
+                    help="AdamW's moments: in the parameters' dtype, or torchao's 8-bit / 4-bit AdamW")
     tr.add_argument("--attn", default="sdpa", help="transformers' attention implementation")
     tr.add_argument("--lr", type=float, default=1e-5)
     tr.add_argument("--seed", type=int, default=0)

@@ -1,28 +1,36 @@
 #!/usr/bin/env bash
 # The GPU round in one command (issue 8; docs/build.md, "The GPU round"):
 #
-#   scripts/gpu-check.sh RESULTS_DIR [--stage STAGE]... [--cpu-dry-run]
+#   scripts/gpu-check.sh RESULTS_DIR [--call 1|2|3] [--stage STAGE]... [--cpu-dry-run]
 #
-# STAGE: env, build, test, sanitize, bench, train (= smoke, train-2048, train-512), hf, summary, or all (default:
-# every stage in that order). Stages can run in separate calls (the device tool allows 10 minutes per command):
-# the build folder (BUILD_DIR, default build-gpu/, ignored) keeps the build and the status of every step run so
-# far (BUILD_DIR/gpu-check/status.tsv), and every call ends by writing the table of all of them to stdout and
-# RESULTS_DIR/summary.md. RESULTS_DIR gets four files at most (the device tool returns 8): summary.md,
-# status.tsv, bench_kernels.json and gpu-check-details.tar.gz (every step's log, BUILD_DIR/gpu-check/
-# results/<stage>/). A failing step is recorded and the next one runs; the exit status is 1 when any step of
-# this call failed.
+# The round is three device calls, chained back to back (docs/build.md, "The GPU round"):
+#   --call 1   env, build, test-gpu, smoke, train-2048:lean (with its peer)      the memory goal first
+#   --call 2   bench, train-2048:fast+fast-unpacked+lean-unpacked, train-512:lean+fast   speed, kernels
+#   --call 3   sanitize, hf, test-all, train-512:fast-unpacked+grad-checkpoint
+# Every call works on a fresh machine: a stage that needs the build builds first when BUILD_DIR lacks it.
+# STAGE: env, build, test (= test-gpu, test-all), sanitize, bench, smoke, train (= smoke, train-2048,
+# train-512), hf, summary, or all (every stage). train-2048 and train-512 take the configurations to run after
+# a colon, joined by '+': lean, fast, grad-checkpoint, base, each packed, or with -unpacked (default: TRAIN_CONFIGS).
+# The build folder (BUILD_DIR, default build-gpu/, ignored) keeps the build and the status of every step run so
+# far (BUILD_DIR/gpu-check/status.tsv). RESULTS_DIR is rewritten after every step, so that a call cut short
+# still returns what it measured: summary.md (the table), status.tsv, bench_kernels.json and
+# gpu-check-details.tar.gz (every step's log, BUILD_DIR/gpu-check/results/<stage>/; kept under 15 MiB, the
+# largest extras left out and named in the summary: the device tool returns 8 files of at most 16 MiB). A
+# failing step is recorded and the next one runs; the exit status is 1 when any step of this call failed.
 #
 # Time: a step never starts without enough of GPU_CHECK_BUDGET_S (default 540 s, counted from this call's
 # start) left and is cut at what is left, so a call returns its results before the tool's 10-minute limit.
 #
 # --cpu-dry-run: the same stages on a machine without a GPU, against Debian's libtorch (BUILD_DIR default
 # build-vendor/): the build with the carried folder, the tests (GPU tests skip), smoke and a short training
-# run of the tiny model on the CPU; everything that needs the GPU or its tools is recorded as skipped.
+# run of the tiny model on the CPU; everything that needs the GPU or its tools is recorded as skipped. On the GPU
+# machine a GPU test or benchmark that finds no CUDA device is a failure, never a skip.
 #
 # Environment: PYTHON (default /opt/torch/.venv/bin/python3), VENDOR_DIR (.deps/gpu-vendor), BUILD_DIR,
 # JOBS (nproc), CUDA_ARCHS (CMake's default: 90;120;121), GPU_CHECK_BUDGET_S, TRAIN_STEPS (20),
-# TRAIN_TIMEOUT_S (per training run, 240), TRAIN_CONFIGS (some of: lean fused-optimizer grad-checkpoint base),
-# SANITIZE_TIMEOUT_S (per tool, 240), GPU_TEST_FILTER.
+# TRAIN_TIMEOUT_S (per training run, 240), TRAIN_CONFIGS (default "lean fast grad-checkpoint base"),
+# SANITIZE_TIMEOUT_S (per tool, 150), GPU_TEST_FILTER (default *Gpu*: every test that needs a device is named so,
+# tests/gpu_test.h), TRAIN_HF (0: no peer runs).
 set -u
 set -o pipefail
 
@@ -36,6 +44,14 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --stage) [ $# -ge 2 ] || usage; IFS=', ' read -r -a more <<<"$2"; stages+=("${more[@]}"); shift 2 ;;
     --stage=*) IFS=', ' read -r -a more <<<"${1#--stage=}"; stages+=("${more[@]}"); shift ;;
+    --call) [ $# -ge 2 ] || usage
+      case "$2" in
+        1) stages+=(env build test-gpu smoke train-2048:lean) ;;
+        2) stages+=(bench train-2048:fast+fast-unpacked+lean-unpacked train-512:lean+fast) ;;
+        3) stages+=(sanitize hf test-all train-512:fast-unpacked+grad-checkpoint) ;;
+        *) echo "gpu-check: --call is 1, 2 or 3" >&2; usage ;;
+      esac
+      shift 2 ;;
     --cpu-dry-run) dry_run=1; shift ;;
     -h|--help) usage ;;
     -*) echo "gpu-check: unknown option $1" >&2; usage ;;
@@ -47,9 +63,11 @@ done
 expanded=()
 for s in "${stages[@]}"; do
   case "$s" in
-    all) expanded+=(env build test sanitize bench smoke train-2048 train-512 hf) ;;
+    all) expanded+=(env build test-gpu test-all sanitize bench smoke train-2048 train-512 hf) ;;
     train) expanded+=(smoke train-2048 train-512) ;;
-    env|build|test|sanitize|bench|smoke|train-2048|train-512|hf|summary) expanded+=("$s") ;;
+    test) expanded+=(test-gpu test-all) ;;
+    env|build|test-gpu|test-all|sanitize|bench|smoke|train-2048|train-512|hf|summary) expanded+=("$s") ;;
+    train-2048:*|train-512:*) expanded+=("$s") ;;
     "") ;;
     *) echo "gpu-check: unknown stage '$s'" >&2; usage ;;
   esac
@@ -77,7 +95,7 @@ details=$state/results   # every step's log, kept across calls; packed into RESU
 mkdir -p "$details"
 jobs=${JOBS:-$(nproc)}
 python=${PYTHON:-/opt/torch/.venv/bin/python3}
-gpu_filter=${GPU_TEST_FILTER:-*Nvfp4Kernel*:*QuantizeKernel*:*Dequant*:*Matmul*}
+gpu_filter=${GPU_TEST_FILTER:-*Gpu*}
 bin=$build_dir/qwen3-train
 tests_bin=$build_dir/qwen3_tests
 [ -x "$tests_bin" ] || tests_bin=$build_dir/tests/qwen3_tests
@@ -107,6 +125,7 @@ record() {
   mv "$status_file.tmp" "$status_file"
   [ "$3" = failed ] && failures=$((failures + 1))
   printf '  %-16s %-8s %5ss  %s\n' "$2" "$3" "$4" "$notes"
+  write_table  # RESULTS_DIR as it goes: a call cut at its limit still returns every figure measured so far
 }
 
 remaining() { echo $((budget - (SECONDS - t_start))); }
@@ -207,23 +226,37 @@ run_monitored() {
   return 0
 }
 
-stage_begin() {
+stage_begin() {  # a stage's folder keeps what earlier calls wrote there (train-2048 runs in calls 1 and 2)
   stage_t0=$SECONDS
   stage_dir=$details/$1
-  rm -rf "$stage_dir"
   mkdir -p "$stage_dir"
   echo "== $1 ($(date -u +%H:%M:%S), $(remaining)s of the budget left)"
 }
-stage_end() { record "$1" "(stage)" "done" $((SECONDS - stage_t0)) "wall time of the stage"; }
+stage_end() { record "$1" "(stage)" "done" $((SECONDS - stage_t0)) "wall time of the stage"; pack_details; }
 
 torch_prefix=""
 torch_abi=""
-torch_info() {  # fills torch_prefix and torch_abi from the PyTorch python (real run only)
+torch_nccl=""
+torch_info() {  # fills torch_prefix, torch_abi and torch_nccl (nccl.h's folder) from the PyTorch python (real run only)
   [ "$dry_run" = 1 ] && return 0
   [ -n "$torch_prefix" ] && return 0
   if [ -x "$python" ]; then
     torch_prefix=$("$python" -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
     torch_abi=$("$python" -c 'import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))' 2>/dev/null)
+    torch_nccl=$("$python" - 2>/dev/null <<'PY'
+import glob, os
+import torch
+site = os.path.dirname(os.path.dirname(torch.__file__))
+found = glob.glob(os.path.join(site, "nvidia", "*", "include", "nccl.h"))
+try:
+    import nvidia.nccl
+    found += [os.path.join(p, "include", "nccl.h") for p in nvidia.nccl.__path__]
+except ImportError:
+    pass
+found += [os.path.join(os.path.dirname(torch.__file__), "include", "nccl.h")]
+print(next((os.path.dirname(f) for f in found if os.path.isfile(f)), ""))
+PY
+)
   fi
 }
 
@@ -285,6 +318,20 @@ if torch.cuda.is_available():
   else
     record env torch failed 0 "no $python"
   fi
+  # NCCL's header: a libtorch with NCCL needs it for ProcessGroupNCCL.hpp, and PyTorch's wheel keeps it in the
+  # nvidia-nccl package beside torch, not in torch/include (cmake/Dependencies.cmake looks there too).
+  if [ "$dry_run" = 1 ]; then
+    record env nccl skipped 0 "dry run: Debian's libtorch is built without NCCL"
+  else
+    torch_info
+    if [ -n "$torch_nccl" ]; then
+      record env nccl ok 0 "nccl.h in $torch_nccl"
+    elif [ -n "$torch_prefix" ] && "$python" -c 'import torch.distributed as d, sys; sys.exit(0 if d.is_nccl_available() else 1)' 2>/dev/null; then
+      record env nccl failed 0 "this torch is built with NCCL but no nccl.h is beside it (site-packages/nvidia/*/include): the build would stop at <nccl.h>; pip install nvidia-nccl-cu13 headers or set QWEN3_NCCL_INCLUDE_DIR"
+    else
+      record env nccl ok 0 "this torch has no NCCL: Gloo only, no header needed"
+    fi
+  fi
   if [ -f "$vendor/MANIFEST.txt" ]; then
     cp "$vendor/MANIFEST.txt" "$d/vendor-MANIFEST.txt"
     record env vendor ok 0 "$(du -sh "$vendor" | cut -f1) carried: $(grep -c . "$vendor/MANIFEST.txt") manifest lines"
@@ -295,6 +342,7 @@ if torch.cuda.is_available():
 }
 
 stage_build() {
+  build_tried=1
   stage_begin build
   local d=$stage_dir args=() nvcc_path note
   torch_info
@@ -304,6 +352,7 @@ stage_build() {
     args+=(-DQWEN3_CUDA=ON "-DCMAKE_PREFIX_PATH=$torch_prefix")
     nvcc_path=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
     args+=("-DCMAKE_CUDA_COMPILER=$nvcc_path")
+    [ -n "$torch_nccl" ] && args+=("-DQWEN3_NCCL_INCLUDE_DIR=$torch_nccl")
     # Everything built here (gtest and benchmark too) must use the libtorch's std::string ABI.
     [ "$torch_abi" = 0 ] && args+=(-DCMAKE_CXX_FLAGS=-D_GLIBCXX_USE_CXX11_ABI=0)
   fi
@@ -321,10 +370,11 @@ stage_build() {
   record build configure ok "$step_s" "$note"
   cp "$build_dir/CMakeCache.txt" "$d/CMakeCache.txt" 2>/dev/null
 
+  # The binary and the tests; the benchmarks are built by the stage that runs them (call 2), so call 1 keeps
+  # its minutes for the tests and the first training run.
   local target
-  for target in qwen3-train qwen3_tests all; do
+  for target in qwen3-train qwen3_tests; do
     local name=$target
-    [ "$target" = all ] && name=benchmarks
     if ! run_step "$d/ninja-$name.log" 600 ninja -C "$build_dir" -j "$jobs" "$target"; then no_time build "$name"; continue; fi
     if [ "$step_rc" = 0 ]; then
       record build "$name" ok "$step_s" "$(grep -c 'Building\|Linking' "$d/ninja-$name.log") build steps"
@@ -357,7 +407,11 @@ stage_build() {
       variants=$(awk '$2 ~ /^H(G)?MMA/ {printf "%s%s x%s", (n++ ? ", " : ""), $2, $1}' "$d/sass-ops-$arch.txt")
       counts+="$arch: HMMA $hmma (matmul $matmul_hmma${variants:+: $variants}), HGMMA $hgmma; "
       [ "$matmul_hmma" -gt 0 ] || [ "$hgmma" -gt 0 ] || ok=0
-      gzip -f "$sass"
+      # The dump itself stays on the machine (megabytes per architecture): what comes back is the opcode
+      # histogram above and each function's name with its instruction count.
+      awk '/Function :/ {if (name != "") print n, name; name = $3; n = 0; next}
+           /^[ \t]*\/\*[0-9a-f]+\*\/[ \t]/ {n++} END {if (name != "") print n, name}' "$sass" >"$d/sass-functions-$arch.txt"
+      rm -f "$sass"
     done
     if [ -z "$counts" ]; then
       record build sass failed "$step_s" "no ELF in $lib"
@@ -407,46 +461,61 @@ print(f"{p} passed, {f} failed, {s} skipped" + (": " + " ".join(failed[:5]) if f
 EOF
 }
 
-stage_test() {
-  stage_begin test
-  local d=$stage_dir counts
-  if [ ! -x "$tests_bin" ]; then
-    record test gpu-tests failed 0 "no test binary: run --stage build"
-    record test all-tests failed 0 "no test binary"
-    stage_end test
-    return
+# A stage that needs the build makes it first where this machine has none (a fresh machine: the device tool hands
+# a machine back 30 s after a call, and the next call may land on a new one).
+build_tried=0
+ensure_built() {
+  [ -x "$bin" ] && [ -x "$tests_bin" ] && return 0
+  if [ "$build_tried" = 0 ]; then
+    echo "gpu-check: no build in $build_dir (a fresh machine?): building first"
+    stage_build
   fi
+  [ -x "$bin" ] && [ -x "$tests_bin" ]
+}
+
+# Every GPU test (the tests that need a device are named *Gpu*: tests/gpu_test.h): failed if one skips here.
+stage_test_gpu() {
+  stage_begin test-gpu
+  local d=$stage_dir counts
+  if ! ensure_built; then record test-gpu gpu-tests failed 0 "no test binary: the build failed"; stage_end test-gpu; return; fi
   if run_step "$d/gpu-tests.log" 300 "$tests_bin" "--gtest_filter=$gpu_filter" "--gtest_output=json:$d/gpu-tests.json"; then
     counts=$(gtest_counts "$d/gpu-tests.json")
     if [ "$step_rc" != 0 ]; then
-      record test gpu-tests failed "$step_s" "$counts; $(fail_note "$d/gpu-tests.log")"
+      record test-gpu gpu-tests failed "$step_s" "$counts; $(fail_note "$d/gpu-tests.log")"
       grep -E '^\[  FAILED  \]|Failure' "$d/gpu-tests.log" | head -n 20 | sed 's/^/  | /'
     elif [ "$dry_run" = 1 ]; then
-      record test gpu-tests skipped "$step_s" "dry run, no GPU: $counts (host-side codec tests ran)"
+      record test-gpu gpu-tests skipped "$step_s" "dry run, no GPU: $counts"
     elif [[ "$counts" != *" 0 skipped"* ]]; then
-      record test gpu-tests failed "$step_s" "GPU tests skipped on the GPU machine (device not visible?): $counts"
+      record test-gpu gpu-tests failed "$step_s" "GPU tests skipped on the GPU machine (device not visible?): $counts"
     else
-      record test gpu-tests ok "$step_s" "$counts"
+      record test-gpu gpu-tests ok "$step_s" "$counts"
     fi
   else
-    no_time test gpu-tests
+    no_time test-gpu gpu-tests
   fi
+  stage_end test-gpu
+}
 
+# The whole suite through ctest (the CPU tests too: the PyTorch 2.11 libtorch's behaviour on everything).
+stage_test_all() {
+  stage_begin test-all
+  local d=$stage_dir
+  if ! ensure_built; then record test-all all-tests failed 0 "no test binary: the build failed"; stage_end test-all; return; fi
   if run_step "$d/ctest.log" 540 ctest --test-dir "$build_dir" -j "$jobs" --timeout 400 --output-on-failure \
       --output-junit "$d/ctest-junit.xml"; then
     local line skipped
     line=$(grep -E 'tests passed' "$d/ctest.log" | tail -n 1)
     skipped=$(grep -c -E '\((Skipped|Not Run)\)' "$d/ctest.log")
     if [ "$step_rc" = 0 ]; then
-      record test all-tests ok "$step_s" "$line; $skipped skipped"
+      record test-all all-tests ok "$step_s" "$line; $skipped skipped"
     else
-      record test all-tests failed "$step_s" "${line:-$(fail_note "$d/ctest.log")}; $skipped skipped; failed: $(grep -E '^\s+[0-9]+ - .*\(Failed|Timeout|Exception' "$d/ctest.log" | awk '{print $3}' | head -n 5 | tr '\n' ' ')"
+      record test-all all-tests failed "$step_s" "${line:-$(fail_note "$d/ctest.log")}; $skipped skipped; failed: $(grep -E '^\s+[0-9]+ - .*\(Failed|Timeout|Exception' "$d/ctest.log" | awk '{print $3}' | head -n 5 | tr '\n' ' ')"
       grep -E -A30 'The following tests FAILED' "$d/ctest.log" | head -n 20 | sed 's/^/  | /'
     fi
   else
-    no_time test all-tests
+    no_time test-all all-tests
   fi
-  stage_end test
+  stage_end test-all
 }
 
 stage_sanitize() {
@@ -457,9 +526,10 @@ stage_sanitize() {
       record sanitize "$tool" skipped 0 "$([ "$dry_run" = 1 ] && echo 'dry run: no GPU' || echo 'compute-sanitizer absent')"
       continue
     fi
-    if [ ! -x "$tests_bin" ]; then record sanitize "$tool" failed 0 "no test binary"; continue; fi
-    if ! run_step "$d/$tool.log" "${SANITIZE_TIMEOUT_S:-240}" compute-sanitizer --tool "$tool" --error-exitcode 99 \
-        --print-limit 50 "$tests_bin" "--gtest_filter=$gpu_filter"; then
+    if ! ensure_built; then record sanitize "$tool" failed 0 "no test binary: the build failed"; continue; fi
+    # Every GPU test, at its small shapes (QWEN3_GPU_TEST_SMALL, tests/gpu_test.h), so the three tools fit one call.
+    if ! run_step "$d/$tool.log" "${SANITIZE_TIMEOUT_S:-150}" env QWEN3_GPU_TEST_SMALL=1 compute-sanitizer --tool "$tool" \
+        --error-exitcode 99 --print-limit 50 "$tests_bin" "--gtest_filter=$gpu_filter"; then
       no_time sanitize "$tool"
       continue
     fi
@@ -477,6 +547,14 @@ stage_sanitize() {
 stage_bench() {
   stage_begin bench
   local d=$stage_dir b=$build_dir/bench/bench_kernels json=$stage_dir/bench_kernels.json
+  if ! ensure_built; then record bench kernels failed 0 "no build"; stage_end bench; return; fi
+  if [ ! -x "$b" ] && grep -q '^build bench/bench_kernels:' "$build_dir/build.ninja" 2>/dev/null; then
+    if run_step "$d/ninja-bench_kernels.log" 300 ninja -C "$build_dir" -j "$jobs" bench_kernels; then
+      record_outcome bench build-bench "$d/ninja-bench_kernels.log" "bench_kernels built"
+    else
+      no_time bench build-bench
+    fi
+  fi
   if [ ! -x "$b" ]; then
     record bench kernels "$([ "$dry_run" = 1 ] && echo skipped || echo failed)" 0 "no $b (built only with nvcc and the benchmark source)"
     record bench ncu skipped 0 "no benchmark"
@@ -487,69 +565,87 @@ stage_bench() {
       --benchmark_counters_tabular=true; then
     no_time bench kernels; no_time bench ncu; stage_end bench; return
   fi
-  if grep -q 'no CUDA device' "$d/bench_kernels.log"; then
-    record bench kernels skipped "$step_s" "no CUDA device: nothing measured$([ "$dry_run" = 1 ] && echo ' (dry run)')"
+  if grep -q 'no CUDA device' "$d/bench_kernels.log"; then  # on the GPU machine that is a failure, not a skip
+    record bench kernels "$([ "$dry_run" = 1 ] && echo skipped || echo failed)" "$step_s" "no CUDA device: nothing measured"
     record bench ncu skipped 0 "no CUDA device"
     stage_end bench
     return
   fi
-  local figures slowest
+  local figures
   figures=$(py - "$json" <<'EOF'
 import json, sys
 try:
     data = json.load(open(sys.argv[1]))
 except Exception:
-    print("no JSON output|"); sys.exit(0)
-q, m = [], {}
+    print("no JSON output"); sys.exit(0)
+q, m, adamw, fused = [], {}, [], []
 for b in data.get("benchmarks", []):
     n = b.get("name", "")
     if n.startswith("quantize/") and "/rne/" in n and "of_copy" in b:
         q.append((n.split("/")[1], b["of_copy"]))
     if n.startswith("matmul") and "speedup" in b:
-        M = n.split("/")[1]
-        m.setdefault(M, []).append((b["speedup"], b.get("TFLOP/s", 0), b.get("us", b.get("real_time", 0)), n))
+        _, M, N, K = n.split("/")
+        m.setdefault(N + K, []).append((int(M[1:]), b["speedup"]))
+    if n.startswith("adamw/") and "of_copy" in b:
+        adamw.append("%s %.0f%%" % (n[6:].replace("_moments", "").replace("_master", ""), 100 * b["of_copy"]))
+    if n.startswith("fused/") and "of_copy" in b:
+        fused.append("%s %.0f%%" % (b.get("label", n), 100 * b["of_copy"]))
 parts = []
 for t in ("f32", "bf16"):
     v = [x for k, x in q if k == t]
     if v:
         parts.append(f"quantize {t} rne {min(v):.0%}-{max(v):.0%} of D2D copy")
-for M in sorted(m, key=lambda s: int(s[1:])):
-    v = m[M]
-    parts.append(f"{M}: {min(x[0] for x in v):.2f}-{max(x[0] for x in v):.2f}x cuBLAS, up to {max(x[1] for x in v):.0f} TFLOP/s")
-allm = [x for v in m.values() for x in v]
-slowest = max(allm, key=lambda x: x[2])[3] if allm else ""
-print("; ".join(parts) + "|" + slowest)
+# Where the kernel stops beating cuBLAS, per shape: the data kNvfp4KernelMaxRows is set from.
+for shape, rows in sorted(m.items()):
+    rows.sort()
+    beats = [M for M, speedup in rows if speedup >= 1.0]
+    parts.append("%s: %s (%s)" % (shape, "beats cuBLAS to M=%d" % max(beats) if beats else "never beats cuBLAS",
+                                   ", ".join("M%d %.2fx" % (M, sp) for M, sp in rows)))
+if adamw:
+    parts.append("AdamW of copy: " + ", ".join(adamw))
+if fused:
+    parts.append("fused of copy: " + ", ".join(fused))
+print("; ".join(parts))
 EOF
 )
-  slowest=${figures##*|}
-  figures=${figures%|*}
   if [ "$step_rc" = 0 ]; then
     record bench kernels ok "$step_s" "$figures"
   else
     record bench kernels failed "$step_s" "$(fail_note "$d/bench_kernels.log"); $figures"
   fi
-  grep -E '^(quantize|matmul|adamw|fused)' "$d/bench_kernels.log" | head -n 60
+  grep -E '^(quantize|matmul|adamw|fused)' "$d/bench_kernels.log" | head -n 90
 
-  if ! have ncu; then
-    record bench ncu skipped 0 "ncu absent"
-  elif [ -z "$slowest" ]; then
-    record bench ncu skipped 0 "no product benchmark in the output"
-  elif run_step "$d/ncu-slowest.log" 240 ncu --target-processes all -k regex:nvfp4_matmul --launch-count 1 \
-      --section SpeedOfLight --section LaunchStats --section Occupancy \
-      --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_tensor_op_hmma.sum,dram__bytes_read.sum,gpu__time_duration.sum \
-      -o "$d/ncu-slowest" -f "$b" "--benchmark_filter=^${slowest}\$"; then
-    ncu --import "$d/ncu-slowest.ncu-rep" --print-summary none >>"$d/ncu-slowest.log" 2>&1
-    local nf
-    nf=$(grep -E '^\s+(Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per Thread|sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active)\s' "$d/ncu-slowest.log" |
-         sed -E 's/^ +//; s/ {2,}/ /g' | head -n 8 | tr '\n' ';')
-    if [ "$step_rc" = 0 ] && ! grep -q 'ERR_NVGPUCTRPERM\|==ERROR==' "$d/ncu-slowest.log"; then
-      record bench ncu ok "$step_s" "$slowest: ${nf:-see ncu-slowest.log}"
-    else
-      record bench ncu failed "$step_s" "$slowest: $(grep -m1 -E 'ERR_|==ERROR==' "$d/ncu-slowest.log" | cut -c1-140)"
+  # ncu on the kernels a training step runs, each at a training shape: quantize (every trained weight, every
+  # forward), dequantize (into the product's scratch from 256 rows on), the product at the rows where small
+  # batches and generation take it, the AdamW update of the fast and of the lean configuration, the fused ops.
+  local spec name kernel filter nf
+  for spec in "quantize|nvfp4_quantize_rne_kernel|quantize/bf16/rne/9728x2560" \
+              "dequantize|nvfp4_dequantize_kernel|matmul_bf16/M512/N9728/K2560" \
+              "matmul-M16|nvfp4_matmul_kernel|matmul_bf16/M16/N9728/K2560" \
+              "matmul-M256|nvfp4_matmul_kernel|matmul_bf16/M256/N9728/K2560" \
+              "adamw-fp32|plain_kernel|adamw/f32_moments/fp32_master" \
+              "adamw-nvfp4-bf16|nvfp4_kernel|adamw/nvfp4_moments/bf16_master" \
+              "rmsnorm|rmsnorm_forward_kernel|fused/0" \
+              "rmsnorm-backward|rmsnorm_dx_kernel|fused/1" \
+              "rope|rope_kernel|fused/2" \
+              "swiglu-backward|swiglu_backward_kernel|fused/4"; do
+    IFS='|' read -r name kernel filter <<<"$spec"
+    if ! have ncu; then record bench "ncu-$name" skipped 0 "ncu absent"; continue; fi
+    if ! run_step "$d/ncu-$name.log" 90 ncu --target-processes all --kernel-name-base function -k "regex:^${kernel}\$" \
+        --launch-count 1 --section SpeedOfLight --section LaunchStats --section Occupancy \
+        --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum \
+        -o "$d/ncu-$name" -f "$b" "--benchmark_filter=^${filter}\$"; then
+      no_time bench "ncu-$name"; continue
     fi
-  else
-    no_time bench ncu
-  fi
+    ncu --import "$d/ncu-$name.ncu-rep" --print-summary none >>"$d/ncu-$name.log" 2>&1
+    nf=$(grep -E '^\s+(Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per Thread|sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active)\s' "$d/ncu-$name.log" |
+         sed -E 's/^ +//; s/ {2,}/ /g' | head -n 8 | tr '\n' ';')
+    if [ "$step_rc" = 0 ] && [ -n "$nf" ] && ! grep -q 'ERR_NVGPUCTRPERM\|==ERROR==' "$d/ncu-$name.log"; then
+      record bench "ncu-$name" ok "$step_s" "$filter: $nf"
+    else
+      record bench "ncu-$name" failed "$step_s" "$filter: $(grep -m1 -E 'ERR_|==ERROR==|No kernels were profiled' "$d/ncu-$name.log" | cut -c1-140)"
+    fi
+  done
   stage_end bench
 }
 
@@ -564,6 +660,17 @@ make_train_data() {
   }' >"$f"
   echo "$f"
 }
+# Unpacked training data: lines several rows long (about 4 x SEQ_LEN words), so that every row is one sample and
+# full, as the peer's random rows are; split at row boundaries by the loader.
+make_long_train_data() {
+  local f=$state/train-long-$1.txt
+  [ -s "$f" ] && { echo "$f"; return; }
+  awk -v words=$((4 * $1)) 'BEGIN {
+    srand(11); split("the of model train weight block scale token layer step memory kernel tensor core batch sequence loss gradient optimizer moment checkpoint export vocabulary attention head norm product quantize round error bound", w, " ")
+    for (l = 0; l < 200; l++) { s = ""; for (i = 0; i < words; i++) s = s (i ? " " : "") w[1 + int(rand() * 35)]; print s "." }
+  }' >"$f"
+  echo "$f"
+}
 tokenizer_file() {
   local real=$root/.deps/tokenizer-qwen3/models/tokenizer.json
   if [ -s "$real" ]; then echo "$real"; else echo "$root/tests/data/tiny_tokenizer.json"; fi
@@ -575,13 +682,13 @@ has_flag() { "$bin" "$1" --help 2>/dev/null | grep -q -E -- "(^| |,)$2([ =,:\[]|
 stage_smoke() {
   stage_begin smoke
   local d=$stage_dir dev
-  if [ ! -x "$bin" ]; then record smoke smoke failed 0 "no $bin: run --stage build"; stage_end smoke; return; fi
+  if ! ensure_built; then record smoke smoke failed 0 "no $bin: the build failed"; stage_end smoke; return; fi
   if ! has_command smoke; then
     record smoke smoke skipped 0 "qwen3-train has no smoke command"
     stage_end smoke
     return
   fi
-  for dev in cpu $([ "$dry_run" = 1 ] || echo cuda); do
+  for dev in $([ "$dry_run" = 1 ] || echo cuda) cpu; do  # CUDA first: the call-1 figure; the CPU run compares
     rm -rf "$state/smoke-$dev"
     if ! run_monitored "$d/smoke-$dev.log" 300 "$d/smoke-$dev.mem" "$bin" smoke --device "$dev" --out-dir "$state/smoke-$dev"; then
       no_time smoke "smoke-$dev"; continue
@@ -626,7 +733,7 @@ train_model() {
 stage_hf() {
   stage_begin hf
   local d=$stage_dir m=$state/hf-check
-  if [ ! -x "$bin" ]; then record hf hf failed 0 "no $bin: run --stage build"; stage_end hf; return; fi
+  if ! ensure_built; then record hf hf failed 0 "no $bin: the build failed"; stage_end hf; return; fi
   if [ "$dry_run" = 1 ] || [ ! -x "$python" ] || ! "$python" -c 'import transformers' >/dev/null 2>&1; then
     record hf transformers skipped 0 "needs $python with transformers (the GPU machine's)"
     stage_end hf
@@ -655,59 +762,76 @@ stage_hf() {
   stage_end hf
 }
 
-stage_train() {  # stage_train NAME SEQ_LEN BATCH
-  local name=$1 seq=$2 batch=$3
+# The configurations a training stage runs, by name (most wanted first where a stage takes its default list):
+#   lean             bf16 masters with stochastic rounding, nvfp4 moments, --grad-checkpoint --fused-optimizer:
+#                    the memory goal (<= 16 GB for Qwen3-4B at 1 x 2048)
+#   fast             fp32 masters and moments, bf16 compute, --fused-optimizer (the 4B model's fp32 gradients
+#                    never all live at once): the speed goal; its last step runs under the profiler
+#   grad-checkpoint  fp32 masters and moments, --grad-checkpoint
+#   base             fp32 masters and moments, nothing else
+# Each is packed (whole samples in full rows, --pack); NAME-unpacked trains one sample a row from lines longer
+# than the row (every row full, split at row boundaries), the shape of the peer's random rows.
+config_flags() {
+  case "${1%-unpacked}" in
+    lean) echo "--master-dtype bfloat16 --optimizer-state-mode nvfp4 --grad-checkpoint --fused-optimizer" ;;
+    fast) echo "--fused-optimizer" ;;
+    grad-checkpoint) echo "--grad-checkpoint" ;;
+    base) echo "" ;;
+    *) return 1 ;;
+  esac
+}
+# The peer with the same parameter and optimizer dtypes (bench/hf_peer.py train): a bf16 master with 4-bit
+# moments (torchao's; bf16 moments where torchao is absent) for lean, an fp32 master computing in bf16 for the
+# others; checkpointing as the configuration has it.
+peer_flags() {
+  case "${1%-unpacked}" in
+    lean) echo "--param-dtype bfloat16 --moments 4bit --grad-checkpoint on" ;;
+    grad-checkpoint) echo "--param-dtype float32 --grad-checkpoint on" ;;
+    fast|base) echo "--param-dtype float32 --grad-checkpoint off" ;;
+  esac
+}
+
+peer_name() {
+  case "${1%-unpacked}" in
+    lean) echo bf16-4bit-gc ;;
+    grad-checkpoint) echo fp32-gc ;;
+    *) echo fp32 ;;
+  esac
+}
+
+stage_train() {  # stage_train NAME SEQ_LEN BATCH CONFIGS ('+'- or space-separated; empty: the default list)
+  local name=$1 seq=$2 batch=$3 wanted=${4:-}
   stage_begin "$name"
-  local d=$stage_dir dev m data tok configs=() extra
+  local d=$stage_dir dev m packed_data long_data tok configs=() c
   dev=$(device)
-  if [ ! -x "$bin" ]; then record "$name" train failed 0 "no $bin: run --stage build"; stage_end "$name"; return; fi
+  if ! ensure_built; then record "$name" train failed 0 "no $bin: the build failed"; stage_end "$name"; return; fi
   train_model "$name" || { stage_end "$name"; return; }
   m=$(cat "$state/model-path")
-  data=$(make_train_data)
+  packed_data=$(make_train_data)
+  long_data=$(make_long_train_data "$seq")
   tok=$(tokenizer_file)
+  [ -n "$wanted" ] || wanted="lean fast grad-checkpoint base"
+  for c in ${wanted//+/ }; do
+    if config_flags "$c" >/dev/null; then configs+=("$c"); else record "$name" "train-$c" failed 0 "unknown configuration '$c'"; fi
+  done
 
-  # Most wanted first, so a call that runs out of time drops the least wanted: lean (bf16 masters with stochastic
-  # rounding, int8 moments, both flags: the memory goal), fused-optimizer (fp32 masters and moments, bf16 compute
-  # on CUDA: the speed goal; the fused update keeps the 4B model's fp32 gradients from all living at once),
-  # grad-checkpoint, base. TRAIN_CONFIGS picks some of them.
-  local missing=() have_gc=0 have_fo=0 wanted
-  has_flag train --grad-checkpoint && have_gc=1 || missing+=(--grad-checkpoint)
-  has_flag train --fused-optimizer && have_fo=1 || missing+=(--fused-optimizer)
-  wanted=" ${TRAIN_CONFIGS:-lean fused-optimizer grad-checkpoint base} "
-  [ "$have_gc$have_fo" = 11 ] && [[ "$wanted" == *" lean "* ]] && configs+=(lean)
-  [ "$have_fo" = 1 ] && [[ "$wanted" == *" fused-optimizer "* ]] && configs+=(fused-optimizer)
-  [ "$have_gc" = 1 ] && [[ "$wanted" == *" grad-checkpoint "* ]] && configs+=(grad-checkpoint)
-  [[ "$wanted" == *" base "* ]] && configs+=(base)
-  [ ${#missing[@]} -gt 0 ] && record "$name" flags skipped 0 "train has no ${missing[*]}: only the configurations without them run"
-
-  local c hf_done=0
   for c in "${configs[@]}"; do
-    # The peer right after the two configurations the goals compare (lean, fast), before the optional ones.
-    if [ "$hf_done" = 0 ] && { [ "$c" = grad-checkpoint ] || [ "$c" = base ]; }; then
-      hf_peer_train "$name" "$m" "$seq" "$batch"
-      hf_done=1
+    local extra=() profiled=0 data=$packed_data pack=(--pack)
+    read -r -a extra <<<"$(config_flags "$c")"
+    if [[ "$c" == *-unpacked ]]; then data=$long_data; pack=(); fi
+    # The fast configuration's last step under the profiler (the step breakdown): the trace beside the log, the
+    # phase and op tables in it; the steady figures leave that step out.
+    if [ "$c" = fast ] && has_flag train --profile-step; then
+      rm -f "$d/profile-$c.json"
+      extra+=(--profile-step "$train_steps" --profile-out "$d/profile-$c.json")
+      profiled=$train_steps
     fi
-    extra=()
-    local profiled=0
-    case "$c" in
-      grad-checkpoint) extra=(--grad-checkpoint) ;;
-      fused-optimizer)
-        extra=(--fused-optimizer)
-        # The fast configuration's last step under the profiler (issue 12's step breakdown): the trace beside the
-        # log, the phase and op tables in it; the steady figures leave that step out.
-        if has_flag train --profile-step; then
-          rm -f "$d/profile-$c.json"
-          extra+=(--profile-step "$train_steps" --profile-out "$d/profile-$c.json")
-          profiled=$train_steps
-        fi ;;
-      lean) extra=(--master-dtype bfloat16 --optimizer-state-mode int8 --grad-checkpoint --fused-optimizer) ;;
-    esac
     local step=train-$c log=$d/train-$c.log
     rm -f "$d/train-$c.jsonl" "$d/vram-$c.json"
     # Every run's first step is also its memory report (measured and predicted per phase, vram-$c.json beside
     # the log): the GPU rows docs/memory.md is waiting for, at no extra model load.
     if ! run_monitored "$log" "${TRAIN_TIMEOUT_S:-240}" "$d/train-$c.mem" "$bin" train --weights "$m/model.dat" \
-        --config "$m/config.json" --tokenizer "$tok" --train-data "$data" --data-format text --pack \
+        --config "$m/config.json" --tokenizer "$tok" --train-data "$data" --data-format text "${pack[@]}" \
         --seq-len "$seq" --batch-size "$batch" --steps "$train_steps" --lr 1e-5 --device "$dev" --log-every 5 \
         --metrics-jsonl "$d/train-$c.jsonl" --vram-report "$d/vram-$c.json" "${extra[@]}"; then
       no_time "$name" "$step"
@@ -718,9 +842,6 @@ stage_train() {  # stage_train NAME SEQ_LEN BATCH
     fig+="; $(steady_figures "$d/train-$c.jsonl" "$profiled")"
     fig+="; $(cat "$d/train-$c.mem")"
     fig+="; $(vram_figures "$d/vram-$c.json")"
-    local peak_line
-    peak_line=$(grep -i -o -E 'peak[^,;]*[0-9.]+ ?[GM]i?B' "$log" | tail -n 1)
-    [ -n "$peak_line" ] && fig+="; reported: $peak_line"
     if [ "$step_rc" = 0 ]; then
       record "$name" "$step" ok "$step_s" "$fig"
     else
@@ -734,14 +855,15 @@ stage_train() {  # stage_train NAME SEQ_LEN BATCH
       record "$name" "profile-$c" "$([ -s "$d/profile-$c.json" ] && echo ok || echo failed)" 0 \
         "step $profiled: ${table:-no phase table in the log}"
     fi
+    # The peer right after, once per shape and peer configuration (packed and unpacked share it).
+    hf_peer_train "$name" "$m" "$seq" "$batch" "$c"
   done
-  [ "$hf_done" = 1 ] || hf_peer_train "$name" "$m" "$seq" "$batch"
   stage_end "$name"
 }
 
 # The steps after the first 3 of a metrics JSONL (as hf_peer.py times them), but a profiled one (second argument,
-# 0: none): tokens/s, ms/step and the trainer's MFU (against --mfu-device's bf16 peak: H100's 989 TFLOP/s unless
-# told).
+# 0: none): tokens/s, ms/step, the model TFLOP/s and MFU (against --mfu-device's bf16 peak: H100's 989 TFLOP/s
+# unless told) and the model FLOPs of a token (tflops / tok_per_s: the count the peer must share).
 steady_figures() {
   py - "$1" "${2:-0}" <<'PY'
 import json, sys
@@ -754,10 +876,14 @@ if not rows:
     print("no steady steps in the metrics")
     sys.exit(0)
 ms = sum(r["step_ms"] for r in rows)
+tokens = sum(r["tokens"] for r in rows)
 mfu = [r["mfu"] for r in rows if r.get("mfu") is not None]
-print("steps %d-%d: %.0f tokens/s, %.1f ms/step%s" % (rows[0]["step"], rows[-1]["step"],
-      1000 * sum(r["tokens"] for r in rows) / ms, ms / len(rows),
-      ", MFU %.1f%%" % (100 * sum(mfu) / len(mfu)) if mfu else ""))
+tflops = [r["tflops"] for r in rows if r.get("tflops")]
+per_token = rows[0]["tflops"] * 1e12 / rows[0]["tok_per_s"] if rows[0].get("tflops") else None
+print("steps %d-%d: %.0f tokens/s, %.1f ms/step%s%s%s" % (rows[0]["step"], rows[-1]["step"], 1000 * tokens / ms,
+      ms / len(rows), ", MFU %.1f%%" % (100 * sum(mfu) / len(mfu)) if mfu else "",
+      ", %.3g TFLOP/s" % (sum(t * r["step_ms"] for t, r in zip(tflops, rows)) / ms) if tflops else "",
+      ", model FLOPs/token %.6g" % per_token if per_token else ""))
 PY
 }
 
@@ -794,40 +920,50 @@ if not lines:
     print("no JSON line in the log")
     sys.exit(0)
 j = json.loads(lines[-1])
-print("transformers %s, %s params: steps %d-%d: %s tokens/s, %s ms/step, MFU %.1f%% (of 989 TFLOP/s), "
-      "peak allocated %s GiB, reserved %s GiB" % (
-    j["transformers"], j["params"], j["steps"] - j["timed_steps"] + 1, j["steps"], j["tokens_per_s"], j["ms_per_step"],
-    100 * j["tflops_per_s"] / 989, j.get("peak_allocated_gib"), j.get("peak_reserved_gib")))
+print("transformers %s, %s params, %s master, %s moments, checkpointing %s: steps %d-%d: %s tokens/s, %s ms/step, "
+      "%s TFLOP/s, MFU %.1f%% (of 989 TFLOP/s), model FLOPs/token %.6g, peak allocated %s GiB, reserved %s GiB" % (
+    j["transformers"], j["params"], j["param_dtype"], j["moments"], j["grad_checkpoint"],
+    j["steps"] - j["timed_steps"] + 1, j["steps"], j["tokens_per_s"], j["ms_per_step"], j["tflops_per_s"],
+    100 * j["tflops_per_s"] / 989, j["flops_per_token"], j.get("peak_allocated_gib"), j.get("peak_reserved_gib")))
 PY
 }
 
-# The peer at the same shape (bench/hf_peer.py train): transformers' Qwen3ForCausalLM with bf16 weights and
-# fused AdamW, gradient checkpointing on and off, training the same parameters (the head tied to the embedding as
-# the config says, as qwen3-train's training does). TRAIN_HF=0 leaves it out.
+# The peer (bench/hf_peer.py train) at the same shape and with the configuration's dtypes (peer_flags): transformers'
+# Qwen3ForCausalLM training the same parameters (the head tied to the embedding as the config says, as qwen3-train's
+# training does), random full rows. Once per stage and peer configuration; TRAIN_HF=0 leaves it out.
 hf_peer_train() {
-  local name=$1 m=$2 seq=$3 batch=$4 d=$stage_dir gc
+  local name=$1 m=$2 seq=$3 batch=$4 config=$5 d=$stage_dir flags=() peer log
   if [ "${TRAIN_HF:-1}" = 0 ]; then return; fi
+  read -r -a flags <<<"$(peer_flags "$config")"
+  peer=hf-peer-$(peer_name "$config")
+  grep -q -F "$(printf '%s\t%s\tok\t' "$name" "$peer")" "$status_file" && return  # measured already
   if [ "$dry_run" = 1 ] || [ ! -x "$python" ] || ! "$python" -c 'import transformers' >/dev/null 2>&1; then
-    record "$name" hf-peer skipped 0 "needs $python with transformers (the GPU machine's)"
+    record "$name" "$peer" skipped 0 "needs $python with transformers (the GPU machine's)"
     return
   fi
-  for gc in on off; do
-    local log=$d/hf-peer-gc-$gc.log
-    if ! run_monitored "$log" "${TRAIN_TIMEOUT_S:-240}" "$d/hf-peer-gc-$gc.mem" "$python" "$root/bench/hf_peer.py" train         --config "$m/config.json" --seq-len "$seq" --batch-size "$batch" --steps "$train_steps" --device cuda         --grad-checkpoint "$gc"; then
-      no_time "$name" "hf-peer-gc-$gc"
-      continue
-    fi
-    if [ "$step_rc" = 0 ]; then
-      record "$name" "hf-peer-gc-$gc" ok "$step_s" "$(hf_peer_figures "$log"); $(cat "$d/hf-peer-gc-$gc.mem")"
-    else
-      record "$name" "hf-peer-gc-$gc" failed "$step_s" "$(fail_note "$log"); $(cat "$d/hf-peer-gc-$gc.mem")"
-      show_tail "$log" 8
-    fi
-  done
+  log=$d/$peer.log
+  if ! run_monitored "$log" "${TRAIN_TIMEOUT_S:-240}" "$d/$peer.mem" "$python" "$root/bench/hf_peer.py" train \
+      --config "$m/config.json" --seq-len "$seq" --batch-size "$batch" --steps "$train_steps" --device cuda "${flags[@]}"; then
+    no_time "$name" "$peer"
+    return
+  fi
+  local note=""
+  if [ "$step_rc" != 0 ] && grep -q 'needs torchao' "$log"; then  # no torchao here: the moments in bf16 instead
+    note="torchao absent, bf16 moments; "
+    run_monitored "$log" "${TRAIN_TIMEOUT_S:-240}" "$d/$peer.mem" "$python" "$root/bench/hf_peer.py" train \
+      --config "$m/config.json" --seq-len "$seq" --batch-size "$batch" --steps "$train_steps" --device cuda \
+      "${flags[@]}" --moments param || { no_time "$name" "$peer"; return; }
+  fi
+  if [ "$step_rc" = 0 ]; then
+    record "$name" "$peer" ok "$step_s" "$note$(hf_peer_figures "$log"); $(cat "$d/$peer.mem")"
+  else
+    record "$name" "$peer" failed "$step_s" "$note$(fail_note "$log"); $(cat "$d/$peer.mem")"
+    show_tail "$log" 8
+  fi
 }
 
 # ------------------------------------------------------------------------------------------------ summary
-write_summary() {
+write_table() {
   local md=$results/summary.md
   {
     echo "# GPU round: scripts/gpu-check.sh"
@@ -837,19 +973,50 @@ write_summary() {
     echo "| stage | step | status | time (s) | key figures / notes |"
     echo "|---|---|---|---:|---|"
     local s
-    for s in env build test sanitize bench smoke train-2048 train-512 hf; do
+    for s in env build test-gpu test-all sanitize bench smoke train-2048 train-512 hf; do
       awk -F'\t' -v s="$s" '$1 == s && $2 != "(stage)"' "$status_file"
       awk -F'\t' -v s="$s" '$1 == s && $2 == "(stage)"' "$status_file"
     done | awk -F'\t' '{printf "| %s | %s | %s | %s | %s |\n", $1, $2, ($3 == "failed" ? "**failed**" : $3), $4, $5}'
     echo
     echo "Counts: $(awk -F'\t' '$2 != "(stage)"{n[$3]++} END{for (k in n) printf "%s %d  ", k, n[k]}' "$status_file")"
-  } >"$md"
+    if [ -s "$state/left-out.txt" ]; then
+      echo
+      echo "Left out of the details archive (size): $(tr '\n' ' ' <"$state/left-out.txt")"
+    fi
+  } >"$md.tmp"
+  mv "$md.tmp" "$md"
   cp "$status_file" "$results/status.tsv"
-  # The device tool brings back at most 8 files from $OUT: the details travel as one archive.
-  tar -czf "$results/gpu-check-details.tar.gz" -C "$state" results
   [ -f "$details/bench/bench_kernels.json" ] && cp "$details/bench/bench_kernels.json" "$results/"
+  return 0
+}
+
+# The details as one archive (the device tool brings back at most 8 files of at most 16 MiB each from $OUT):
+# every log, kept under 15 MiB; past that the largest extras (ncu reports, profiler traces, then anything over
+# 1 MiB) are left out, largest first, and named in the summary.
+archive_limit=$((15 * 1024 * 1024))
+pack_details() {
+  local out=$results/gpu-check-details.tar.gz excluded=() f size
+  : >"$state/left-out.txt"
+  while :; do
+    tar -czf "$out.tmp" -C "$state" "${excluded[@]/#/--exclude=}" results 2>/dev/null
+    size=$(stat -c %s "$out.tmp" 2>/dev/null || echo 0)
+    [ "$size" -le "$archive_limit" ] && break
+    f=$(cd "$state" && {
+          find results -type f \( -name '*.ncu-rep' -o -name 'profile-*.json' \) -printf '%s %p\n' | sort -k1,1nr
+          find results -type f -size +1M ! -name '*.ncu-rep' ! -name 'profile-*.json' -printf '%s %p\n' | sort -k1,1nr
+        } | awk '{print $2}' | grep -v -x -F -f <(printf '%s\n' "${excluded[@]:-}") | head -n 1)
+    [ -n "$f" ] || break
+    excluded+=("$f")
+    echo "$f ($(du -h "$state/$f" | cut -f1))" >>"$state/left-out.txt"
+  done
+  mv "$out.tmp" "$out"
+  write_table
+}
+
+write_summary() {
+  pack_details
   echo
-  cat "$md"
+  cat "$results/summary.md"
 }
 
 # ------------------------------------------------------------------------------------------------ main
@@ -858,12 +1025,15 @@ for s in "${expanded[@]}"; do
   case "$s" in
     env) stage_env ;;
     build) stage_build ;;
-    test) stage_test ;;
+    test-gpu) stage_test_gpu ;;
+    test-all) stage_test_all ;;
     sanitize) stage_sanitize ;;
     bench) stage_bench ;;
     smoke) stage_smoke ;;
-    train-2048) stage_train train-2048 2048 1 ;;
-    train-512) stage_train train-512 512 4 ;;
+    train-2048) stage_train train-2048 2048 1 "${TRAIN_CONFIGS:-}" ;;
+    train-512) stage_train train-512 512 4 "${TRAIN_CONFIGS:-}" ;;
+    train-2048:*) stage_train train-2048 2048 1 "${s#*:}" ;;
+    train-512:*) stage_train train-512 512 4 "${s#*:}" ;;
     hf) stage_hf ;;
     summary) ;;
   esac

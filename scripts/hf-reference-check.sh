@@ -68,6 +68,8 @@ echo "hf-reference-check: another model's weights are refused: $(cat $w/wrong.js
 for gc in on off; do
   peer train --config $w/m1/config.json --seq-len 64 --batch-size 2 --steps 3 --warmup 1 --grad-checkpoint $gc
 done
+# The fast configuration's peer: an fp32 master (autocast to bf16 on a GPU).
+peer train --config $w/m1/config.json --seq-len 64 --batch-size 2 --steps 3 --warmup 1 --param-dtype float32
 INNER
 )
 unshare --mount --propagation private bash -euo pipefail -c '

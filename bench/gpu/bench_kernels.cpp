@@ -2,9 +2,13 @@
 //  - quantize: effective bandwidth (input bytes read + codes and scales written) against a device-to-device
 //    cudaMemcpy of the input bytes on the same device (a copy moves 2x its size);
 //  - the NVFP4-weight product against cuBLAS bf16 (cublasGemmEx, fp32 compute: what torch::matmul runs) on the
-//    Qwen3-4B projection shapes, M in {1, 16, 4096}: TFLOP/s of both and the speedup.
-//  - the fused AdamW step (every moment storage, fp32 and bf16 masters) on a 4096 x 2560 parameter: the bytes
-//    the update must move per second, as a fraction of the copy;
+//    Qwen3-4B projection shapes, M in {1, 16, 64, 128, 256, 512, 1024, 2048} (the rows below which training and
+//    generation take the kernel, kNvfp4KernelMaxRows, are set from where it stops beating cuBLAS): TFLOP/s of
+//    both and the speedup.
+//  - the fused AdamW step (every moment storage, fp32 and bf16 masters) on a 4096 x 2560 parameter holding a
+//    trained model's values (weights of about 0.02, gradients of about 1e-3, moments and their scales from five
+//    steps before the timing, as a run's state is): the bytes the update must move per second, as a fraction of
+//    the copy;
 //  - the fused activation kernels (RMSNorm forward/backward, RoPE, SwiGLU forward/backward) at Qwen3-4B
 //    training shapes (2048 tokens): bytes moved per second as a fraction of the copy.
 // Weights rotate through enough copies to exceed the L2 cache, so small-M runs measure memory, not L2.
@@ -217,11 +221,26 @@ void BM_AdamWStep(benchmark::State& state, qwen3::kernels::adamw::Moments moment
   const int64_t block = moments == ka::Moments::int8 ? ka::kInt8Block : (moments == ka::Moments::nvfp4 ? ka::kNvfp4Block : 1);
   const size_t elem = bf16_master ? 2 : 4;
   const double state_bytes[] = {4, 2, 1, 0.5};
-  DeviceMemory master(n * elem), grad(n * elem), m(static_cast<size_t>(n * state_bytes[static_cast<int>(moments)]) + 64),
-      v(static_cast<size_t>(n * state_bytes[static_cast<int>(moments)]) + 64), ms(n / block * 4 + 64), vs(n / block * 4 + 64),
-      mr(rows * 4), vr(rows * 4), copy_in(n * elem), copy_out(n * elem);
-  check(cudaMemset(master.ptr, 0, n * elem), "memset");
-  check(cudaMemset(grad.ptr, 0x3c, n * elem), "memset");
+  const size_t state_size = static_cast<size_t>(n * state_bytes[static_cast<int>(moments)]) + 64;
+  DeviceMemory master(n * elem), grad(n * elem), m(state_size), v(state_size), ms(n / block * 4 + 64),
+      vs(n / block * 4 + 64), mr(rows * 4), vr(rows * 4), copy_in(n * elem), copy_out(n * elem);
+  // A trained model's values: weights ~0.02, gradients ~1e-3 (an all-equal gradient would make every block's
+  // scale the same and the compressed moments' rounding trivial); moments start at zero, as a run's do, and hold
+  // five steps' worth before the timing.
+  const auto upload = [&](DeviceMemory& to, float scale, uint32_t seed) {
+    const std::vector<float> values = host_uniform(n, scale, seed);
+    if (bf16_master) {
+      const std::vector<uint16_t> bits = to_16bit(KernelDType::bf16, values);
+      check(cudaMemcpy(to.ptr, bits.data(), n * 2, cudaMemcpyHostToDevice), "upload");
+    } else {
+      check(cudaMemcpy(to.ptr, values.data(), n * 4, cudaMemcpyHostToDevice), "upload");
+    }
+  };
+  upload(master, 0.02f, 11);
+  upload(grad, 1e-3f, 12);
+  for (DeviceMemory* state_buffer : {&m, &v}) check(cudaMemset(state_buffer->ptr, 0, state_size), "memset");
+  for (DeviceMemory* scale_buffer : {&ms, &vs}) check(cudaMemset(scale_buffer->ptr, 0, n / block * 4 + 64), "memset");
+  for (DeviceMemory* row_buffer : {&mr, &vr}) check(cudaMemset(row_buffer->ptr, 0, rows * 4), "memset");
   ka::ParamView p{};
   p.master = master.ptr, p.master_bf16 = bf16_master, p.grad = grad.ptr, p.grad_bf16 = bf16_master;
   p.exp_avg = m.ptr, p.exp_avg_sq = v.ptr, p.exp_avg_scale = ms.ptr, p.exp_avg_sq_scale = vs.ptr;
@@ -230,6 +249,8 @@ void BM_AdamWStep(benchmark::State& state, qwen3::kernels::adamw::Moments moment
   ka::StepScalars sc{};
   sc.beta1 = 0.9f, sc.one_minus_beta1 = 0.1f, sc.beta2 = 0.999f, sc.one_minus_beta2 = 0.001f;
   sc.bias_correction2_sqrt = 0.1f, sc.eps = 1e-8f, sc.neg_step_size = -1e-5f, sc.decay_factor = 1.0f, sc.grad_scale = 1.0f;
+  for (int step = 0; step < 5; ++step) check(qwen3::kernels::launch_adamw_step(p, sc, nullptr), "adamw warm-up");
+  check(cudaDeviceSynchronize(), "warm-up");
   double step_s = 0, copy_s = 0;
   for (auto _ : state) {
     step_s = seconds_per_call([&](int) { check(qwen3::kernels::launch_adamw_step(p, sc, nullptr), "adamw"); });
@@ -299,7 +320,7 @@ int main(int argc, char** argv) {
             ->Iterations(3)
             ->Unit(benchmark::kMicrosecond);
       }
-  for (int64_t M : {1, 16, 4096})
+  for (int64_t M : {1, 16, 64, 128, 256, 512, 1024, 2048})
     for (const auto& nk : shapes) {
       const std::string name = "matmul_bf16/M" + std::to_string(M) + "/N" + std::to_string(nk[0]) + "/K" +
                                std::to_string(nk[1]);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU round in one command (issue 8; docs/build.md, "The GPU round"):
+# The GPU round, in three device calls (issues 12 and 26; docs/build.md, "The GPU round"):
 #
 #   scripts/gpu-check.sh RESULTS_DIR [--call 1|2|3] [--stage STAGE]... [--cpu-dry-run]
 #
@@ -35,7 +35,7 @@ set -u
 set -o pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-usage() { sed -n '2,5p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 results=""
 dry_run=0

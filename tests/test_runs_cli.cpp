@@ -85,9 +85,10 @@ TEST(RunsCli, OutputDirHoldsTheRunAndRunTomlRepeatsIt) {
   EXPECT_DOUBLE_EQ(metrics[2]["epoch"].get<double>(), 1.5);  // 4 pairs, 2 a step
   EXPECT_TRUE(metrics[0]["mfu"].is_null());                  // CPU: no meaningful peak
   // Achieved model TFLOP/s on every device: the model FLOPs of the step's tokens over its time.
-  const Qwen3Config config = load_config(s.model.config_path);
+  const double flops_per_token =
+      model_flops_per_token(load_config(s.model.config_path), run["options"]["seq_len"].get<int64_t>());
   for (const auto& m : metrics)
-    EXPECT_NEAR(m["tflops"].get<double>(), model_flops_per_token(config, run["options"]["seq_len"].get<int64_t>()) * m["tok_per_s"].get<double>() * 1e-12,
+    EXPECT_NEAR(m["tflops"].get<double>(), flops_per_token * m["tok_per_s"].get<double>() * 1e-12,
                 1e-9 * m["tflops"].get<double>()) << m.dump();
   EXPECT_EQ(metrics[0]["time"].get<std::string>().size(), 24u);  // 2026-11-24T08:15:03.123Z
   // The same run from run.toml, into another folder.

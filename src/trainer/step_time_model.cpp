@@ -144,14 +144,18 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
 }
 
 double model_flops_per_token(const Qwen3Config& c, int64_t seq_len) {
-  const double H = static_cast<double>(c.hidden_size), hd = static_cast<double>(c.head_dim);
-  const double q = static_cast<double>(c.num_attention_heads) * hd, kv = static_cast<double>(c.num_key_value_heads) * hd;
-  const double I = static_cast<double>(c.intermediate_size), L = static_cast<double>(c.num_hidden_layers);
-  const double block = H * q + 2 * H * kv + q * H  // q, k, v, o projections
-                       + 3 * H * I                 // gate, up, down
-                       + 2 * hd + 2 * H;           // q/k norms, the two layer norms
-  const double parameters = L * block + H /*final norm*/ + H * static_cast<double>(c.vocab_size) /*head*/;
-  return 6 * parameters + 12 * L * q * static_cast<double>(seq_len);
+  // The parameters a token's products use: the layout's tensors with a head of their own (a tied head is the
+  // embedding, counted once as the head), less the input embedding, whose lookup is no product.
+  const ModelShape s = c.shape();
+  double parameters = 0;
+  for (const auto& spec : qwen3_tensors(s, /*with_lm_head=*/true)) {
+    if (spec.key == "model.embed_tokens.weight") continue;
+    double n = 1;
+    for (int64_t d : spec.shape) n *= static_cast<double>(d);
+    parameters += n;
+  }
+  const double attention_width = static_cast<double>(s.heads * s.head_dim);
+  return 6 * parameters + 12 * static_cast<double>(s.layers) * attention_width * static_cast<double>(seq_len);
 }
 
 }  // namespace qwen3

@@ -942,17 +942,14 @@ hf_peer_train() {
     return
   fi
   log=$d/$peer.log
-  if ! run_monitored "$log" "${TRAIN_TIMEOUT_S:-240}" "$d/$peer.mem" "$python" "$root/bench/hf_peer.py" train \
-      --config "$m/config.json" --seq-len "$seq" --batch-size "$batch" --steps "$train_steps" --device cuda "${flags[@]}"; then
-    no_time "$name" "$peer"
-    return
-  fi
+  local run=(run_monitored "$log" "${TRAIN_TIMEOUT_S:-240}" "$d/$peer.mem" "$python" "$root/bench/hf_peer.py" train
+             --config "$m/config.json" --seq-len "$seq" --batch-size "$batch" --steps "$train_steps" --device cuda
+             "${flags[@]}")
+  "${run[@]}" || { no_time "$name" "$peer"; return; }
   local note=""
   if [ "$step_rc" != 0 ] && grep -q 'needs torchao' "$log"; then  # no torchao here: the moments in bf16 instead
     note="torchao absent, bf16 moments; "
-    run_monitored "$log" "${TRAIN_TIMEOUT_S:-240}" "$d/$peer.mem" "$python" "$root/bench/hf_peer.py" train \
-      --config "$m/config.json" --seq-len "$seq" --batch-size "$batch" --steps "$train_steps" --device cuda \
-      "${flags[@]}" --moments param || { no_time "$name" "$peer"; return; }
+    "${run[@]}" --moments param || { no_time "$name" "$peer"; return; }
   fi
   if [ "$step_rc" = 0 ]; then
     record "$name" "$peer" ok "$step_s" "$note$(hf_peer_figures "$log"); $(cat "$d/$peer.mem")"

@@ -5,6 +5,7 @@
 #   scripts/cross-arm64.sh            # sysroot (once), build into build-arm64/, the unit tests under qemu
 #   scripts/cross-arm64.sh --all      # every test (cli and slow too: over an hour under emulation)
 #   scripts/cross-arm64.sh --build-only
+#   scripts/cross-arm64.sh --prepare      # only the cross tools and the sysroot (.ci/run: while the native build runs)
 #
 # Why a sysroot instead of `dpkg --add-architecture arm64` + `apt-get install libtorch-dev:arm64`: Debian's
 # libtorch-dev (and python3-dev, which it depends on) is not Multi-Arch: same, so the arm64 package would replace
@@ -22,7 +23,8 @@ case "${1:-}" in
   "") ;;
   --all) mode=all ;;
   --build-only) mode=none ;;
-  *) echo "usage: scripts/cross-arm64.sh [--all|--build-only]" >&2; exit 2 ;;
+  --prepare) mode=prepare ;;
+  *) echo "usage: scripts/cross-arm64.sh [--all|--build-only|--prepare]" >&2; exit 2 ;;
 esac
 
 # The native build's packages (scripts/setup.sh) and the cross tools.
@@ -39,20 +41,21 @@ if needs_cached_root cross-arm64 "$sysroot" "$arm64_packages" QWEN3_ARM64_SYSROO
   mirror=$(host_debian_mirror)
   # --variant=extract: unpack only (no maintainer scripts, which would need arm64 code to run).
   mmdebstrap --quiet --variant=extract --architectures=arm64 --format=directory --include="$arm64_packages" \
-    bookworm "$sysroot" "deb $mirror bookworm main" "deb $mirror bookworm-updates main" \
+    bookworm "$sysroot.partial" "deb $mirror bookworm main" "deb $mirror bookworm-updates main" \
     "deb ${mirror%/debian}/debian-security bookworm-security main"
   # Unpacked, not installed: absolute symlinks point into the host and the alternatives that the maintainer
   # scripts would make (libblas.so.3 -> OpenBLAS) do not exist. Make both right inside the sysroot.
-  find "$sysroot" -type l -lname '/*' ! -path "$sysroot/dev/*" | while read -r link; do
+  find "$sysroot.partial" -type l -lname '/*' ! -path "$sysroot.partial/dev/*" | while read -r link; do
     target=$(readlink "$link")
-    ln -sfn "$(realpath -m --relative-to="$(dirname "$link")" "$sysroot$target")" "$link"
+    ln -sfn "$(realpath -m --relative-to="$(dirname "$link")" "$sysroot.partial$target")" "$link"
   done
-  libdir=$sysroot/usr/lib/aarch64-linux-gnu
+  libdir=$sysroot.partial/usr/lib/aarch64-linux-gnu
   ln -sfn openblas-pthread/libblas.so.3 "$libdir/libblas.so.3"
   ln -sfn openblas-pthread/liblapack.so.3 "$libdir/liblapack.so.3"
   ln -sfn openblas-pthread/libopenblas.so.0 "$libdir/libopenblas.so.0"  # found through ld.so.cache when installed
   stamp_cached_root "$sysroot" "$arm64_packages"
 fi
+[ "$mode" != prepare ] || exit 0
 
 if [ -z "${QWEN3_ARM64_SYSROOT:-}" ]; then
   mkdir -p "$root/.deps"

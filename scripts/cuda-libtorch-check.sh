@@ -5,7 +5,8 @@
 # backend) is compiled nowhere else before a GPU machine is lent, and PyTorch's CUDA cmake (which sets
 # CMAKE_CUDA_ARCHITECTURES OFF and adds -gencode flags of its own) runs here as it will there.
 #
-#   scripts/cuda-libtorch-check.sh        # build folder build-cuda-libtorch/ (BUILD_DIR)
+#   scripts/cuda-libtorch-check.sh            # build folder build-cuda-libtorch/ (BUILD_DIR)
+#   scripts/cuda-libtorch-check.sh --prepare  # only unpack the packages (.ci/run: while the native build runs)
 #
 # What: Debian 13's libtorch-cuda-dev 2.6 (headers and cmake package) and libnccl-dev are unpacked (dpkg -x,
 # nothing installed) once per machine into a cache shared by every clone. Their runtime libraries are not
@@ -21,6 +22,12 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cache=${XDG_CACHE_HOME:-$HOME/.cache}/qwen3-train/cuda-libtorch
 cuda=${CUDA_HOME:-/usr/local/cuda}
 build_dir=${BUILD_DIR:-$root/build-cuda-libtorch}
+prepare_only=0
+case "${1:-}" in
+  "") ;;
+  --prepare) prepare_only=1 ;;
+  *) echo "usage: scripts/cuda-libtorch-check.sh [--prepare]" >&2; exit 2 ;;
+esac
 if [ ! -x "$cuda/bin/nvcc" ]; then
   echo "cuda-libtorch-check: no nvcc under $cuda (set CUDA_HOME): skipped" >&2
   exit 0
@@ -31,14 +38,14 @@ debs="pool/contrib/p/pytorch-cuda/libtorch-cuda-dev_2.6.0+dfsg-7+b1_amd64.deb po
 if needs_cached_root cuda-libtorch-check "$cache" "$debs" XDG_CACHE_HOME; then
   echo "cuda-libtorch-check: unpacking libtorch-cuda-dev and libnccl-dev (Debian 13) into $cache" >&2
   make_cached_root_dir "$cache"
-  mkdir -p "$cache"
+  mkdir -p "$cache.partial"
   mirror=$(host_debian_mirror)
   for deb in $debs; do
-    curl -fsSL --retry 3 -o "$cache/package.deb" "$mirror/$deb"
-    dpkg -x "$cache/package.deb" "$cache"
-    rm "$cache/package.deb"
+    curl -fsSL --retry 3 -o "$cache.partial/package.deb" "$mirror/$deb"
+    dpkg -x "$cache.partial/package.deb" "$cache.partial"
+    rm "$cache.partial/package.deb"
   done
-  lib=$cache/usr/lib/x86_64-linux-gnu
+  lib=$cache.partial/usr/lib/x86_64-linux-gnu
   for name in c10 c10_cuda torch torch_cpu torch_cuda; do : >"$lib/lib$name.so.2.6.0"; done  # placeholders (above)
   stamp_cached_root "$cache" "$debs"
 fi
@@ -49,11 +56,13 @@ if compgen -G "$cache/usr/include/nccl*.h" >/dev/null; then
   mkdir -p "$cache/nvidia/nccl/include"
   mv "$cache"/usr/include/nccl*.h "$cache/nvidia/nccl/include/"
 fi
+[ "$prepare_only" = 0 ] || exit 0
 
 mkdir -p "$build_dir"
 export CCACHE_BASEDIR=$root CCACHE_NOHASHDIR=true CCACHE_COMPILERCHECK=content
-if [ ! -f "$build_dir/build.ninja" ]; then
-  cmake -S "$root" -B "$build_dir" -G Ninja -Wno-dev -DCMAKE_BUILD_TYPE=Release -DQWEN3_CUDA=ON \
+# One object a source (no unity build): the check compiles only the sources named below, each by its object.
+if [ ! -f "$build_dir/build.ninja" ] || ! grep -q '^QWEN3_UNITY_BUILD:BOOL=OFF$' "$build_dir/CMakeCache.txt"; then
+  cmake -S "$root" -B "$build_dir" -G Ninja -Wno-dev -DCMAKE_BUILD_TYPE=Release -DQWEN3_CUDA=ON -DQWEN3_UNITY_BUILD=OFF \
     -DCMAKE_CUDA_COMPILER="$cuda/bin/nvcc" -DCUDAToolkit_ROOT="$cuda" \
     -DCMAKE_PREFIX_PATH="$cache/usr/lib/x86_64-linux-gnu/cmake" \
     -DCMAKE_CXX_FLAGS=-DQWEN3_REQUIRE_NCCL=1 ${CMAKE_ARGS:-} >"$build_dir/configure.log" 2>&1 ||

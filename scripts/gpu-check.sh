@@ -346,8 +346,10 @@ stage_build() {
   stage_begin build
   local d=$stage_dir args=() nvcc_path note
   torch_info
+  # One object a source (no unity build): the CUDA-libtorch lane checks these files one by one, and a name two
+  # files share only under QWEN3_TORCH_HAS_CUDA must not first collide here, on device time.
   args=(-S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "-DQWEN3_VENDOR_DIR=$vendor"
-        -DCMAKE_POLICY_VERSION_MINIMUM=3.5)
+        -DCMAKE_POLICY_VERSION_MINIMUM=3.5 -DQWEN3_UNITY_BUILD=OFF)
   if [ "$dry_run" = 0 ]; then
     args+=(-DQWEN3_CUDA=ON "-DCMAKE_PREFIX_PATH=$torch_prefix")
     nvcc_path=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)

@@ -6,6 +6,7 @@
 # steps, gradient checkpointing on and off, so the script is known to run before a GPU session depends on it.
 #
 #   scripts/hf-reference-check.sh            # needs root (chroot); uses BUILD_DIR/qwen3-train (default build/)
+#   scripts/hf-reference-check.sh --prepare  # only make the root (.ci/run does it while the native build compiles)
 #
 # transformers is not in Debian 12 and PyPI is not reachable from these machines: mmdebstrap makes a Debian
 # unstable root with python3-transformers and python3-torch (CPU) once per machine, in the cache the other lanes
@@ -21,7 +22,13 @@ if [ "$(id -u)" -ne 0 ]; then
   echo "hf-reference-check: needs root (mmdebstrap, chroot and bind mounts); run it with sudo" >&2
   exit 2
 fi
-[ -x "$bin" ] || { echo "hf-reference-check: no $bin: build first (scripts/build.sh)" >&2; exit 2; }
+prepare_only=0
+case "${1:-}" in
+  "") ;;
+  --prepare) prepare_only=1 ;;
+  *) echo "usage: scripts/hf-reference-check.sh [--prepare]" >&2; exit 2 ;;
+esac
+[ "$prepare_only" = 1 ] || [ -x "$bin" ] || { echo "hf-reference-check: no $bin: build first (scripts/build.sh)" >&2; exit 2; }
 "$root/scripts/setup.sh" mmdebstrap
 
 packages=python3-transformers,python3-torch,python3-safetensors
@@ -33,9 +40,10 @@ if needs_cached_root hf-reference-check "$chroot_dir" "$packages" QWEN3_HF_ROOT;
   mirror=$(host_debian_mirror)
   # A mirror snapshot's unstable Release file may be past its Valid-Until date; its signature is still checked.
   mmdebstrap --quiet --variant=apt --format=directory --aptopt='Acquire::Check-Valid-Until "false"' \
-    --include="$packages" sid "$chroot_dir" "deb $mirror sid main"
+    --include="$packages" sid "$chroot_dir.partial" "deb $mirror sid main"
   stamp_cached_root "$chroot_dir" "$packages"
 fi
+[ "$prepare_only" = 0 ] || exit 0
 
 # The files both sides read: in the checkout's build folder (ignored), bind-mounted into the root at /src.
 work=$build_dir/hf-reference

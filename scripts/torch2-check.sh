@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Builds qwen3-train against PyTorch 2.x's libtorch (Debian 13's libtorch-dev 2.6, CPU) and runs the whole test
-# suite with it, torchrun included, on a Debian 12 machine: docs/build.md. The GPU machine's libtorch is
+# Builds qwen3-train against PyTorch 2.x's libtorch (Debian 13's libtorch-dev 2.6, CPU) and runs the tests whose
+# results can differ with libtorch's version (the unit tests and the `versioned` binary-level ones: training,
+# evaluation, generation, export, torchrun, the memory model, the smoke), on a Debian 12 machine: docs/build.md. The GPU machine's libtorch is
 # PyTorch 2.x; Debian 12's is 1.13. Without this lane the first build against 2.x happened on a lent GPU, where
 # its failures cost device time.
 #
-#   scripts/torch2-check.sh              # root (once), build into build-torch2/, every test
-#   scripts/torch2-check.sh -R Dist      # extra arguments go to ctest
+#   scripts/torch2-check.sh              # root (once), build into build-torch2/, ctest -L 'unit|versioned'
+#   scripts/torch2-check.sh -R Dist      # arguments given go to ctest instead of the labels (`-L .`: every test)
+#   scripts/torch2-check.sh --prepare    # only make the root (.ci/run does it while the native build compiles)
 #
 # How: mmdebstrap makes a Debian 13 root with the same libraries as scripts/setup.sh plus python3-torch (for
 # torchrun), once per machine, in a cache shared by every clone (as ccache is); QWEN3_TORCH2_ROOT names another
@@ -32,9 +34,10 @@ if needs_cached_root torch2-check "$chroot_dir" "$packages" QWEN3_TORCH2_ROOT; t
   echo "torch2-check: installing Debian 13 with libtorch 2.x into $chroot_dir" >&2
   make_cached_root_dir "$chroot_dir"
   mirror=$(host_debian_mirror)
-  mmdebstrap --quiet --variant=apt --format=directory --include="$packages" trixie "$chroot_dir" "deb $mirror trixie main"
+  mmdebstrap --quiet --variant=apt --format=directory --include="$packages" trixie "$chroot_dir.partial" "deb $mirror trixie main"
   stamp_cached_root "$chroot_dir" "$packages"
 fi
+[ "${1:-}" != --prepare ] || exit 0
 mkdir -p "$cache/torch2-ccache"
 
 # Inside: configure once, build (the benchmarks too: they must compile against 2.x), run ctest. The tests that
@@ -44,9 +47,13 @@ set -euo pipefail
 export CCACHE_DIR=/ccache CCACHE_BASEDIR=/src CCACHE_NOHASHDIR=true CCACHE_COMPILERCHECK=content CCACHE_MAXSIZE=3G
 cd /src
 python3 -c 'import torch; print("torch2-check: libtorch", torch.__version__)'
-if [ ! -f "$BUILD/build.ninja" ]; then cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null; fi
+# Without the unity build: every source compiles on its own here (a missing #include that a batch hides fails).
+if [ ! -f "$BUILD/build.ninja" ] || ! grep -q '^QWEN3_UNITY_BUILD:BOOL=OFF$' "$BUILD/CMakeCache.txt"; then
+  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DQWEN3_UNITY_BUILD=OFF >/dev/null
+fi
 ninja -C "$BUILD" -j "$(nproc)"
 cd "$BUILD"
+if [ $# -eq 0 ]; then set -- -L 'unit|versioned'; fi
 ctest --output-on-failure -j "$(nproc)" "$@"
 INNER
 )

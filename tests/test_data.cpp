@@ -13,7 +13,7 @@ namespace {
 using test::counted_targets;
 using test::DataFile;
 using test::data_options;
-using test::Ids;
+using RowIds = test::Ids;
 using test::LogCapture;
 using test::row;
 using test::tiny_tokenizer;
@@ -24,15 +24,15 @@ constexpr int64_t kImEnd = 272;
 TEST(DataTsv, RendersChatFormatWithLossOnTargetAndImEndOnly) {
   const DataFile file("ab\txyz\n");
   const TrainingData data(tiny_tokenizer(), data_options(file.path(), DataFormat::tsv));
-  const Ids full = to_ids(render_chat(tiny_tokenizer(), ChatTurn{std::nullopt, "ab", "xyz"}).ids);
+  const RowIds full = to_ids(render_chat(tiny_tokenizer(), ChatTurn{std::nullopt, "ab", "xyz"}).ids);
   const auto n = static_cast<int64_t>(full.size());
   ASSERT_EQ(full.front(), 271);
-  ASSERT_EQ(Ids(full.end() - 5, full.end()), Ids({'x', 'y', 'z', kImEnd, '\n'}));
+  ASSERT_EQ(RowIds(full.end() - 5, full.end()), RowIds({'x', 'y', 'z', kImEnd, '\n'}));
 
   const Batch b = data.batch(0, 0);
   ASSERT_EQ(b.input_ids.sizes(), at::IntArrayRef({1, n - 1}));
-  EXPECT_EQ(row(b.input_ids, 0), Ids(full.begin(), full.end() - 1));
-  Ids expected_targets(static_cast<size_t>(n - 1), -100);  // the prompt and the final "\n": no loss
+  EXPECT_EQ(row(b.input_ids, 0), RowIds(full.begin(), full.end() - 1));
+  RowIds expected_targets(static_cast<size_t>(n - 1), -100);  // the prompt and the final "\n": no loss
   for (int64_t j = n - 6; j <= n - 3; ++j) expected_targets[static_cast<size_t>(j)] = full[static_cast<size_t>(j + 1)];
   EXPECT_EQ(row(b.target_ids, 0), expected_targets);
   EXPECT_EQ(b.loss_tokens, 4);
@@ -48,28 +48,28 @@ TEST(DataTsv, SystemPromptComesFirstAndCarriesNoLoss) {
   opt.system = "be brief";
   const TrainingData data(tiny_tokenizer(), opt);
   const Batch b = data.batch(0, 0);
-  const Ids full = to_ids(render_chat(tiny_tokenizer(), ChatTurn{opt.system, "ab", "xyz"}).ids);
-  EXPECT_EQ(row(b.input_ids, 0), Ids(full.begin(), full.end() - 1));
+  const RowIds full = to_ids(render_chat(tiny_tokenizer(), ChatTurn{opt.system, "ab", "xyz"}).ids);
+  EXPECT_EQ(row(b.input_ids, 0), RowIds(full.begin(), full.end() - 1));
   const std::vector<TokenId> input(full.begin(), full.end());
   EXPECT_EQ(tiny_tokenizer().decode(input).rfind("<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nab", 0),
             0u);
-  EXPECT_EQ(counted_targets(b.target_ids, 0), Ids({'x', 'y', 'z', kImEnd}));
+  EXPECT_EQ(counted_targets(b.target_ids, 0), RowIds({'x', 'y', 'z', kImEnd}));
 }
 
 TEST(DataTsv, SplitsAtTheFirstTabAndTrimsEachField) {
   const DataFile file("  ab \t xyz\tq  \r\n");
   const TrainingData data(tiny_tokenizer(), data_options(file.path(), DataFormat::tsv));
-  const Ids full = to_ids(render_chat(tiny_tokenizer(), ChatTurn{std::nullopt, "ab", "xyz\tq"}).ids);
-  EXPECT_EQ(row(data.batch(0, 0).input_ids, 0), Ids(full.begin(), full.end() - 1));
+  const RowIds full = to_ids(render_chat(tiny_tokenizer(), ChatTurn{std::nullopt, "ab", "xyz\tq"}).ids);
+  EXPECT_EQ(row(data.batch(0, 0).input_ids, 0), RowIds(full.begin(), full.end() - 1));
 }
 
 TEST(DataText, EveryTokenAfterTheFirstIsATarget) {
   const DataFile file("  xyz abc \n", "train.txt");
   const TrainingData data(tiny_tokenizer(), data_options(file.path(), DataFormat::text));
-  const Ids ids = to_ids(tiny_tokenizer().encode("xyz abc"));
+  const RowIds ids = to_ids(tiny_tokenizer().encode("xyz abc"));
   const Batch b = data.batch(0, 0);
-  EXPECT_EQ(row(b.input_ids, 0), Ids(ids.begin(), ids.end() - 1));
-  EXPECT_EQ(row(b.target_ids, 0), Ids(ids.begin() + 1, ids.end()));
+  EXPECT_EQ(row(b.input_ids, 0), RowIds(ids.begin(), ids.end() - 1));
+  EXPECT_EQ(row(b.target_ids, 0), RowIds(ids.begin() + 1, ids.end()));
   EXPECT_EQ(b.loss_tokens, static_cast<int64_t>(ids.size()) - 1);
   EXPECT_EQ(data.stats().loss_tokens, static_cast<int64_t>(ids.size()) - 1);
 }
@@ -226,11 +226,11 @@ TEST(DataTsv, LongPairKeepsItsTargetAndLosesPromptTokensOnTheLeft) {
 
   const Batch b = data.batch(0, 0);
   ASSERT_EQ(b.input_ids.sizes(), at::IntArrayRef({1, 32}));
-  const Ids full = to_ids(render_chat(tiny_tokenizer(), ChatTurn{std::nullopt, prompt, "xyz"}).ids);
+  const RowIds full = to_ids(render_chat(tiny_tokenizer(), ChatTurn{std::nullopt, prompt, "xyz"}).ids);
   // 33 tokens ending at the closing <|im_end|>: the trailing "\n" and the prompt's start are gone.
-  const Ids kept(full.end() - 34, full.end() - 1);
-  EXPECT_EQ(row(b.input_ids, 0), Ids(kept.begin(), kept.end() - 1));
-  EXPECT_EQ(counted_targets(b.target_ids, 0), Ids({'x', 'y', 'z', kImEnd}));
+  const RowIds kept(full.end() - 34, full.end() - 1);
+  EXPECT_EQ(row(b.input_ids, 0), RowIds(kept.begin(), kept.end() - 1));
+  EXPECT_EQ(counted_targets(b.target_ids, 0), RowIds({'x', 'y', 'z', kImEnd}));
 }
 
 TEST(DataTsv, TargetLongerThanSeqLenIsABadLine) {
@@ -250,7 +250,7 @@ TEST(DataTsv, TargetLongerThanSeqLenIsABadLine) {
 
 TEST(DataText, LongLineIsCutIntoWindowsThatCoverEveryTargetOnce) {
   const std::string line = "abcdefghijklmnopqrstuvwxyz";
-  const Ids ids = to_ids(tiny_tokenizer().encode(line));
+  const RowIds ids = to_ids(tiny_tokenizer().encode(line));
   ASSERT_EQ(ids.size(), 26u);
   const DataFile file(line + "\n", "t.txt");
   const TrainingData data(tiny_tokenizer(), data_options(file.path(), DataFormat::text, /*seq_len=*/10, 3));
@@ -260,13 +260,13 @@ TEST(DataText, LongLineIsCutIntoWindowsThatCoverEveryTargetOnce) {
   EXPECT_EQ(data.stats().loss_tokens, 25);
   const Batch b = data.batch(0, 0);
   ASSERT_EQ(b.input_ids.sizes(), at::IntArrayRef({3, 10}));
-  Ids all_targets;
+  RowIds all_targets;
   for (int64_t r = 0; r < 3; ++r) {
-    const Ids t = counted_targets(b.target_ids, r);
+    const RowIds t = counted_targets(b.target_ids, r);
     all_targets.insert(all_targets.end(), t.begin(), t.end());
   }
-  EXPECT_EQ(all_targets, Ids(ids.begin() + 1, ids.end()));
-  EXPECT_EQ(row(b.input_ids, 2), Ids({'u', 'v', 'w', 'x', 'y', 270, 270, 270, 270, 270}));
+  EXPECT_EQ(all_targets, RowIds(ids.begin() + 1, ids.end()));
+  EXPECT_EQ(row(b.input_ids, 2), RowIds({'u', 'v', 'w', 'x', 'y', 270, 270, 270, 270, 270}));
   EXPECT_EQ(b.tokens, 25);
 }
 

@@ -26,17 +26,17 @@ namespace {
 namespace fs = std::filesystem;
 using test::run_cli;
 
-struct Trained {
+struct HfTrained {
   SynthResult model;
   std::string checkpoints;
 };
 
 // The tiny model trained three steps, all of it (so every tensor of the export comes from the checkpoint).
-Trained trained_model(const test::TempDir& dir, bool tied) {
+HfTrained trained_model(const test::TempDir& dir, bool tied) {
   SynthOptions s;
   s.config = test::trainable_tiny_config(tied);
   s.out_dir = dir.file("m");
-  Trained t{write_synthetic_model(s), dir.file("ck")};
+  HfTrained t{write_synthetic_model(s), dir.file("ck")};
   std::ofstream(dir.file("pairs.tsv")) << "hi\tworld\nname?\tqwen\nabc\txyz\ncolor\tblue\n";
   TrainOptions o;
   o.weights = t.model.dat_path;
@@ -53,7 +53,7 @@ Trained trained_model(const test::TempDir& dir, bool tied) {
   return t;
 }
 
-std::string export_cmd(const Trained& t, const std::string& format, const std::string& out) {
+std::string export_cmd(const HfTrained& t, const std::string& format, const std::string& out) {
   return "export --format " + format + " --checkpoint " + t.checkpoints + " --weights " + t.model.dat_path +
          " --config " + t.model.config_path + " --tokenizer " + test::tiny_tokenizer_path() + " --out " + out;
 }
@@ -76,7 +76,7 @@ std::map<std::string, at::Tensor> read_folder(const std::string& dir) {
 
 TEST(HfExportCli, TrainedModelOutToHfAndNvfp4HfReadByAnIndependentReader) {
   test::TempDir dir;
-  const Trained t = trained_model(dir, /*tied=*/false);
+  const HfTrained t = trained_model(dir, /*tied=*/false);
   const std::string hf = dir.file("hf"), fp4 = dir.file("fp4");
   auto r = run_cli(export_cmd(t, "hf", hf));
   ASSERT_EQ(r.code, 0) << r.err;
@@ -117,7 +117,7 @@ TEST(HfExportCli, TrainedModelOutToHfAndNvfp4HfReadByAnIndependentReader) {
 
 TEST(HfExportCli, ShardsTiedHeadAndReplacingTheFolder) {
   test::TempDir dir;
-  const Trained t = trained_model(dir, /*tied=*/true);
+  const HfTrained t = trained_model(dir, /*tied=*/true);
   const std::string hf = dir.file("hf"), fp4 = dir.file("fp4");
   auto r = run_cli(export_cmd(t, "hf", hf) + " --max-shard-size 40KB");
   ASSERT_EQ(r.code, 0) << r.err;

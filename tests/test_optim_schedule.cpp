@@ -6,8 +6,10 @@
 #include <limits>
 #include <vector>
 
+#include "gpu_test.h"
 #include "optim_test_util.h"
 #include "qwen3/base/error.h"
+#include "qwen3/memory/memory_probe.h"
 #include "qwen3/optim/optim.h"
 
 namespace qwen3 {
@@ -54,6 +56,22 @@ TEST(ClipGradNorm, CountsBf16GradientsAndIgnoresMissingOnes) {
   params.push_back(make_param("no_grad", at::ones({3})));
   EXPECT_DOUBLE_EQ(clip_grad_norm(params, 0.0), 64.0);
   EXPECT_EQ(clip_grad_norm({}, 1.0), 0.0);
+}
+
+// On CUDA the norm reads each gradient once: the CPU path's fp32 copy of a piece and its square (up to 16M
+// elements a piece on a device) were 8 bytes an element written and read again, the step's largest temporaries.
+TEST(ClipGradNorm, GpuReadsBf16GradientsWithoutAnFp32Copy) {
+  QWEN3_GPU_TEST(at::hasCUDA());
+  const at::Tensor cpu = at::randn({4096, 4096}).to(at::kBFloat16);  // 32 MB; one piece on a device
+  const at::Tensor grad = cpu.to(at::kCUDA);
+  const double expected = square_sum_fp32(cpu).item<double>();
+  MemoryProbe probe(grad.device());
+  probe.reset_peaks();
+  const uint64_t before = probe.read().allocated;
+  const double got = square_sum_fp32(grad).item<double>();
+  const uint64_t extra = probe.read().peak - before;
+  EXPECT_NEAR(got, expected, expected * 1e-5);
+  EXPECT_LT(extra, static_cast<uint64_t>(grad.numel())) << "bytes allocated beyond the gradient";
 }
 
 TEST(LrSchedule, ConstantWithWarmup) {

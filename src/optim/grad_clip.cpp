@@ -11,8 +11,15 @@ namespace qwen3 {
 
 at::Tensor square_sum_fp32(const at::Tensor& t) {
   at::NoGradGuard no_grad;
-  // In row pieces: a bf16 tensor's fp32 copy as a whole (1.5 GB for Qwen3-4B's embedding) would be the largest
-  // temporary of the step.
+  if (t.is_cuda()) {
+    // One read of each element and nothing written: CUDA's norm kernel widens bf16/fp16 to fp32 as it reads and
+    // accumulates in fp32 (the path below would write and read an fp32 copy and its square: 12-18 bytes an
+    // element more). Squaring the norm rounds once more than summing the squares: a relative 1e-7.
+    const at::Tensor norm = at::linalg_vector_norm(t, 2, at::OptionalIntArrayRef{}, false, at::kFloat);
+    return norm * norm;
+  }
+  // On a CPU libtorch widens the whole input first whatever the call, so in row pieces: a bf16 tensor's fp32 copy
+  // as a whole (1.5 GB for Qwen3-4B's embedding) would be the largest temporary of the step.
   const at::Tensor rows = t.reshape({t.dim() == 0 ? 1 : t.size(0), -1});
   const int64_t chunk = optimizer_piece_rows(0, rows.size(0), rows.size(1), rows.device());
   at::Tensor sum = at::zeros({}, rows.options().dtype(at::kFloat));

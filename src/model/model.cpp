@@ -115,9 +115,16 @@ at::Tensor packed_attention_mask(const at::Tensor& documents) {
 
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask) {
   const int64_t groups = q.size(1) / k.size(1);
+  const int64_t T = q.size(2), S = k.size(2);
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
+  // Training and prefill without a mask: SDPA's causal kernel (flash on CUDA) takes the grouped key/value heads
+  // as they are (enable_gqa, PyTorch 2.5+), with no copy of k and v for each query head of a group.
+  if (T == S && !mask.defined()) return at::scaled_dot_product_attention(q, k, v, {}, 0.0, true, {}, groups > 1);
+#endif
+  // Elsewhere every query head gets its own copy of its group's k and v: a mask sends SDPA to kernels that do
+  // not take grouped heads (on CUDA the memory-efficient one), and libtorch before 2.5 has no such flag.
   const at::Tensor ke = groups == 1 ? k : k.repeat_interleave(groups, 1);
   const at::Tensor ve = groups == 1 ? v : v.repeat_interleave(groups, 1);
-  const int64_t T = q.size(2), S = k.size(2);
   // Query i is at absolute position (S - T) + i and sees keys j <= (S - T) + i.
   const auto idx = at::TensorOptions().dtype(at::kLong).device(q.device());
   const at::Tensor allowed =

@@ -49,6 +49,9 @@ struct BlockSizes {
 }  // namespace
 
 bool build_uses_sdpa() { return TORCH_VERSION_MAJOR >= 2; }
+bool build_sdpa_takes_grouped_heads() {
+  return TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5);
+}
 
 StepPrediction predict(const TrainOptions& o, const Qwen3Config& config, const c10::Device& device,
                        DenseFileType dense_file) {
@@ -76,7 +79,7 @@ struct StepSizes {
   u64 e = 4, a = 4;         // master and activation bytes an element
   bool bf16 = false, abf16 = false;
   u64 B = 0, T = 0, N = 0, H = 0, Q = 0, KV = 0, I = 0, V = 0, nh = 0;
-  bool grouped = false;
+  bool grouped = false, kv_copies = false;
   std::vector<BlockSizes> blocks;
   u64 weights = 0, moments = 0, gradients = 0;  // the plan's totals
   u64 largest_dense = 0, largest_quantized = 0, nonblock_grad = 0, dense_weights = 0, largest_frozen = 0;
@@ -103,6 +106,10 @@ struct StepSizes {
     H = s.hidden, Q = s.heads * s.head_dim, KV = s.kv_heads * s.head_dim, I = s.intermediate, V = s.vocab;
     nh = s.heads;
     grouped = s.heads != s.kv_heads;
+    // causal_attention (model.cpp) hands SDPA the grouped k and v as they are where it can (libtorch 2.5+, or a
+    // CUDA device, whose libtorch is taken to be the GPU machine's 2.x) and rows are not packed (a mask); else
+    // each query head gets a copy of its group's k and v, and those copies are what autograd saves.
+    kv_copies = grouped && !(sdpa && (cuda || build_sdpa_takes_grouped_heads()) && !o.data.pack);
     count_tensors(device);
     count_activations();
   }
@@ -159,9 +166,9 @@ struct StepSizes {
     const u64 qk_saved = (4 + a) * (Q + KV) + 4 * (nh + s.kv_heads);
     u64 attention_saved = a * Q /*q after RoPE*/ + a * Q /*the merged heads, copied for o_proj*/;
     if (sdpa) {  // flash attention (CUDA, and PyTorch 2.x's CPU kernel): output and log-sum-exp, no scores
-      attention_saved += (grouped ? 2 * a * Q : 2 * a * KV) + a * Q /*output*/ + 4 * nh /*log-sum-exp*/;
+      attention_saved += (kv_copies ? 2 * a * Q : 2 * a * KV) + a * Q /*output*/ + 4 * nh /*log-sum-exp*/;
     } else {
-      attention_saved += (grouped ? 2 * a * Q : 2 * a * KV) + 4 * nh * T + (abf16 ? 2 * nh * T : 0);
+      attention_saved += (kv_copies ? 2 * a * Q : 2 * a * KV) + 4 * nh * T + (abf16 ? 2 * nh * T : 0);
     }
     mlp_saved = 4 * a * I;  // gate, silu(gate), up, their product
     block_saved_per_token = 2 * norm_saved + qk_saved + attention_saved + mlp_saved;

@@ -65,6 +65,9 @@ TrainOptions options_for(const SynthResult& m, const std::string& data) {
   o.data.path = data;
   o.data.format = DataFormat::text;
   o.data.pack = true;
+  // Rows exactly seq_len wide, as the model counts them (it plans for full rows; best-fit rows of whole lines
+  // can be shorter).
+  o.data.pack_strategy = PackStrategy::stream;
   o.log_every = 0;
   o.schedule.lr = 1e-3;
   return o;

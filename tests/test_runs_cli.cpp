@@ -116,6 +116,40 @@ TEST(RunsCli, ResumeRefusesOtherTrainingDataUnlessAllowed) {
   EXPECT_EQ(r.code, 0) << r.err;
 }
 
+// --pack-strategy (best-fit by default) is part of what a run is: recorded, compared on resume, and never
+// silently changed for a run from before it, whose packed rows were cut from the stream.
+TEST(RunsCli, PackStrategyIsRecordedAndOldPackedRunsAreNotSilentlyChanged) {
+  RunSetup s;
+  std::ofstream(s.dir.file("old.toml")) << "pack = true\nseq-len = 24\n";
+  auto r = run_cli(s.base + " --steps 1 --config-file " + s.dir.file("old.toml"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("pack = true without pack-strategy"), std::string::npos) << r.err;
+  std::ofstream(s.dir.file("stream.toml")) << "pack = true\nseq-len = 24\npack-strategy = \"stream\"\n";
+  r = run_cli(s.base + " --steps 1 --config-file " + s.dir.file("stream.toml") + " --output-dir " + s.dir.file("out"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(test::slurp(s.dir.file("out/run.json")))["options"]["pack_strategy"], "stream");
+  EXPECT_NE(test::slurp(s.dir.file("out/run.toml")).find("pack-strategy = \"stream\""), std::string::npos);
+  r = run_cli(s.base + " --steps 1 --pack-strategy stream");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--pack-strategy applies with --pack only"), std::string::npos) << r.err;
+
+  // A checkpoint of a packed run from before the flag (no pack_strategy among its flags) resumes as stream only.
+  const std::string ck = s.dir.file("ck");
+  ASSERT_EQ(run_cli(s.base + " --steps 2 --pack --pack-strategy stream --checkpoint-dir " + ck).code, 0);
+  for (const auto& step : fs::directory_iterator(ck)) {
+    if (!fs::exists(step.path() / "checkpoint.json")) continue;
+    nlohmann::json meta = nlohmann::json::parse(test::slurp((step.path() / "checkpoint.json").string()));
+    ASSERT_EQ(meta["flags"]["pack_strategy"], "stream");
+    meta["flags"].erase("pack_strategy");
+    std::ofstream(step.path() / "checkpoint.json") << meta.dump(2);
+  }
+  r = run_cli(s.base + " --steps 3 --pack --checkpoint-dir " + ck + " --resume");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("pack_strategy (checkpoint \"stream\", now \"best-fit\")"), std::string::npos) << r.err;
+  r = run_cli(s.base + " --steps 3 --pack --pack-strategy stream --checkpoint-dir " + ck + " --resume");
+  EXPECT_EQ(r.code, 0) << r.err;
+}
+
 // --profile-step: the step runs under libtorch's profiler; its phases are scopes of their own in a Chrome trace
 // and the log has the time per phase and per op. Without the flag nothing is written.
 TEST(RunsCli, ProfileStepWritesATraceOfItsPhases) {

@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <csignal>
 #include <filesystem>
 
@@ -27,7 +28,8 @@ extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
 
 struct TrainFlags {
   TrainOptions o;
-  std::string model_dir, data_format = "auto", sample_mode = "random", moments = "float32", scale_mode = "rne",
+  std::string model_dir, data_format = "auto", sample_mode = "random", pack_strategy = "best-fit",
+              moments = "float32", scale_mode = "rne",
               system, test_prompt = "Who are you?", lr_schedule = "constant", master_dtype = "float32",
               compute_dtype = "auto", loss = "ce";
   ChatTemplateFlags chat;
@@ -105,6 +107,17 @@ void apply_config_file(CLI::App* sub, const std::string& path) {
   } catch (const CLI::Error& e) {
     throw UsageError(path + ": not a TOML file of flags (" + e.what() + ")");
   }
+  // A file that packs without naming how was written before --pack-strategy (2026-11-26), when every packed run
+  // was cut from the stream: repeating it under today's default would silently train on other rows.
+  const auto names = [&](const std::string& key) {
+    return std::any_of(items.begin(), items.end(), [&](const CLI::ConfigItem& i) { return i.name == key; });
+  };
+  const auto pack_item = std::find_if(items.begin(), items.end(), [](const CLI::ConfigItem& i) { return i.name == "pack"; });
+  if (pack_item != items.end() && pack_item->inputs == std::vector<std::string>{"true"} && !names("pack-strategy") &&
+      sub->get_option("--pack-strategy")->count() == 0)
+    throw UsageError(path + ": pack = true without pack-strategy: runs before 2026-11-26 packed rows cut from the "
+                     "stream of samples; add pack-strategy = \"stream\" to repeat such a run, or \"best-fit\" for "
+                     "whole samples a row (docs/data.md)");
   for (const CLI::ConfigItem& item : items) {
     if (item.name == "++" || item.name == "--") continue;  // section markers
     if (!item.parents.empty())
@@ -127,6 +140,7 @@ void convert_flag_values(TrainFlags& f) {
   TrainOptions& o = f.o;
   o.data.format = parse_data_format(f.data_format);
   o.data.sample_mode = parse_sample_mode(f.sample_mode);
+  o.data.pack_strategy = parse_pack_strategy(f.pack_strategy);
   if (!f.system.empty()) o.data.system = f.system;
   o.adamw.moments = moment_storage_from_name(f.moments);
   o.adamw.seed = o.data.seed;
@@ -150,6 +164,8 @@ void check_flag_combinations(const TrainFlags& f) {
   if (f.synthetic && !o.weights.empty())
     throw UsageError("train: --synthetic trains random weights of --config's shape: drop --weights or --synthetic");
   if (o.eval_every > 0 && o.eval_data.empty()) throw UsageError("train: --eval-every needs --eval-data");
+  if (parse_pack_strategy(f.pack_strategy) != PackStrategy::best_fit && !o.data.pack)
+    throw UsageError("train: --pack-strategy applies with --pack only");
   if (o.grad_accum_steps > 1 && o.fused_optimizer)
     throw UsageError("train: --grad-accum-steps needs the plain update: --fused-optimizer applies each block's "
                      "gradient as soon as it exists, so there is nothing to accumulate into (docs/trainer.md)");
@@ -235,6 +251,9 @@ CLI::Option_group* add_train_flags(CLI::App* sub, const std::shared_ptr<TrainFla
   data->add_option("--seq-len", o.data.seq_len, "tokens per row")->check(positive_number())->capture_default_str();
   data->add_option("--batch-size", o.data.batch_size, "rows per step")->check(positive_number())->capture_default_str();
   add_bool_flag(data, "--pack", o.data.pack, "pack samples into full rows instead of padding");
+  data->add_option("--pack-strategy", f->pack_strategy,
+                   "with --pack: best-fit (whole samples a row) or stream (cut every seq-len tokens)")
+      ->capture_default_str();
   data->add_option("--sample-mode", f->sample_mode, "random or sequential")->capture_default_str();
   data->add_option("--seed", o.data.seed, "data order and stochastic rounding")->check(non_negative_integer())->capture_default_str();
   add_bool_flag(data, "--strict-data", o.data.strict, "a bad data line is fatal instead of skipped");

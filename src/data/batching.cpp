@@ -1,6 +1,7 @@
-// Rows → a Batch. A row is a run of tokens; input position j holds token j and targets token j + 1, which
-// counts (is not -100) only when it carries loss and is not the first token of its sample: nothing is learned
-// across the border of two packed samples, nor from padding.
+// Rows → a Batch: padded (one sample a row), stream-packed (cut from the concatenated samples) or best-fit
+// packed (whole samples, data/packing.h). A row is a run of tokens; input position j holds token j and targets
+// token j + 1, which counts (is not -100) only when it carries loss and is not the first token of its sample:
+// nothing is learned across the border of two packed samples, nor from padding.
 #include <algorithm>
 
 #include "data/training_data_impl.h"
@@ -101,6 +102,23 @@ Batch TrainingData::Impl::packed_batch(const EpochOrder& epoch, int64_t index) c
       append_tokens(*this, sample, offset, offset + take, row);
       pos += take;
       ++k;
+    }
+  }
+  return to_batch(rows, pad_id, /*packed=*/true);
+}
+
+Batch TrainingData::Impl::best_fit_batch(const EpochOrder& epoch, int64_t index) const {
+  const int64_t first = index * options.batch_size;
+  const int64_t last = std::min(first + options.batch_size, rows_per_epoch);
+  std::vector<Row> rows(static_cast<size_t>(last - first));
+  for (int64_t r = first; r < last; ++r) {
+    Row& row = rows[static_cast<size_t>(r - first)];
+    const auto begin = static_cast<size_t>(epoch.row_begin[static_cast<size_t>(r)]);
+    const auto end = static_cast<size_t>(epoch.row_begin[static_cast<size_t>(r) + 1]);
+    row.line = samples[static_cast<size_t>(epoch.order[begin])].line;
+    for (size_t k = begin; k < end; ++k) {  // whole samples: at most seq_len + 1 tokens in all
+      const SampleSpan& sample = samples[static_cast<size_t>(epoch.order[k])];
+      append_tokens(*this, sample, 0, sample.length, row);
     }
   }
   return to_batch(rows, pad_id, /*packed=*/true);

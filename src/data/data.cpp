@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "data/data_lines.h"
+#include "data/packing.h"
 #include "data/sample_order.h"
 #include "data/training_data_impl.h"
 #include "qwen3/data/data.h"
@@ -38,6 +39,13 @@ const char* to_string(DataFormat format) {
 }
 
 const char* to_string(SampleMode mode) { return mode == SampleMode::random ? "random" : "sequential"; }
+
+PackStrategy parse_pack_strategy(const std::string& name) {
+  const PackStrategy all[] = {PackStrategy::best_fit, PackStrategy::stream};
+  return enum_from_name(name, all, "pack strategy");
+}
+
+const char* to_string(PackStrategy strategy) { return strategy == PackStrategy::best_fit ? "best-fit" : "stream"; }
 
 std::vector<ChatTokens> render_chat_file(const Tokenizer& tokenizer, const std::string& path,
                                          const std::optional<std::string>& system) {
@@ -93,8 +101,19 @@ TrainingData::TrainingData(const Tokenizer& tok, DataOptions opt) : impl_(std::m
 
   for (const SampleSpan& s : d.samples) d.stream_tokens += s.length;
   const int64_t seq_len = d.options.seq_len;
-  // Packed rows overlap by one token (a row's last target is the next row's first input); the tail is a row too.
-  d.rows_per_epoch = d.options.pack ? (d.stream_tokens - 1 + seq_len - 1) / seq_len : d.stats.samples;
+  if (!d.options.pack) {
+    d.rows_per_epoch = d.stats.samples;
+  } else if (d.options.pack_strategy == PackStrategy::stream) {
+    // Stream rows overlap by one token (a row's last target is the next row's first input); the tail is a row too.
+    d.rows_per_epoch = (d.stream_tokens - 1 + seq_len - 1) / seq_len;
+  } else {
+    // A best-fit row holds seq_len + 1 tokens of whole samples (seq_len inputs and the last one's target); the
+    // count of rows depends on the lengths alone, so every epoch has this many.
+    std::vector<int64_t> lengths;
+    lengths.reserve(d.samples.size());
+    for (const SampleSpan& sample : d.samples) lengths.push_back(sample.length);
+    d.rows_per_epoch = data::best_fit_decreasing(lengths, seq_len + 1).rows();
+  }
 
   const DataStats& s = d.stats;
   spdlog::info("data: {} ({}): {} lines ({} blank, {} comments{}), {} samples, {} tokens, {} loss tokens, {} skipped, "
@@ -103,7 +122,8 @@ TrainingData::TrainingData(const Tokenizer& tok, DataOptions opt) : impl_(std::m
                d.options.comment_prefix.empty() ? ": comments off" : fmt::format(" starting '{}'", d.options.comment_prefix),
                s.samples, s.tokens, s.loss_tokens, s.skipped, s.truncated, s.split_lines);
   spdlog::info("data: {} {} rows of <= {} tokens -> {} batches of <= {} per epoch, {} order", rows_per_epoch(),
-               d.options.pack ? "packed" : "padded", seq_len, batches_per_epoch(), d.options.batch_size,
+               !d.options.pack ? "padded" : fmt::format("packed ({})", to_string(d.options.pack_strategy)), seq_len,
+               batches_per_epoch(), d.options.batch_size,
                to_string(d.options.sample_mode));
 }
 
@@ -127,7 +147,9 @@ Batch TrainingData::batch(int64_t epoch, int64_t index) const {
     throw Error(fmt::format("data: batch {} is outside [0, {}) of '{}'", index, batches_per_epoch(),
                             impl_->options.path));
   const std::shared_ptr<const EpochOrder> order = impl_->epoch_order(epoch);
-  return impl_->options.pack ? impl_->packed_batch(*order, index) : impl_->padded_batch(*order, index);
+  if (!impl_->options.pack) return impl_->padded_batch(*order, index);
+  return impl_->options.pack_strategy == PackStrategy::stream ? impl_->packed_batch(*order, index)
+                                                              : impl_->best_fit_batch(*order, index);
 }
 
 std::shared_ptr<const EpochOrder> TrainingData::Impl::epoch_order(int64_t epoch) const {
@@ -139,7 +161,24 @@ std::shared_ptr<const EpochOrder> TrainingData::Impl::epoch_order(int64_t epoch)
   auto fresh = std::make_shared<EpochOrder>();
   fresh->epoch = epoch;
   fresh->order = data::sample_order(stats.samples, options.sample_mode, options.seed, epoch);
-  if (options.pack) {
+  if (options.pack && options.pack_strategy == PackStrategy::best_fit) {
+    // The epoch's order decides which of equally long samples share a row; the rows are then put in an order of
+    // their own (shuffled, or as opened: longest first), from a stream unrelated to the samples' shuffle.
+    std::vector<int64_t> lengths(fresh->order.size());
+    for (size_t k = 0; k < lengths.size(); ++k) lengths[k] = samples[static_cast<size_t>(fresh->order[k])].length;
+    const data::PackedRowPlan plan = data::best_fit_decreasing(lengths, options.seq_len + 1);
+    const std::vector<int64_t> row_order =
+        data::sample_order(plan.rows(), options.sample_mode, options.seed ^ 0x6A09E667F3BCC908ULL, epoch);
+    std::vector<int64_t> grouped;
+    grouped.reserve(fresh->order.size());
+    fresh->row_begin.push_back(0);
+    for (const int64_t r : row_order) {
+      for (int64_t i = plan.row_begin[static_cast<size_t>(r)]; i < plan.row_begin[static_cast<size_t>(r) + 1]; ++i)
+        grouped.push_back(fresh->order[static_cast<size_t>(plan.row_samples[static_cast<size_t>(i)])]);
+      fresh->row_begin.push_back(static_cast<int64_t>(grouped.size()));
+    }
+    fresh->order = std::move(grouped);
+  } else if (options.pack) {
     fresh->stream_begin.resize(fresh->order.size() + 1, 0);
     for (size_t k = 0; k < fresh->order.size(); ++k)
       fresh->stream_begin[k + 1] = fresh->stream_begin[k] + samples[static_cast<size_t>(fresh->order[k])].length;

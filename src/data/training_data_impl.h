@@ -16,11 +16,12 @@ struct SampleSpan {
   int64_t line = 0;    // the file line it came from (1-based)
 };
 
-// One epoch's sample order and, for packing, where each sample starts in the concatenated stream.
+// One epoch's sample order and, for packing, where each row's samples are.
 struct EpochOrder {
   int64_t epoch = -1;
-  std::vector<int64_t> order;         // sample indices
-  std::vector<int64_t> stream_begin;  // packed only: order.size() + 1 prefix sums of the lengths
+  std::vector<int64_t> order;         // sample indices (best-fit packing: grouped by row, rows in their order)
+  std::vector<int64_t> stream_begin;  // stream packing: order.size() + 1 prefix sums of the lengths
+  std::vector<int64_t> row_begin;     // best-fit packing: rows + 1 offsets into `order`
 };
 
 struct TrainingData::Impl {
@@ -36,7 +37,8 @@ struct TrainingData::Impl {
 
   std::shared_ptr<const EpochOrder> epoch_order(int64_t epoch) const;
   Batch padded_batch(const EpochOrder& epoch, int64_t index) const;
-  Batch packed_batch(const EpochOrder& epoch, int64_t index) const;
+  Batch packed_batch(const EpochOrder& epoch, int64_t index) const;      // stream packing
+  Batch best_fit_batch(const EpochOrder& epoch, int64_t index) const;    // best-fit packing
 
  private:
   mutable std::mutex cache_mutex_;

@@ -49,6 +49,7 @@ nlohmann::json to_json(const TrainOptions& o) {
           {"seq_len", o.data.seq_len},
           {"batch_size", o.data.batch_size},
           {"pack", o.data.pack},
+          {"pack_strategy", to_string(o.data.pack_strategy)},
           {"sample_mode", to_string(o.data.sample_mode)},
           {"seed", o.data.seed},
           {"steps", o.steps},
@@ -283,6 +284,7 @@ nlohmann::json resume_flags(const TrainOptions& o, int world_size) {
   const nlohmann::json all = to_json(o);
   nlohmann::json flags = nlohmann::json::object();
   for (const char* key : kKeys) flags[key] = all.at(key);
+  if (o.data.pack) flags["pack_strategy"] = all.at("pack_strategy");  // the rows' contents (unpacked: no meaning)
   flags["global_batch"] = o.data.batch_size * o.grad_accum_steps * world_size;
   return flags;
 }

@@ -43,6 +43,8 @@ void restore_checkpoint(const CheckpointState& s, TrainableSet& set, AdamW& opt,
   // Checkpoints from before data parallel stored the batch of one process (and, for a while, its micro-batches).
   if (!saved.contains("global_batch") && saved.contains("batch_size") && saved["batch_size"].is_number_integer())
     saved["global_batch"] = saved["batch_size"].get<int64_t>() * saved.value("grad_accum_steps", int64_t{1});
+  // Checkpoints from before --pack-strategy packed every run by cutting the stream.
+  if (saved.value("pack", false) && !saved.contains("pack_strategy")) saved["pack_strategy"] = "stream";
   std::string diff;
   for (auto& [k, v] : now.items())
     if (!saved.contains(k) || saved.at(k) != v)

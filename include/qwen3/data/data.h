@@ -22,13 +22,19 @@ namespace qwen3 {
 // line (JSON Lines) or the elements of one JSON array (the file's first data character is '[').
 enum class DataFormat { auto_detect, tsv, text, chat, alpaca, text_jsonl };
 enum class SampleMode { random, sequential };      // --sample-mode random|sequential
+// --pack-strategy best-fit|stream: how --pack fills rows (docs/data.md). best-fit: whole samples, best-fit
+// decreasing; stream: the samples concatenated and cut every seq_len tokens (a sample may span two rows; the only
+// strategy before 2026-11-26).
+enum class PackStrategy { best_fit, stream };
 
 // Flag spellings (what --help lists): "auto", "tsv", "text", "chat", "alpaca", "text-jsonl"; "random",
 // "sequential". parse_* throw UsageError.
 DataFormat parse_data_format(const std::string& name);
 SampleMode parse_sample_mode(const std::string& name);
+PackStrategy parse_pack_strategy(const std::string& name);
 const char* to_string(DataFormat format);
 const char* to_string(SampleMode mode);
+const char* to_string(PackStrategy strategy);
 
 // The line rule every reader of data files shares (docs/data.md): not blank after trimming ASCII spaces, and not
 // a comment (its trimmed text starting with a non-empty `comment_prefix`).
@@ -40,7 +46,8 @@ struct DataOptions {
   std::optional<std::string> system;  // the system prompt of every pair / record that has none of its own
   int64_t seq_len = 256;              // input positions per row
   int64_t batch_size = 1;             // rows per batch
-  bool pack = false;                  // rows of exactly seq_len tokens cut from the concatenated samples
+  bool pack = false;                  // rows filled with several samples instead of one sample and padding
+  PackStrategy pack_strategy = PackStrategy::best_fit;
   SampleMode sample_mode = SampleMode::random;
   uint64_t seed = 0;
   bool strict = false;                // a bad line is a fatal Error instead of a skipped, counted one

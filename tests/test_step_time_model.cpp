@@ -58,6 +58,11 @@ TEST(StepTimeModel, ForwardFlopsAreTheProductsOfTheTokens) {
   const double expected = 2 * N * projections + 2 * N * s.hidden * s.vocab +
                           s.layers * 2.0 * s.heads * N * N * s.head_dim;
   EXPECT_NEAR(phase(p, "forward_done").flops, expected, 1e-9 * expected);
+  // The floor: every phase's products at the H100's 989 TFLOPS times 0.6, no bytes.
+  const double all_flops = phase(p, "forward_done").flops + phase(p, "backward_done").flops +
+                           phase(p, "optimizer_step_done").flops;
+  EXPECT_NEAR(p.floor_ms(), 1e3 * all_flops / (989e12 * 0.6), 1e-9 * p.floor_ms());
+  EXPECT_LT(p.floor_ms(), p.total_ms());
   // A full-parameter backward: dX and dW of every projection, twice the attention, the head three times.
   EXPECT_GT(phase(p, "backward_done").flops, 1.9 * phase(p, "forward_done").flops);
 }
@@ -130,6 +135,7 @@ TEST(StepTimeModel, PredictOnlyPrintsTheTimeForANamedDevice) {
   EXPECT_NE(r.out.find("predicted time of one step on gb10"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("memory shared with the CPU"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("backward_done"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" ms; compute floor "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("predicted memory of one step on cuda"), std::string::npos) << r.out;
   // GB10's one number: the tensors' peak plus the runtime, against the machine's 128 GB.
   EXPECT_NE(r.out.find("one memory pool (gb10: the GPU's memory is the machine's): predicted "), std::string::npos)

@@ -79,7 +79,8 @@ void print_time_plan(const StepTimePlan& plan, const DeviceRates& rates) {
   fmt::print("{:<22} {:>12} {:>12} {:>12}\n", "phase", "GFLOP", "GB moved", "ms");
   for (const auto& p : plan.phases)
     fmt::print("{:<22} {:>12.1f} {:>12.2f} {:>12.1f}\n", p.phase, p.flops / 1e9, p.bytes / 1e9, p.ms);
-  fmt::print("step {:.1f} ms\n", plan.total_ms());
+  fmt::print("step {:.1f} ms; compute floor {:.1f} ms (the products alone at the matmul rate: the step is {:.2f}x it)\n",
+             plan.total_ms(), plan.floor_ms(), plan.floor_ms() > 0 ? plan.total_ms() / plan.floor_ms() : 0.0);
 }
 
 // Where the device's memory is the machine's (GB10, or a CPU run): one number to hold against the machine, the

@@ -56,6 +56,12 @@ double StepTimePlan::total_ms() const {
   return t;
 }
 
+double StepTimePlan::floor_ms() const {
+  double flops = 0;
+  for (const auto& p : phases) flops += p.flops;
+  return matmul_flops_per_s > 0 ? 1e3 * flops / matmul_flops_per_s : 0;
+}
+
 StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, const TrainOptions& o,
                                const DeviceRates& device) {
   const ModelShape s = config.shape();
@@ -138,7 +144,7 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
 
   const double matmul_rate = (compute_bf16 ? device.bf16_tflops : device.fp32_tflops) * 1e12 * device.matmul_efficiency;
   const double memory_rate = device.memory_gbps * 1e9 * device.memory_efficiency;
-  StepTimePlan plan{device.name, {forward, backward, optimizer}};
+  StepTimePlan plan{device.name, {forward, backward, optimizer}, matmul_rate};
   for (PhaseTime& p : plan.phases) p.ms = 1e3 * (p.flops / matmul_rate + p.bytes / memory_rate);
   return plan;
 }

@@ -48,7 +48,11 @@ struct PhaseTime {
 struct StepTimePlan {
   std::string device;
   std::vector<PhaseTime> phases;
+  double matmul_flops_per_s = 0;  // the rate the products run at: the device's peak times its matmul efficiency
   double total_ms() const;
+  // The compute floor: every product of the step (recompute included, as the code runs it) at the matmul rate
+  // and nothing else, no memory traffic. What the step could take if all the work around the products vanished.
+  double floor_ms() const;
 };
 
 // The device's dtype rules follow the trainer's (compute dtype auto: bf16 on a GPU device, the master dtype

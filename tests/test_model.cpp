@@ -4,11 +4,13 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/utils.h>
+#include <torch/version.h>
 
 #include <cmath>
 #include <set>
 
 #include "dat_test_util.h"
+#include "gpu_test.h"
 #include "qwen3/dat/dat_tensor.h"
 #include "qwen3/model/generate.h"
 #include "qwen3/model/model.h"
@@ -286,6 +288,52 @@ TEST(Model, PackedRowsEqualTheirSequencesAlone) {
   std::printf("packed rows vs alone: max |difference| %.3g with the layout, %.3g without\n", packed_error, unmasked_error);
   EXPECT_LT(packed_error, 1e-5);
   EXPECT_GT(unmasked_error, 1e-2);
+}
+
+// The segments a variable-length attention kernel gets: a run of one document id in a row is one, padding (-1)
+// too, and every row starts one; offsets over the rows flattened.
+TEST(Model, PackedSegmentOffsetsFollowTheDocumentRuns) {
+  const at::Tensor documents = at::tensor({0, 0, 0, 1, 1, -1, 0, 1, 1, 1, 2, 2}, at::kLong).view({2, 6});
+  const at::Tensor offsets = packed_segment_offsets(documents);
+  EXPECT_EQ(offsets.scalar_type(), at::kInt);
+  EXPECT_TRUE(offsets.equal(at::tensor({0, 3, 5, 6, 7, 10, 12}, at::kInt))) << offsets;
+  // One document a row (every row starts a segment even when its id equals the last row's).
+  EXPECT_TRUE(packed_segment_offsets(at::zeros({3, 4}, at::kLong)).equal(at::tensor({0, 4, 8, 12}, at::kInt)));
+  // On a CPU (and wherever the flash kernel does not apply) packed rows keep the mask.
+  const at::Tensor layout = packed_attention_layout(documents, at::kCPU, at::kBFloat16, 128);
+  EXPECT_EQ(layout.scalar_type(), at::kBool);
+  EXPECT_EQ(layout.sizes(), at::IntArrayRef({2, 1, 6, 6}));
+}
+
+// On CUDA with bf16, packed rows run each sample through the variable-length flash kernel: the hidden states and
+// the input gradients of two samples in one row equal each sample's own run, to bf16's rounding.
+TEST(Model, GpuPackedRowsRunPerSampleAndEqualTheirSequencesAlone) {
+  QWEN3_GPU_TEST(at::hasCUDA());
+  Qwen3Model m(tiny_config(false), at::kBFloat16, at::kCUDA, true);
+  randomize(m, 31);
+  const at::Tensor layout =
+      packed_attention_layout(at::zeros({1, 12}, at::kLong), at::kCUDA, at::kBFloat16, tiny_config(false).head_dim);
+#if TORCH_VERSION_MAJOR >= 2
+  EXPECT_EQ(layout.scalar_type(), at::kInt) << "the flash path is not taken";
+#endif
+  const at::Tensor a = at::randint(0, 97, {1, 5}, at::kLong), b = at::randint(0, 97, {1, 7}, at::kLong);
+  const PackedRows packed{at::cat({at::arange(5, at::kLong), at::arange(7, at::kLong)}).unsqueeze(0),
+                          at::cat({at::zeros({5}, at::kLong), at::ones({7}, at::kLong)}).unsqueeze(0)};
+  const at::Tensor x = m.embed(at::cat({a, b}, 1)).detach().requires_grad_(true);
+  const at::Tensor together = m.hidden_states_from_embeddings(x, nullptr, &packed);
+  together.to(at::kFloat).square().sum().backward();
+  const at::Tensor xa = m.embed(a).detach().requires_grad_(true), xb = m.embed(b).detach().requires_grad_(true);
+  const at::Tensor ha = m.hidden_states_from_embeddings(xa), hb = m.hidden_states_from_embeddings(xb);
+  (ha.to(at::kFloat).square().sum() + hb.to(at::kFloat).square().sum()).backward();
+  const auto relative = [](const at::Tensor& got, const at::Tensor& want) {
+    return ((got.to(at::kFloat) - want.to(at::kFloat)).abs().max() / want.to(at::kFloat).abs().max()).item<double>();
+  };
+  const double hidden_error = relative(together, at::cat({ha, hb}, 1));
+  const double grad_error = relative(x.grad(), at::cat({xa.grad(), xb.grad()}, 1));
+  std::printf("packed rows on CUDA vs alone: hidden %.3g, input gradient %.3g (relative to the largest)\n",
+              hidden_error, grad_error);
+  EXPECT_LT(hidden_error, 3e-2);
+  EXPECT_LT(grad_error, 3e-2);
 }
 
 // The straight-through linear, counting its products (forward and recomputed).

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 #include <string_view>
 
 namespace qwen3 {
@@ -113,9 +114,48 @@ at::Tensor packed_attention_mask(const at::Tensor& documents) {
   return (same & causal).unsqueeze(1);
 }
 
+at::Tensor packed_segment_offsets(const at::Tensor& documents) {
+  const at::Tensor docs = documents.to(at::kLong).contiguous();
+  const auto d = docs.accessor<int64_t, 2>();
+  const int64_t T = docs.size(1);
+  std::vector<int32_t> offsets{0};
+  for (int64_t r = 0; r < docs.size(0); ++r)
+    for (int64_t j = 0; j < T; ++j)
+      if ((j == 0 && r > 0) || (j > 0 && d[r][j] != d[r][j - 1])) offsets.push_back(static_cast<int32_t>(r * T + j));
+  if (docs.numel() > 0) offsets.push_back(static_cast<int32_t>(docs.numel()));
+  return at::tensor(offsets, at::kInt);
+}
+
+at::Tensor packed_attention_layout(const at::Tensor& documents, at::Device device, at::ScalarType dtype,
+                                   int64_t head_dim) {
+#if TORCH_VERSION_MAJOR >= 2 && defined(QWEN3_TORCH_HAS_CUDA)
+  // The flash kernel takes bf16/fp16 only and head dimensions up to 256; it needs no mask (no B·T² bytes) and
+  // runs each sample alone, where SDPA under a mask falls back to the memory-efficient kernel over full rows.
+  if (device.is_cuda() && (dtype == at::kBFloat16 || dtype == at::kHalf) && head_dim <= 256)
+    return packed_segment_offsets(documents.cpu()).to(device);
+#else
+  (void)dtype, (void)head_dim;
+#endif
+  return packed_attention_mask(documents.to(device));
+}
+
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask) {
   const int64_t groups = q.size(1) / k.size(1);
   const int64_t T = q.size(2), S = k.size(2);
+#if TORCH_VERSION_MAJOR >= 2 && defined(QWEN3_TORCH_HAS_CUDA)
+  if (mask.defined() && mask.scalar_type() == at::kInt) {
+    // Packed rows as segments: the rows flattened to [B·T, heads, d] (q, k and v are views of [B, T, heads, d]
+    // tensors, so this copies nothing), k and v with their own heads (flash takes grouped heads). max_q and max_k
+    // size the kernel's grid: the row width bounds every segment, and the offsets give each its length.
+    const int64_t B = q.size(0), nh = q.size(1), nkv = k.size(1), d = q.size(3);
+    const at::Tensor qf = q.transpose(1, 2).reshape({B * T, nh, d});
+    const at::Tensor kf = k.transpose(1, 2).reshape({B * T, nkv, d});
+    const at::Tensor vf = v.transpose(1, 2).reshape({B * T, nkv, d});
+    const at::Tensor out =
+        std::get<0>(at::_flash_attention_forward(qf, kf, vf, mask, mask, T, T, 0.0, /*is_causal=*/true, false));
+    return out.view({B, T, nh, d}).transpose(1, 2);
+  }
+#endif
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
   // Training and prefill without a mask: SDPA's causal kernel (flash on CUDA) takes the grouped key/value heads
   // as they are (enable_gqa, PyTorch 2.5+), with no copy of k and v for each query head of a group.
@@ -178,7 +218,8 @@ at::Tensor Qwen3Model::hidden_states_from_embeddings(at::Tensor x, KVCache* cach
   if (packed && cache) throw Error("model: packed rows are for training, not for a KV cache");
   const auto [cos, sin] = packed ? rope_tables_at(config_.head_dim, config_.rope_theta, packed->positions.to(device_))
                                  : rope_tables(config_.head_dim, config_.rope_theta, offset, T, device_);
-  const at::Tensor allowed = packed ? packed_attention_mask(packed->documents.to(device_)) : at::Tensor();
+  const at::Tensor allowed =
+      packed ? packed_attention_layout(packed->documents, device_, compute_dtype_, config_.head_dim) : at::Tensor();
   x = x.to(compute_dtype_);
   const bool runner = block_runner_ && !cache && at::GradMode::is_enabled();
   for (size_t i = 0; i < blocks.size(); ++i) {

@@ -106,10 +106,12 @@ struct StepSizes {
     H = s.hidden, Q = s.heads * s.head_dim, KV = s.kv_heads * s.head_dim, I = s.intermediate, V = s.vocab;
     nh = s.heads;
     grouped = s.heads != s.kv_heads;
-    // causal_attention (model.cpp) hands SDPA the grouped k and v as they are where it can (libtorch 2.5+, or a
-    // CUDA device, whose libtorch is taken to be the GPU machine's 2.x) and rows are not packed (a mask); else
-    // each query head gets a copy of its group's k and v, and those copies are what autograd saves.
-    kv_copies = grouped && !(sdpa && (cuda || build_sdpa_takes_grouped_heads()) && !o.data.pack);
+    // causal_attention (model.cpp) hands the grouped k and v as they are to SDPA where it can (libtorch 2.5+, or
+    // a CUDA device, whose libtorch is taken to be the GPU machine's 2.x) and rows are not packed (a mask), and to
+    // the variable-length flash kernel for packed rows on CUDA in bf16 (packed_attention_layout); else each query
+    // head gets a copy of its group's k and v, and those copies are what autograd saves.
+    const bool flash_varlen = cuda && abf16 && s.head_dim <= 256;
+    kv_copies = grouped && !(sdpa && (cuda || build_sdpa_takes_grouped_heads()) && (!o.data.pack || flash_varlen));
     count_tensors(device);
     count_activations();
   }

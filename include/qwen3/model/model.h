@@ -69,7 +69,7 @@ struct PackedRows {
 class BlockRunner {
  public:
   virtual ~BlockRunner() = default;
-  // `allowed`: the attention mask [B, 1, T, T] of packed rows, undefined for plain causal rows.
+  // `allowed`: how packed rows attend (packed_attention_layout), undefined for plain causal rows.
   virtual at::Tensor run(Qwen3Model& model, int64_t layer, const at::Tensor& x, const at::Tensor& cos,
                          const at::Tensor& sin, const at::Tensor& allowed) = 0;
 };
@@ -148,10 +148,21 @@ std::pair<at::Tensor, at::Tensor> rope_tables(int64_t head_dim, double theta, in
 std::pair<at::Tensor, at::Tensor> rope_tables_at(int64_t head_dim, double theta, const at::Tensor& positions);
 // The attention mask of packed rows [B, 1, T, T]: query i sees key j <= i of its own document.
 at::Tensor packed_attention_mask(const at::Tensor& documents);
+// The segments of packed rows as a variable-length attention kernel takes them: the rows [B, T] flattened, a
+// segment for each run of one document id in a row (a run of padding is one too), int32 [segments + 1] offsets
+// from 0 to B·T. documents: int64 [B, T] on the CPU.
+at::Tensor packed_segment_offsets(const at::Tensor& documents);
+// What attention gets for packed rows: on CUDA with libtorch 2.x, a half-precision dtype and head_dim <= 256,
+// the segment offsets (on the device), so each sample runs alone through the variable-length flash kernel; else
+// the mask [B, 1, T, T]. documents: int64 [B, T] on any device.
+at::Tensor packed_attention_layout(const at::Tensor& documents, at::Device device, at::ScalarType dtype,
+                                   int64_t head_dim);
 
 // softmax(q kᵀ / sqrt(d) + mask) v with GQA: q [B, nh, T, d], k/v [B, nkv, S, d], query i sees keys
-// j <= (S - T) + i, or, given `allowed` [B, 1, T, S] (packed rows), the keys it allows. libtorch 2.x uses
-// scaled_dot_product_attention; 1.13 the same math by hand.
+// j <= (S - T) + i, or, given `allowed` (packed rows, T == S), the keys it allows: a bool mask [B, 1, T, S], or
+// int32 segment offsets (packed_segment_offsets; CUDA, libtorch 2.x), where each segment attends causally within
+// itself. libtorch 2.x uses scaled_dot_product_attention (or the variable-length flash kernel); 1.13 the same
+// math by hand.
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& allowed = {});
 
 }  // namespace qwen3

@@ -99,13 +99,13 @@ __global__ void __launch_bounds__(kThreads) sum_chunks_kernel(const float* parti
 template <bool kBf16>
 __global__ void __launch_bounds__(kThreads) rope_kernel(const void* x, void* out, int64_t batch, int64_t seq, int64_t heads,
                                                         int64_t head_dim, const float* cos, const float* sin,
-                                                        int backward) {
+                                                        int64_t table_rows, int backward) {
   const int64_t half = head_dim / 2;
   const int64_t pairs = batch * seq * heads * half;
   for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < pairs;
        p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t i = p % half, head_row = p / half;  // head_row = (b, t, h) flattened
-    const int64_t t = (head_row / heads) % seq;
+    const int64_t t = (head_row / heads) % table_rows;  // the token's position (b, t): its table row
     const int64_t a = head_row * head_dim + i, b = a + half;
     float x1 = f::load<kBf16>(x, a), x2 = f::load<kBf16>(x, b);
     const float c1 = cos[t * head_dim + i], s1 = sin[t * head_dim + i];
@@ -191,17 +191,19 @@ int launch_rmsnorm_backward(const void* dy, const void* x, KernelDType x_type, c
 }
 
 int launch_rope(const void* x, void* out, KernelDType type, int64_t batch, int64_t seq, int64_t heads,
-                int64_t head_dim, const float* cos, const float* sin, int backward, void* stream) {
+                int64_t head_dim, const float* cos, const float* sin, int64_t table_rows, int backward, void* stream) {
   if (!supported(type) || batch < 0 || seq < 0 || heads < 0 || head_dim <= 0 || head_dim % 2 != 0 || !x || !out ||
-      !cos || !sin)
+      !cos || !sin || (table_rows != seq && table_rows != batch * seq))
     return static_cast<int>(cudaErrorInvalidValue);
   const int64_t pairs = batch * seq * heads * (head_dim / 2);
   if (pairs == 0) return 0;
   const auto s = static_cast<cudaStream_t>(stream);
   if (type == KernelDType::bf16)
-    rope_kernel<true><<<grid_for(pairs, kThreads), kThreads, 0, s>>>(x, out, batch, seq, heads, head_dim, cos, sin, backward);
+    rope_kernel<true><<<grid_for(pairs, kThreads), kThreads, 0, s>>>(x, out, batch, seq, heads, head_dim, cos, sin,
+                                                                       table_rows, backward);
   else
-    rope_kernel<false><<<grid_for(pairs, kThreads), kThreads, 0, s>>>(x, out, batch, seq, heads, head_dim, cos, sin, backward);
+    rope_kernel<false><<<grid_for(pairs, kThreads), kThreads, 0, s>>>(x, out, batch, seq, heads, head_dim, cos, sin,
+                                                                        table_rows, backward);
   return static_cast<int>(cudaGetLastError());
 }
 

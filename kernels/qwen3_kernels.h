@@ -61,9 +61,11 @@ int launch_rmsnorm_backward(const void* dy, const void* x, KernelDType x_type, c
                             void* stream);
 
 // HF's rotary embedding of x [batch, seq, heads, head_dim] (contiguous) into out (which may be x: in place) with
-// fp32 tables cos/sin [seq, head_dim]; backward != 0 applies the transposed rotation (the gradient's).
+// fp32 tables cos/sin [table_rows, head_dim]: table_rows == seq (every row of the batch at positions 0..seq-1) or
+// batch * seq (a table row for each token: packed rows, whose positions restart with every sample); backward != 0
+// applies the transposed rotation (the gradient's).
 int launch_rope(const void* x, void* out, KernelDType type, int64_t batch, int64_t seq, int64_t heads,
-                int64_t head_dim, const float* cos, const float* sin, int backward, void* stream);
+                int64_t head_dim, const float* cos, const float* sin, int64_t table_rows, int backward, void* stream);
 
 // out = T(silu(gate)) * up over n elements; and its backward (dgate, dup from dout).
 int launch_swiglu_forward(const void* gate, const void* up, void* out, KernelDType type, int64_t n, void* stream);

@@ -7,6 +7,7 @@
 #include <torch/autograd.h>
 
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "fused_ops.cuh"
@@ -177,6 +178,17 @@ TEST_P(FusedOps, GpuNodesFollowTheReferenceForms) {
   r2.backward(dr);
   EXPECT_TRUE(r1.equal(r2));
   EXPECT_TRUE(q1.grad().equal(q2.grad()));
+  // Packed rows: a table row for every token ([B, T, d], positions restarting with each sample) through the
+  // kernel too, not the reference (the node says which ran).
+  const at::Tensor positions = at::arange(64, at::kLong).remainder(at::tensor({13, 29}, at::kLong).unsqueeze(1)).to(cuda);
+  const auto [packed_cos, packed_sin] = rope_tables_at(128, 1e6, positions);
+  at::Tensor p1 = q.clone().requires_grad_(true), p2 = q.clone().requires_grad_(true);
+  const at::Tensor o1 = rotary(p1, packed_cos, packed_sin), o2 = reference::rotary(p2, packed_cos, packed_sin);
+  EXPECT_NE(o1.grad_fn()->name().find("RotaryFunction"), std::string::npos) << o1.grad_fn()->name();
+  o1.backward(dr);
+  o2.backward(dr);
+  EXPECT_TRUE(o1.equal(o2));
+  EXPECT_TRUE(p1.grad().equal(p2.grad()));
   // SwiGLU over [300, 9728].
   const at::Tensor g = at::randn({300, 9728}, at::TensorOptions().device(cuda)).to(dtype);
   const at::Tensor u = at::randn({300, 9728}, at::TensorOptions().device(cuda)).to(dtype);

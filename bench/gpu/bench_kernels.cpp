@@ -289,7 +289,7 @@ void BM_FusedOp(benchmark::State& state, int kind) {
       switch (kind) {
         case 0: check(qwen3::kernels::launch_rmsnorm_forward(a.ptr, bf16, w.ptr, KernelDType::f32, tokens, hidden, 1e-6f, b.ptr, rstd.as<float>(), nullptr), "rmsnorm"); break;
         case 1: check(qwen3::kernels::launch_rmsnorm_backward(c.ptr, a.ptr, bf16, w.ptr, KernelDType::f32, rstd.as<float>(), tokens, hidden, d.ptr, dw.as<float>(), work.as<float>(), nullptr), "rmsnorm backward"); break;
-        case 2: check(qwen3::kernels::launch_rope(a.ptr, b.ptr, bf16, 1, tokens, heads, head_dim, tables.as<float>(), tables.as<float>() + tokens * head_dim, 0, nullptr), "rope"); break;
+        case 2: check(qwen3::kernels::launch_rope(a.ptr, b.ptr, bf16, 1, tokens, heads, head_dim, tables.as<float>(), tables.as<float>() + tokens * head_dim, tokens, 0, nullptr), "rope"); break;
         case 3: check(qwen3::kernels::launch_swiglu_forward(a.ptr, b.ptr, d.ptr, bf16, n, nullptr), "swiglu"); break;
         default: check(qwen3::kernels::launch_swiglu_backward(c.ptr, a.ptr, b.ptr, d.ptr, e.ptr, bf16, n, nullptr), "swiglu backward"); break;
       }

@@ -96,10 +96,13 @@ class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
     const c10::cuda::CUDAGuard guard(x.device());
     const at::Tensor xc = x.contiguous(), c = cos.contiguous().to(at::kFloat), s = sin.contiguous().to(at::kFloat);
     at::Tensor out = at::empty_like(xc);
+    // [T, d] tables for every row, or [B, T, d]: a row each (packed rows, positions restarting with each sample).
+    const int64_t table_rows = c.dim() == 3 ? xc.size(0) * xc.size(1) : xc.size(1);
     check(kernels::launch_rope(xc.data_ptr(), out.data_ptr(), dtype_of(xc), xc.size(0), xc.size(1), xc.size(2),
-                               xc.size(3), c.data_ptr<float>(), s.data_ptr<float>(), 0, stream_of(xc)),
+                               xc.size(3), c.data_ptr<float>(), s.data_ptr<float>(), table_rows, 0, stream_of(xc)),
           "rope");
     ctx->save_for_backward({c, s});
+    ctx->saved_data["table_rows"] = table_rows;
     return out;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -108,7 +111,8 @@ class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
     const c10::cuda::CUDAGuard guard(dy.device());
     at::Tensor dx = at::empty_like(dy);
     check(kernels::launch_rope(dy.data_ptr(), dx.data_ptr(), dtype_of(dy), dy.size(0), dy.size(1), dy.size(2),
-                               dy.size(3), saved[0].data_ptr<float>(), saved[1].data_ptr<float>(), 1, stream_of(dy)),
+                               dy.size(3), saved[0].data_ptr<float>(), saved[1].data_ptr<float>(),
+                               ctx->saved_data["table_rows"].toInt(), 1, stream_of(dy)),
           "rope backward");
     return {dx, at::Tensor(), at::Tensor()};
   }
@@ -152,7 +156,12 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 }
 
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  if (!fused_activation_ops_take(x) || x.dim() != 4 || cos.dim() != 2) return reference::rotary(x, cos, sin);
+  // The kernel takes tables of the rows' positions [T, d] or of every token's [B, T, d] (packed rows).
+  const bool shared = cos.dim() == 2 && x.dim() == 4 && cos.size(0) == x.size(1);
+  const bool per_row = cos.dim() == 3 && x.dim() == 4 && cos.size(0) == x.size(0) && cos.size(1) == x.size(1);
+  if (!fused_activation_ops_take(x) || !(shared || per_row) || !cos.sizes().equals(sin.sizes()) ||
+      cos.size(-1) != x.size(-1))
+    return reference::rotary(x, cos, sin);
   return RotaryFunction::apply(x, cos, sin);
 }
 

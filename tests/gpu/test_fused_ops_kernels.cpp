@@ -40,36 +40,42 @@ void download(std::vector<T>& h, const DeviceBuffer& d) {
 
 float bf(uint16_t b) { return kernels::adamw::bf16_to_float(b); }
 
+// Tables of the rows' positions [T, d], and of every token's [B·T, d] (packed rows: positions restart with each
+// sample, here at a different place in each row).
 TEST(GpuFusedKernels, RopeEqualsTheHostRuleByteForByte) {
   QWEN3_REQUIRE_GPU();
   const int64_t B = 2, T = 33, heads = 5, d = 128, n = B * T * heads * d;
   const std::vector<uint16_t> x = bf16_values(n, 1, 3.0f);
-  std::vector<float> cos(T * d), sin(T * d);
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t i = 0; i < d; ++i) {
-      const double angle = t * std::pow(1e6, -2.0 * (i % (d / 2)) / d);
-      cos[t * d + i] = static_cast<float>(std::cos(angle)), sin[t * d + i] = static_cast<float>(std::sin(angle));
-    }
-  DeviceBuffer dx(n * 2), dout(n * 2), dcos(T * d * 4), dsin(T * d * 4);
-  upload(dx, x), upload(dcos, cos), upload(dsin, sin);
-  for (int backward = 0; backward < 2; ++backward) {
-    ASSERT_EQ(kernels::launch_rope(dx.at(), dout.at(), KernelDType::bf16, B, T, heads, d,
-                                   reinterpret_cast<const float*>(dcos.at()), reinterpret_cast<const float*>(dsin.at()),
-                                   backward, nullptr), 0);
-    std::vector<uint16_t> got(n);
-    download(got, dout);
-    std::vector<uint16_t> want(x);
-    for (int64_t row = 0; row < B * T * heads; ++row) {
-      const int64_t t = (row / heads) % T;
-      for (int64_t i = 0; i < d / 2; ++i) {
-        float x1 = bf(x[row * d + i]), x2 = bf(x[row * d + i + d / 2]);
-        const float c1 = cos[t * d + i], s1 = sin[t * d + i], c2 = cos[t * d + i + d / 2], s2 = sin[t * d + i + d / 2];
-        if (backward) f::rope_pair_backward<true>(x1, x2, c1, s1, c2, s2);
-        else f::rope_pair<true>(x1, x2, c1, s1, c2, s2);
-        want[row * d + i] = kernels::adamw::bf16_nearest(x1), want[row * d + i + d / 2] = kernels::adamw::bf16_nearest(x2);
+  for (const int64_t table_rows : {T, B * T}) {
+    std::vector<float> cos(table_rows * d), sin(table_rows * d);
+    for (int64_t r = 0; r < table_rows; ++r) {
+      const int64_t position = table_rows == T ? r : (r % T) % (7 + 4 * (r / T));  // samples of 7 (row 0), 11 (row 1)
+      for (int64_t i = 0; i < d; ++i) {
+        const double angle = position * std::pow(1e6, -2.0 * (i % (d / 2)) / d);
+        cos[r * d + i] = static_cast<float>(std::cos(angle)), sin[r * d + i] = static_cast<float>(std::sin(angle));
       }
     }
-    EXPECT_EQ(got, want) << (backward ? "backward" : "forward");
+    DeviceBuffer dx(n * 2), dout(n * 2), dcos(table_rows * d * 4), dsin(table_rows * d * 4);
+    upload(dx, x), upload(dcos, cos), upload(dsin, sin);
+    for (int backward = 0; backward < 2; ++backward) {
+      ASSERT_EQ(kernels::launch_rope(dx.at(), dout.at(), KernelDType::bf16, B, T, heads, d,
+                                     reinterpret_cast<const float*>(dcos.at()), reinterpret_cast<const float*>(dsin.at()),
+                                     table_rows, backward, nullptr), 0);
+      std::vector<uint16_t> got(n);
+      download(got, dout);
+      std::vector<uint16_t> want(x);
+      for (int64_t row = 0; row < B * T * heads; ++row) {
+        const int64_t t = (row / heads) % table_rows;
+        for (int64_t i = 0; i < d / 2; ++i) {
+          float x1 = bf(x[row * d + i]), x2 = bf(x[row * d + i + d / 2]);
+          const float c1 = cos[t * d + i], s1 = sin[t * d + i], c2 = cos[t * d + i + d / 2], s2 = sin[t * d + i + d / 2];
+          if (backward) f::rope_pair_backward<true>(x1, x2, c1, s1, c2, s2);
+          else f::rope_pair<true>(x1, x2, c1, s1, c2, s2);
+          want[row * d + i] = kernels::adamw::bf16_nearest(x1), want[row * d + i + d / 2] = kernels::adamw::bf16_nearest(x2);
+        }
+      }
+      EXPECT_EQ(got, want) << (backward ? "backward" : "forward") << ", " << table_rows << " table rows";
+    }
   }
 }
 
@@ -147,8 +153,10 @@ TEST(GpuFusedKernels, RmsNormFollowsTheHostRule) {
 
 TEST(FusedKernelLaunch, RejectsBadArgumentsWithoutLaunching) {
   float dummy[4] = {};  // never read: every call is refused before a launch
-  EXPECT_NE(kernels::launch_rope(dummy, dummy, KernelDType::bf16, 1, 1, 1, 3, dummy, dummy, 0, nullptr), 0);  // odd d
-  EXPECT_NE(kernels::launch_rope(dummy, dummy, KernelDType::f16, 1, 1, 1, 2, dummy, dummy, 0, nullptr), 0);
+  EXPECT_NE(kernels::launch_rope(dummy, dummy, KernelDType::bf16, 1, 1, 1, 3, dummy, dummy, 1, 0, nullptr), 0);  // odd d
+  EXPECT_NE(kernels::launch_rope(dummy, dummy, KernelDType::f16, 1, 1, 1, 2, dummy, dummy, 1, 0, nullptr), 0);
+  // Tables of neither the rows' positions (seq) nor every token's (batch * seq).
+  EXPECT_NE(kernels::launch_rope(dummy, dummy, KernelDType::bf16, 2, 3, 1, 2, dummy, dummy, 4, 0, nullptr), 0);
   EXPECT_NE(kernels::launch_swiglu_forward(nullptr, dummy, dummy, KernelDType::f32, 4, nullptr), 0);
   EXPECT_NE(kernels::launch_rmsnorm_forward(dummy, KernelDType::f32, dummy, KernelDType::f32, 1, 0, 1e-6f, dummy, dummy,
                                             nullptr), 0);  // no columns

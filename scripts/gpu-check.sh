@@ -854,8 +854,21 @@ stage_train() {  # stage_train NAME SEQ_LEN BATCH CONFIGS ('+'- or space-separat
       local table
       table=$(grep -A5 'profile of step' "$log" | grep -E ' (batch|forward|backward|optimizer) ' |
               sed -E 's/^.*info //; s/ +/ /g' | cut -c1-110 | tr '\n' ';')
+      # Launch overhead (issue 28, point 8): the kernels the step launched and how much of the step they fill
+      # (the sum of their durations, against the phases' wall time); a step far from busy is launch-bound.
+      local launches
+      launches=$(python3 - "$d/profile-$c.json" <<'PY' 2>/dev/null || echo "kernel count unavailable"
+import json, sys
+events = json.load(open(sys.argv[1])).get("traceEvents", [])
+kernels = [e for e in events if e.get("cat") == "kernel"]
+busy = sum(e.get("dur", 0) for e in kernels) / 1e3
+step = sum(e.get("dur", 0) for e in events if e.get("cat") == "phase") / 1e3
+print(f"{len(kernels)} kernels, their durations {busy:.1f} ms of the step's {step:.1f} ms"
+      + (f" ({100 * busy / step:.0f}%)" if step > 0 else ""))
+PY
+)
       record "$name" "profile-$c" "$([ -s "$d/profile-$c.json" ] && echo ok || echo failed)" 0 \
-        "step $profiled: ${table:-no phase table in the log}"
+        "step $profiled: ${table:-no phase table in the log}; $launches"
     fi
     # The peer right after, once per shape and peer configuration (packed and unpacked share it).
     hf_peer_train "$name" "$m" "$seq" "$batch" "$c"

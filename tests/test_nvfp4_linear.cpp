@@ -4,8 +4,10 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/autograd.h>
+#include <torch/version.h>
 
 #include <cmath>
+#include <cstdio>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -134,6 +136,26 @@ TEST(SteLinear, ReducedPrecisionActivationsKeepAnFp32MasterGradient) {
   EXPECT_EQ(weight.grad().scalar_type(), at::kFloat);
   EXPECT_EQ(x.grad().scalar_type(), at::kBFloat16);
   EXPECT_TRUE(weight.grad().equal(grad_y.t().mm(x.detach()).to(at::kFloat)));
+}
+
+// On CUDA (libtorch 2.9+) an fp32 master's gradient from bf16 activations is cuBLAS's fp32 accumulator, not a
+// bf16 product widened: against dYᵀ·X of the same bf16 values in fp32 it agrees to fp32's order of summation
+// (a bf16-rounded gradient is off by up to 2^-9 relative).
+TEST(SteLinear, GpuFp32MasterGradientIsNotRoundedToBf16) {
+  QWEN3_GPU_TEST(at::hasCUDA());
+  at::manual_seed(26);
+  const at::Tensor weight = (at::randn({256, 512}) * 0.05).to(at::kCUDA).requires_grad_(true);
+  const at::Tensor x = at::randn({1024, 512}).to(at::kBFloat16).to(at::kCUDA).requires_grad_(true);
+  const at::Tensor y = ste_linear(x, weight);
+  const at::Tensor grad_y = at::randn({1024, 256}).to(at::kBFloat16).to(at::kCUDA);
+  y.backward(grad_y);
+  ASSERT_EQ(weight.grad().scalar_type(), at::kFloat);
+  const at::Tensor exact = grad_y.to(at::kDouble).t().mm(x.detach().to(at::kDouble));
+  const double error = ((weight.grad().to(at::kDouble) - exact).abs().max() / exact.abs().max()).item<double>();
+  std::printf("fp32 master gradient from bf16 activations on CUDA: max error %.3g of the largest\n", error);
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
+  EXPECT_LT(error, 1e-5);
+#endif
 }
 
 TEST(SteLinear, OnlyRequestedGradientsAreComputed) {

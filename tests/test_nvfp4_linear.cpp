@@ -138,8 +138,8 @@ TEST(SteLinear, ReducedPrecisionActivationsKeepAnFp32MasterGradient) {
   EXPECT_TRUE(weight.grad().equal(grad_y.t().mm(x.detach()).to(at::kFloat)));
 }
 
-// On CUDA (libtorch 2.9+) an fp32 master's gradient from bf16 activations is cuBLAS's fp32 accumulator, not a
-// bf16 product widened: against dYᵀ·X of the same bf16 values in fp32 it agrees to fp32's order of summation
+// On CUDA (libtorch 2.9+) an fp32 master's gradient from bf16 activations is cuBLAS's fp32 accumulator
+// (product_in_dtype, which the sliced loss's head gradient uses too), not a bf16 product widened: against dYᵀ·X of the same bf16 values in fp32 it agrees to fp32's order of summation
 // (a bf16-rounded gradient is off by up to 2^-9 relative).
 TEST(SteLinear, GpuFp32MasterGradientIsNotRoundedToBf16) {
   QWEN3_GPU_TEST(at::hasCUDA());

@@ -5,6 +5,8 @@
 
 #include <limits>
 
+#include "qwen3/nvfp4/nvfp4_linear.h"
+
 namespace qwen3 {
 namespace {
 
@@ -87,8 +89,8 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
         at::Tensor target = grad_weight.narrow(0, v0, w);
         if (target.scalar_type() == hidden.scalar_type()) {
           target.addmm_(d_typed.t(), hidden);
-        } else {  // the product in the compute dtype, accumulated into the parameter's (fp32) gradient
-          target.add_(at::mm(d_typed.t(), hidden));
+        } else {  // an fp32 master's gradient: the product in fp32 where cuBLAS gives it (product_in_dtype)
+          target.add_(nvfp4::product_in_dtype(d_typed.t(), hidden, target.scalar_type()));
         }
       }
     }

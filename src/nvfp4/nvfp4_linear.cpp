@@ -20,18 +20,6 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 
-// dW = dYᵀ·X in the master's dtype. On CUDA with an fp32 master and bf16/fp16 activations cuBLAS writes its fp32
-// accumulator as it is (mm with an out dtype, PyTorch 2.9+ here; 2.8 added it): no rounding of the gradient to the
-// activations' 8 mantissa bits and no bf16 copy to widen. Elsewhere the product in the activations' dtype, widened.
-at::Tensor weight_gradient(const at::Tensor& grad_y2d, const at::Tensor& x2d, at::ScalarType master) {
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
-  const bool half = grad_y2d.scalar_type() == at::kBFloat16 || grad_y2d.scalar_type() == at::kHalf;
-  if (grad_y2d.is_cuda() && half && master == at::kFloat && x2d.scalar_type() == grad_y2d.scalar_type())
-    return at::mm(grad_y2d.t(), x2d, at::kFloat);
-#endif
-  return grad_y2d.t().mm(x2d).to(master);
-}
-
 // deq(codes, scales) in `dtype` for one product: on CUDA into the reused scratch buffer (no allocation per
 // projection), elsewhere a fresh tensor.
 at::Tensor dequantized_for_product(const at::Tensor& codes, const at::Tensor& scales, at::ScalarType dtype) {
@@ -64,7 +52,7 @@ class SteLinearFunction : public torch::autograd::Function<SteLinearFunction> {
       grad_x = grad_y2d.mm(dequantized_for_product(codes, scales, grad_y2d.scalar_type())).view(x.sizes());
     if (ctx->needs_input_grad(1)) {
       const auto weight_dtype = static_cast<at::ScalarType>(ctx->saved_data["weight_dtype"].toInt());
-      grad_weight = weight_gradient(grad_y2d, x.reshape({-1, x.size(-1)}), weight_dtype);
+      grad_weight = product_in_dtype(grad_y2d.t(), x.reshape({-1, x.size(-1)}), weight_dtype);
     }
     return {grad_x, grad_weight, at::Tensor()};
   }
@@ -96,6 +84,15 @@ class FrozenLinearFunction : public torch::autograd::Function<FrozenLinearFuncti
 at::Tensor quantized_product(const at::Tensor& x2d, const at::Tensor& codes, const at::Tensor& scales) {
   if (x2d.size(0) < kNvfp4KernelMaxRows && matmul_cuda_supports(x2d)) return matmul_cuda(x2d, codes, scales);
   return x2d.mm(dequantized_for_product(codes, scales, x2d.scalar_type()).t());
+}
+
+at::Tensor product_in_dtype(const at::Tensor& a, const at::Tensor& b, at::ScalarType dtype) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
+  // aten::mm.dtype (PyTorch 2.8 added it; 2.9 is the oldest libtorch this is compiled against).
+  const bool half = a.scalar_type() == at::kBFloat16 || a.scalar_type() == at::kHalf;
+  if (a.is_cuda() && half && dtype == at::kFloat && b.scalar_type() == a.scalar_type()) return at::mm(a, b, at::kFloat);
+#endif
+  return a.mm(b).to(dtype);
 }
 
 at::Tensor frozen_nvfp4_linear(const at::Tensor& x, const Quantized& weight) {

@@ -22,8 +22,15 @@ at::Tensor quantized_product(const at::Tensor& x2d, const at::Tensor& codes, con
 // x [..., in], weight [out, in] (in % 16 == 0) -> [..., out] in x's dtype. One autograd node; backward saves
 // x and the quantized weight (codes + scales, 0.5625 B per weight), never a dense copy of deq(Q(W)). The
 // product is quantized_product's; backward's dX = dY · deq(Q(W)) dequantizes into the same scratch on CUDA.
-// dW is computed in x's dtype and returned in the weight's dtype.
+// dW = dYᵀ·X in the weight's dtype (product_in_dtype).
 at::Tensor ste_linear(const at::Tensor& x, const at::Tensor& weight, ScaleMode mode = ScaleMode::rne);
+
+// a · b (2-D, one dtype) as a tensor of `dtype`. On CUDA with bf16/fp16 operands and an fp32 `dtype` (libtorch
+// 2.9+), cuBLAS writes its fp32 accumulator as it is (aten::mm.dtype): the gradient of an fp32 master is then not
+// rounded to the activations' 8 significant bits, and no half-precision product is widened afterwards. Elsewhere
+// the product in the operands' dtype, converted. What dW of a trained projection and the sliced loss's head
+// gradient use.
+at::Tensor product_in_dtype(const at::Tensor& a, const at::Tensor& b, at::ScalarType dtype);
 
 // The same forward for a frozen weight held only as its NVFP4 codes and scales (what ste_linear would quantize
 // it to): no master weight, no weight gradient; backward gives dX = dY · deq(codes, scales).

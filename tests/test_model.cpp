@@ -299,6 +299,11 @@ TEST(Model, PackedSegmentOffsetsFollowTheDocumentRuns) {
   EXPECT_TRUE(offsets.equal(at::tensor({0, 3, 5, 6, 7, 10, 12}, at::kInt))) << offsets;
   // One document a row (every row starts a segment even when its id equals the last row's).
   EXPECT_TRUE(packed_segment_offsets(at::zeros({3, 4}, at::kLong)).equal(at::tensor({0, 4, 8, 12}, at::kInt)));
+  // The flash kernel's conditions (which the memory model shares): CUDA, half precision, head_dim <= 256.
+  EXPECT_TRUE(packed_rows_run_per_sample(at::kCUDA, at::kBFloat16, 128));
+  EXPECT_FALSE(packed_rows_run_per_sample(at::kCPU, at::kBFloat16, 128));
+  EXPECT_FALSE(packed_rows_run_per_sample(at::kCUDA, at::kFloat, 128));
+  EXPECT_FALSE(packed_rows_run_per_sample(at::kCUDA, at::kBFloat16, 512));
   // On a CPU (and wherever the flash kernel does not apply) packed rows keep the mask.
   const at::Tensor layout = packed_attention_layout(documents, at::kCPU, at::kBFloat16, 128);
   EXPECT_EQ(layout.scalar_type(), at::kBool);

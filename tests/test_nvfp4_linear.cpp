@@ -143,6 +143,9 @@ TEST(SteLinear, ReducedPrecisionActivationsKeepAnFp32MasterGradient) {
 // (a bf16-rounded gradient is off by up to 2^-9 relative).
 TEST(SteLinear, GpuFp32MasterGradientIsNotRoundedToBf16) {
   QWEN3_GPU_TEST(at::hasCUDA());
+#if !(TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9))
+  GTEST_SKIP() << "libtorch " << TORCH_VERSION << " has no fp32-output product of bf16 operands (aten::mm.dtype)";
+#endif
   at::manual_seed(26);
   const at::Tensor weight = (at::randn({256, 512}) * 0.05).to(at::kCUDA).requires_grad_(true);
   const at::Tensor x = at::randn({1024, 512}).to(at::kBFloat16).to(at::kCUDA).requires_grad_(true);
@@ -153,9 +156,7 @@ TEST(SteLinear, GpuFp32MasterGradientIsNotRoundedToBf16) {
   const at::Tensor exact = grad_y.to(at::kDouble).t().mm(x.detach().to(at::kDouble));
   const double error = ((weight.grad().to(at::kDouble) - exact).abs().max() / exact.abs().max()).item<double>();
   std::printf("fp32 master gradient from bf16 activations on CUDA: max error %.3g of the largest\n", error);
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
   EXPECT_LT(error, 1e-5);
-#endif
 }
 
 TEST(SteLinear, OnlyRequestedGradientsAreComputed) {

@@ -110,11 +110,12 @@ void apply_config_file(CLI::App* sub, const std::string& path) {
   }
   // A file that packs without naming how was written before --pack-strategy (2026-11-26), when every packed run
   // was cut from the stream: repeating it under today's default would silently train on other rows.
-  const auto names = [&](const std::string& key) {
-    return std::any_of(items.begin(), items.end(), [&](const CLI::ConfigItem& i) { return i.name == key; });
+  const auto item = [&](const std::string& key) {
+    const auto it = std::find_if(items.begin(), items.end(), [&](const CLI::ConfigItem& i) { return i.name == key; });
+    return it == items.end() ? nullptr : &*it;
   };
-  const auto pack_item = std::find_if(items.begin(), items.end(), [](const CLI::ConfigItem& i) { return i.name == "pack"; });
-  if (pack_item != items.end() && pack_item->inputs == std::vector<std::string>{"true"} && !names("pack-strategy") &&
+  const CLI::ConfigItem* pack = item("pack");
+  if (pack && pack->inputs == std::vector<std::string>{"true"} && !item("pack-strategy") &&
       sub->get_option("--pack-strategy")->count() == 0)
     throw UsageError(path + ": pack = true without pack-strategy: runs before 2026-11-26 packed rows cut from the "
                      "stream of samples; add pack-strategy = \"stream\" to repeat such a run, or \"best-fit\" for "

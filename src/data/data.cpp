@@ -107,12 +107,9 @@ TrainingData::TrainingData(const Tokenizer& tok, DataOptions opt) : impl_(std::m
     // Stream rows overlap by one token (a row's last target is the next row's first input); the tail is a row too.
     d.rows_per_epoch = (d.stream_tokens - 1 + seq_len - 1) / seq_len;
   } else {
-    // A best-fit row holds seq_len + 1 tokens of whole samples (seq_len inputs and the last one's target); the
-    // count of rows depends on the lengths alone, so every epoch has this many.
-    std::vector<int64_t> lengths;
-    lengths.reserve(d.samples.size());
-    for (const SampleSpan& sample : d.samples) lengths.push_back(sample.length);
-    d.rows_per_epoch = data::best_fit_decreasing(lengths, seq_len + 1).rows();
+    // Best-fit rows (epoch_order): their count depends on the lengths alone, so epoch 0's (computed now, and kept
+    // for the first batches) is every epoch's.
+    d.rows_per_epoch = static_cast<int64_t>(d.epoch_order(0)->row_begin.size()) - 1;
   }
 
   const DataStats& s = d.stats;
@@ -162,8 +159,9 @@ std::shared_ptr<const EpochOrder> TrainingData::Impl::epoch_order(int64_t epoch)
   fresh->epoch = epoch;
   fresh->order = data::sample_order(stats.samples, options.sample_mode, options.seed, epoch);
   if (options.pack && options.pack_strategy == PackStrategy::best_fit) {
-    // The epoch's order decides which of equally long samples share a row; the rows are then put in an order of
-    // their own (shuffled, or as opened: longest first), from a stream unrelated to the samples' shuffle.
+    // Rows of seq_len + 1 tokens of whole samples (seq_len inputs and the last one's target). The epoch's order
+    // decides which of equally long samples share a row; the rows are then put in an order of their own
+    // (shuffled, or as opened: longest first), from a stream unrelated to the samples' shuffle.
     std::vector<int64_t> lengths(fresh->order.size());
     for (size_t k = 0; k < lengths.size(); ++k) lengths[k] = samples[static_cast<size_t>(fresh->order[k])].length;
     const data::PackedRowPlan plan = data::best_fit_decreasing(lengths, options.seq_len + 1);

@@ -14,6 +14,11 @@
 #include <vector>
 #include <string_view>
 
+// SDPA's enable_gqa (PyTorch 2.5+): causal attention hands it grouped k/v heads without copies.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
+#define QWEN3_SDPA_GROUPED_HEADS 1
+#endif
+
 namespace qwen3 {
 
 at::Tensor Projection::operator()(const at::Tensor& x) const {
@@ -126,15 +131,24 @@ at::Tensor packed_segment_offsets(const at::Tensor& documents) {
   return at::tensor(offsets, at::kInt);
 }
 
+bool packed_rows_run_per_sample(at::Device device, at::ScalarType dtype, int64_t head_dim) {
+  return device.is_cuda() && (dtype == at::kBFloat16 || dtype == at::kHalf) && head_dim <= 256;
+}
+
+bool sdpa_takes_grouped_heads() {
+#ifdef QWEN3_SDPA_GROUPED_HEADS
+  return true;
+#else
+  return false;
+#endif
+}
+
 at::Tensor packed_attention_layout(const at::Tensor& documents, at::Device device, at::ScalarType dtype,
                                    int64_t head_dim) {
 #if TORCH_VERSION_MAJOR >= 2 && defined(QWEN3_TORCH_HAS_CUDA)
-  // The flash kernel takes bf16/fp16 only and head dimensions up to 256; it needs no mask (no B·T² bytes) and
-  // runs each sample alone, where SDPA under a mask falls back to the memory-efficient kernel over full rows.
-  if (device.is_cuda() && (dtype == at::kBFloat16 || dtype == at::kHalf) && head_dim <= 256)
-    return packed_segment_offsets(documents.cpu()).to(device);
-#else
-  (void)dtype, (void)head_dim;
+  // The flash kernel needs no mask (no B·T² bytes) and runs each sample alone, where SDPA under a mask falls back
+  // to the memory-efficient kernel over full rows.
+  if (packed_rows_run_per_sample(device, dtype, head_dim)) return packed_segment_offsets(documents.cpu()).to(device);
 #endif
   return packed_attention_mask(documents.to(device));
 }
@@ -156,7 +170,7 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
     return out.view({B, T, nh, d}).transpose(1, 2);
   }
 #endif
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
+#ifdef QWEN3_SDPA_GROUPED_HEADS
   // Training and prefill without a mask: SDPA's causal kernel (flash on CUDA) takes the grouped key/value heads
   // as they are (enable_gqa, PyTorch 2.5+), with no copy of k and v for each query head of a group.
   if (T == S && !mask.defined()) return at::scaled_dot_product_attention(q, k, v, {}, 0.0, true, {}, groups > 1);

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "qwen3/model/layout.h"
+#include "qwen3/model/model.h"
 #include "qwen3/nvfp4/nvfp4_linear.h"
 #include "qwen3/optim/optim.h"
 #include "train_setup.h"
@@ -49,9 +50,6 @@ struct BlockSizes {
 }  // namespace
 
 bool build_uses_sdpa() { return TORCH_VERSION_MAJOR >= 2; }
-bool build_sdpa_takes_grouped_heads() {
-  return TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5);
-}
 
 StepPrediction predict(const TrainOptions& o, const Qwen3Config& config, const c10::Device& device,
                        DenseFileType dense_file) {
@@ -110,8 +108,9 @@ struct StepSizes {
     // a CUDA device, whose libtorch is taken to be the GPU machine's 2.x) and rows are not packed (a mask), and to
     // the variable-length flash kernel for packed rows on CUDA in bf16 (packed_attention_layout); else each query
     // head gets a copy of its group's k and v, and those copies are what autograd saves.
-    const bool flash_varlen = cuda && abf16 && s.head_dim <= 256;
-    kv_copies = grouped && !(sdpa && (cuda || build_sdpa_takes_grouped_heads()) && (!o.data.pack || flash_varlen));
+    const bool flash_varlen =
+        packed_rows_run_per_sample(device, abf16 ? at::kBFloat16 : at::kFloat, static_cast<int64_t>(s.head_dim));
+    kv_copies = grouped && !(sdpa && (cuda || sdpa_takes_grouped_heads()) && (!o.data.pack || flash_varlen));
     count_tensors(device);
     count_activations();
   }

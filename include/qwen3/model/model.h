@@ -152,11 +152,17 @@ at::Tensor packed_attention_mask(const at::Tensor& documents);
 // segment for each run of one document id in a row (a run of padding is one too), int32 [segments + 1] offsets
 // from 0 to B·T. documents: int64 [B, T] on the CPU.
 at::Tensor packed_segment_offsets(const at::Tensor& documents);
-// What attention gets for packed rows: on CUDA with libtorch 2.x, a half-precision dtype and head_dim <= 256,
-// the segment offsets (on the device), so each sample runs alone through the variable-length flash kernel; else
-// the mask [B, 1, T, T]. documents: int64 [B, T] on any device.
+// What attention gets for packed rows: where packed_rows_run_per_sample (and the libtorch is a CUDA 2.x), the
+// segment offsets (on the device), so each sample runs alone through the variable-length flash kernel; else the
+// mask [B, 1, T, T]. documents: int64 [B, T] on any device.
 at::Tensor packed_attention_layout(const at::Tensor& documents, at::Device device, at::ScalarType dtype,
                                    int64_t head_dim);
+// The variable-length flash kernel's own conditions: a CUDA device, bf16/fp16 activations, head_dim <= 256. The
+// memory model asks this for a GPU it predicts from any build (it takes the GPU machine's libtorch to be 2.x).
+bool packed_rows_run_per_sample(at::Device device, at::ScalarType dtype, int64_t head_dim);
+// Whether this build's SDPA takes grouped key/value heads without copies (enable_gqa, libtorch 2.5+); causal
+// attention without a mask then hands it k and v as they are.
+bool sdpa_takes_grouped_heads();
 
 // softmax(q kᵀ / sqrt(d) + mask) v with GQA: q [B, nh, T, d], k/v [B, nkv, S, d], query i sees keys
 // j <= (S - T) + i, or, given `allowed` (packed rows, T == S), the keys it allows: a bool mask [B, 1, T, S], or

@@ -51,8 +51,6 @@ StepMemoryPlan predict_step_memory(const Qwen3Config& config, bool separate_head
 
 // Whether this build's libtorch attention saves what `sdpa` describes.
 bool build_uses_sdpa();
-// Whether this build's SDPA takes grouped key/value heads without copies (enable_gqa, libtorch 2.5+).
-bool build_sdpa_takes_grouped_heads();
 
 // Both models of one step, from the one entry `vram-report --predict-only` and the trainer's report share:
 // the head is separate exactly when the config does not tie it (the trainer ties a tied config's head even when

@@ -72,4 +72,19 @@ int launch_swiglu_forward(const void* gate, const void* up, void* out, KernelDTy
 int launch_swiglu_backward(const void* dout, const void* gate, const void* up, void* dgate, void* dup, KernelDType type,
                            int64_t n, void* stream);
 
+// ---- The sliced loss's passes (lm_loss_slice.cu; rules in lm_loss_slice.cuh; design: lm_loss_slice.md) --------
+// logits [rows, width] f32 or bf16, contiguous: the columns first_column .. first_column + width - 1 of the
+// vocabulary; targets [rows] int64 (-100 or any value outside the slice picks nothing); the float arrays [rows].
+
+// Folds the slice into each row's running (max, sum of exp(logit - max)) and writes the target's logit where the
+// target lies in the slice. Start a row at (-inf, 0).
+int launch_loss_slice_stats(const void* logits, KernelDType type, int64_t rows, int64_t width, int64_t first_column,
+                            const int64_t* targets, float* running_max, float* running_sum, float* target_logit,
+                            void* stream);
+
+// out [rows, width] (logits' dtype; may be logits) = (exp(logit - lse) - [column == target]) * row_scale.
+int launch_loss_slice_gradient(const void* logits, void* out, KernelDType type, int64_t rows, int64_t width,
+                               int64_t first_column, const int64_t* targets, const float* lse, const float* row_scale,
+                               void* stream);
+
 }  // namespace qwen3::kernels

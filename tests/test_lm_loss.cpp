@@ -1,11 +1,20 @@
 // linear_cross_entropy (sliced over the vocabulary) against the plain logits + cross_entropy path: value and
-// both gradients, with ignored targets and many slice widths.
+// both gradients, with ignored targets and many slice widths. The CUDA kernels' element rules
+// (kernels/lm_loss_slice.cuh) run on the host against the libtorch path; on a CUDA libtorch with a device, the
+// path that runs those kernels against the CPU's.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <torch/autograd.h>
 
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "gpu_test.h"
+#include "lm_loss_slice.cuh"
 #include "qwen3/model/lm_loss.h"
+#include "qwen3/nvfp4/nvfp4_linear.h"
 
 namespace qwen3 {
 namespace {
@@ -59,6 +68,111 @@ TEST(LinearCrossEntropy, AllTargetsIgnoredGivesZeroLossAndGradients) {
   EXPECT_EQ(loss.item<double>(), 0.0);
   EXPECT_EQ(hidden.grad().abs().sum().item<double>(), 0.0);
   EXPECT_EQ(weight.grad().abs().sum().item<double>(), 0.0);
+}
+
+class LossSliceRules : public ::testing::TestWithParam<at::ScalarType> {};
+
+// The rules of lm_loss_slice.cu, a slice at a time over host arrays as the kernels walk them (statistics folded
+// element by element and merged into the row's running ones; each logit's gradient in the activation dtype), give
+// the loss and both gradients of the libtorch path. Fails when the statistics' rescaling, the merge, the target's
+// -1 or the row scale is broken (each checked by breaking it).
+TEST_P(LossSliceRules, GiveTheLibtorchPathsLossAndGradients) {
+  namespace l = kernels::loss;
+  const at::ScalarType dtype = GetParam();
+  const bool bf16 = dtype == at::kBFloat16;
+  at::manual_seed(11);
+  const int64_t n = 37, h = 24, vocab = 1000, slice = 300;  // slices of 300, 300, 300 and 100 columns
+  const at::Tensor hidden = (at::randn({n, h}) * 1.5).to(dtype), weight = (at::randn({vocab, h}) * 0.8).to(dtype);
+  at::Tensor targets = at::randint(0, vocab, {n}, at::kLong);
+  targets.index_put_({at::arange(0, n, 6)}, -100);
+  targets[1] = vocab - 1;
+
+  const at::Tensor hr = hidden.clone().requires_grad_(true), wr = weight.clone().requires_grad_(true);
+  const at::Tensor ref = linear_cross_entropy(hr, wr, targets, n * slice);
+  ref.backward();
+
+  const std::vector<int64_t> t(targets.data_ptr<int64_t>(), targets.data_ptr<int64_t>() + n);
+  std::vector<l::SoftmaxStats> running(n, l::empty_stats());
+  std::vector<float> target_logit(n, 0.0f);
+  for (int64_t v0 = 0; v0 < vocab; v0 += slice) {
+    const int64_t w = std::min(slice, vocab - v0);
+    const at::Tensor logits = at::matmul(hidden, weight.narrow(0, v0, w).t()).to(at::kFloat).contiguous();
+    const float* p = logits.data_ptr<float>();
+    for (int64_t r = 0; r < n; ++r) {
+      l::SoftmaxStats s = l::empty_stats();
+      for (int64_t c = 0; c < w; ++c) s = l::add(s, p[r * w + c]);
+      running[r] = l::merge(running[r], s);
+      if (t[r] >= v0 && t[r] < v0 + w) target_logit[r] = p[r * w + t[r] - v0];
+    }
+  }
+  std::vector<float> lse(n), row_scale(n);
+  int64_t valid = 0;
+  for (int64_t r = 0; r < n; ++r) valid += t[r] != -100;
+  double loss = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    lse[r] = running[r].max + std::log(running[r].sum);
+    row_scale[r] = t[r] == -100 ? 0.0f : 1.0f / static_cast<float>(valid);
+    if (t[r] != -100) loss += (lse[r] - target_logit[r]) / valid;
+  }
+  EXPECT_NEAR(loss, ref.item<double>(), 2e-6 * ref.item<double>());
+
+  at::Tensor grad_hidden = at::zeros({n, h}), grad_weight = at::zeros({vocab, h});
+  for (int64_t v0 = 0; v0 < vocab; v0 += slice) {
+    const int64_t w = std::min(slice, vocab - v0);
+    const at::Tensor wslice = weight.narrow(0, v0, w);
+    const at::Tensor logits = at::matmul(hidden, wslice.t()).to(at::kFloat).contiguous();
+    at::Tensor d = at::empty({n, w});
+    const float* p = logits.data_ptr<float>();
+    float* q = d.data_ptr<float>();
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t c = 0; c < w; ++c)
+        q[r * w + c] = bf16 ? l::logit_gradient<true>(p[r * w + c], lse[r], v0 + c == t[r], row_scale[r])
+                            : l::logit_gradient<false>(p[r * w + c], lse[r], v0 + c == t[r], row_scale[r]);
+    const at::Tensor d_typed = d.to(dtype);
+    grad_hidden.add_(nvfp4::product_in_dtype(d_typed, wslice, at::kFloat));
+    grad_weight.narrow(0, v0, w).copy_(nvfp4::product_in_dtype(d_typed.t(), hidden, at::kFloat));
+  }
+  // Apart from the summation order and an ulp of exp (which a bf16 rounding can make one bf16 step), the same.
+  const double rtol = bf16 ? 1.0 / 64 : 1e-5;
+  const auto close = [&](const at::Tensor& got, const at::Tensor& want) {
+    const at::Tensor g = got.to(at::kFloat), wt = want.to(at::kFloat);
+    return (g - wt).abs().max().item<double>() <= rtol * wt.abs().max().item<double>();
+  };
+  EXPECT_TRUE(close(grad_hidden, hr.grad()));
+  EXPECT_TRUE(close(grad_weight, wr.grad()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Fp32AndBf16, LossSliceRules, ::testing::Values(at::kFloat, at::kBFloat16),
+                         [](const ::testing::TestParamInfo<at::ScalarType>& info) {
+                           return std::string(info.param == at::kFloat ? "float32" : "bfloat16");
+                         });
+
+// On a CUDA libtorch with a device: the fused slices (kernels/lm_loss_slice.cu) against the CPU's libtorch path,
+// at a Qwen3 vocabulary width, bf16 and fp32, with ignored targets and an fp32 weight (a master) beside bf16 ones.
+TEST(LinearCrossEntropy, GpuFusedSlicesFollowTheCpuPath) {
+  QWEN3_GPU_TEST(at::hasCUDA());
+  const at::Device cuda(at::kCUDA, 0);
+  at::manual_seed(12);
+  const int64_t n = 128, h = 64, vocab = 151936;
+  for (const at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
+    const at::Tensor hidden = at::randn({n, h}).to(dtype);
+    const at::Tensor weight = at::randn({vocab, h}) * 0.1;  // fp32, cast a slice at a time
+    at::Tensor targets = at::randint(0, vocab, {n}, at::kLong);
+    targets.index_put_({at::arange(0, n, 7)}, -100);
+    const auto run = [&](const at::Device& device, at::Tensor& dh, at::Tensor& dw) {
+      const at::Tensor hd = hidden.to(device).requires_grad_(true), wd = weight.to(device).requires_grad_(true);
+      const at::Tensor loss = linear_cross_entropy(hd, wd, targets.to(device), n * 4096, true);
+      loss.backward();
+      dh = hd.grad().cpu().to(at::kFloat), dw = wd.grad().cpu();
+      return loss.item<double>();
+    };
+    at::Tensor dh_cpu, dw_cpu, dh_gpu, dw_gpu;
+    const double want = run(at::kCPU, dh_cpu, dw_cpu), got = run(cuda, dh_gpu, dw_gpu);
+    const double rtol = dtype == at::kBFloat16 ? 1.0 / 64 : 1e-4;
+    EXPECT_NEAR(got, want, 1e-5 * want) << at::toString(dtype);
+    EXPECT_LE((dh_gpu - dh_cpu).abs().max().item<double>(), rtol * dh_cpu.abs().max().item<double>()) << at::toString(dtype);
+    EXPECT_LE((dw_gpu - dw_cpu).abs().max().item<double>(), rtol * dw_cpu.abs().max().item<double>()) << at::toString(dtype);
+  }
 }
 
 }  // namespace

@@ -10,7 +10,8 @@
 //    steps before the timing, as a run's state is): the bytes the update must move per second, as a fraction of
 //    the copy;
 //  - the fused activation kernels (RMSNorm forward/backward, RoPE, SwiGLU forward/backward) at Qwen3-4B
-//    training shapes (2048 tokens): bytes moved per second as a fraction of the copy.
+//    training shapes (2048 tokens), and the sliced loss's two passes over a [2048, 8192] slice of bf16 logits (the
+//    default slice at 2048 rows): bytes moved per second as a fraction of the copy.
 // Weights rotate through enough copies to exceed the L2 cache, so small-M runs measure memory, not L2.
 // Results go to docs/performance.md with the date and the device. Exits 0 with a message when there is no GPU.
 #include <benchmark/benchmark.h>
@@ -268,10 +269,12 @@ void BM_AdamWStep(benchmark::State& state, qwen3::kernels::adamw::Moments moment
 
 // ---- The fused activation kernels -------------------------------------------------------------------------------
 
-// kind: 0 rmsnorm forward, 1 rmsnorm backward, 2 rope, 3 swiglu forward, 4 swiglu backward; bf16 activations.
+// kind: 0 rmsnorm forward, 1 rmsnorm backward, 2 rope, 3 swiglu forward, 4 swiglu backward, 5 the loss slice's
+// statistics, 6 its gradient; bf16 activations.
 void BM_FusedOp(benchmark::State& state, int kind) {
-  const int64_t tokens = 2048, hidden = 2560, inter = 9728, heads = 32, head_dim = 128;
-  const int64_t n = kind <= 1 ? tokens * hidden : (kind == 2 ? tokens * heads * head_dim : tokens * inter);
+  const int64_t tokens = 2048, hidden = 2560, inter = 9728, heads = 32, head_dim = 128, slice = 8192;
+  const int64_t n = kind <= 1 ? tokens * hidden
+                              : (kind == 2 ? tokens * heads * head_dim : (kind <= 4 ? tokens * inter : tokens * slice));
   DeviceMemory a(n * 2), b(n * 2), c(n * 2), d(n * 2), e(n * 2), w(hidden * 4), rstd(tokens * 4), dw(hidden * 4),
       work(qwen3::kernels::rmsnorm_backward_workspace_floats(tokens, hidden) * 4), tables(tokens * head_dim * 4 * 2);
   check(cudaMemset(a.ptr, 0x3c, n * 2), "memset");
@@ -279,10 +282,17 @@ void BM_FusedOp(benchmark::State& state, int kind) {
   check(cudaMemset(c.ptr, 0x3c, n * 2), "memset");
   check(cudaMemset(w.ptr, 0, hidden * 4), "memset");
   check(cudaMemset(tables.ptr, 0, tokens * head_dim * 8), "memset");
+  // The loss's per-row arrays: targets (zeros: column 0 of the slice), running max/sum, target logit, lse, scale.
+  DeviceMemory targets(tokens * 8), row_floats(tokens * 4 * 5);
+  check(cudaMemset(targets.ptr, 0, tokens * 8), "memset");
+  check(cudaMemset(row_floats.ptr, 0, tokens * 4 * 5), "memset");
+  float* rows = row_floats.as<float>();
+  const auto* target_ids = static_cast<const int64_t*>(targets.ptr);
   const auto bf16 = KernelDType::bf16;
-  const char* names[] = {"rmsnorm_forward", "rmsnorm_backward", "rope", "swiglu_forward", "swiglu_backward"};
+  const char* names[] = {"rmsnorm_forward", "rmsnorm_backward", "rope",         "swiglu_forward",
+                         "swiglu_backward", "loss_statistics",  "loss_gradient"};
   // Bytes each must move: reads and writes of activations (2 bytes an element).
-  const double moved[] = {2.0 * n * 2, 4.0 * n * 2, 2.0 * n * 2, 3.0 * n * 2, 5.0 * n * 2};
+  const double moved[] = {2.0 * n * 2, 4.0 * n * 2, 2.0 * n * 2, 3.0 * n * 2, 5.0 * n * 2, 1.0 * n * 2, 2.0 * n * 2};
   double op_s = 0, copy_s = 0;
   for (auto _ : state) {
     op_s = seconds_per_call([&](int) {
@@ -291,6 +301,8 @@ void BM_FusedOp(benchmark::State& state, int kind) {
         case 1: check(qwen3::kernels::launch_rmsnorm_backward(c.ptr, a.ptr, bf16, w.ptr, KernelDType::f32, rstd.as<float>(), tokens, hidden, d.ptr, dw.as<float>(), work.as<float>(), nullptr), "rmsnorm backward"); break;
         case 2: check(qwen3::kernels::launch_rope(a.ptr, b.ptr, bf16, 1, tokens, heads, head_dim, tables.as<float>(), tables.as<float>() + tokens * head_dim, tokens, 0, nullptr), "rope"); break;
         case 3: check(qwen3::kernels::launch_swiglu_forward(a.ptr, b.ptr, d.ptr, bf16, n, nullptr), "swiglu"); break;
+        case 5: check(qwen3::kernels::launch_loss_slice_stats(a.ptr, bf16, tokens, slice, 0, target_ids, rows, rows + tokens, rows + 2 * tokens, nullptr), "loss statistics"); break;
+        case 6: check(qwen3::kernels::launch_loss_slice_gradient(a.ptr, b.ptr, bf16, tokens, slice, 0, target_ids, rows + 3 * tokens, rows + 4 * tokens, nullptr), "loss gradient"); break;
         default: check(qwen3::kernels::launch_swiglu_backward(c.ptr, a.ptr, b.ptr, d.ptr, e.ptr, bf16, n, nullptr), "swiglu backward"); break;
       }
     });
@@ -340,7 +352,7 @@ int main(int argc, char** argv) {
           ->Iterations(3)
           ->Unit(benchmark::kMicrosecond);
     }
-  for (int kind = 0; kind < 5; ++kind)
+  for (int kind = 0; kind < 7; ++kind)
     benchmark::RegisterBenchmark(("fused/" + std::to_string(kind)).c_str(), BM_FusedOp, kind)
         ->UseManualTime()
         ->Iterations(3)

@@ -4,11 +4,48 @@
 #include <torch/autograd.h>
 
 #include <limits>
+#include <string>
 
+#include "qwen3/base/error.h"
 #include "qwen3/nvfp4/nvfp4_linear.h"
+
+#if defined(QWEN3_WITH_CUDA_KERNELS) && defined(QWEN3_TORCH_HAS_CUDA)
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+
+#include "qwen3_kernels.h"
+#define QWEN3_FUSED_LOSS 1
+#endif
 
 namespace qwen3 {
 namespace {
+
+// Each slice's logits are read once on CUDA (kernels/lm_loss_slice.cu: the statistics in forward, the gradient
+// written over the logits in backward) instead of libtorch's fp32 copy, exponentials and masks (5-6 passes
+// over an fp32 [rows, slice]); the libtorch form is the CPU path and the kernels' reference.
+bool fused_slices_take(const at::Tensor& hidden, const at::Tensor& targets) {
+#ifdef QWEN3_FUSED_LOSS
+  return hidden.is_cuda() && (hidden.scalar_type() == at::kFloat || hidden.scalar_type() == at::kBFloat16) &&
+         targets.scalar_type() == at::kLong && targets.device() == hidden.device();
+#else
+  (void)hidden, (void)targets;
+  return false;
+#endif
+}
+
+#ifdef QWEN3_FUSED_LOSS
+kernels::KernelDType kernel_dtype(const at::Tensor& t) {
+  return t.scalar_type() == at::kBFloat16 ? kernels::KernelDType::bf16 : kernels::KernelDType::f32;
+}
+void* stream_of(const at::Tensor& t) {
+  return static_cast<void*>(c10::cuda::getCurrentCUDAStream(t.device().index()).stream());
+}
+void check_kernel(int status, const char* what) {
+  if (status != 0)
+    throw Error(std::string("the loss's ") + what + " CUDA kernel failed: " +
+                cudaGetErrorString(static_cast<cudaError_t>(status)));
+}
+#endif
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
@@ -31,10 +68,24 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
     at::Tensor target_logit = at::zeros({n}, f32);
     const at::Tensor valid = targets.ne(-100);
     const at::Tensor safe_targets = targets.clamp_min(0);
+    const bool fused = fused_slices_take(hidden, targets);
+    const at::Tensor targets_c = targets.contiguous();
     for (int64_t v0 = 0; v0 < vocab; v0 += width) {
       const int64_t w = std::min(width, vocab - v0);
       // The product in the hidden states' dtype (a weight of another dtype is cast a slice at a time).
-      const at::Tensor logits = at::matmul(hidden, weight.narrow(0, v0, w).to(hidden.scalar_type()).t()).to(at::kFloat);
+      const at::Tensor product = at::matmul(hidden, weight.narrow(0, v0, w).to(hidden.scalar_type()).t());
+#ifdef QWEN3_FUSED_LOSS
+      if (fused) {
+        const at::Tensor logits = product.contiguous();
+        check_kernel(kernels::launch_loss_slice_stats(logits.data_ptr(), kernel_dtype(logits), n, w, v0,
+                                                      targets_c.data_ptr<int64_t>(), running_max.data_ptr<float>(),
+                                                      running_sum.data_ptr<float>(), target_logit.data_ptr<float>(),
+                                                      stream_of(logits)),
+                     "statistics");
+        continue;
+      }
+#endif
+      const at::Tensor logits = product.to(at::kFloat);
       const at::Tensor slice_max = std::get<0>(logits.max(1));
       const at::Tensor new_max = at::maximum(running_max, slice_max);
       running_sum = running_sum * at::exp(running_max - new_max) + at::exp(logits - new_max.unsqueeze(1)).sum(1);
@@ -61,6 +112,8 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
     // d loss / d logit = (softmax - onehot) * valid * grad / count
     const at::Tensor row_scale = (targets.ne(-100).to(at::kFloat) * (grad_outputs[0].to(at::kFloat) / count)).unsqueeze(1);
     const at::Tensor safe_targets = targets.clamp_min(0);
+    const bool fused = fused_slices_take(hidden, targets);
+    const at::Tensor targets_c = targets.contiguous(), lse_c = lse.contiguous(), row_scale_c = row_scale.contiguous();
     at::Tensor grad_hidden = at::zeros({n, hidden.size(1)}, hidden.options().dtype(at::kFloat));
     // Either the leaf's own .grad() (accumulated into, slice by slice, with no [V, H] temporary), or a returned
     // gradient (only if autograd asks for one).
@@ -77,14 +130,28 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
     for (int64_t v0 = 0; v0 < vocab; v0 += width) {
       const int64_t w = std::min(width, vocab - v0);
       const at::Tensor wslice = weight.narrow(0, v0, w).to(hidden.scalar_type());
-      const at::Tensor logits = at::matmul(hidden, wslice.t()).to(at::kFloat);
-      at::Tensor d = at::exp(logits - lse.unsqueeze(1));
-      const at::Tensor in_slice = safe_targets.ge(v0).logical_and(safe_targets.lt(v0 + w));
-      const at::Tensor local = (safe_targets - v0).clamp(0, w - 1).unsqueeze(1);
-      d.scatter_add_(1, local, -in_slice.to(at::kFloat).unsqueeze(1));
-      d.mul_(row_scale);
-      const at::Tensor d_typed = d.to(hidden.scalar_type());
-      grad_hidden.add_(at::matmul(d_typed, wslice).to(at::kFloat));
+      const at::Tensor product = at::matmul(hidden, wslice.t());
+      at::Tensor d_typed;
+#ifdef QWEN3_FUSED_LOSS
+      if (fused) {
+        d_typed = product.contiguous();  // the gradient goes over the logits: no second [rows, slice] buffer
+        check_kernel(kernels::launch_loss_slice_gradient(d_typed.data_ptr(), d_typed.data_ptr(), kernel_dtype(d_typed),
+                                                         n, w, v0, targets_c.data_ptr<int64_t>(),
+                                                         lse_c.data_ptr<float>(), row_scale_c.data_ptr<float>(),
+                                                         stream_of(d_typed)),
+                     "gradient");
+      }
+#endif
+      if (!d_typed.defined()) {
+        at::Tensor d = at::exp(product.to(at::kFloat) - lse.unsqueeze(1));
+        const at::Tensor in_slice = safe_targets.ge(v0).logical_and(safe_targets.lt(v0 + w));
+        const at::Tensor local = (safe_targets - v0).clamp(0, w - 1).unsqueeze(1);
+        d.scatter_add_(1, local, -in_slice.to(at::kFloat).unsqueeze(1));
+        d.mul_(row_scale);
+        d_typed = d.to(hidden.scalar_type());
+      }
+      // fp32 accumulator out of cuBLAS where the libtorch has it, not a bf16 product widened (product_in_dtype).
+      grad_hidden.add_(nvfp4::product_in_dtype(d_typed, wslice, at::kFloat));
       if (grad_weight.defined()) {
         at::Tensor target = grad_weight.narrow(0, v0, w);
         if (target.scalar_type() == hidden.scalar_type()) {

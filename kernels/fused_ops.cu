@@ -6,6 +6,7 @@
 
 #include "fused_ops.cuh"
 #include "qwen3_kernels.h"
+#include "vector_access.cuh"
 
 namespace qwen3::kernels {
 namespace {
@@ -13,6 +14,10 @@ namespace {
 namespace f = fused;
 constexpr int kThreads = 256;
 constexpr int kWarpsPerCta = kThreads / 32;
+// Elements a thread reads at once on the vector paths: 16 bytes of bf16 (two 16-byte loads of fp32).
+constexpr int kVec = 8;
+// Columns a thread of the RMSNorm weight-gradient kernel sums (a 4-byte bf16 pair).
+constexpr int kDwCols = 2;
 
 __device__ __forceinline__ float warp_sum(float x) {
   for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xFFFFFFFFu, x, offset);
@@ -26,63 +31,123 @@ int grid_for(int64_t items, int64_t per_cta) {
 
 // ---- RMSNorm: a warp per row (the rows are tokens, or tokens x heads for the q/k norms) ----------------------
 
+// The vector path (`vectorized`: rows of whole 8-element pieces, every pointer aligned for them): a lane reads 8
+// consecutive elements at a time, so a warp reads 512 contiguous bytes of a bf16 row instead of 64.
 template <bool kBf16, bool kBf16Weight>
 __global__ void __launch_bounds__(kThreads) rmsnorm_forward_kernel(const void* x, const void* w, int64_t rows,
-                                                                   int64_t cols, float eps, void* y, float* rstd) {
+                                                                   int64_t cols, float eps, void* y, float* rstd,
+                                                                   int vectorized) {
   const int lane = threadIdx.x % 32;
   for (int64_t row = blockIdx.x * static_cast<int64_t>(kWarpsPerCta) + threadIdx.x / 32; row < rows;
        row += static_cast<int64_t>(gridDim.x) * kWarpsPerCta) {
     const int64_t base = row * cols;
     float squares = 0.0f;
-    for (int64_t c = lane; c < cols; c += 32) {
-      const float v = f::load<kBf16>(x, base + c);
-      squares = fmaf(v, v, squares);
+    if (vectorized) {
+      for (int64_t c = lane * kVec; c < cols; c += 32 * kVec) {
+        float v[kVec];
+        vec::load<kBf16, kVec>(x, base + c, v);
+        for (int k = 0; k < kVec; ++k) squares = fmaf(v[k], v[k], squares);
+      }
+    } else {
+      for (int64_t c = lane; c < cols; c += 32) {
+        const float v = f::load<kBf16>(x, base + c);
+        squares = fmaf(v, v, squares);
+      }
     }
     const float r = f::rmsnorm_rstd(warp_sum(squares), cols, eps);
-    for (int64_t c = lane; c < cols; c += 32)
-      f::store<kBf16>(y, base + c, f::rmsnorm_output<kBf16>(f::load<kBf16>(x, base + c), r, f::load<kBf16Weight>(w, c)));
+    if (vectorized) {
+      for (int64_t c = lane * kVec; c < cols; c += 32 * kVec) {
+        float v[kVec], wv[kVec];
+        vec::load<kBf16, kVec>(x, base + c, v);
+        vec::load<kBf16Weight, kVec>(w, c, wv);
+        for (int k = 0; k < kVec; ++k) v[k] = f::rmsnorm_output<kBf16>(v[k], r, wv[k]);
+        vec::store<kBf16, kVec>(y, base + c, v);
+      }
+    } else {
+      for (int64_t c = lane; c < cols; c += 32)
+        f::store<kBf16>(y, base + c, f::rmsnorm_output<kBf16>(f::load<kBf16>(x, base + c), r, f::load<kBf16Weight>(w, c)));
+    }
     if (lane == 0) rstd[row] = r;
   }
 }
 
 template <bool kBf16, bool kBf16Weight>
 __global__ void __launch_bounds__(kThreads) rmsnorm_dx_kernel(const void* dy, const void* x, const void* w,
-                                                              const float* rstd, int64_t rows, int64_t cols, void* dx) {
+                                                              const float* rstd, int64_t rows, int64_t cols, void* dx,
+                                                              int vectorized) {
   const int lane = threadIdx.x % 32;
   for (int64_t row = blockIdx.x * static_cast<int64_t>(kWarpsPerCta) + threadIdx.x / 32; row < rows;
        row += static_cast<int64_t>(gridDim.x) * kWarpsPerCta) {
     const int64_t base = row * cols;
     const float r = rstd[row];
     float dot = 0.0f;
-    for (int64_t c = lane; c < cols; c += 32) {
-      const float n = f::mul_rn(f::load<kBf16>(x, base + c), r);
-      dot = fmaf(f::rmsnorm_grad_n<kBf16>(f::load<kBf16>(dy, base + c), f::load<kBf16Weight>(w, c)), n, dot);
+    if (vectorized) {
+      for (int64_t c = lane * kVec; c < cols; c += 32 * kVec) {
+        float xv[kVec], dyv[kVec], wv[kVec];
+        vec::load<kBf16, kVec>(x, base + c, xv);
+        vec::load<kBf16, kVec>(dy, base + c, dyv);
+        vec::load<kBf16Weight, kVec>(w, c, wv);
+        for (int k = 0; k < kVec; ++k) dot = fmaf(f::rmsnorm_grad_n<kBf16>(dyv[k], wv[k]), f::mul_rn(xv[k], r), dot);
+      }
+    } else {
+      for (int64_t c = lane; c < cols; c += 32) {
+        const float n = f::mul_rn(f::load<kBf16>(x, base + c), r);
+        dot = fmaf(f::rmsnorm_grad_n<kBf16>(f::load<kBf16>(dy, base + c), f::load<kBf16Weight>(w, c)), n, dot);
+      }
     }
     const float mean = warp_sum(dot) / static_cast<float>(cols);
-    for (int64_t c = lane; c < cols; c += 32) {
-      const float n = f::mul_rn(f::load<kBf16>(x, base + c), r);
-      const float g = f::rmsnorm_grad_n<kBf16>(f::load<kBf16>(dy, base + c), f::load<kBf16Weight>(w, c));
-      f::store<kBf16>(dx, base + c, f::rmsnorm_dx(g, n, mean, r));
+    if (vectorized) {
+      for (int64_t c = lane * kVec; c < cols; c += 32 * kVec) {
+        float xv[kVec], dyv[kVec], wv[kVec];
+        vec::load<kBf16, kVec>(x, base + c, xv);
+        vec::load<kBf16, kVec>(dy, base + c, dyv);
+        vec::load<kBf16Weight, kVec>(w, c, wv);
+        for (int k = 0; k < kVec; ++k)
+          xv[k] = f::rmsnorm_dx(f::rmsnorm_grad_n<kBf16>(dyv[k], wv[k]), f::mul_rn(xv[k], r), mean, r);
+        vec::store<kBf16, kVec>(dx, base + c, xv);
+      }
+    } else {
+      for (int64_t c = lane; c < cols; c += 32) {
+        const float n = f::mul_rn(f::load<kBf16>(x, base + c), r);
+        const float g = f::rmsnorm_grad_n<kBf16>(f::load<kBf16>(dy, base + c), f::load<kBf16Weight>(w, c));
+        f::store<kBf16>(dx, base + c, f::rmsnorm_dx(g, n, mean, r));
+      }
     }
   }
 }
 
-// The weight's gradient, deterministically: a thread per column sums its rows of one chunk in order into
-// partial[chunk][col]; a second kernel sums the chunks in order.
+// The weight's gradient, deterministically: a thread per pair of columns sums its rows of one chunk in order into
+// partial[chunk][col]; a second kernel sums the chunks in order. Chunks of 32 rows (more at many rows: see
+// rmsnorm_rows_per_chunk) give a 2048-token [2048, 2560] norm 320 CTAs instead of one per 256 columns and
+// 256 rows (80: not one per SM of an H100).
 template <bool kBf16>
 __global__ void __launch_bounds__(kThreads) rmsnorm_dw_partial_kernel(const void* dy, const void* x, const float* rstd,
                                                                       int64_t rows, int64_t cols, int64_t rows_per_chunk,
-                                                                      float* partial) {
-  const int64_t col = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+                                                                      float* partial, int vectorized) {
+  const int64_t col = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * kDwCols;
   const int64_t chunk = blockIdx.y;
   if (col >= cols) return;
   const int64_t first = chunk * rows_per_chunk;
   const int64_t last = first + rows_per_chunk < rows ? first + rows_per_chunk : rows;
-  float sum = 0.0f;
-  for (int64_t row = first; row < last; ++row)
-    sum = f::add_rn(sum, f::rmsnorm_dw_term<kBf16>(f::load<kBf16>(dy, row * cols + col),
-                                                   f::mul_rn(f::load<kBf16>(x, row * cols + col), rstd[row])));
-  partial[chunk * cols + col] = sum;
+  float sum[kDwCols] = {};
+  const int pair = vectorized && col + 1 < cols;
+  for (int64_t row = first; row < last; ++row) {
+    const float r = rstd[row];
+    float dyv[kDwCols], xv[kDwCols];
+    if (pair) {
+      vec::load<kBf16, kDwCols>(dy, row * cols + col, dyv);
+      vec::load<kBf16, kDwCols>(x, row * cols + col, xv);
+    } else {
+      for (int k = 0; k < kDwCols; ++k) {
+        const bool in = col + k < cols;
+        dyv[k] = in ? f::load<kBf16>(dy, row * cols + col + k) : 0.0f;
+        xv[k] = in ? f::load<kBf16>(x, row * cols + col + k) : 0.0f;
+      }
+    }
+    for (int k = 0; k < kDwCols; ++k) sum[k] = f::add_rn(sum[k], f::rmsnorm_dw_term<kBf16>(dyv[k], f::mul_rn(xv[k], r)));
+  }
+  for (int k = 0; k < kDwCols; ++k)
+    if (col + k < cols) partial[chunk * cols + col + k] = sum[k];
 }
 
 __global__ void __launch_bounds__(kThreads) sum_chunks_kernel(const float* partial, int64_t chunks, int64_t cols,
@@ -95,44 +160,87 @@ __global__ void __launch_bounds__(kThreads) sum_chunks_kernel(const float* parti
 }
 
 // ---- RoPE: a thread per (first half, second half) pair of x [batch, seq, heads, head_dim] (out may be x) -----------
+// Vector path (half a multiple of 4, x, out and the tables aligned): a thread takes 4 consecutive pairs, reading
+// 8 bytes of bf16 (16 of fp32) from each half and 16 bytes of each table.
+
+constexpr int kRopePairs = 4;
 
 template <bool kBf16>
 __global__ void __launch_bounds__(kThreads) rope_kernel(const void* x, void* out, int64_t batch, int64_t seq, int64_t heads,
                                                         int64_t head_dim, const float* cos, const float* sin,
-                                                        int64_t table_rows, int backward) {
+                                                        int64_t table_rows, int backward, int vectorized) {
   const int64_t half = head_dim / 2;
-  const int64_t pairs = batch * seq * heads * half;
-  for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < pairs;
-       p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  const int64_t per_item = vectorized ? kRopePairs : 1;
+  const int64_t items = batch * seq * heads * half / per_item;
+  for (int64_t item = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; item < items;
+       item += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t p = item * per_item;
     const int64_t i = p % half, head_row = p / half;  // head_row = (b, t, h) flattened
     const int64_t t = (head_row / heads) % table_rows;  // the token's position (b, t): its table row
     const int64_t a = head_row * head_dim + i, b = a + half;
-    float x1 = f::load<kBf16>(x, a), x2 = f::load<kBf16>(x, b);
-    const float c1 = cos[t * head_dim + i], s1 = sin[t * head_dim + i];
-    const float c2 = cos[t * head_dim + i + half], s2 = sin[t * head_dim + i + half];
-    if (backward)
-      f::rope_pair_backward<kBf16>(x1, x2, c1, s1, c2, s2);
-    else
-      f::rope_pair<kBf16>(x1, x2, c1, s1, c2, s2);
-    f::store<kBf16>(out, a, x1);
-    f::store<kBf16>(out, b, x2);
+    const int64_t ta = t * head_dim + i, tb = ta + half;
+    if (vectorized) {
+      float x1[kRopePairs], x2[kRopePairs], c1[kRopePairs], s1[kRopePairs], c2[kRopePairs], s2[kRopePairs];
+      vec::load<kBf16, kRopePairs>(x, a, x1);
+      vec::load<kBf16, kRopePairs>(x, b, x2);
+      vec::load<false, kRopePairs>(cos, ta, c1);
+      vec::load<false, kRopePairs>(sin, ta, s1);
+      vec::load<false, kRopePairs>(cos, tb, c2);
+      vec::load<false, kRopePairs>(sin, tb, s2);
+      for (int k = 0; k < kRopePairs; ++k) {
+        if (backward)
+          f::rope_pair_backward<kBf16>(x1[k], x2[k], c1[k], s1[k], c2[k], s2[k]);
+        else
+          f::rope_pair<kBf16>(x1[k], x2[k], c1[k], s1[k], c2[k], s2[k]);
+      }
+      vec::store<kBf16, kRopePairs>(out, a, x1);
+      vec::store<kBf16, kRopePairs>(out, b, x2);
+    } else {
+      float x1 = f::load<kBf16>(x, a), x2 = f::load<kBf16>(x, b);
+      if (backward)
+        f::rope_pair_backward<kBf16>(x1, x2, cos[ta], sin[ta], cos[tb], sin[tb]);
+      else
+        f::rope_pair<kBf16>(x1, x2, cos[ta], sin[ta], cos[tb], sin[tb]);
+      f::store<kBf16>(out, a, x1);
+      f::store<kBf16>(out, b, x2);
+    }
   }
 }
 
-// ---- SwiGLU: a thread per element ---------------------------------------------------------------------------------
+// ---- SwiGLU: 8 elements a thread where every pointer is aligned for them (the last n % 8 one a thread), else
+// one a thread ------------------------------------------------------------------------------------------------------
 
 template <bool kBf16>
-__global__ void __launch_bounds__(kThreads) swiglu_forward_kernel(const void* gate, const void* up, void* out, int64_t n) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+__global__ void __launch_bounds__(kThreads) swiglu_forward_kernel(const void* gate, const void* up, void* out, int64_t n,
+                                                                  int vectorized) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x, first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t pieces = vectorized ? n / kVec : 0;
+  for (int64_t piece = first; piece < pieces; piece += stride) {
+    float g[kVec], u[kVec];
+    vec::load<kBf16, kVec>(gate, piece * kVec, g);
+    vec::load<kBf16, kVec>(up, piece * kVec, u);
+    for (int k = 0; k < kVec; ++k) g[k] = f::swiglu<kBf16>(g[k], u[k]);
+    vec::store<kBf16, kVec>(out, piece * kVec, g);
+  }
+  for (int64_t i = pieces * kVec + first; i < n; i += stride)
     f::store<kBf16>(out, i, f::swiglu<kBf16>(f::load<kBf16>(gate, i), f::load<kBf16>(up, i)));
 }
 
 template <bool kBf16>
 __global__ void __launch_bounds__(kThreads) swiglu_backward_kernel(const void* dout, const void* gate, const void* up,
-                                                                   void* dgate, void* dup, int64_t n) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+                                                                   void* dgate, void* dup, int64_t n, int vectorized) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x, first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t pieces = vectorized ? n / kVec : 0;
+  for (int64_t piece = first; piece < pieces; piece += stride) {
+    float d[kVec], g[kVec], u[kVec], dg[kVec], du[kVec];
+    vec::load<kBf16, kVec>(dout, piece * kVec, d);
+    vec::load<kBf16, kVec>(gate, piece * kVec, g);
+    vec::load<kBf16, kVec>(up, piece * kVec, u);
+    for (int k = 0; k < kVec; ++k) f::swiglu_backward<kBf16>(d[k], g[k], u[k], dg[k], du[k]);
+    vec::store<kBf16, kVec>(dgate, piece * kVec, dg);
+    vec::store<kBf16, kVec>(dup, piece * kVec, du);
+  }
+  for (int64_t i = pieces * kVec + first; i < n; i += stride) {
     float dg, du;
     f::swiglu_backward<kBf16>(f::load<kBf16>(dout, i), f::load<kBf16>(gate, i), f::load<kBf16>(up, i), dg, du);
     f::store<kBf16>(dgate, i, dg);
@@ -141,6 +249,12 @@ __global__ void __launch_bounds__(kThreads) swiglu_backward_kernel(const void* d
 }
 
 bool supported(KernelDType t) { return t == KernelDType::f32 || t == KernelDType::bf16; }
+
+// Whether element 0 of p starts a K-element piece of its dtype (so does every K-th element after it).
+template <int K>
+bool aligned(const void* p, KernelDType t) {
+  return t == KernelDType::bf16 ? vec::aligned_for<true, K>(p) : vec::aligned_for<false, K>(p);
+}
 
 }  // namespace
 
@@ -152,15 +266,23 @@ int launch_rmsnorm_forward(const void* x, KernelDType x_type, const void* w, Ker
   const auto s = static_cast<cudaStream_t>(stream);
   const int grid = grid_for(rows, kWarpsPerCta);
   const bool bx = x_type == KernelDType::bf16, bw = w_type == KernelDType::bf16;
-  if (bx && bw) rmsnorm_forward_kernel<true, true><<<grid, kThreads, 0, s>>>(x, w, rows, cols, eps, y, rstd);
-  else if (bx) rmsnorm_forward_kernel<true, false><<<grid, kThreads, 0, s>>>(x, w, rows, cols, eps, y, rstd);
-  else if (bw) rmsnorm_forward_kernel<false, true><<<grid, kThreads, 0, s>>>(x, w, rows, cols, eps, y, rstd);
-  else rmsnorm_forward_kernel<false, false><<<grid, kThreads, 0, s>>>(x, w, rows, cols, eps, y, rstd);
+  const int v = cols % kVec == 0 && aligned<kVec>(x, x_type) && aligned<kVec>(y, x_type) && aligned<kVec>(w, w_type);
+  if (bx && bw) rmsnorm_forward_kernel<true, true><<<grid, kThreads, 0, s>>>(x, w, rows, cols, eps, y, rstd, v);
+  else if (bx) rmsnorm_forward_kernel<true, false><<<grid, kThreads, 0, s>>>(x, w, rows, cols, eps, y, rstd, v);
+  else if (bw) rmsnorm_forward_kernel<false, true><<<grid, kThreads, 0, s>>>(x, w, rows, cols, eps, y, rstd, v);
+  else rmsnorm_forward_kernel<false, false><<<grid, kThreads, 0, s>>>(x, w, rows, cols, eps, y, rstd, v);
   return static_cast<int>(cudaGetLastError());
 }
 
+int64_t rmsnorm_rows_per_chunk(int64_t rows) {
+  // 32 rows a chunk, more where that would need more than 65,535 chunks (the grid's y limit).
+  const int64_t at_limit = (rows + 65534) / 65535;
+  return at_limit > 32 ? at_limit : 32;
+}
+
 int64_t rmsnorm_backward_workspace_floats(int64_t rows, int64_t cols) {
-  const int64_t chunks = (rows + kRmsnormRowsPerChunk - 1) / kRmsnormRowsPerChunk;
+  const int64_t per_chunk = rmsnorm_rows_per_chunk(rows);
+  const int64_t chunks = (rows + per_chunk - 1) / per_chunk;
   return (chunks < 1 ? 1 : chunks) * cols;
 }
 
@@ -174,18 +296,22 @@ int launch_rmsnorm_backward(const void* dy, const void* x, KernelDType x_type, c
   const bool bx = x_type == KernelDType::bf16, bw = w_type == KernelDType::bf16;
   if (rows > 0) {
     const int grid = grid_for(rows, kWarpsPerCta);
-    if (bx && bw) rmsnorm_dx_kernel<true, true><<<grid, kThreads, 0, s>>>(dy, x, w, rstd, rows, cols, dx);
-    else if (bx) rmsnorm_dx_kernel<true, false><<<grid, kThreads, 0, s>>>(dy, x, w, rstd, rows, cols, dx);
-    else if (bw) rmsnorm_dx_kernel<false, true><<<grid, kThreads, 0, s>>>(dy, x, w, rstd, rows, cols, dx);
-    else rmsnorm_dx_kernel<false, false><<<grid, kThreads, 0, s>>>(dy, x, w, rstd, rows, cols, dx);
+    const int v = cols % kVec == 0 && aligned<kVec>(x, x_type) && aligned<kVec>(dy, x_type) &&
+                  aligned<kVec>(dx, x_type) && aligned<kVec>(w, w_type);
+    if (bx && bw) rmsnorm_dx_kernel<true, true><<<grid, kThreads, 0, s>>>(dy, x, w, rstd, rows, cols, dx, v);
+    else if (bx) rmsnorm_dx_kernel<true, false><<<grid, kThreads, 0, s>>>(dy, x, w, rstd, rows, cols, dx, v);
+    else if (bw) rmsnorm_dx_kernel<false, true><<<grid, kThreads, 0, s>>>(dy, x, w, rstd, rows, cols, dx, v);
+    else rmsnorm_dx_kernel<false, false><<<grid, kThreads, 0, s>>>(dy, x, w, rstd, rows, cols, dx, v);
   }
+  const int64_t per_chunk = rmsnorm_rows_per_chunk(rows);
   const int64_t chunks = rmsnorm_backward_workspace_floats(rows, cols) / cols;
-  if (chunks > 65535) return static_cast<int>(cudaErrorInvalidValue);
-  const dim3 partial_grid(static_cast<unsigned>((cols + kThreads - 1) / kThreads), static_cast<unsigned>(chunks));
+  const int64_t threads_across = (cols + kDwCols - 1) / kDwCols;
+  const dim3 partial_grid(static_cast<unsigned>((threads_across + kThreads - 1) / kThreads), static_cast<unsigned>(chunks));
+  const int pairs = cols % kDwCols == 0 && aligned<kDwCols>(dy, x_type) && aligned<kDwCols>(x, x_type);
   if (bx)
-    rmsnorm_dw_partial_kernel<true><<<partial_grid, kThreads, 0, s>>>(dy, x, rstd, rows, cols, kRmsnormRowsPerChunk, workspace);
+    rmsnorm_dw_partial_kernel<true><<<partial_grid, kThreads, 0, s>>>(dy, x, rstd, rows, cols, per_chunk, workspace, pairs);
   else
-    rmsnorm_dw_partial_kernel<false><<<partial_grid, kThreads, 0, s>>>(dy, x, rstd, rows, cols, kRmsnormRowsPerChunk, workspace);
+    rmsnorm_dw_partial_kernel<false><<<partial_grid, kThreads, 0, s>>>(dy, x, rstd, rows, cols, per_chunk, workspace, pairs);
   sum_chunks_kernel<<<static_cast<unsigned>((cols + kThreads - 1) / kThreads), kThreads, 0, s>>>(workspace, chunks, cols, dw);
   return static_cast<int>(cudaGetLastError());
 }
@@ -195,15 +321,18 @@ int launch_rope(const void* x, void* out, KernelDType type, int64_t batch, int64
   if (!supported(type) || batch < 0 || seq < 0 || heads < 0 || head_dim <= 0 || head_dim % 2 != 0 || !x || !out ||
       !cos || !sin || (table_rows != seq && table_rows != batch * seq))
     return static_cast<int>(cudaErrorInvalidValue);
-  const int64_t pairs = batch * seq * heads * (head_dim / 2);
+  const int64_t half = head_dim / 2, pairs = batch * seq * heads * half;
   if (pairs == 0) return 0;
   const auto s = static_cast<cudaStream_t>(stream);
+  const int v = half % kRopePairs == 0 && aligned<kRopePairs>(x, type) && aligned<kRopePairs>(out, type) &&
+                aligned<kRopePairs>(cos, KernelDType::f32) && aligned<kRopePairs>(sin, KernelDType::f32);
+  const int64_t items = pairs / (v ? kRopePairs : 1);
   if (type == KernelDType::bf16)
-    rope_kernel<true><<<grid_for(pairs, kThreads), kThreads, 0, s>>>(x, out, batch, seq, heads, head_dim, cos, sin,
-                                                                       table_rows, backward);
+    rope_kernel<true><<<grid_for(items, kThreads), kThreads, 0, s>>>(x, out, batch, seq, heads, head_dim, cos, sin,
+                                                                       table_rows, backward, v);
   else
-    rope_kernel<false><<<grid_for(pairs, kThreads), kThreads, 0, s>>>(x, out, batch, seq, heads, head_dim, cos, sin,
-                                                                        table_rows, backward);
+    rope_kernel<false><<<grid_for(items, kThreads), kThreads, 0, s>>>(x, out, batch, seq, heads, head_dim, cos, sin,
+                                                                        table_rows, backward, v);
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -211,10 +340,12 @@ int launch_swiglu_forward(const void* gate, const void* up, void* out, KernelDTy
   if (!supported(type) || n < 0 || !gate || !up || !out) return static_cast<int>(cudaErrorInvalidValue);
   if (n == 0) return 0;
   const auto s = static_cast<cudaStream_t>(stream);
+  const int v = aligned<kVec>(gate, type) && aligned<kVec>(up, type) && aligned<kVec>(out, type);
+  const int64_t items = v ? (n + kVec - 1) / kVec : n;
   if (type == KernelDType::bf16)
-    swiglu_forward_kernel<true><<<grid_for(n, kThreads), kThreads, 0, s>>>(gate, up, out, n);
+    swiglu_forward_kernel<true><<<grid_for(items, kThreads), kThreads, 0, s>>>(gate, up, out, n, v);
   else
-    swiglu_forward_kernel<false><<<grid_for(n, kThreads), kThreads, 0, s>>>(gate, up, out, n);
+    swiglu_forward_kernel<false><<<grid_for(items, kThreads), kThreads, 0, s>>>(gate, up, out, n, v);
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -223,10 +354,13 @@ int launch_swiglu_backward(const void* dout, const void* gate, const void* up, v
   if (!supported(type) || n < 0 || !dout || !gate || !up || !dgate || !dup) return static_cast<int>(cudaErrorInvalidValue);
   if (n == 0) return 0;
   const auto s = static_cast<cudaStream_t>(stream);
+  const int v = aligned<kVec>(dout, type) && aligned<kVec>(gate, type) && aligned<kVec>(up, type) &&
+                aligned<kVec>(dgate, type) && aligned<kVec>(dup, type);
+  const int64_t items = v ? (n + kVec - 1) / kVec : n;
   if (type == KernelDType::bf16)
-    swiglu_backward_kernel<true><<<grid_for(n, kThreads), kThreads, 0, s>>>(dout, gate, up, dgate, dup, n);
+    swiglu_backward_kernel<true><<<grid_for(items, kThreads), kThreads, 0, s>>>(dout, gate, up, dgate, dup, n, v);
   else
-    swiglu_backward_kernel<false><<<grid_for(n, kThreads), kThreads, 0, s>>>(dout, gate, up, dgate, dup, n);
+    swiglu_backward_kernel<false><<<grid_for(items, kThreads), kThreads, 0, s>>>(dout, gate, up, dgate, dup, n, v);
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -7,6 +7,7 @@
 
 #include "lm_loss_slice.cuh"
 #include "qwen3_kernels.h"
+#include "vector_access.cuh"
 
 namespace qwen3::kernels {
 namespace {
@@ -18,30 +19,6 @@ constexpr int kWarps = kThreads / 32;
 // 16 bytes of a row: 8 bf16 or 4 fp32 values.
 template <bool kBf16>
 constexpr int kVector = kBf16 ? 8 : 4;
-
-template <bool kBf16>
-__device__ __forceinline__ void load_vector(const void* p, int64_t i, float* out) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(static_cast<const char*>(p) + i * (kBf16 ? 2 : 4));
-  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-  for (int k = 0; k < 4; ++k) {
-    if (kBf16) {
-      out[2 * k] = fused::bf16_to_float(static_cast<uint16_t>(words[k] & 0xFFFFu));
-      out[2 * k + 1] = fused::bf16_to_float(static_cast<uint16_t>(words[k] >> 16));
-    } else {
-      out[k] = __uint_as_float(words[k]);
-    }
-  }
-}
-
-template <bool kBf16>
-__device__ __forceinline__ void store_vector(void* p, int64_t i, const float* v) {
-  uint32_t words[4];
-  for (int k = 0; k < 4; ++k)
-    words[k] = kBf16 ? (static_cast<uint32_t>(fused::bf16_nearest(v[2 * k])) |
-                        (static_cast<uint32_t>(fused::bf16_nearest(v[2 * k + 1])) << 16))
-                     : __float_as_uint(v[k]);
-  *reinterpret_cast<uint4*>(static_cast<char*>(p) + i * (kBf16 ? 2 : 4)) = make_uint4(words[0], words[1], words[2], words[3]);
-}
 
 __device__ __forceinline__ l::SoftmaxStats warp_merge(l::SoftmaxStats s) {
   for (int offset = 16; offset > 0; offset /= 2) {
@@ -65,7 +42,7 @@ __global__ void __launch_bounds__(kThreads) stats_kernel(const void* logits, int
     if (vectorized) {
       for (int64_t c = threadIdx.x * static_cast<int64_t>(kV); c < width; c += static_cast<int64_t>(kThreads) * kV) {
         float v[kV];
-        load_vector<kBf16>(logits, base + c, v);
+        vec::load<kBf16, kV>(logits, base + c, v);
         for (int k = 0; k < kV; ++k) s = l::add(s, v[k]);
       }
     } else {
@@ -102,9 +79,9 @@ __global__ void __launch_bounds__(kThreads) gradient_kernel(const void* logits, 
     const int64_t t = targets[row];
     if (vectorized) {
       float v[kV];
-      load_vector<kBf16>(logits, i, v);
+      vec::load<kBf16, kV>(logits, i, v);
       for (int k = 0; k < kV; ++k) v[k] = l::logit_gradient<kBf16>(v[k], row_lse, column + k == t, scale);
-      store_vector<kBf16>(out, i, v);
+      vec::store<kBf16, kV>(out, i, v);
     } else {
       l::store<kBf16>(out, i, l::logit_gradient<kBf16>(l::load<kBf16>(logits, i), row_lse, column == t, scale));
     }
@@ -115,8 +92,8 @@ bool supported(KernelDType t) { return t == KernelDType::f32 || t == KernelDType
 
 // 16-byte loads need an aligned start and rows of whole vectors.
 bool vectorizable(const void* p, KernelDType t, int64_t width) {
-  const int64_t per_vector = t == KernelDType::bf16 ? 8 : 4;
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0 && width % per_vector == 0;
+  return t == KernelDType::bf16 ? vec::aligned_for<true, kVector<true>>(p) && width % kVector<true> == 0
+                                : vec::aligned_for<false, kVector<false>>(p) && width % kVector<false> == 0;
 }
 
 int grid_for(int64_t items) {

@@ -49,9 +49,9 @@ int launch_adamw_step(const adamw::ParamView& param, const adamw::StepScalars& s
 int launch_rmsnorm_forward(const void* x, KernelDType x_type, const void* w, KernelDType w_type, int64_t rows,
                            int64_t cols, float eps, void* y, float* rstd, void* stream);
 
-// Rows a chunk of the weight gradient's deterministic reduction sums; the workspace holds a row of partial sums
-// a chunk.
-constexpr int64_t kRmsnormRowsPerChunk = 256;
+// Rows a chunk of the weight gradient's deterministic reduction sums (32, more past 65,535 chunks): the sum's
+// order depends on the row count only. The workspace holds a row of partial sums a chunk.
+int64_t rmsnorm_rows_per_chunk(int64_t rows);
 int64_t rmsnorm_backward_workspace_floats(int64_t rows, int64_t cols);
 
 // dx [rows, cols] (x's dtype) and dw [cols] (fp32, the sum over rows, in a fixed order) from dy, x, w and the

@@ -56,55 +56,73 @@ TEST(GpuFusedKernels, RopeEqualsTheHostRuleByteForByte) {
       }
     }
     DeviceBuffer dx(n * 2), dout(n * 2), dcos(table_rows * d * 4), dsin(table_rows * d * 4);
-    upload(dx, x), upload(dcos, cos), upload(dsin, sin);
-    for (int backward = 0; backward < 2; ++backward) {
-      ASSERT_EQ(kernels::launch_rope(dx.at(), dout.at(), KernelDType::bf16, B, T, heads, d,
+    upload(dcos, cos), upload(dsin, sin);
+    // Offset 0: 4 pairs a thread (8-byte accesses); 2 bytes: misaligned, a pair a thread.
+    for (int backward = 0; backward < 4; ++backward) {
+      const size_t offset = backward >= 2 ? 2 : 0;
+      ASSERT_EQ(cudaMemcpy(dx.at(offset), x.data(), n * 2, cudaMemcpyHostToDevice), cudaSuccess);
+      ASSERT_EQ(kernels::launch_rope(dx.at(offset), dout.at(offset), KernelDType::bf16, B, T, heads, d,
                                      reinterpret_cast<const float*>(dcos.at()), reinterpret_cast<const float*>(dsin.at()),
-                                     table_rows, backward, nullptr), 0);
+                                     table_rows, backward % 2, nullptr), 0);
       std::vector<uint16_t> got(n);
-      download(got, dout);
+      ASSERT_EQ(cudaMemcpy(got.data(), dout.at(offset), n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
       std::vector<uint16_t> want(x);
       for (int64_t row = 0; row < B * T * heads; ++row) {
         const int64_t t = (row / heads) % table_rows;
         for (int64_t i = 0; i < d / 2; ++i) {
           float x1 = bf(x[row * d + i]), x2 = bf(x[row * d + i + d / 2]);
           const float c1 = cos[t * d + i], s1 = sin[t * d + i], c2 = cos[t * d + i + d / 2], s2 = sin[t * d + i + d / 2];
-          if (backward) f::rope_pair_backward<true>(x1, x2, c1, s1, c2, s2);
+          if (backward % 2) f::rope_pair_backward<true>(x1, x2, c1, s1, c2, s2);
           else f::rope_pair<true>(x1, x2, c1, s1, c2, s2);
           want[row * d + i] = kernels::adamw::bf16_nearest(x1), want[row * d + i + d / 2] = kernels::adamw::bf16_nearest(x2);
         }
       }
-      EXPECT_EQ(got, want) << (backward ? "backward" : "forward") << ", " << table_rows << " table rows";
+      EXPECT_EQ(got, want) << (backward % 2 ? "backward" : "forward") << ", " << table_rows << " table rows, offset "
+                           << offset;
     }
   }
 }
 
+// n % 8 == 7: 8 elements a thread, then a tail; offset 2 bytes: misaligned, an element a thread.
 TEST(GpuFusedKernels, SwigluFollowsTheHostRule) {
   QWEN3_REQUIRE_GPU();
   const int64_t n = 300 * 9728 + 7;
   const std::vector<uint16_t> g = bf16_values(n, 2, 6.0f), u = bf16_values(n, 3, 2.0f), dh = bf16_values(n, 4, 1.0f);
-  DeviceBuffer dg_in(n * 2), du_in(n * 2), ddh(n * 2), dout(n * 2), dgate(n * 2), dup(n * 2);
-  upload(dg_in, g), upload(du_in, u), upload(ddh, dh);
-  ASSERT_EQ(kernels::launch_swiglu_forward(dg_in.at(), du_in.at(), dout.at(), KernelDType::bf16, n, nullptr), 0);
-  ASSERT_EQ(kernels::launch_swiglu_backward(ddh.at(), dg_in.at(), du_in.at(), dgate.at(), dup.at(), KernelDType::bf16, n,
-                                            nullptr), 0);
-  std::vector<uint16_t> out(n), dgv(n), duv(n);
-  download(out, dout), download(dgv, dgate), download(duv, dup);
-  int64_t beyond_one_step = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    float dg, du;
-    f::swiglu_backward<true>(bf(dh[i]), bf(g[i]), bf(u[i]), dg, du);
-    const float want[] = {f::swiglu<true>(bf(g[i]), bf(u[i])), dg, du};
-    const float got[] = {bf(out[i]), bf(dgv[i]), bf(duv[i])};
-    for (int k = 0; k < 3; ++k)  // exp on the device and in libm differ by an ulp: at most one bf16 step apart
-      beyond_one_step += std::fabs(got[k] - want[k]) > std::fabs(want[k]) * (1.0f / 64) + 1e-30f;
+  for (const size_t offset : {size_t{0}, size_t{2}}) {
+    DeviceBuffer dg_in(n * 2), du_in(n * 2), ddh(n * 2), dout(n * 2), dgate(n * 2), dup(n * 2);
+    const auto put = [&](DeviceBuffer& d, const std::vector<uint16_t>& h) {
+      ASSERT_EQ(cudaMemcpy(d.at(offset), h.data(), n * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    };
+    const auto take = [&](std::vector<uint16_t>& h, const DeviceBuffer& d) {
+      ASSERT_EQ(cudaMemcpy(h.data(), d.at(offset), n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    };
+    put(dg_in, g), put(du_in, u), put(ddh, dh);
+    ASSERT_EQ(kernels::launch_swiglu_forward(dg_in.at(offset), du_in.at(offset), dout.at(offset), KernelDType::bf16, n,
+                                             nullptr), 0);
+    ASSERT_EQ(kernels::launch_swiglu_backward(ddh.at(offset), dg_in.at(offset), du_in.at(offset), dgate.at(offset),
+                                              dup.at(offset), KernelDType::bf16, n, nullptr), 0);
+    std::vector<uint16_t> out(n), dgv(n), duv(n);
+    take(out, dout), take(dgv, dgate), take(duv, dup);
+    int64_t beyond_one_step = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      float dg, du;
+      f::swiglu_backward<true>(bf(dh[i]), bf(g[i]), bf(u[i]), dg, du);
+      const float want[] = {f::swiglu<true>(bf(g[i]), bf(u[i])), dg, du};
+      const float got[] = {bf(out[i]), bf(dgv[i]), bf(duv[i])};
+      for (int k = 0; k < 3; ++k)  // exp on the device and in libm differ by an ulp: at most one bf16 step apart
+        beyond_one_step += std::fabs(got[k] - want[k]) > std::fabs(want[k]) * (1.0f / 64) + 1e-30f;
+    }
+    EXPECT_EQ(beyond_one_step, 0) << "offset " << offset;
   }
-  EXPECT_EQ(beyond_one_step, 0);
 }
 
-TEST(GpuFusedKernels, RmsNormFollowsTheHostRule) {
+// cols 2560: 8 elements a lane and column pairs in dw; 132 (the vector paths need cols % 8 == 0): an element a
+// lane, pairs in dw; 131: no pairs either.
+class GpuRmsNormKernels : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(GpuRmsNormKernels, FollowTheHostRule) {
   QWEN3_REQUIRE_GPU();
-  const int64_t rows = 517, cols = 2560;
+  const int64_t rows = 517, cols = GetParam();
   const std::vector<uint16_t> x = bf16_values(rows * cols, 5, 2.0f), dy = bf16_values(rows * cols, 6, 1.0f);
   std::vector<float> w(cols);
   for (int64_t c = 0; c < cols; ++c) w[c] = 1.0f + 0.1f * bf(bf16_values(1, 7 + c, 1.0f)[0]);
@@ -151,6 +169,8 @@ TEST(GpuFusedKernels, RmsNormFollowsTheHostRule) {
   EXPECT_EQ(0, std::memcmp(again.data(), dwv.data(), cols * 4));
 }
 
+INSTANTIATE_TEST_SUITE_P(Widths, GpuRmsNormKernels, ::testing::Values(2560, 132, 131));
+
 TEST(FusedKernelLaunch, RejectsBadArgumentsWithoutLaunching) {
   float dummy[4] = {};  // never read: every call is refused before a launch
   EXPECT_NE(kernels::launch_rope(dummy, dummy, KernelDType::bf16, 1, 1, 1, 3, dummy, dummy, 1, 0, nullptr), 0);  // odd d
@@ -163,7 +183,10 @@ TEST(FusedKernelLaunch, RejectsBadArgumentsWithoutLaunching) {
   EXPECT_NE(kernels::launch_rmsnorm_backward(dummy, dummy, KernelDType::f32, dummy, KernelDType::f32, dummy, 1, 4, dummy,
                                              dummy, nullptr, nullptr), 0);  // no workspace
   EXPECT_EQ(kernels::launch_swiglu_forward(dummy, dummy, dummy, KernelDType::f32, 0, nullptr), 0);  // nothing to do
-  EXPECT_EQ(kernels::rmsnorm_backward_workspace_floats(513, 10), 3 * 10);
+  EXPECT_EQ(kernels::rmsnorm_backward_workspace_floats(513, 10), 17 * 10);  // chunks of 32 rows
+  // Past 65,535 chunks of 32 the chunks grow: the grid's y limit is never passed.
+  EXPECT_EQ(kernels::rmsnorm_rows_per_chunk(2048), 32);
+  EXPECT_LE(kernels::rmsnorm_backward_workspace_floats(int64_t{1} << 24, 1), 65535);
 }
 
 }  // namespace

@@ -9,6 +9,9 @@
 //  - search mode: one thread per block runs codec::quantize_block, whose candidate errors must be summed in
 //    the CPU codec's order; it does ~5x the arithmetic of rne, where one thread per block costs nothing extra.
 // The per-element arithmetic is codec::* (nvfp4_codec.cuh), the code the host-side tests check bytewise.
+// With `operand` (kOperand), the same pass also writes deq(codes, scales) in bf16: what the training forward's
+// product reads, decoded from the codes just made, so it is byte for byte what nvfp4_dequantize.cu writes; the
+// codes are then never read back for the forward product (issue 28, point 4: one kernel instead of two).
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -26,10 +29,29 @@ constexpr int kRneUnroll = 4;
 constexpr int kSearchThreads = 128;
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
 
-template <typename T, bool kVectorized>
+// n values of one block decoded from their packed nibbles (element i = nibble i) into bf16 at out: 16-byte
+// stores when kVectorized (n = 8 or 16, out 16-byte aligned), else one at a time.
+template <bool kVectorized>
+__device__ __forceinline__ void store_operand(uint64_t nibbles, int n, uint8_t scale_code, __nv_bfloat16* out) {
+  const float scale = codec::e4m3_to_float(scale_code);
+  __nv_bfloat16 values[codec::kBlock];
+#pragma unroll
+  for (int i = 0; i < codec::kBlock; ++i)
+    if (i < n) values[i] = device::from_float<__nv_bfloat16>(codec::e2m1_to_float((nibbles >> (4 * i)) & 0xFu) * scale);
+  if (kVectorized && n % 8 == 0) {
+#pragma unroll
+    for (int i = 0; i < codec::kBlock; i += 8)
+      if (i < n) *reinterpret_cast<uint4*>(out + i) = *reinterpret_cast<const uint4*>(values + i);
+  } else {
+    for (int i = 0; i < n; ++i) out[i] = values[i];
+  }
+}
+
+template <typename T, bool kVectorized, bool kOperand>
 __global__ void __launch_bounds__(kRneThreads)
     nvfp4_quantize_rne_kernel(const T* __restrict__ x, int64_t n_vectors, uint8_t* __restrict__ codes,
-                              uint8_t* __restrict__ scales, int* __restrict__ nonfinite_flag) {
+                              uint8_t* __restrict__ scales, int* __restrict__ nonfinite_flag,
+                              __nv_bfloat16* __restrict__ operand) {
   constexpr int kPerThread = 16 / sizeof(T);             // elements in one 16-byte vector
   constexpr int kGroup = codec::kBlock / kPerThread;     // lanes sharing one block: 4 (fp32) or 2
   const int64_t first_vector = static_cast<int64_t>(blockIdx.x) * kRneThreads * kRneUnroll + threadIdx.x;
@@ -90,6 +112,8 @@ __global__ void __launch_bounds__(kRneThreads)
 #pragma unroll
       for (int j = 0; j < kPerThread / 2; ++j) out[j] = static_cast<uint8_t>(packed >> (8 * j));
     }
+    if constexpr (kOperand)  // 4 (fp32 input) or 8 values: 8 or 16 bytes, vector-stored when 16
+      store_operand<kVectorized && kPerThread == 8>(packed, kPerThread, scale_code, operand + v * kPerThread);
     if (v % kGroup == 0) {
       scales[v / kGroup] = scale_code;
       if (nonfinite && nonfinite_flag != nullptr) *nonfinite_flag = 1;
@@ -97,10 +121,11 @@ __global__ void __launch_bounds__(kRneThreads)
   }
 }
 
-template <typename T, bool kVectorized>
+template <typename T, bool kVectorized, bool kOperand>
 __global__ void __launch_bounds__(kSearchThreads)
     nvfp4_quantize_search_kernel(const T* __restrict__ x, int64_t n_blocks, uint8_t* __restrict__ codes,
-                                 uint8_t* __restrict__ scales, int* __restrict__ nonfinite_flag) {
+                                 uint8_t* __restrict__ scales, int* __restrict__ nonfinite_flag,
+                                 __nv_bfloat16* __restrict__ operand) {
   const int64_t block = static_cast<int64_t>(blockIdx.x) * kSearchThreads + threadIdx.x;
   if (block >= n_blocks) return;
   float values[codec::kBlock];
@@ -126,46 +151,71 @@ __global__ void __launch_bounds__(kSearchThreads)
   }
   scales[block] = scale_code;
   if (scale_code == codec::kNonFiniteBlockScale && nonfinite_flag != nullptr) *nonfinite_flag = 1;
+  if constexpr (kOperand) {
+    uint64_t nibbles = 0;
+#pragma unroll
+    for (int j = 0; j < codec::kBlock / 2; ++j) nibbles |= static_cast<uint64_t>(block_codes[j]) << (8 * j);
+    store_operand<kVectorized>(nibbles, codec::kBlock, scale_code, operand + block * codec::kBlock);
+  }
 }
 
-template <typename T>
+template <typename T, bool kOperand>
 cudaError_t launch_typed(const T* x, int64_t n_elements, uint8_t* codes, uint8_t* scales, bool search,
-                         int* nonfinite_flag, cudaStream_t stream) {
-  // The vectorized kernels load 16 bytes at a time and store 2, 4 or 8 code bytes at once.
-  const bool vectorized = device::is_aligned(x, 16) && device::is_aligned(codes, 8);
+                         int* nonfinite_flag, __nv_bfloat16* operand, cudaStream_t stream) {
+  // The vectorized kernels load 16 bytes at a time and store 2, 4 or 8 code bytes (and 16 operand bytes) at once.
+  const bool vectorized = device::is_aligned(x, 16) && device::is_aligned(codes, 8) &&
+                          (!kOperand || device::is_aligned(operand, 16));
   if (search) {
     const int64_t n_blocks = n_elements / codec::kBlock;
     const dim3 grid(static_cast<unsigned>((n_blocks + kSearchThreads - 1) / kSearchThreads));
     if (vectorized)
-      nvfp4_quantize_search_kernel<T, true><<<grid, kSearchThreads, 0, stream>>>(x, n_blocks, codes, scales,
-                                                                                 nonfinite_flag);
+      nvfp4_quantize_search_kernel<T, true, kOperand><<<grid, kSearchThreads, 0, stream>>>(x, n_blocks, codes, scales,
+                                                                                           nonfinite_flag, operand);
     else
-      nvfp4_quantize_search_kernel<T, false><<<grid, kSearchThreads, 0, stream>>>(x, n_blocks, codes, scales,
-                                                                                  nonfinite_flag);
+      nvfp4_quantize_search_kernel<T, false, kOperand><<<grid, kSearchThreads, 0, stream>>>(x, n_blocks, codes, scales,
+                                                                                            nonfinite_flag, operand);
   } else {
     const int64_t n_vectors = n_elements / (16 / sizeof(T));
     const int64_t per_cta = static_cast<int64_t>(kRneThreads) * kRneUnroll;
     const dim3 grid(static_cast<unsigned>((n_vectors + per_cta - 1) / per_cta));
     if (vectorized)
-      nvfp4_quantize_rne_kernel<T, true><<<grid, kRneThreads, 0, stream>>>(x, n_vectors, codes, scales,
-                                                                           nonfinite_flag);
+      nvfp4_quantize_rne_kernel<T, true, kOperand><<<grid, kRneThreads, 0, stream>>>(x, n_vectors, codes, scales,
+                                                                                     nonfinite_flag, operand);
     else
-      nvfp4_quantize_rne_kernel<T, false><<<grid, kRneThreads, 0, stream>>>(x, n_vectors, codes, scales,
-                                                                            nonfinite_flag);
+      nvfp4_quantize_rne_kernel<T, false, kOperand><<<grid, kRneThreads, 0, stream>>>(x, n_vectors, codes, scales,
+                                                                                      nonfinite_flag, operand);
   }
   return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_with_operand(const T* x, int64_t n_elements, uint8_t* codes, uint8_t* scales, bool search,
+                                int* nonfinite_flag, void* operand, cudaStream_t stream) {
+  if (operand != nullptr)
+    return launch_typed<T, true>(x, n_elements, codes, scales, search, nonfinite_flag,
+                                 static_cast<__nv_bfloat16*>(operand), stream);
+  return launch_typed<T, false>(x, n_elements, codes, scales, search, nonfinite_flag, nullptr, stream);
 }
 
 }  // namespace
 
 int launch_nvfp4_quantize(const void* x, KernelDType x_type, int64_t rows, int64_t cols, uint8_t* codes,
                           uint8_t* scales, int search_mode, int* nonfinite_flag_device, void* stream) {
+  return launch_nvfp4_quantize_with_operand(x, x_type, rows, cols, codes, scales, search_mode, nonfinite_flag_device,
+                                            nullptr, stream);
+}
+
+int launch_nvfp4_quantize_with_operand(const void* x, KernelDType x_type, int64_t rows, int64_t cols, uint8_t* codes,
+                                       uint8_t* scales, int search_mode, int* nonfinite_flag_device,
+                                       void* bf16_operand, void* stream) {
   if (rows < 0 || cols < 0 || cols % codec::kBlock != 0 || !device::valid_dtype(x_type) ||
       (search_mode != 0 && search_mode != 1))
     return cudaErrorInvalidValue;
   const int64_t n_elements = rows * cols;
   if (n_elements == 0) return cudaSuccess;
   if (x == nullptr || codes == nullptr || scales == nullptr) return cudaErrorInvalidValue;
+  // The operand's stores take its element alignment.
+  if (bf16_operand != nullptr && !device::is_aligned(bf16_operand, 2)) return cudaErrorInvalidValue;
   // The largest grid (search: one thread per block) must fit gridDim.x; it does for any tensor that fits in
   // device memory, but refuse rather than wrap.
   if ((n_elements / codec::kBlock + kSearchThreads - 1) / kSearchThreads > INT32_MAX) return cudaErrorInvalidValue;
@@ -173,14 +223,14 @@ int launch_nvfp4_quantize(const void* x, KernelDType x_type, int64_t rows, int64
   cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
   switch (x_type) {
     case KernelDType::f32:
-      return launch_typed(static_cast<const float*>(x), n_elements, codes, scales, search, nonfinite_flag_device,
-                          cuda_stream);
+      return launch_with_operand(static_cast<const float*>(x), n_elements, codes, scales, search,
+                                 nonfinite_flag_device, bf16_operand, cuda_stream);
     case KernelDType::bf16:
-      return launch_typed(static_cast<const __nv_bfloat16*>(x), n_elements, codes, scales, search,
-                          nonfinite_flag_device, cuda_stream);
+      return launch_with_operand(static_cast<const __nv_bfloat16*>(x), n_elements, codes, scales, search,
+                                 nonfinite_flag_device, bf16_operand, cuda_stream);
     case KernelDType::f16:
-      return launch_typed(static_cast<const __half*>(x), n_elements, codes, scales, search,
-                          nonfinite_flag_device, cuda_stream);
+      return launch_with_operand(static_cast<const __half*>(x), n_elements, codes, scales, search,
+                                 nonfinite_flag_device, bf16_operand, cuda_stream);
   }
   return cudaErrorInvalidValue;
 }

@@ -23,6 +23,13 @@ enum class KernelDType : int { f32 = 0, bf16 = 1, f16 = 2 };
 int launch_nvfp4_quantize(const void* x, KernelDType x_type, int64_t rows, int64_t cols, uint8_t* codes,
                           uint8_t* scales, int search_mode, int* nonfinite_flag_device, void* stream);
 
+// The same, also writing deq(codes, scales) as bf16 [rows, cols] into bf16_operand (nullable; 2-byte aligned, 16
+// for the vector path): byte for byte launch_nvfp4_dequantize's bf16 output, from the one pass (the training
+// forward's product operand without reading the codes back).
+int launch_nvfp4_quantize_with_operand(const void* x, KernelDType x_type, int64_t rows, int64_t cols, uint8_t* codes,
+                                       uint8_t* scales, int search_mode, int* nonfinite_flag_device,
+                                       void* bf16_operand, void* stream);
+
 // codes [rows, cols/2] + scales [rows, cols/16] -> out [rows, cols] in f32/bf16/f16, exact (every E2M1 x E4M3
 // product is representable in all three). Scale codes 0x7F/0xFF give NaN. `out` needs only its element
 // alignment (16-byte-aligned out and 8-byte-aligned codes take the vectorized path).

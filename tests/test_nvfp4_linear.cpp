@@ -159,6 +159,31 @@ TEST(SteLinear, GpuFp32MasterGradientIsNotRoundedToBf16) {
   EXPECT_LT(error, 1e-5);
 }
 
+// On CUDA at training shapes the codes and the bf16 operand come from one kernel, and with keep_operand the node
+// saves that operand for dX: the output and both gradients are those of the two-kernel form (quantize, then
+// dequantize, then the products), bit for bit, for an fp32 and a bf16 master.
+TEST(SteLinear, GpuOperandFromTheQuantizePassGivesTheSameBytes) {
+  QWEN3_GPU_TEST(at::hasCUDA());
+  at::manual_seed(27);
+  for (const at::ScalarType master : {at::kFloat, at::kBFloat16}) {
+    const at::Tensor weight0 = (at::randn({384, 512}) * 0.05).to(master).to(at::kCUDA);
+    const at::Tensor x0 = at::randn({1024, 512}).to(at::kBFloat16).to(at::kCUDA);
+    const at::Tensor grad_y = at::randn({1024, 384}).to(at::kBFloat16).to(at::kCUDA);
+    const Quantized q = quantize(weight0);
+    const at::Tensor deq = dequantize(q.codes, q.scales, at::kBFloat16);
+    const at::Tensor y_want = x0.mm(deq.t()), grad_x_want = grad_y.mm(deq);
+    const at::Tensor grad_w_want = product_in_dtype(grad_y.t(), x0, master);
+    for (const bool keep : {false, true}) {
+      const at::Tensor x = x0.clone().requires_grad_(true), w = weight0.clone().requires_grad_(true);
+      const at::Tensor y = ste_linear(x, w, ScaleMode::rne, keep);
+      y.backward(grad_y);
+      EXPECT_TRUE(y.equal(y_want)) << c10::toString(master) << " keep " << keep;
+      EXPECT_TRUE(x.grad().equal(grad_x_want)) << c10::toString(master) << " keep " << keep;
+      EXPECT_TRUE(w.grad().equal(grad_w_want)) << c10::toString(master) << " keep " << keep;
+    }
+  }
+}
+
 TEST(SteLinear, OnlyRequestedGradientsAreComputed) {
   const at::Tensor weight = (at::randn({16, 32}) * 0.05).requires_grad_(true);
   const at::Tensor x = at::randn({4, 32});

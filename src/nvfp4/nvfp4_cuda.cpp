@@ -89,6 +89,17 @@ at::Tensor take_nonfinite_flag_async(const at::Device& device) {
   return value;
 }
 
+void quantize_with_operand_cuda(const at::Tensor& x, ScaleMode mode, const at::Tensor& codes, const at::Tensor& scales,
+                                const at::Tensor& operand) {
+  const c10::cuda::CUDAGuard device_guard(x.device());
+  at::Tensor flag = nonfinite_flag(x.device());
+  check_launch(kernels::launch_nvfp4_quantize_with_operand(
+                   x.data_ptr(), kernel_dtype(x.scalar_type()), x.size(0), x.size(1), codes.data_ptr<uint8_t>(),
+                   scales.data_ptr<uint8_t>(), mode == ScaleMode::search ? 1 : 0, flag.data_ptr<int>(),
+                   operand.data_ptr(), current_stream(x.device())),
+               "quantize");
+}
+
 at::Tensor dequantize_cuda(const at::Tensor& codes, const at::Tensor& scales, at::ScalarType dtype) {
   const c10::cuda::CUDAGuard device_guard(codes.device());
   at::Tensor out = at::empty({codes.size(0), codes.size(1) * 2}, codes.options().dtype(dtype));
@@ -99,19 +110,35 @@ at::Tensor dequantize_cuda(const at::Tensor& codes, const at::Tensor& scales, at
   return out;
 }
 
-at::Tensor dequantize_into_scratch_cuda(const at::Tensor& codes, const at::Tensor& scales, at::ScalarType dtype) {
-  const c10::cuda::CUDAGuard device_guard(codes.device());
-  static auto* buffers = new std::map<std::pair<int, int>, at::Tensor>();  // never freed: see nonfinite_flag
+namespace {
+
+// One buffer per device and dtype, grown to the largest weight seen, never freed (see nonfinite_flag): a
+// [rows, cols] view of it.
+at::Tensor scratch_view(const at::Device& device, at::ScalarType dtype, int64_t rows, int64_t cols) {
+  static auto* buffers = new std::map<std::pair<int, int>, at::Tensor>();
   static std::mutex buffers_mutex;
-  const int64_t rows = codes.size(0), cols = codes.size(1) * 2;
   at::Tensor buffer;
   {
     const std::lock_guard<std::mutex> lock(buffers_mutex);
-    at::Tensor& held = (*buffers)[{codes.device().index(), static_cast<int>(dtype)}];
-    if (!held.defined() || held.numel() < rows * cols) held = at::empty({rows * cols}, codes.options().dtype(dtype));
+    at::Tensor& held = (*buffers)[{device.index(), static_cast<int>(dtype)}];
+    if (!held.defined() || held.numel() < rows * cols)
+      held = at::empty({rows * cols}, at::TensorOptions().device(device).dtype(dtype));
     buffer = held;
   }
-  at::Tensor out = buffer.narrow(0, 0, rows * cols).view({rows, cols});
+  return buffer.narrow(0, 0, rows * cols).view({rows, cols});
+}
+
+}  // namespace
+
+at::Tensor scratch_operand_cuda(const at::Device& device, int64_t rows, int64_t cols) {
+  const c10::cuda::CUDAGuard device_guard(device);
+  return scratch_view(device, at::kBFloat16, rows, cols);
+}
+
+at::Tensor dequantize_into_scratch_cuda(const at::Tensor& codes, const at::Tensor& scales, at::ScalarType dtype) {
+  const c10::cuda::CUDAGuard device_guard(codes.device());
+  const int64_t rows = codes.size(0), cols = codes.size(1) * 2;
+  at::Tensor out = scratch_view(codes.device(), dtype, rows, cols);
   check_launch(kernels::launch_nvfp4_dequantize(codes.contiguous().data_ptr<uint8_t>(),
                                                 scales.contiguous().data_ptr<uint8_t>(), rows, cols, out.data_ptr(),
                                                 kernel_dtype(dtype), current_stream(codes.device())),
@@ -162,6 +189,10 @@ namespace {
 }  // namespace
 
 void quantize_cuda(const at::Tensor&, ScaleMode, bool, const at::Tensor&, const at::Tensor&) { no_cuda(); }
+void quantize_with_operand_cuda(const at::Tensor&, ScaleMode, const at::Tensor&, const at::Tensor&, const at::Tensor&) {
+  no_cuda();
+}
+at::Tensor scratch_operand_cuda(const at::Device&, int64_t, int64_t) { no_cuda(); }
 at::Tensor dequantize_cuda(const at::Tensor&, const at::Tensor&, at::ScalarType) { no_cuda(); }
 bool matmul_cuda_supports(const at::Tensor&) { return false; }
 at::Tensor dequantize_into_scratch_cuda(const at::Tensor&, const at::Tensor&, at::ScalarType) { no_cuda(); }

@@ -14,6 +14,14 @@ namespace qwen3::nvfp4 {
 void quantize_cuda(const at::Tensor& x, ScaleMode mode, bool check_finite, const at::Tensor& codes,
                    const at::Tensor& scales);
 
+// quantize_cuda (check_finite off: the sticky flag) that also writes deq(codes, scales) in bf16 into `operand`
+// (a contiguous bf16 [rows, cols] CUDA tensor) in the same pass: byte for byte dequantize_cuda's bf16 output.
+void quantize_with_operand_cuda(const at::Tensor& x, ScaleMode mode, const at::Tensor& codes, const at::Tensor& scales,
+                                const at::Tensor& operand);
+
+// A bf16 [rows, cols] view of the reused scratch buffer dequantize_into_scratch_cuda writes (same rules).
+at::Tensor scratch_operand_cuda(const at::Device& device, int64_t rows, int64_t cols);
+
 // codes/scales: contiguous uint8 CUDA tensors (E4M3 scales).
 at::Tensor dequantize_cuda(const at::Tensor& codes, const at::Tensor& scales, at::ScalarType dtype);
 

@@ -86,6 +86,7 @@ struct StepSizes {
   int64_t first_graph_block = 0;  // autograd records nothing before the first tensor that trains
   u64 scratch = 0;                // a GPU's reused dequantization buffer (nvfp4_linear.h)
   bool scratch_in_forward = false;
+  bool kept_operands = false;  // checkpointed CUDA training: each recompute keeps its bf16 product operands
   // What autograd keeps of one block per token, and the short-lived activations (docs/memory.md).
   u64 block_saved_per_token = 0, mlp_saved = 0, attention_forward_temp = 0, mlp_temp = 0, mlp_forward_temp = 0;
   u64 block_backward_activation_temp = 0;
@@ -160,6 +161,7 @@ struct StepSizes {
     // kernel reads the codes), else from the first backward.
     scratch = cuda ? a * largest_block_projection : 0;
     scratch_in_forward = cuda && (N >= static_cast<u64>(nvfp4::kNvfp4KernelMaxRows) || !abf16);
+    kept_operands = o.grad_checkpoint && cuda && abf16 && N >= static_cast<u64>(nvfp4::kNvfp4KernelMaxRows);
   }
 
   void count_activations() {
@@ -259,8 +261,10 @@ void loss_forward_phase(const StepSizes& z, Timeline& t) {
   t.add(final_norm_saved(z));
   if (z.o.loss == LossKind::cross_entropy) {
     t.add(4 * N);  // log-sum-exp
-    // A slice's logits (and their fp32 copy), shifted, exp; the head's slice cast to the compute dtype.
-    t.spike(N * z.width * (a + (z.abf16 ? 4 : 0) + 2 * 4) + (a != z.e ? z.width * H * a : 0));
+    // A slice's logits (and, on CPU, their fp32 copy, shifted, exp; on CUDA one kernel reads the logits only:
+    // kernels/lm_loss_slice.md); the head's slice cast to the compute dtype.
+    const u64 per_logit = z.cuda ? a : a + (z.abf16 ? 4 : 0) + 2 * 4;
+    t.spike(N * z.width * per_logit + (a != z.e ? z.width * H * a : 0));
   } else {
     t.spike(N * H * (a + 3 * 4));
     t.add(8 * N * H);
@@ -290,7 +294,10 @@ void backward_phase(const StepSizes& z, const std::vector<u64>& saved, Timeline&
     // gets none.
     const bool head_grad = z.head_trains || (z.embedding_trains && !z.separate_head);
     if (head_grad) t.add(z.V * H * e);
-    t.spike(N * z.width * (a + 8 + (z.abf16 ? 2 : 0)) + 4 * N * H + (a != e ? 2 * z.width * H * a : 0));
+    // A slice's logits and their gradient (CPU: fp32 exp, then the typed copy; CUDA: written over the logits),
+    // the fp32 dX and its product.
+    const u64 per_logit = z.cuda ? a : a + 8 + (z.abf16 ? 2 : 0);
+    t.spike(N * z.width * per_logit + 4 * N * H + (a != e ? 2 * z.width * H * a : 0));
   }
   t.spike(3 * 4 * N * H);
   t.sub(final_norm_saved(z));
@@ -304,8 +311,11 @@ void backward_phase(const StepSizes& z, const std::vector<u64>& saved, Timeline&
     const BlockSizes& b = z.blocks[l];
     const u64 grads = b.trainable * e;
     u64 temp = z.projection_backward_temp(b.largest_projection) + z.block_backward_activation_temp + grads + in_flight;
+    // Checkpointed: the recompute's saved tensors; each trained projection keeps its bf16 product operand where
+    // the CUDA quantize pass makes one (nvfp4::ste_linear's keep_operand), else its codes.
     if (z.o.grad_checkpoint)
-      temp += z.block_saved_per_token * N + b.trained_projections * StepSizes::kCodesPerElementX16 / 16;
+      temp += z.block_saved_per_token * N + (z.kept_operands ? b.trained_projections * 2
+                                                             : b.trained_projections * StepSizes::kCodesPerElementX16 / 16);
     t.spike(temp);
     // Fused: the block's update runs after its graph is gone, with only the gradients and a piece's temporaries.
     if (z.o.fused_optimizer)

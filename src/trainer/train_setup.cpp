@@ -208,13 +208,14 @@ namespace {
 
 class SteProjection final : public ProjectionKernel {
  public:
-  explicit SteProjection(nvfp4::ScaleMode mode) : mode_(mode) {}
+  SteProjection(nvfp4::ScaleMode mode, bool keep_operand) : mode_(mode), keep_operand_(keep_operand) {}
   at::Tensor apply(const at::Tensor& x, const at::Tensor& weight) const override {
-    return nvfp4::ste_linear(x, weight, mode_);
+    return nvfp4::ste_linear(x, weight, mode_, keep_operand_);
   }
 
  private:
   nvfp4::ScaleMode mode_;
+  bool keep_operand_;
 };
 
 class FrozenCodesProjection final : public ProjectionKernel {
@@ -234,8 +235,8 @@ class FrozenCodesProjection final : public ProjectionKernel {
 }  // namespace
 
 void use_nvfp4_projections(Qwen3Model& model, nvfp4::ScaleMode mode, bool frozen_as_codes,
-                           std::shared_ptr<int64_t> frozen_products) {
-  const auto ste = std::make_shared<const SteProjection>(mode);
+                           std::shared_ptr<int64_t> frozen_products, bool keep_operands) {
+  const auto ste = std::make_shared<const SteProjection>(mode, keep_operands);
   torch::NoGradGuard no_grad;
   for (Projection* p : model.projections()) {
     if (!frozen_as_codes || p->weight.requires_grad()) {

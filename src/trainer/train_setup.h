@@ -23,10 +23,12 @@ TrainableSet select_trainable(Qwen3Model& model, const TrainOptions& opt);
 // The projections as training computes them: each trained one through the NVFP4 straight-through linear of
 // its master weight; each frozen one, when `frozen_as_codes`, from its NVFP4 codes alone (quantized once: the
 // bytes the straight-through forward would produce every step), its dense weight released. Products from
-// codes are counted into `frozen_products` when given (TrainSummary's diagnostic). Call after
-// select_trainable, which decides what is frozen.
+// codes are counted into `frozen_products` when given (TrainSummary's diagnostic). `keep_operands`: the trained
+// projections keep their bf16 product operand for backward instead of their codes where the CUDA pass makes
+// one (nvfp4::ste_linear; the trainer asks for it under --grad-checkpoint). Call after select_trainable, which
+// decides what is frozen.
 void use_nvfp4_projections(Qwen3Model& model, nvfp4::ScaleMode mode, bool frozen_as_codes,
-                           std::shared_ptr<int64_t> frozen_products = nullptr);
+                           std::shared_ptr<int64_t> frozen_products = nullptr, bool keep_operands = false);
 
 // The rule select_trainable applies to one file key of a model with `layers` blocks.
 bool is_trainable(const std::string& key, int64_t layers, const TrainOptions& opt);

@@ -84,7 +84,10 @@ TrainModel setup_model(const TrainOptions& o, const Qwen3Config& config, const D
   Qwen3Model& model = *t.model;
   model.set_compute_dtype(compute_scalar_type(o, device));
   t.set = select_trainable(model, o);
-  use_nvfp4_projections(model, o.scale_mode, o.frozen_projections_as_codes, t.frozen_code_products);
+  // Under checkpointing a block's recompute is followed at once by its backward: keeping each product's bf16
+  // operand from the recompute costs one block's projections and saves their dequantization (docs/trainer.md).
+  use_nvfp4_projections(model, o.scale_mode, o.frozen_projections_as_codes, t.frozen_code_products,
+                        /*keep_operands=*/o.grad_checkpoint);
   t.runner = std::make_unique<TrainingBlockRunner>(o.grad_checkpoint);
   model.set_block_runner(t.runner.get());
   return t;

@@ -184,6 +184,27 @@ void expect_quantize_matches_cpu(const std::vector<float>& values, int64_t rows,
              << "; input " << block.str();
     }
   }
+  // The same pass writing the bf16 operand too: the same codes and scales, and the operand is the CPU's
+  // dequantization of them in bf16 (exact), byte for byte; misaligned (2 bytes off) takes the scalar stores.
+  const size_t operand_offset = misaligned ? 2 : 0;
+  DeviceBuffer codes2(n / 2), scales2(n_blocks), operand(n * 2);
+  ASSERT_TRUE(codes2.ok() && scales2.ok() && operand.ok());
+  QWEN3_CUDA_OK(cudaMemset(operand.at(), 0xAB, n * 2 + DeviceBuffer::kSlack));
+  ASSERT_EQ(kernels::launch_nvfp4_quantize_with_operand(x.at(x_offset), type, rows, cols, codes2.at(codes_offset),
+                                                        scales2.at(), search ? 1 : 0, nullptr,
+                                                        operand.at(operand_offset), nullptr),
+            0);
+  std::vector<uint8_t> codes_again(n / 2), scales_again(n_blocks);
+  std::vector<uint16_t> gpu_operand(n);
+  gpu_test::download(codes2.at(codes_offset), codes_again);
+  gpu_test::download(scales2.at(), scales_again);
+  gpu_test::download(operand.at(operand_offset), gpu_operand);
+  EXPECT_EQ(codes_again, gpu_codes) << where;
+  EXPECT_EQ(scales_again, gpu_scales) << where;
+  std::vector<float> cpu_values(n);
+  nvfp4::dequantize_rows_cpu(cpu_codes.data(), cpu_scales.data(), rows, cols, cpu_values.data());
+  for (int64_t i = 0; i < n; ++i)
+    ASSERT_EQ(gpu_operand[i], gpu_test::to_bits(KernelDType::bf16, cpu_values[i])) << where << ": operand element " << i;
 }
 
 class GpuQuantizeKernel : public ::testing::TestWithParam<std::tuple<KernelDType, bool>> {};

@@ -22,8 +22,13 @@ at::Tensor quantized_product(const at::Tensor& x2d, const at::Tensor& codes, con
 // x [..., in], weight [out, in] (in % 16 == 0) -> [..., out] in x's dtype. One autograd node; backward saves
 // x and the quantized weight (codes + scales, 0.5625 B per weight), never a dense copy of deq(Q(W)). The
 // product is quantized_product's; backward's dX = dY · deq(Q(W)) dequantizes into the same scratch on CUDA.
+// On CUDA with bf16 activations at training shapes, one kernel writes the codes and the bf16 operand together;
+// with keep_operand the node saves that operand instead of the codes (2 bytes an element held until backward,
+// no dequantization there): what the trainer asks for under --grad-checkpoint, where a block's recompute and
+// its backward follow each other (docs/trainer.md). Elsewhere keep_operand changes nothing.
 // dW = dYᵀ·X in the weight's dtype (product_in_dtype).
-at::Tensor ste_linear(const at::Tensor& x, const at::Tensor& weight, ScaleMode mode = ScaleMode::rne);
+at::Tensor ste_linear(const at::Tensor& x, const at::Tensor& weight, ScaleMode mode = ScaleMode::rne,
+                      bool keep_operand = false);
 
 // a · b (2-D, one dtype) as a tensor of `dtype`. On CUDA with bf16/fp16 operands and an fp32 `dtype` (libtorch
 // 2.9+), cuBLAS writes its fp32 accumulator as it is (aten::mm.dtype): the gradient of an fp32 master is then not

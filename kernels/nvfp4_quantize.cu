@@ -103,19 +103,21 @@ __global__ void __launch_bounds__(kRneThreads)
           packed |= codec::e2m1_encode(values[u][i], scale, reciprocal) << (4 * i);  // nibble i = element i
       }
     }
-    uint8_t* out = codes + v * (kPerThread / 2);
-    if constexpr (kVectorized && kPerThread == 4) {
-      *reinterpret_cast<uint16_t*>(out) = static_cast<uint16_t>(packed);
-    } else if constexpr (kVectorized && kPerThread == 8) {
-      *reinterpret_cast<uint32_t*>(out) = packed;
-    } else {
+    if (codes != nullptr) {  // null only with an operand: the codes are not wanted
+      uint8_t* out = codes + v * (kPerThread / 2);
+      if constexpr (kVectorized && kPerThread == 4) {
+        *reinterpret_cast<uint16_t*>(out) = static_cast<uint16_t>(packed);
+      } else if constexpr (kVectorized && kPerThread == 8) {
+        *reinterpret_cast<uint32_t*>(out) = packed;
+      } else {
 #pragma unroll
-      for (int j = 0; j < kPerThread / 2; ++j) out[j] = static_cast<uint8_t>(packed >> (8 * j));
+        for (int j = 0; j < kPerThread / 2; ++j) out[j] = static_cast<uint8_t>(packed >> (8 * j));
+      }
     }
     if constexpr (kOperand)  // 4 (fp32 input) or 8 values: 8 or 16 bytes, vector-stored when 16
       store_operand<kVectorized && kPerThread == 8>(packed, kPerThread, scale_code, operand + v * kPerThread);
     if (v % kGroup == 0) {
-      scales[v / kGroup] = scale_code;
+      if (scales != nullptr) scales[v / kGroup] = scale_code;
       if (nonfinite && nonfinite_flag != nullptr) *nonfinite_flag = 1;
     }
   }
@@ -139,17 +141,19 @@ __global__ void __launch_bounds__(kSearchThreads)
   }
   uint8_t block_codes[codec::kBlock / 2];
   const uint8_t scale_code = codec::quantize_block(values, /*search=*/true, block_codes);
-  uint8_t* out = codes + block * (codec::kBlock / 2);
-  if constexpr (kVectorized) {
-    uint2 word;
-    word.x = block_codes[0] | (block_codes[1] << 8) | (block_codes[2] << 16) | (uint32_t(block_codes[3]) << 24);
-    word.y = block_codes[4] | (block_codes[5] << 8) | (block_codes[6] << 16) | (uint32_t(block_codes[7]) << 24);
-    *reinterpret_cast<uint2*>(out) = word;
-  } else {
+  if (codes != nullptr) {  // null only with an operand: the codes are not wanted
+    uint8_t* out = codes + block * (codec::kBlock / 2);
+    if constexpr (kVectorized) {
+      uint2 word;
+      word.x = block_codes[0] | (block_codes[1] << 8) | (block_codes[2] << 16) | (uint32_t(block_codes[3]) << 24);
+      word.y = block_codes[4] | (block_codes[5] << 8) | (block_codes[6] << 16) | (uint32_t(block_codes[7]) << 24);
+      *reinterpret_cast<uint2*>(out) = word;
+    } else {
 #pragma unroll
-    for (int j = 0; j < codec::kBlock / 2; ++j) out[j] = block_codes[j];
+      for (int j = 0; j < codec::kBlock / 2; ++j) out[j] = block_codes[j];
+    }
   }
-  scales[block] = scale_code;
+  if (scales != nullptr) scales[block] = scale_code;
   if (scale_code == codec::kNonFiniteBlockScale && nonfinite_flag != nullptr) *nonfinite_flag = 1;
   if constexpr (kOperand) {
     uint64_t nibbles = 0;
@@ -213,7 +217,9 @@ int launch_nvfp4_quantize_with_operand(const void* x, KernelDType x_type, int64_
     return cudaErrorInvalidValue;
   const int64_t n_elements = rows * cols;
   if (n_elements == 0) return cudaSuccess;
-  if (x == nullptr || codes == nullptr || scales == nullptr) return cudaErrorInvalidValue;
+  // Codes and scales may be left out (both null) when the operand is all that is wanted.
+  if (x == nullptr || (codes == nullptr) != (scales == nullptr) || (codes == nullptr && bf16_operand == nullptr))
+    return cudaErrorInvalidValue;
   // The operand's stores take its element alignment.
   if (bf16_operand != nullptr && !device::is_aligned(bf16_operand, 2)) return cudaErrorInvalidValue;
   // The largest grid (search: one thread per block) must fit gridDim.x; it does for any tensor that fits in

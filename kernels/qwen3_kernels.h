@@ -25,7 +25,8 @@ int launch_nvfp4_quantize(const void* x, KernelDType x_type, int64_t rows, int64
 
 // The same, also writing deq(codes, scales) as bf16 [rows, cols] into bf16_operand (nullable; 2-byte aligned, 16
 // for the vector path): byte for byte launch_nvfp4_dequantize's bf16 output, from the one pass (the training
-// forward's product operand without reading the codes back).
+// forward's product operand without reading the codes back). With an operand, codes and scales may both be null:
+// only the operand (and the non-finite flag) is written.
 int launch_nvfp4_quantize_with_operand(const void* x, KernelDType x_type, int64_t rows, int64_t cols, uint8_t* codes,
                                        uint8_t* scales, int search_mode, int* nonfinite_flag_device,
                                        void* bf16_operand, void* stream);

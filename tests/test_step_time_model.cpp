@@ -110,6 +110,48 @@ TEST(StepTimeModel, RespondsToTheFlagsThatChangeTheWork) {
   EXPECT_GT(predict_step_time(c, false, fp32_compute, h100).total_ms(), 5 * base.total_ms());
 }
 
+// The bytes the code moves, term by term, at 2048 tokens on a GPU (bf16 compute, bf16 master, int8 moments):
+// the loss kernels' 2 and 3 bytes-per-logit passes against the CPU's libtorch ones, the one-pass operand (codes
+// written only where backward keeps them), the kept operand under checkpointing, the update's own floor.
+TEST(StepTimeModel, CountsTheBytesTheGpuPathMoves) {
+  const Qwen3Config c = qwen3_4b();
+  const ModelShape s = c.shape();
+  const DeviceRates h100 = device_rates("h100");
+  double trained = 0, all = 0, state = 0;
+  for (const auto& spec : qwen3_tensors(s, false)) {
+    double n = 1;
+    for (int64_t d : spec.shape) n *= static_cast<double>(d);
+    all += n;
+    if (spec.quantizable) trained += n;
+    state += static_cast<double>(moment_state_bytes(spec.shape, MomentStorage::int8));
+  }
+  const double N = 2048, a = 2, e = 2, codes = 9.0 / 16, H = s.hidden, V = s.vocab, Q = s.heads * s.head_dim,
+               KV = s.kv_heads * s.head_dim, I = s.intermediate;
+  const StepTimePlan plain = predict_step_time(c, false, options(2048), h100);
+  // Forward: each trained projection's operand from its master, codes kept; the activations' passes as counted;
+  // the head's cast and the loss's 2 bytes a logit.
+  const double activations = s.layers * N * a * (10 * H + 4 * (Q + KV) + 2 * Q + 3 * I);
+  const double forward = trained * (e + codes + a) + activations + V * H * e + N * V * 2 * a;
+  EXPECT_NEAR(phase(plain, "forward_done").bytes, forward, 1e-9 * forward);
+  // Checkpointed: no codes in either forward, and dX reads the kept operand (no dequantization).
+  TrainOptions ckpt = options(2048);
+  ckpt.grad_checkpoint = true;
+  const StepTimePlan recomputed = predict_step_time(c, false, ckpt, h100);
+  EXPECT_NEAR(phase(plain, "forward_done").bytes - phase(recomputed, "forward_done").bytes, trained * codes, 1e3);
+  const double backward_plain = phase(plain, "backward_done").bytes;
+  const double backward_ckpt = phase(recomputed, "backward_done").bytes;
+  EXPECT_NEAR(backward_ckpt - backward_plain, phase(recomputed, "forward_done").bytes - V * H * e - N * V * 2 * a -
+                                                  trained * (codes + a),
+              1e3);
+  // The update's floor: gradient read, master read and written, both moments read and written.
+  EXPECT_NEAR(plain.update_floor_ms, 1e3 * (all * 3 * e + 2 * state) / (3350e9 * 0.7), 1e-9 * plain.update_floor_ms);
+  // On CPU the loss moves libtorch's fp32 passes: far more per logit.
+  TrainOptions cpu_options = options(2048);
+  cpu_options.compute_dtype = ComputeDtype::bfloat16;
+  const StepTimePlan cpu = predict_step_time(c, false, cpu_options, device_rates("cpu"));
+  EXPECT_GT(phase(cpu, "forward_done").bytes - phase(plain, "forward_done").bytes, N * V * 20);
+}
+
 // Without a flag naming it, a run is predicted (and its MFU measured) with the rates of the GPU it runs on: a
 // DGX Spark's GB10 against its own peak, not an H100's.
 TEST(StepTimeModel, DefaultRatesFollowTheGpu) {

@@ -81,6 +81,10 @@ void print_time_plan(const StepTimePlan& plan, const DeviceRates& rates) {
     fmt::print("{:<22} {:>12.1f} {:>12.2f} {:>12.1f}\n", p.phase, p.flops / 1e9, p.bytes / 1e9, p.ms);
   fmt::print("step {:.1f} ms; compute floor {:.1f} ms (the products alone at the matmul rate: the step is {:.2f}x it)\n",
              plan.total_ms(), plan.floor_ms(), plan.floor_ms() > 0 ? plan.total_ms() / plan.floor_ms() : 0.0);
+  const double with_update = plan.floor_ms() + plan.update_floor_ms;
+  fmt::print("with the optimizer's own traffic (gradient, master, moments once each at the memory rate: {:.1f} ms): "
+             "{:.1f} ms, the step {:.2f}x it\n",
+             plan.update_floor_ms, with_update, with_update > 0 ? plan.total_ms() / with_update : 0.0);
 }
 
 // Where the device's memory is the machine's (GB10, or a CPU run): one number to hold against the machine, the

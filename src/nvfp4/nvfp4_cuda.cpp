@@ -94,9 +94,10 @@ void quantize_with_operand_cuda(const at::Tensor& x, ScaleMode mode, const at::T
   const c10::cuda::CUDAGuard device_guard(x.device());
   at::Tensor flag = nonfinite_flag(x.device());
   check_launch(kernels::launch_nvfp4_quantize_with_operand(
-                   x.data_ptr(), kernel_dtype(x.scalar_type()), x.size(0), x.size(1), codes.data_ptr<uint8_t>(),
-                   scales.data_ptr<uint8_t>(), mode == ScaleMode::search ? 1 : 0, flag.data_ptr<int>(),
-                   operand.data_ptr(), current_stream(x.device())),
+                   x.data_ptr(), kernel_dtype(x.scalar_type()), x.size(0), x.size(1),
+                   codes.defined() ? codes.data_ptr<uint8_t>() : nullptr,
+                   scales.defined() ? scales.data_ptr<uint8_t>() : nullptr, mode == ScaleMode::search ? 1 : 0,
+                   flag.data_ptr<int>(), operand.data_ptr(), current_stream(x.device())),
                "quantize");
 }
 

@@ -16,6 +16,7 @@ void quantize_cuda(const at::Tensor& x, ScaleMode mode, bool check_finite, const
 
 // quantize_cuda (check_finite off: the sticky flag) that also writes deq(codes, scales) in bf16 into `operand`
 // (a contiguous bf16 [rows, cols] CUDA tensor) in the same pass: byte for byte dequantize_cuda's bf16 output.
+// codes and scales may both be undefined tensors: then only the operand is written.
 void quantize_with_operand_cuda(const at::Tensor& x, ScaleMode mode, const at::Tensor& codes, const at::Tensor& scales,
                                 const at::Tensor& operand);
 

@@ -37,25 +37,28 @@ bool operand_in_quantize_pass(const at::Tensor& x2d, const at::Tensor& weight) {
 
 class SteLinearFunction : public torch::autograd::Function<SteLinearFunction> {
  public:
-  // keep_operand: save the bf16 operand for dX instead of the codes (no dequantization in backward; 2 bytes an
-  // element held instead of 0.5625), where the fused pass makes it.
+  // recorded: a graph keeps this node (backward may run). keep_operand: save the bf16 operand for dX instead of the
+  // codes (no dequantization in backward; 2 bytes an element held instead of 0.5625), where the fused pass makes
+  // it. The fused pass writes the codes only when they are saved.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, ScaleMode mode,
-                            bool keep_operand) {
+                            bool keep_operand, bool recorded) {
     const at::Tensor x2d = x.reshape({-1, x.size(-1)});
     std::vector<int64_t> out_sizes(x.sizes().begin(), x.sizes().end());
     out_sizes.back() = weight.size(0);
     ctx->saved_data["weight_dtype"] = static_cast<int64_t>(weight.scalar_type());
     if (operand_in_quantize_pass(x2d, weight)) {
       const at::Tensor w = weight.detach().contiguous();
+      const bool kept = recorded && keep_operand, codes_saved = recorded && !keep_operand;
       const auto bytes = w.options().dtype(at::kByte);
-      const Quantized q{at::empty({w.size(0), w.size(1) / 2}, bytes), at::empty({w.size(0), w.size(1) / kBlock}, bytes)};
-      const at::Tensor operand = keep_operand ? at::empty(w.sizes(), w.options().dtype(at::kBFloat16))
-                                              : scratch_operand_cuda(w.device(), w.size(0), w.size(1));
+      Quantized q;
+      if (codes_saved) q = {at::empty({w.size(0), w.size(1) / 2}, bytes), at::empty({w.size(0), w.size(1) / kBlock}, bytes)};
+      const at::Tensor operand = kept ? at::empty(w.sizes(), w.options().dtype(at::kBFloat16))
+                                      : scratch_operand_cuda(w.device(), w.size(0), w.size(1));
       quantize_with_operand_cuda(w, mode, q.codes, q.scales, operand);
-      if (keep_operand) {
+      if (kept) {
         ctx->save_for_backward({x, operand});
         ctx->saved_data["kept_operand"] = true;
-      } else {
+      } else if (codes_saved) {
         ctx->save_for_backward({x, q.codes, q.scales});
       }
       return at::_unsafe_view(x2d.mm(operand.t()), out_sizes);
@@ -83,7 +86,7 @@ class SteLinearFunction : public torch::autograd::Function<SteLinearFunction> {
       const auto weight_dtype = static_cast<at::ScalarType>(ctx->saved_data["weight_dtype"].toInt());
       grad_weight = product_in_dtype(grad_y2d.t(), x.reshape({-1, x.size(-1)}), weight_dtype);
     }
-    return {grad_x, grad_weight, at::Tensor(), at::Tensor()};
+    return {grad_x, grad_weight, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -137,9 +140,10 @@ at::Tensor ste_linear(const at::Tensor& x, const at::Tensor& weight, ScaleMode m
                 " ([..., in] and [out, in])");
   if (x.device() != weight.device())
     throw Error("nvfp4 linear: input on " + x.device().str() + " but weight on " + weight.device().str());
-  // Only a recorded node keeps anything: without a graph the operand goes to the reused scratch buffer.
+  // Only a recorded node keeps anything: without a graph the operand goes to the reused scratch buffer and no codes
+  // are written.
   const bool recorded = at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad());
-  return SteLinearFunction::apply(x, weight, mode, keep_operand && recorded);
+  return SteLinearFunction::apply(x, weight, mode, keep_operand, recorded);
 }
 
 }  // namespace qwen3::nvfp4

@@ -102,41 +102,69 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
   const bool head_grad = head_trains || (embedding_trains && !separate_head);
 
   // Per block: the attention's products (causal: half of the T x T scores), the activations' elementwise
-  // traffic per token (norms, residual adds, RoPE, SwiGLU: an estimate counted in docs/performance.md), and the
-  // weight bytes a product moves besides its operands (the codes read, the dequantized copy written; on a GPU
-  // below kNvfp4KernelMaxRows tokens the kernel reads the codes only).
+  // traffic per token, and the weight bytes a product moves besides its operands. On a GPU the activations'
+  // passes are counted as the block runs them with the fused kernels (docs/performance.md, "The step-time
+  // model"): forward the two norms (2H each), the q/k norms and RoPE (2(Q+KV) each), the merged heads' copy (2Q),
+  // the two residual adds (3H each), SwiGLU (3I); backward the two norms' dx and dw passes (5H each), the q/k
+  // norms' (5(Q+KV)) and RoPE's (2(Q+KV)), SwiGLU's (5I), the residual stream's two gradient sums (3H each), the
+  // sums of q/k/v's and of gate/up's dX (6H and 3H), the heads' copy (2Q). On CPU libtorch's unfused ops: an
+  // estimate of their passes.
   const double attention_flops = 2 * B * nh * T * T * hd;
-  const double activation_bytes = N * a * (12 * H + 2 * (Q + 2 * KV) + 6 * I);
+  const double activation_bytes = N * a * (gpu ? 10 * H + 4 * (Q + KV) + 2 * Q + 3 * I : 12 * H + 2 * (Q + 2 * KV) + 6 * I);
+  const double activation_backward_bytes =
+      gpu ? N * a * (25 * H + 7 * (Q + KV) + 2 * Q + 5 * I) : 2 * activation_bytes;
+  // Below kNvfp4KernelMaxRows tokens on a GPU the NVFP4 kernel reads the codes (nothing else moves); from there a
+  // trained weight's bf16 operand comes from one pass over its master (e + a: decoded from the codes in
+  // registers, nvfp4_kernels.md), which writes the codes too only where backward keeps them (no checkpointing;
+  // a checkpointed block's first forward keeps nothing, its recompute keeps the operand); a frozen one's operand
+  // is dequantized from its codes (codes + a). On CPU: an fp32 copy of the master, the codes, the fp32
+  // dequantization and its typed copy.
   const bool kernel_product = gpu && compute_bf16 && N < static_cast<double>(nvfp4::kNvfp4KernelMaxRows);
-  const double forward_weight_bytes_per = kernel_product ? kCodeBytes : (gpu ? kCodeBytes + a : kCodeBytes + 4 + a);
-  const double backward_weight_bytes_per = gpu ? kCodeBytes + a : kCodeBytes + 4 + a;
+  const bool one_pass_operand = gpu && compute_bf16 && !kernel_product;
+  const double frozen_forward_per = kernel_product ? kCodeBytes : (gpu ? kCodeBytes + a : kCodeBytes + 4 + a);
+  const double trained_forward_per = kernel_product       ? e + kCodeBytes + kCodeBytes
+                                     : one_pass_operand ? e + a + (o.grad_checkpoint ? 0 : kCodeBytes)
+                                                        : e + kCodeBytes + kCodeBytes + 4 + a;
+  // dX's operand: dequantized from the codes (GPU: into the scratch), except that under --grad-checkpoint on a GPU
+  // at training shapes each trained projection keeps the recompute's operand (ste_linear's keep_operand).
+  const bool kept_operand = one_pass_operand && o.grad_checkpoint;
+  const double dequantize_per = gpu ? kCodeBytes + a : kCodeBytes + 4 + a;
 
   PhaseTime forward{"forward_done"}, backward{"backward_done"}, optimizer{"optimizer_step_done"};
   for (int64_t l = 0; l < s.layers; ++l) {
     const double block_forward_flops = 2 * N * projections[l] + attention_flops;
-    // Trained projections are quantized from their masters each forward (master read, codes written).
+    const double frozen = projections[l] - trained_projections[l];
     const double block_forward_bytes =
-        projections[l] * forward_weight_bytes_per + trained_projections[l] * (e + kCodeBytes) + activation_bytes;
+        frozen * frozen_forward_per + trained_projections[l] * trained_forward_per + activation_bytes;
     forward.flops += block_forward_flops;
     forward.bytes += block_forward_bytes;
     if (l < first_graph_block) continue;  // no graph, no backward
     backward.flops += 2 * N * projections[l] + 2 * N * trained_projections[l] + 2 * attention_flops;
-    backward.bytes += projections[l] * backward_weight_bytes_per + trained_projections[l] * e + 2 * activation_bytes;
+    // dX's operands, then dW written in the master's dtype.
+    backward.bytes += frozen * dequantize_per + trained_projections[l] * ((kept_operand ? 0 : dequantize_per) + e) +
+                      activation_backward_bytes;
     if (o.grad_checkpoint) backward.flops += block_forward_flops, backward.bytes += block_forward_bytes;
   }
   // The sliced loss: the head's product in forward; in backward the logits again, dX and (if it trains) dW.
+  // Beyond the products: on a GPU each slice's logits are written by the product and read once by the statistics
+  // kernel (forward), and written, then read and overwritten by the gradient kernel (backward): 2a and 3a bytes a
+  // logit (kernels/lm_loss_slice.md); on CPU libtorch's fp32 passes, 2a + 28 and 3a + 32.
   const double head_cast_bytes = V * H * (e + (a != e ? a : 0));
-  const double logits_bytes = N * V * (a + 8);
+  const double forward_logit_bytes = N * V * (gpu ? 2 * a : 2 * a + 28);
+  const double backward_logit_bytes = N * V * (gpu ? 3 * a : 3 * a + 32);
   forward.flops += 2 * N * H * V;
-  forward.bytes += head_cast_bytes + logits_bytes;
+  forward.bytes += head_cast_bytes + forward_logit_bytes;
   backward.flops += 2 * N * H * V * (head_grad ? 3 : 2);
-  backward.bytes += head_cast_bytes + 2 * logits_bytes + (head_grad ? V * H * e : 0);
+  backward.bytes += head_cast_bytes + backward_logit_bytes + (head_grad ? V * H * e : 0);
   // The optimizer: the norm reads every gradient once; the fused update reads gradient, master and state and
   // writes master and state (nvfp4 on a GPU reads the gradient and its state twice, for the row scale).
   const bool reread = gpu && o.adamw.moments == MomentStorage::nvfp4;
   const auto update_bytes = [&](double params, double state) {
     return params * (e /*norm*/ + e /*grad*/ + 2 * e /*master*/ + (reread ? e : 0)) + state * (reread ? 3 : 2);
   };
+  // What any AdamW of this storage must move (gradient read, master and moments read and written; no norm pass,
+  // no re-read): the memory floor of the update, beside the products' compute floor.
+  const double update_floor_bytes = trainable * (e + 2 * e) + 2 * state_bytes;
   // --fused-optimizer: the blocks' updates run inside backward; the optimizer phase has the rest.
   const double in_backward = o.fused_optimizer ? 1 : 0;
   backward.bytes += in_backward * update_bytes(trainable_in_blocks, state_bytes_in_blocks);
@@ -146,6 +174,7 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
   const double memory_rate = device.memory_gbps * 1e9 * device.memory_efficiency;
   StepTimePlan plan{device.name, {forward, backward, optimizer}, matmul_rate};
   for (PhaseTime& p : plan.phases) p.ms = 1e3 * (p.flops / matmul_rate + p.bytes / memory_rate);
+  plan.update_floor_ms = 1e3 * update_floor_bytes / memory_rate;
   return plan;
 }
 

@@ -122,6 +122,15 @@ TEST(Nvfp4KernelLaunch, RejectsBadArgumentsWithoutLaunching) {
             static_cast<int>(cudaErrorInvalidValue));  // unknown mode
   EXPECT_EQ(kernels::launch_nvfp4_quantize(nullptr, KernelDType::f32, 0, 16, nullptr, nullptr, 0, nullptr, nullptr),
             0);  // empty: nothing to do
+  // Codes and scales may be left out together, and only when the operand is written.
+  EXPECT_EQ(kernels::launch_nvfp4_quantize(dummy, KernelDType::f32, 1, 16, nullptr, nullptr, 0, nullptr, nullptr),
+            static_cast<int>(cudaErrorInvalidValue));
+  EXPECT_EQ(kernels::launch_nvfp4_quantize_with_operand(dummy, KernelDType::f32, 1, 16, nullptr, dummy, 0, nullptr,
+                                                        dummy, nullptr),
+            static_cast<int>(cudaErrorInvalidValue));
+  EXPECT_EQ(kernels::launch_nvfp4_quantize_with_operand(dummy, KernelDType::f32, 1, 16, dummy, dummy, 0, nullptr,
+                                                        dummy + 1, nullptr),
+            static_cast<int>(cudaErrorInvalidValue));  // the operand's bf16 elements misaligned
   EXPECT_EQ(kernels::launch_nvfp4_dequantize(dummy, dummy, 2, 40, dummy, KernelDType::bf16, nullptr),
             static_cast<int>(cudaErrorInvalidValue));
   EXPECT_EQ(kernels::launch_nvfp4_matmul(dummy, KernelDType::bf16, 1, 40, dummy, dummy, 8, dummy, KernelDType::f32,
@@ -205,6 +214,14 @@ void expect_quantize_matches_cpu(const std::vector<float>& values, int64_t rows,
   nvfp4::dequantize_rows_cpu(cpu_codes.data(), cpu_scales.data(), rows, cols, cpu_values.data());
   for (int64_t i = 0; i < n; ++i)
     ASSERT_EQ(gpu_operand[i], gpu_test::to_bits(KernelDType::bf16, cpu_values[i])) << where << ": operand element " << i;
+  // The operand alone (no codes, no scales): the same operand.
+  QWEN3_CUDA_OK(cudaMemset(operand.at(), 0xAB, n * 2 + DeviceBuffer::kSlack));
+  ASSERT_EQ(kernels::launch_nvfp4_quantize_with_operand(x.at(x_offset), type, rows, cols, nullptr, nullptr,
+                                                        search ? 1 : 0, nullptr, operand.at(operand_offset), nullptr),
+            0);
+  std::vector<uint16_t> operand_alone(n);
+  gpu_test::download(operand.at(operand_offset), operand_alone);
+  EXPECT_EQ(operand_alone, gpu_operand) << where << ": the operand without codes";
 }
 
 class GpuQuantizeKernel : public ::testing::TestWithParam<std::tuple<KernelDType, bool>> {};

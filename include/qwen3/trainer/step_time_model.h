@@ -53,6 +53,10 @@ struct StepTimePlan {
   // The compute floor: every product of the step (recompute included, as the code runs it) at the matmul rate
   // and nothing else, no memory traffic. What the step could take if all the work around the products vanished.
   double floor_ms() const;
+  // The memory floor of the optimizer's update at the memory rate: gradient read, master and both moments read
+  // and written once, nothing else (what the fused update kernel moves when it is not re-reading). An fp32 AdamW
+  // of billions of parameters cannot step faster than floor_ms() + this: the two do not overlap in this code.
+  double update_floor_ms = 0;
 };
 
 // The device's dtype rules follow the trainer's (compute dtype auto: bf16 on a GPU device, the master dtype

@@ -71,6 +71,12 @@ constexpr int kInt8Lanes = 8;
 constexpr int kInt8PerLane = adamw::kInt8Block / kInt8Lanes;
 
 __global__ void __launch_bounds__(kThreads) int8_kernel(ParamView p, StepScalars s) {
+  // v's 256 log levels (the rule's own values, computed once a CTA): a shared-memory load per level instead of
+  // pick8's eight compares, masks and ors, three times an element (decode, and the two levels around v).
+  __shared__ float levels[256];
+  for (int c = threadIdx.x; c < 256; c += blockDim.x) levels[c] = adamw::int8_log_level(static_cast<uint32_t>(c));
+  __syncthreads();
+  const adamw::TabledLevels level{levels};
   const int64_t blocks_per_row = p.stored_cols / adamw::kInt8Block;
   const int64_t total_blocks = p.rows * blocks_per_row;
   const int lane = threadIdx.x % kInt8Lanes;
@@ -91,7 +97,7 @@ __global__ void __launch_bounds__(kThreads) int8_kernel(ParamView p, StepScalars
       const float m_step = m_steps[block], v_block_max = v_maxes[block];
       for (int i = 0; i < kInt8PerLane; ++i) {
         m[i] = adamw::int8_linear_decode(m_codes[base + i], m_step);
-        v[i] = adamw::int8_log_decode(v_codes[base + i], v_block_max);
+        v[i] = adamw::int8_log_decode(v_codes[base + i], v_block_max, level);
         adamw::update_moments(grad_of(p, s, row, col0 + i), m[i], v[i], s);
         m_amax = fmaxf(m_amax, fabsf(m[i]));
         v_max = fmaxf(v_max, v[i]);
@@ -106,7 +112,7 @@ __global__ void __launch_bounds__(kThreads) int8_kernel(ParamView p, StepScalars
     for (int i = 0; i < kInt8PerLane; ++i) {
       const uint64_t index = static_cast<uint64_t>(base + i);
       m_codes[base + i] = adamw::int8_linear_encode(m[i], step, adamw::uniform_from_bits(adamw::random_bits(s.exp_avg_key, index)));
-      v_codes[base + i] = adamw::int8_log_encode(v[i], v_max, adamw::uniform_from_bits(adamw::random_bits(s.exp_avg_sq_key, index)));
+      v_codes[base + i] = adamw::int8_log_encode(v[i], v_max, adamw::uniform_from_bits(adamw::random_bits(s.exp_avg_sq_key, index)), level);
       if (col0 + i < p.cols) master_step(p, s, row * p.cols + col0 + i, m[i], v[i], p.master_bf16 != 0);
     }
     if (lane == 0) {

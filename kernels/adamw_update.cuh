@@ -175,7 +175,20 @@ QWEN3_HD int8_t int8_linear_encode(float x, float step, float uniform) {
   return static_cast<int8_t>(static_cast<int>(lower));
 }
 
-QWEN3_HD float int8_log_decode(uint8_t code, float block_max) { return mul_rn(int8_log_level(code), block_max); }
+// The level of a code as computed (the host loops' form), and the same values from a table the caller filled with
+// int8_log_level (the GPU kernel's form: a shared-memory load in place of the masks and ors of pick8).
+struct ComputedLevels {
+  QWEN3_HD float operator()(uint32_t code) const { return int8_log_level(code); }
+};
+struct TabledLevels {
+  const float* table;  // [256]: table[c] == int8_log_level(c)
+  QWEN3_HD float operator()(uint32_t code) const { return table[code]; }
+};
+
+template <typename Levels = ComputedLevels>
+QWEN3_HD float int8_log_decode(uint8_t code, float block_max, Levels level = Levels()) {
+  return mul_rn(level(code), block_max);
+}
 
 // The largest code c in 0..254 with level(c) >= ratio (the level just above), from the float's exponent and a
 // comparison of its mantissa with the octave's levels: the exact floor(-8 log2 ratio), without a logarithm.
@@ -199,10 +212,11 @@ QWEN3_HD uint32_t int8_log_upper_code(float ratio) {
 
 // Code of v >= 0 under block maximum `block_max` > 0 (any code for 0): one of the two levels around v / max,
 // chosen with probability linear in v, so E[decoded] = v. Below the last level: code 255.
-QWEN3_HD uint8_t int8_log_encode(float v, float block_max, float uniform) {
+template <typename Levels = ComputedLevels>
+QWEN3_HD uint8_t int8_log_encode(float v, float block_max, float uniform, Levels level = Levels()) {
   const float ratio = block_max > 0.0f ? div_rn(v, block_max) : 0.0f;
   const uint32_t upper_code = int8_log_upper_code(ratio);
-  const float upper = int8_log_level(upper_code), lower = int8_log_level(upper_code + 1);
+  const float upper = level(upper_code), lower = level(upper_code + 1);
   float p_upper = div_rn(sub_rn(ratio, lower), sub_rn(upper, lower));
   p_upper = p_upper < 0.0f ? 0.0f : (p_upper > 1.0f ? 1.0f : p_upper);
   return static_cast<uint8_t>(upper_code + (uniform >= p_upper ? 1u : 0u));

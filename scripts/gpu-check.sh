@@ -580,11 +580,13 @@ try:
     data = json.load(open(sys.argv[1]))
 except Exception:
     print("no JSON output"); sys.exit(0)
-q, m, adamw, fused = [], {}, [], []
+q, qo, m, adamw, fused = [], [], {}, [], []
 for b in data.get("benchmarks", []):
     n = b.get("name", "")
     if n.startswith("quantize/") and "/rne/" in n and "of_copy" in b:
         q.append((n.split("/")[1], b["of_copy"]))
+    if n.startswith("quantize_operand/") and "of_copy" in b:
+        qo.append(("/".join(n.split("/")[1:3]), b["of_copy"]))
     if n.startswith("matmul") and "speedup" in b:
         _, M, N, K = n.split("/")
         m.setdefault(N + K, []).append((int(M[1:]), b["speedup"]))
@@ -597,6 +599,9 @@ for t in ("f32", "bf16"):
     v = [x for k, x in q if k == t]
     if v:
         parts.append(f"quantize {t} rne {min(v):.0%}-{max(v):.0%} of D2D copy")
+for kind in sorted(set(k for k, _ in qo)):
+    v = [x for k, x in qo if k == kind]
+    parts.append(f"quantize {kind} {min(v):.0%}-{max(v):.0%} of copy")
 # Where the kernel stops beating cuBLAS, per shape: the data kNvfp4KernelMaxRows is set from.
 for shape, rows in sorted(m.items()):
     rows.sort()

@@ -1,6 +1,7 @@
 // GPU benchmarks of the kernels (Google Benchmark, cudaEvent timing, manual time):
 //  - quantize: effective bandwidth (input bytes read + codes and scales written) against a device-to-device
-//    cudaMemcpy of the input bytes on the same device (a copy moves 2x its size);
+//    cudaMemcpy of the input bytes on the same device (a copy moves 2x its size); quantize_operand: the same pass
+//    also writing the bf16 product operand (or that alone), the training forward's form;
 //  - the NVFP4-weight product against cuBLAS bf16 (cublasGemmEx, fp32 compute: what torch::matmul runs) on the
 //    Qwen3-4B projection shapes, M in {1, 16, 64, 128, 256, 512, 1024, 2048} (the rows below which training and
 //    generation take the kernel, kNvfp4KernelMaxRows, are set from where it stops beating cuBLAS): TFLOP/s of
@@ -108,10 +109,13 @@ int rotation_copies(size_t bytes) {
   return static_cast<int>(std::clamp<size_t>((3 * l2_bytes() + bytes - 1) / bytes, 1, 64));
 }
 
-void BM_Quantize(benchmark::State& state, KernelDType type, int mode, int64_t rows, int64_t cols) {
+// operand: 0 codes and scales; 1 those and the bf16 operand (the training forward's one pass); 2 the operand alone
+// (a checkpointed block's forward and recompute).
+void BM_Quantize(benchmark::State& state, KernelDType type, int mode, int64_t rows, int64_t cols, int operand = 0) {
   const int64_t n = rows * cols;
-  const size_t in_bytes = n * (type == KernelDType::f32 ? 4 : 2), out_bytes = n / 2 + n / 16;
-  DeviceMemory x(in_bytes), copy(in_bytes), codes(n / 2), scales(n / 16), flag(sizeof(int));
+  const size_t in_bytes = n * (type == KernelDType::f32 ? 4 : 2);
+  const size_t out_bytes = (operand == 2 ? 0 : n / 2 + n / 16) + (operand > 0 ? n * 2 : 0);
+  DeviceMemory x(in_bytes), copy(in_bytes), codes(n / 2), scales(n / 16), flag(sizeof(int)), bf16_operand(n * 2);
   const std::vector<float> values = host_uniform(n, 0.05f, 3);
   if (type == KernelDType::f32) {
     check(cudaMemcpy(x.ptr, values.data(), in_bytes, cudaMemcpyHostToDevice), "upload");
@@ -123,8 +127,9 @@ void BM_Quantize(benchmark::State& state, KernelDType type, int mode, int64_t ro
   double quantize_s = 0.0, copy_s = 0.0;
   for (auto _ : state) {
     quantize_s = seconds_per_call([&](int) {
-      check(qwen3::kernels::launch_nvfp4_quantize(x.ptr, type, rows, cols, codes.as(), scales.as(), mode,
-                                                  flag.as<int>(), nullptr),
+      check(qwen3::kernels::launch_nvfp4_quantize_with_operand(
+                x.ptr, type, rows, cols, operand == 2 ? nullptr : codes.as(), operand == 2 ? nullptr : scales.as(),
+                mode, flag.as<int>(), operand > 0 ? bf16_operand.ptr : nullptr, nullptr),
             "quantize");
     });
     copy_s = seconds_per_call([&](int) {
@@ -327,7 +332,20 @@ int main(int argc, char** argv) {
       for (const auto& nk : shapes) {
         const std::string name = std::string("quantize/") + type_name(type) + (mode ? "/search/" : "/rne/") +
                                  std::to_string(nk[0]) + "x" + std::to_string(nk[1]);
-        benchmark::RegisterBenchmark(name.c_str(), BM_Quantize, type, mode, nk[0], nk[1])
+        benchmark::RegisterBenchmark(name.c_str(), BM_Quantize, type, mode, nk[0], nk[1], 0)
+            ->UseManualTime()
+            ->Iterations(3)
+            ->Unit(benchmark::kMicrosecond);
+      }
+  // The training forward's pass over a trained weight's master (fp32 or bf16), rne: codes and operand, or the
+  // operand alone; against the plain quantize rows above.
+  for (KernelDType type : {KernelDType::f32, KernelDType::bf16})
+    for (int operand : {1, 2})
+      for (const auto& nk : shapes) {
+        const std::string name = std::string("quantize_operand/") + type_name(type) +
+                                 (operand == 1 ? "/codes_and_operand/" : "/operand_only/") + std::to_string(nk[0]) +
+                                 "x" + std::to_string(nk[1]);
+        benchmark::RegisterBenchmark(name.c_str(), BM_Quantize, type, 0, nk[0], nk[1], operand)
             ->UseManualTime()
             ->Iterations(3)
             ->Unit(benchmark::kMicrosecond);

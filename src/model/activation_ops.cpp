@@ -9,12 +9,9 @@
 
 #include "qwen3/base/error.h"
 
-#if defined(QWEN3_WITH_CUDA_KERNELS) && defined(QWEN3_TORCH_HAS_CUDA)
+#include "model/kernel_glue.h"
+#ifdef QWEN3_MODEL_KERNELS
 #include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#include <cuda_runtime_api.h>
-
-#include "qwen3_kernels.h"
 #define QWEN3_FUSED_ACTIVATIONS 1
 #endif
 
@@ -46,18 +43,9 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-kernels::KernelDType dtype_of(const at::Tensor& t) {
-  return t.scalar_type() == at::kBFloat16 ? kernels::KernelDType::bf16 : kernels::KernelDType::f32;
-}
-
-void* stream_of(const at::Tensor& t) {
-  return static_cast<void*>(c10::cuda::getCurrentCUDAStream(t.device().index()).stream());
-}
-
-void check(int status, const char* what) {
-  if (status != 0)
-    throw Error(std::string(what) + " CUDA kernel failed: " + cudaGetErrorString(static_cast<cudaError_t>(status)));
-}
+using kernel_glue::activation_dtype;
+using kernel_glue::check_launch;
+using kernel_glue::current_stream;
 
 class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
  public:
@@ -67,8 +55,8 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     const int64_t cols = x.size(-1), rows = xc.numel() / cols;
     at::Tensor y = at::empty_like(xc);
     at::Tensor rstd = at::empty({rows}, xc.options().dtype(at::kFloat));
-    check(kernels::launch_rmsnorm_forward(xc.data_ptr(), dtype_of(xc), w.data_ptr(), dtype_of(w), rows, cols,
-                                          static_cast<float>(eps), y.data_ptr(), rstd.data_ptr<float>(), stream_of(xc)),
+    check_launch(kernels::launch_rmsnorm_forward(xc.data_ptr(), activation_dtype(xc), w.data_ptr(), activation_dtype(w), rows, cols,
+                                          static_cast<float>(eps), y.data_ptr(), rstd.data_ptr<float>(), current_stream(xc)),
           "rmsnorm forward");
     ctx->save_for_backward({xc, w, rstd});
     return y;
@@ -82,9 +70,9 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     at::Tensor dx = at::empty_like(x);
     at::Tensor dw = at::empty({cols}, x.options().dtype(at::kFloat));
     at::Tensor workspace = at::empty({kernels::rmsnorm_backward_workspace_floats(rows, cols)}, dw.options());
-    check(kernels::launch_rmsnorm_backward(dy.data_ptr(), x.data_ptr(), dtype_of(x), w.data_ptr(), dtype_of(w),
+    check_launch(kernels::launch_rmsnorm_backward(dy.data_ptr(), x.data_ptr(), activation_dtype(x), w.data_ptr(), activation_dtype(w),
                                            rstd.data_ptr<float>(), rows, cols, dx.data_ptr(), dw.data_ptr<float>(),
-                                           workspace.data_ptr<float>(), stream_of(x)),
+                                           workspace.data_ptr<float>(), current_stream(x)),
           "rmsnorm backward");
     return {dx, dw.to(w.scalar_type()), at::Tensor()};
   }
@@ -98,8 +86,8 @@ class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
     at::Tensor out = at::empty_like(xc);
     // [T, d] tables for every row, or [B, T, d]: a row each (packed rows, positions restarting with each sample).
     const int64_t table_rows = c.dim() == 3 ? xc.size(0) * xc.size(1) : xc.size(1);
-    check(kernels::launch_rope(xc.data_ptr(), out.data_ptr(), dtype_of(xc), xc.size(0), xc.size(1), xc.size(2),
-                               xc.size(3), c.data_ptr<float>(), s.data_ptr<float>(), table_rows, 0, stream_of(xc)),
+    check_launch(kernels::launch_rope(xc.data_ptr(), out.data_ptr(), activation_dtype(xc), xc.size(0), xc.size(1), xc.size(2),
+                               xc.size(3), c.data_ptr<float>(), s.data_ptr<float>(), table_rows, 0, current_stream(xc)),
           "rope");
     ctx->save_for_backward({c, s});
     ctx->saved_data["table_rows"] = table_rows;
@@ -110,9 +98,9 @@ class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
     const at::Tensor dy = grads[0].contiguous();
     const c10::cuda::CUDAGuard guard(dy.device());
     at::Tensor dx = at::empty_like(dy);
-    check(kernels::launch_rope(dy.data_ptr(), dx.data_ptr(), dtype_of(dy), dy.size(0), dy.size(1), dy.size(2),
+    check_launch(kernels::launch_rope(dy.data_ptr(), dx.data_ptr(), activation_dtype(dy), dy.size(0), dy.size(1), dy.size(2),
                                dy.size(3), saved[0].data_ptr<float>(), saved[1].data_ptr<float>(),
-                               ctx->saved_data["table_rows"].toInt(), 1, stream_of(dy)),
+                               ctx->saved_data["table_rows"].toInt(), 1, current_stream(dy)),
           "rope backward");
     return {dx, at::Tensor(), at::Tensor()};
   }
@@ -124,8 +112,8 @@ class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
     const c10::cuda::CUDAGuard guard(gate.device());
     const at::Tensor g = gate.contiguous(), u = up.contiguous();
     at::Tensor out = at::empty_like(g);
-    check(kernels::launch_swiglu_forward(g.data_ptr(), u.data_ptr(), out.data_ptr(), dtype_of(g), g.numel(),
-                                         stream_of(g)),
+    check_launch(kernels::launch_swiglu_forward(g.data_ptr(), u.data_ptr(), out.data_ptr(), activation_dtype(g), g.numel(),
+                                         current_stream(g)),
           "swiglu");
     ctx->save_for_backward({g, u});
     return out;
@@ -136,8 +124,8 @@ class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
     const c10::cuda::CUDAGuard guard(g.device());
     const at::Tensor dout = grads[0].contiguous();
     at::Tensor dg = at::empty_like(g), du = at::empty_like(u);
-    check(kernels::launch_swiglu_backward(dout.data_ptr(), g.data_ptr(), u.data_ptr(), dg.data_ptr(), du.data_ptr(),
-                                          dtype_of(g), g.numel(), stream_of(g)),
+    check_launch(kernels::launch_swiglu_backward(dout.data_ptr(), g.data_ptr(), u.data_ptr(), dg.data_ptr(), du.data_ptr(),
+                                          activation_dtype(g), g.numel(), current_stream(g)),
           "swiglu backward");
     return {dg, du};
   }

@@ -9,11 +9,8 @@
 #include "qwen3/base/error.h"
 #include "qwen3/nvfp4/nvfp4_linear.h"
 
-#if defined(QWEN3_WITH_CUDA_KERNELS) && defined(QWEN3_TORCH_HAS_CUDA)
-#include <c10/cuda/CUDAStream.h>
-#include <cuda_runtime_api.h>
-
-#include "qwen3_kernels.h"
+#include "model/kernel_glue.h"
+#ifdef QWEN3_MODEL_KERNELS
 #define QWEN3_FUSED_LOSS 1
 #endif
 
@@ -34,17 +31,9 @@ bool fused_slices_take(const at::Tensor& hidden, const at::Tensor& targets) {
 }
 
 #ifdef QWEN3_FUSED_LOSS
-kernels::KernelDType kernel_dtype(const at::Tensor& t) {
-  return t.scalar_type() == at::kBFloat16 ? kernels::KernelDType::bf16 : kernels::KernelDType::f32;
-}
-void* stream_of(const at::Tensor& t) {
-  return static_cast<void*>(c10::cuda::getCurrentCUDAStream(t.device().index()).stream());
-}
-void check_kernel(int status, const char* what) {
-  if (status != 0)
-    throw Error(std::string("the loss's ") + what + " CUDA kernel failed: " +
-                cudaGetErrorString(static_cast<cudaError_t>(status)));
-}
+using kernel_glue::activation_dtype;
+using kernel_glue::current_stream;
+void check_kernel(int status, const char* what) { kernel_glue::check_launch(status, std::string("the loss's ") + what); }
 #endif
 
 using torch::autograd::AutogradContext;
@@ -77,10 +66,10 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
 #ifdef QWEN3_FUSED_LOSS
       if (fused) {
         const at::Tensor logits = product.contiguous();
-        check_kernel(kernels::launch_loss_slice_stats(logits.data_ptr(), kernel_dtype(logits), n, w, v0,
+        check_kernel(kernels::launch_loss_slice_stats(logits.data_ptr(), activation_dtype(logits), n, w, v0,
                                                       targets_c.data_ptr<int64_t>(), running_max.data_ptr<float>(),
                                                       running_sum.data_ptr<float>(), target_logit.data_ptr<float>(),
-                                                      stream_of(logits)),
+                                                      current_stream(logits)),
                      "statistics");
         continue;
       }
@@ -135,10 +124,10 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
 #ifdef QWEN3_FUSED_LOSS
       if (fused) {
         d_typed = product.contiguous();  // the gradient goes over the logits: no second [rows, slice] buffer
-        check_kernel(kernels::launch_loss_slice_gradient(d_typed.data_ptr(), d_typed.data_ptr(), kernel_dtype(d_typed),
+        check_kernel(kernels::launch_loss_slice_gradient(d_typed.data_ptr(), d_typed.data_ptr(), activation_dtype(d_typed),
                                                          n, w, v0, targets_c.data_ptr<int64_t>(),
                                                          lse_c.data_ptr<float>(), row_scale_c.data_ptr<float>(),
-                                                         stream_of(d_typed)),
+                                                         current_stream(d_typed)),
                      "gradient");
       }
 #endif

@@ -101,6 +101,24 @@ TEST_F(ModelCli, GenerateChatPromptAndExpect) {
   EXPECT_EQ(r.code, 2);
 }
 
+// stdout and stderr into one pipe (as `2>&1 | tee` gives): the reply and the ids end with their newline before the
+// log line that follows them, not after it (a buffered stdout used to land after the log).
+TEST_F(ModelCli, GenerateEndsItsReplyBeforeTheLogLine) {
+  const auto r = test::run_shell("{ " + test::binary_command() + " generate " + model_flags() + " --tokenizer " +
+                                 test::tiny_tokenizer_path() +
+                                 " --prompt 'hello world' --max-new-tokens 4 --print-ids 2>&1; }");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const size_t log = r.out.find("generate: load");
+  ASSERT_NE(log, std::string::npos) << r.out;
+  // The line before the log line is the ids, and the reply's line comes before it.
+  const size_t log_line = r.out.rfind('\n', log);
+  ASSERT_NE(log_line, std::string::npos) << r.out;
+  const size_t ids_line = r.out.rfind('\n', log_line - 1);
+  const std::string ids = r.out.substr(ids_line == std::string::npos ? 0 : ids_line + 1, log_line - ids_line - 1);
+  EXPECT_FALSE(ids.empty()) << r.out;
+  EXPECT_EQ(ids.find_first_not_of("0123456789 "), std::string::npos) << "not the ids line: '" << ids << "'\n" << r.out;
+}
+
 TEST_F(ModelCli, EvalPrintsPerSequenceAndTokenWeightedMean) {
   const std::string ids = dir_->file("ids.txt");
   std::ofstream(ids) << "# comment\n9707 4337 13 151645\n\n1 2 3 4 5 6 7 8\n";

@@ -47,6 +47,7 @@ class ReplyPrinter {
     const std::string text = tok_->decode(ids_, true);
     if (text.size() > printed_) fmt::print("{}", text.substr(printed_));
     fmt::print("\n");
+    std::fflush(stdout);  // the reply's line is out before any log line (stderr) that follows it
     return text;
   }
 
@@ -104,7 +105,10 @@ int run_generate(const GenerateFlags& f) {
   const auto out = generate(*model, prompt, gen, [&](int64_t id) { printer.add(id); });
   const std::string reply = printer.finish();
   const auto t2 = std::chrono::steady_clock::now();
-  if (f.print_ids) fmt::print("{}\n", fmt::join(out, " "));
+  if (f.print_ids) {
+    fmt::print("{}\n", fmt::join(out, " "));
+    std::fflush(stdout);
+  }
   const double gen_s = std::chrono::duration<double>(t2 - t1).count();
   spdlog::info("generate: load {:.2f} s, {} prompt + {} new tokens in {:.2f} s ({:.1f} tok/s)",
                std::chrono::duration<double>(t1 - t0).count(), prompt.size(), out.size(), gen_s, out.size() / gen_s);

@@ -145,9 +145,10 @@ TEST(StepTimeModel, CountsTheBytesTheGpuPathMoves) {
               1e3);
   // The update's floor: gradient read, master read and written, both moments read and written.
   EXPECT_NEAR(plain.update_floor_ms, 1e3 * (all * 3 * e + 2 * state) / (3350e9 * 0.7), 1e-9 * plain.update_floor_ms);
-  // On CPU the loss moves libtorch's fp32 passes: far more per logit.
+  // On CPU the loss moves libtorch's fp32 passes: far more per logit (fp32 compute: a CPU without bf16 products
+  // refuses bf16).
   TrainOptions cpu_options = options(2048);
-  cpu_options.compute_dtype = ComputeDtype::bfloat16;
+  cpu_options.compute_dtype = ComputeDtype::float32;
   const StepTimePlan cpu = predict_step_time(c, false, cpu_options, device_rates("cpu"));
   EXPECT_GT(phase(cpu, "forward_done").bytes - phase(plain, "forward_done").bytes, N * V * 20);
 }

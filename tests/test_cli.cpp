@@ -2,6 +2,9 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <fstream>
+#include <utility>
+
 #include "cli_test_util.h"
 #include "build_paths.h"
 
@@ -42,6 +45,36 @@ TEST(Cli, UsageErrorsExitWithTwoAndNameTheFlag) {
   r = run_cli("train --weights w.dat --config c.json --tokenizer t.json --train-data d.txt --steps 1 --compute-dtype float16");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("--compute-dtype"), std::string::npos) << r.err;
+}
+
+// An unknown flag names itself and what it most likely meant: a Hugging Face / TRL habit, a snake_case spelling, a
+// typo; nothing when nothing is close. A YAML --config-file is refused as such.
+TEST(Cli, UnknownFlagsSuggestTheNearestFlag) {
+  const std::string train = "train --weights w.dat --config c.json --tokenizer t.json --train-data d.txt ";
+  const std::pair<const char*, const char*> cases[] = {
+      {"--learning-rate 1e-4", "--learning-rate is not a flag of train; did you mean --lr?"},
+      {"--max-steps 3", "--max-steps is not a flag of train; did you mean --steps?"},
+      {"--per-device-train-batch-size 2", "did you mean --batch-size?"},
+      {"--gradient_accumulation_steps 4", "did you mean --grad-accum-steps?"},
+      {"--weight_decay 0.1", "--weight_decay is not a flag of train; did you mean --weight-decay?"},
+      {"--seq-lne 64", "did you mean --seq-len?"},
+      {"--bf16", "did you mean --compute-dtype bfloat16?"},
+  };
+  for (const auto& [flag, message] : cases) {
+    const auto r = run_cli(train + flag);
+    EXPECT_EQ(r.code, 2) << flag;
+    EXPECT_NE(r.err.find(message), std::string::npos) << flag << ": " << r.err;
+  }
+  auto r = run_cli(train + "--frobnicate 1");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--frobnicate is not a flag of train\n"), std::string::npos) << r.err;
+  r = run_cli("inspect x.dat --jsn");
+  EXPECT_NE(r.err.find("--jsn is not a flag of inspect; did you mean --json?"), std::string::npos) << r.err;
+  test::TempDir dir;
+  std::ofstream(dir.file("run.yaml")) << "lr: 0.1\n";
+  r = run_cli(train + "--config-file " + dir.file("run.yaml"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--config-file reads TOML, not yaml"), std::string::npos) << r.err;
 }
 
 TEST(Cli, RuntimeErrorsAreOneLineWithExitOne) {

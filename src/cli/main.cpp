@@ -15,6 +15,7 @@
 #include <string>
 
 #include "cli_common.h"
+#include "flag_suggestion.h"
 #include <spdlog/spdlog.h>
 
 #include "qwen3/base/cpu_threads.h"
@@ -85,6 +86,21 @@ int run(int argc, char** argv) {
       fmt::print(stderr, "error: unknown command '{}' (commands: {})\nRun 'qwen3-train --help' for what each does.\n",
                  word, fmt::join(names, ", "));
       return 2;
+    }
+    // An unknown flag: name it, and what it most likely meant (a Hugging Face habit, or a typo).
+    if (known && dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) {
+      const auto it = std::find(names.begin(), names.end(), word);
+      const CLI::App& command = *commands[static_cast<size_t>(it - names.begin())].app;
+      const std::vector<std::string> unknown = unknown_flags(app, command, std::vector<std::string>(argv + 1, argv + argc));
+      if (!unknown.empty()) {
+        for (const std::string& flag : unknown) {
+          const std::string guess = suggest_flag(command, flag);
+          fmt::print(stderr, "error: {} is not a flag of {}{}\n", flag, word,
+                     guess.empty() ? std::string() : "; did you mean " + guess + "?");
+        }
+        fmt::print(stderr, "Run 'qwen3-train {} --help' for the flags.\n", word);
+        return 2;
+      }
     }
     fmt::print(stderr, "error: {}\nRun '{} --help' for the flags.\n", e.what(),
                known ? "qwen3-train " + word : std::string("qwen3-train"));

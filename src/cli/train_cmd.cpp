@@ -106,6 +106,11 @@ void print_pool_prediction(const StepMemoryPlan& plan, const DeviceRates& rates)
 // UsageError naming the file and the key.
 void apply_config_file(CLI::App* sub, const std::string& path) {
   std::ifstream probe = open_input_file(path, "--config-file");
+  const std::string extension = std::filesystem::path(path).extension().string();
+  if (extension == ".yaml" || extension == ".yml" || extension == ".json")
+    throw UsageError(path + ": --config-file reads TOML, not " + extension.substr(1) +
+                     " (keys are the long flag names: seq-len = 48, lr = 2e-5, train-data = \"chat.jsonl\"; "
+                     "docs/trainer.md \"Runs as files\")");
   std::vector<CLI::ConfigItem> items;
   try {
     items = CLI::ConfigTOML().from_file(path);

@@ -103,6 +103,48 @@ TEST(RunsCli, OutputDirHoldsTheRunAndRunTomlRepeatsIt) {
   EXPECT_EQ(r.code, 2) << r.err;
 }
 
+// A folder holds one run: a new run into a folder another run left files in is refused (nothing touched), unless it
+// resumes that run or --overwrite removes the old files (named in the log) before its first step; the run's own
+// inputs are never among them.
+TEST(RunsCli, ANewRunNeverMixesWithAnotherRunsFolder) {
+  RunSetup s;
+  const std::string out = s.dir.file("run");
+  auto r = run_cli(s.base + " --steps 3 --save-every-steps 1 --keep-checkpoints 5 --output-dir " + out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  ASSERT_EQ(jsonl(out + "/metrics.jsonl").size(), 3u);
+  fs::remove(out + "/model.dat");  // as a run stopped before its export leaves it
+  // Refused, naming what is there; nothing changes.
+  r = run_cli(s.base + " --steps 2 --output-dir " + out);
+  EXPECT_EQ(r.code, 2) << r.err;
+  for (const char* name : {"run.json", "metrics.jsonl", "checkpoints/step-00000003"})
+    EXPECT_NE(r.err.find(out + "/" + name), std::string::npos) << name << ": " << r.err;
+  EXPECT_NE(r.err.find("--overwrite"), std::string::npos) << r.err;
+  EXPECT_EQ(jsonl(out + "/metrics.jsonl").size(), 3u);
+  // A checkpoint folder alone is a run folder too.
+  r = run_cli(s.base + " --steps 2 --checkpoint-dir " + out + "/checkpoints");
+  EXPECT_EQ(r.code, 2) << r.err;
+  // --resume continues it.
+  r = run_cli(s.base + " --steps 4 --save-every-steps 1 --keep-checkpoints 5 --output-dir " + out + " --resume");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(jsonl(out + "/metrics.jsonl").size(), 4u);
+  // --overwrite: the old run's files go before the first step; only the new run's remain. Training data kept in
+  // the folder is an input, never removed.
+  fs::copy_file(s.dir.file("pairs.tsv"), out + "/data.tsv");
+  const std::string base_here = "train --weights " + s.model.dat_path + " --config " + s.model.config_path +
+                                " --tokenizer " + test::tiny_tokenizer_path() + " --train-data " + out + "/data.tsv";
+  r = run_cli(base_here + " --steps 2 --output-dir " + out + " --overwrite");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("--overwrite: removed the previous run's " + out + "/metrics.jsonl"), std::string::npos) << r.err;
+  const auto metrics = jsonl(out + "/metrics.jsonl");
+  ASSERT_EQ(metrics.size(), 2u);
+  EXPECT_EQ(metrics[0]["step"], 1);
+  std::vector<std::string> checkpoints;
+  for (const auto& e : fs::directory_iterator(out + "/checkpoints"))
+    if (e.path().filename().string().rfind("step-", 0) == 0) checkpoints.push_back(e.path().filename().string());
+  EXPECT_EQ(checkpoints, std::vector<std::string>{"step-00000002"});
+  EXPECT_TRUE(fs::exists(out + "/data.tsv"));
+}
+
 TEST(RunsCli, ResumeRefusesOtherTrainingDataUnlessAllowed) {
   RunSetup s;
   const std::string ck = s.dir.file("ck");

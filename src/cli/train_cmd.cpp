@@ -1,5 +1,6 @@
 // `train`: every flag of the trainer, with the original tool's names as aliases (docs/trainer.md, "Flag names", lists them).
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -202,6 +203,53 @@ void apply_output_dir(TrainOptions& o) {
   if (o.output_dat.empty()) o.output_dat = (dir / "model.dat").string();
 }
 
+// A run folder holds one run. Unless this run resumes, the files a previous run left in --output-dir (run.json,
+// run.toml, metrics.jsonl, profile traces), in --checkpoint-dir (its checkpoints and run files) and at
+// --metrics-jsonl are refused, or with --overwrite listed here and removed by the trainer before the first step
+// (--output-dat's model.dat is prepare_output_target's). Appending to them would mix two runs, and a later
+// --resume would continue the old one from its checkpoints.
+void claim_run_folders(TrainFlags& f) {
+  TrainOptions& o = f.o;
+  if (o.resume) return;  // continuing the run these files belong to (the checkpoint checks the data)
+  namespace fs = std::filesystem;
+  std::vector<std::string> found;
+  std::error_code ec;
+  // Never this run's own inputs, nor a folder holding one (--synthetic's model is made under --checkpoint-dir).
+  std::vector<fs::path> inputs;
+  for (const std::string* input : {&o.weights, &o.config, &o.tokenizer, &o.data.path, &o.eval_data})
+    if (!input->empty()) inputs.push_back(fs::weakly_canonical(*input, ec));
+  const auto holds_an_input = [&](const fs::path& p) {
+    const fs::path c = fs::weakly_canonical(p, ec);
+    for (const fs::path& input : inputs) {
+      const auto [end, rest] = std::mismatch(c.begin(), c.end(), input.begin(), input.end());
+      if (end == c.end()) return true;  // p is the input or one of its folders
+    }
+    return false;
+  };
+  const auto add = [&](const fs::path& p) {
+    if (fs::exists(p, ec) && !holds_an_input(p) && std::find(found.begin(), found.end(), p.string()) == found.end())
+      found.push_back(p.string());
+  };
+  if (!o.output_dir.empty()) {
+    for (const char* name : {"run.json", "run.toml", "metrics.jsonl"}) add(fs::path(o.output_dir) / name);
+    for (const auto& entry : fs::directory_iterator(o.output_dir, ec))
+      if (entry.path().filename().string().rfind("profile-step-", 0) == 0) add(entry.path());
+  }
+  if (!o.checkpoint_dir.empty() && fs::is_directory(o.checkpoint_dir, ec))
+    for (const auto& entry : fs::directory_iterator(o.checkpoint_dir, ec))
+      if (entry.path().filename() != ".lock") add(entry.path());  // the lock is the live run's, never removed
+  if (!o.metrics_jsonl.empty()) add(o.metrics_jsonl);
+  if (found.empty()) return;
+  std::sort(found.begin(), found.end());
+  const std::string listed = fmt::format("{}", fmt::join(found, ", "));
+  if (!f.overwrite)
+    throw UsageError("train: a previous run's files are here: " + listed +
+                     ". Give --resume to continue that run, another --output-dir for a new one, or --overwrite to "
+                     "remove them before the first step");
+  spdlog::warn("--overwrite: the previous run's {} will be removed before the first step", listed);
+  o.replace_previous_run = found;
+}
+
 void resolve(TrainFlags& f) {
   TrainOptions& o = f.o;
   if (f.test_max_tokens > 0 && o.output_dat.empty()) throw UsageError("--test-max-tokens needs --output-dat");
@@ -216,6 +264,7 @@ void resolve(TrainFlags& f) {
   if (o.steps <= 0 && o.epochs <= 0) throw UsageError("train: give --steps or --epochs");
   if (o.resume_if_present) o.resume = true;
   apply_output_dir(o);
+  claim_run_folders(f);
   convert_flag_values(f);
   resolve_device(o.device);
   // Before the first step: the export target must not replace anything unasked, nor any input of the run.
@@ -228,7 +277,9 @@ void resolve(TrainFlags& f) {
                        "profile-step-N.json)");
     if (o.profile_out.empty())
       o.profile_out = (std::filesystem::path(o.output_dir) / fmt::format("profile-step-{}.json", o.profile_step)).string();
-    prepare_output_target("--profile-out", o.profile_out, false,
+    const bool replaced = std::find(o.replace_previous_run.begin(), o.replace_previous_run.end(), o.profile_out) !=
+                          o.replace_previous_run.end();
+    prepare_output_target("--profile-out", o.profile_out, replaced,
                         {o.weights, o.config, o.tokenizer, o.data.path, o.eval_data, o.output_dat}, {o.checkpoint_dir});
   } else if (!o.profile_out.empty()) {
     throw UsageError("train: --profile-out applies with --profile-step");
@@ -247,7 +298,9 @@ CLI::Option_group* add_train_flags(CLI::App* sub, const std::shared_ptr<TrainFla
   files->add_option("--model-dir", f->model_dir, "folder with config.json and tokenizer.json (fills those flags)");
   files->add_option("--train-data", o.data.path, "TSV prompt<TAB>target pairs, text lines, or JSON records (docs/data.md)");
   files->add_option("--output-dat", o.output_dat, "export the trained model to this new .dat at the end");
-  add_bool_flag(files, "--overwrite", f->overwrite, "let --output-dat replace an existing file (never an input)");
+  add_bool_flag(files, "--overwrite", f->overwrite,
+                "let --output-dat replace an existing file (never an input), and remove a previous run's files from "
+                "--output-dir / --checkpoint-dir / --metrics-jsonl before the first step (listed in the log)");
   files->add_option("--metrics-jsonl", o.metrics_jsonl, "append one JSON object per step");
   add_bool_flag(files, "--synthetic", f->synthetic, "train random weights of --config's shape (tiny without it)");
   files->add_option("--test-max-tokens", f->test_max_tokens, "after export, greedy-reply to --test-prompt with this many tokens")

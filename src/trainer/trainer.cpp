@@ -242,6 +242,14 @@ class Trainer {
       spdlog::warn("--profile-step {}: the run resumes after it (at step {}); nothing is profiled", o.profile_step,
                    step_);
     log_setup();
+    // --overwrite: the previous run's files go now, when this run has loaded and before it writes anything.
+    if (dp_.is_main())
+      for (const std::string& path : o.replace_previous_run) {
+        std::error_code ec;
+        std::filesystem::remove_all(path, ec);
+        if (ec) throw Error("--overwrite: cannot remove the previous run's " + path + " (" + ec.message() + ")");
+        spdlog::info("--overwrite: removed the previous run's {}", path);
+      }
     if (!o.metrics_jsonl.empty() && dp_.is_main()) metrics_ = open_output_file(o.metrics_jsonl, "--metrics-jsonl", std::ios::app);
     // What `qwen3-train export` needs to rebuild a .dat from a checkpoint without the training flags.
     ExportInfo export_info;

@@ -7,6 +7,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "qwen3/data/data.h"
 #include "qwen3/nvfp4/nvfp4.h"
@@ -78,6 +79,9 @@ struct TrainOptions {
   // metrics file and the export into it).
   std::string output_dir;
   bool allow_data_change = false;  // --resume on training data that differs from the checkpoint's
+  // A previous run's files in the run's folders (--overwrite): removed once setup has succeeded, before the first
+  // step, each named in the log (the CLI lists them; docs/trainer.md "Runs as files").
+  std::vector<std::string> replace_previous_run;
   // What the caller knows of the run for run.json: the tool, its git hash, the command line, every flag.
   nlohmann::json run_info = nlohmann::json::object();
   std::string mfu_device;  // whose bf16 peak the metrics' MFU is against on CUDA (default: default_rates_name)

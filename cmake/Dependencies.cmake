@@ -68,6 +68,7 @@ target_link_libraries(qwen3_torch INTERFACE OpenMP::OpenMP_CXX)
 
 add_library(qwen3_json INTERFACE)
 add_library(qwen3_cli11 INTERFACE)
+add_library(qwen3_toml INTERFACE)
 add_library(qwen3_log INTERFACE)
 # QWEN3_VENDOR_DIR is what scripts/gather-deps.sh writes: include/ (header-only libraries, pcre2.h, utf8proc.h),
 # lib/ (static libpcre2-8.a, libutf8proc.a), src/googletest and src/benchmark (built in-tree, below). A flat
@@ -96,6 +97,14 @@ else()
   target_link_libraries(qwen3_cli11 INTERFACE CLI11::CLI11)
   target_link_libraries(qwen3_log INTERFACE spdlog::spdlog fmt::fmt)
 endif()
+
+# toml++ (Debian's libtomlplusplus-dev, or the carried headers): used header-only, in the one translation unit
+# that reads flag files (src/cli/flag_file.cpp defines TOML_HEADER_ONLY), so no library is linked.
+find_path(QWEN3_TOMLPP_INCLUDE toml++/toml.h PATHS ${QWEN3_VENDOR_INCLUDE})
+if(NOT QWEN3_TOMLPP_INCLUDE)
+  message(FATAL_ERROR "toml++ not found (toml++/toml.h): install libtomlplusplus-dev (scripts/setup.sh does)")
+endif()
+target_include_directories(qwen3_toml SYSTEM INTERFACE ${QWEN3_TOMLPP_INCLUDE})
 
 # A libtorch built with CUDA (the PyTorch one on the GPU machine) lets the tensor ops dispatch CUDA tensors
 # to kernels/; Debian's libtorch is CPU-only.

@@ -30,7 +30,7 @@ esac
 # The native build's packages (scripts/setup.sh) and the cross tools.
 "$root/scripts/setup.sh" mmdebstrap qemu-user-static crossbuild-essential-arm64
 # The same libraries as scripts/setup.sh, for arm64 (the header-only ones too: one sysroot, one set of versions).
-arm64_packages=libtorch-dev,nlohmann-json3-dev,libcli11-dev,libspdlog-dev,libfmt-dev,libgtest-dev,libbenchmark-dev
+arm64_packages=libtorch-dev,nlohmann-json3-dev,libcli11-dev,libtomlplusplus-dev,libspdlog-dev,libfmt-dev,libgtest-dev,libbenchmark-dev
 arm64_packages+=,libpcre2-dev,libutf8proc-dev,libgloo-dev,libopenblas0-pthread,libc6-dev,libstdc++-12-dev
 
 # shellcheck source=scripts/cached-root.sh

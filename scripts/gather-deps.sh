@@ -2,7 +2,7 @@
 # Gathers into the ignored folder .deps/gpu-vendor/ (or $1) everything the GPU machine's build needs that the
 # GPU machine lacks (no network, no Debian -dev packages there; see docs/build.md, "The GPU round"):
 #
-#   include/       nlohmann-json, CLI11, spdlog, fmt (header-only: SPDLOG_HEADER_ONLY + FMT_HEADER_ONLY),
+#   include/       nlohmann-json, CLI11, toml++, spdlog, fmt (header-only: SPDLOG_HEADER_ONLY + FMT_HEADER_ONLY),
 #                  pcre2.h, utf8proc.h                      <- this machine's Debian -dev packages
 #   lib/           libpcre2-8.a, libutf8proc.a              <- Debian's static archives (same packages)
 #   src/googletest GoogleTest sources (gtest only)          <- Debian's googletest package (/usr/src/googletest)
@@ -31,12 +31,12 @@ say() { echo "gather-deps: $*" >&2; }
 die() { say "$*"; exit 1; }
 
 # --- what must be on this machine ---------------------------------------------------------------------------
-need=(/usr/include/nlohmann/json.hpp /usr/include/CLI/CLI.hpp /usr/include/spdlog/spdlog.h
+need=(/usr/include/nlohmann/json.hpp /usr/include/CLI/CLI.hpp /usr/include/toml++/toml.h /usr/include/spdlog/spdlog.h
       /usr/include/fmt/format-inl.h /usr/include/pcre2.h /usr/include/utf8proc.h
       "$libdir/libpcre2-8.a" "$libdir/libutf8proc.a" /usr/src/googletest/CMakeLists.txt
       /usr/src/googletest/googletest/src/gtest-all.cc)
 for f in "${need[@]}"; do
-  [ -e "$f" ] || die "missing $f: run scripts/setup.sh (nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libpcre2-dev libutf8proc-dev libgtest-dev)"
+  [ -e "$f" ] || die "missing $f: run scripts/setup.sh (nlohmann-json3-dev libcli11-dev libtomlplusplus-dev libspdlog-dev libfmt-dev libpcre2-dev libutf8proc-dev libgtest-dev)"
 done
 
 work=$(mktemp -d)
@@ -45,7 +45,7 @@ stage=$work/gpu-vendor
 mkdir -p "$stage/include" "$stage/lib" "$stage/src" "$stage/licenses"
 
 # --- header-only libraries ----------------------------------------------------------------------------------
-for d in nlohmann CLI spdlog fmt; do
+for d in nlohmann CLI toml++ spdlog fmt; do
   cp -a "/usr/include/$d" "$stage/include/"
 done
 cp -a /usr/include/pcre2.h /usr/include/utf8proc.h "$stage/include/"
@@ -92,7 +92,7 @@ if [ -f "$bench_src/src/benchmark.cc" ]; then
 fi
 
 # --- licenses of the carried code ---------------------------------------------------------------------------
-for p in nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev libpcre2-dev libutf8proc-dev googletest; do
+for p in nlohmann-json3-dev libcli11-dev libtomlplusplus-dev libspdlog-dev libfmt-dev libpcre2-dev libutf8proc-dev googletest; do
   [ -f "/usr/share/doc/$p/copyright" ] && cp "/usr/share/doc/$p/copyright" "$stage/licenses/$p.copyright" || true
 done
 
@@ -122,6 +122,8 @@ cat >"$work/check.cpp" <<'EOF'
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
+#define TOML_HEADER_ONLY 1
+#include <toml++/toml.h>
 #include <cstring>
 int main(int argc, char** argv) {
   CLI::App app{"gather-deps check"};
@@ -139,9 +141,10 @@ int main(int argc, char** argv) {
   std::free(nfc);
   pcre2_match_data_free(md);
   pcre2_code_free(re);
-  nlohmann::json j = {{"match", rc > 0}, {"jit", jit}, {"nfc", nfc_ok}, {"utf8proc", utf8proc_version()}};
+  const bool toml_ok = toml::parse("a = \"#1\"")["a"].value_or(std::string()) == "#1";
+  nlohmann::json j = {{"match", rc > 0}, {"jit", jit}, {"nfc", nfc_ok}, {"toml", toml_ok}, {"utf8proc", utf8proc_version()}};
   spdlog::info("{}", fmt::format("check {}", j.dump()));
-  return rc > 0 && nfc_ok ? 0 : 3;
+  return rc > 0 && nfc_ok && toml_ok ? 0 : 3;
 }
 EOF
 inc=$stage/include
@@ -149,7 +152,7 @@ cxx=${CXX:-g++}
 "$cxx" -std=c++17 -O1 -isystem "$inc" -DSPDLOG_HEADER_ONLY -DSPDLOG_FMT_EXTERNAL -DFMT_HEADER_ONLY \
   -MD -MF "$work/check.d" -c "$work/check.cpp" -o "$work/check.o"
 # Every header of these libraries must have come from the carried folder, none from /usr/include.
-if grep -oE '/usr/(local/)?include/(nlohmann|CLI|spdlog|fmt)/[^ ]*|/usr/(local/)?include/(pcre2|utf8proc)\.h' "$work/check.d" >"$work/leaks"; then
+if grep -oE '/usr/(local/)?include/(nlohmann|CLI|toml\+\+|spdlog|fmt)/[^ ]*|/usr/(local/)?include/(pcre2|utf8proc)\.h' "$work/check.d" >"$work/leaks"; then
   sort -u "$work/leaks" | head -n 5 >&2
   die "the check program used system headers instead of the carried ones"
 fi
@@ -167,7 +170,7 @@ say "check program: ${check_out##*] }"
   echo "# host: $(. /etc/os-release && echo "$PRETTY_NAME"), $(ldd --version | head -n 1), $("$cxx" --version | head -n 1)"
   echo
   echo "## Debian packages the files come from"
-  dpkg-query -W -f='${Package} ${Version}\n' nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev \
+  dpkg-query -W -f='${Package} ${Version}\n' nlohmann-json3-dev libcli11-dev libtomlplusplus-dev libspdlog-dev libfmt-dev \
     libpcre2-dev libutf8proc-dev googletest 2>/dev/null
   [ -d "$stage/src/benchmark" ] && echo "benchmark (source) $benchmark_version" || echo "benchmark: ABSENT"
   echo

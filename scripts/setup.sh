@@ -5,7 +5,7 @@
 set -euo pipefail
 
 packages=(build-essential cmake ninja-build ccache pkg-config
-          libtorch-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
+          libtorch-dev nlohmann-json3-dev libcli11-dev libtomlplusplus-dev libspdlog-dev libfmt-dev
           libgtest-dev libbenchmark-dev libpcre2-dev libutf8proc-dev
           libgloo-dev  # libtorch's c10d headers include <gloo/...> (data parallel: docs/distributed.md)
           libopenblas0-pthread  # libtorch's matmul goes through libblas.so.3: the reference BLAS is ~10x slower

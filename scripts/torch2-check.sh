@@ -26,7 +26,7 @@ fi
 "$root/scripts/setup.sh" mmdebstrap
 
 packages=build-essential,cmake,ninja-build,ccache,pkg-config,libtorch-dev,python3-torch,nlohmann-json3-dev
-packages+=,libcli11-dev,libspdlog-dev,libfmt-dev,libgtest-dev,libbenchmark-dev,libpcre2-dev,libutf8proc-dev
+packages+=,libcli11-dev,libtomlplusplus-dev,libspdlog-dev,libfmt-dev,libgtest-dev,libbenchmark-dev,libpcre2-dev,libutf8proc-dev
 packages+=,libgloo-dev,libopenblas0-pthread,python3,nodejs
 # shellcheck source=scripts/cached-root.sh
 . "$root/scripts/cached-root.sh"

@@ -54,7 +54,8 @@ TEST(RunsCli, ConfigFileGivesFlagsAndTheCommandLineWins) {
   std::ofstream(s.dir.file("bad.toml")) << "seq-lenght = 24\n";
   r = run_cli(s.base + " --steps 1 --config-file " + s.dir.file("bad.toml"));
   EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.err.find(s.dir.file("bad.toml") + ": 'seq-lenght' is not a flag of train"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(s.dir.file("bad.toml") + ":1: 'seq-lenght' is not a flag of train; did you mean seq-len?"),
+            std::string::npos) << r.err;
   std::ofstream(s.dir.file("value.toml")) << "seq-len = \"many\"\n";
   r = run_cli(s.base + " --steps 1 --config-file " + s.dir.file("value.toml"));
   EXPECT_EQ(r.code, 2);
@@ -101,6 +102,61 @@ TEST(RunsCli, OutputDirHoldsTheRunAndRunTomlRepeatsIt) {
   std::ofstream(s.dir.file("afile")) << "x";
   r = run_cli(s.base + " --steps 1 --output-dir " + s.dir.file("afile"));
   EXPECT_EQ(r.code, 2) << r.err;
+}
+
+// run.toml reads back as written, every flag: a '#' inside a quoted value is the value's (CLI11's reader cut it
+// there), relative paths are the file's folder's (run.toml records absolute ones), snake_case keys are the same
+// flags; the run repeated from its run.toml, from another working folder, has the same flags and losses. A file
+// that is not TOML (YAML's "key: value") names the line.
+TEST(RunsCli, EveryFlagRoundTripsThroughRunToml) {
+  RunSetup s;
+  std::ofstream(s.dir.file("text.txt")) << "# a comment line, skipped\nalpha beta gamma\n#1 is not a comment here\n"
+                                          "delta epsilon zeta\n";
+  const std::string out = s.dir.file("first");
+  // Relative paths from the test's folder: the data and the output folder.
+  const std::string flags = " --train-data text.txt --data-format text --comment-prefix '# ' --system 'be #1, always'"
+                            " --seq-len 24 --batch-size 2 --steps 3 --lr 0.003 --warmup-steps 1 --weight-decay 0.05"
+                            " --seed 7 --grad-clip 0.5 --output-dir first";
+  const std::string model = "train --weights " + s.model.dat_path + " --config " + s.model.config_path +
+                            " --tokenizer " + test::tiny_tokenizer_path() + " --log-every 0";
+  auto r = test::run_shell("cd " + s.dir.path().string() + " && " + test::binary_command() + " " + model + flags);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json first = nlohmann::json::parse(test::slurp(out + "/run.json"));
+  EXPECT_EQ(first["flags"]["comment-prefix"], "# ");
+  EXPECT_EQ(first["flags"]["system"], "be #1, always");
+  const std::string toml = test::slurp(out + "/run.toml");
+  EXPECT_NE(toml.find("train-data = \"" + s.dir.file("text.txt") + "\""), std::string::npos) << toml;
+  // Repeated from its run.toml, from another folder, into another output folder.
+  fs::create_directories(s.dir.file("elsewhere"));
+  r = test::run_shell("cd " + s.dir.file("elsewhere") + " && " + test::binary_command() + " train --config-file " + out +
+                      "/run.toml --output-dir " + s.dir.file("again"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json again = nlohmann::json::parse(test::slurp(s.dir.file("again/run.json")));
+  for (const auto& [name, value] : first["flags"].items()) {
+    if (name == "output-dir" || name == "train-data") continue;  // another folder; the same file, now absolute
+    EXPECT_EQ(again["flags"][name], value) << name;
+  }
+  EXPECT_EQ(again["flags"]["train-data"], s.dir.file("text.txt"));
+  EXPECT_EQ(again["options"], first["options"]);
+  const auto losses = jsonl(out + "/metrics.jsonl"), repeated = jsonl(s.dir.file("again/metrics.jsonl"));
+  ASSERT_EQ(losses.size(), 3u);
+  ASSERT_EQ(repeated.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(repeated[i]["loss"], losses[i]["loss"]) << i;
+  // A hand-written file: snake_case keys, a path relative to the file's folder, a number and a boolean.
+  fs::create_directories(s.dir.file("conf"));
+  std::ofstream(s.dir.file("conf/run.toml")) << "train_data = \"../text.txt\"\ndata_format = \"text\"\n"
+                                                 "seq_len = 24\nsteps = 1\npack = false\nlr = 2e-3\n";
+  r = run_cli(model + " --config-file " + s.dir.file("conf/run.toml") + " --output-dir " + s.dir.file("third"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json third = nlohmann::json::parse(test::slurp(s.dir.file("third/run.json")));
+  EXPECT_EQ(third["options"]["seq_len"], 24);
+  EXPECT_DOUBLE_EQ(third["options"]["lr"].get<double>(), 0.002);
+  // YAML is named as such, with its line.
+  std::ofstream(s.dir.file("conf/yaml.toml")) << "# a run\nseq_len: 24\n";
+  r = run_cli(model + " --config-file " + s.dir.file("conf/yaml.toml"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find(s.dir.file("conf/yaml.toml") + ":2:"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("this looks like YAML"), std::string::npos) << r.err;
 }
 
 // A folder holds one run: a new run into a folder another run left files in is refused (nothing touched), unless it

@@ -6,7 +6,9 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
+#include <set>
 
 #include "qwen3/tokenizer/chat_format.h"
 
@@ -32,6 +34,14 @@ std::vector<std::string>& argv_store() {
 void set_command_line(int argc, char** argv) { argv_store().assign(argv, argv + argc); }
 const std::vector<std::string>& command_line() { return argv_store(); }
 
+bool is_path_flag(const std::string& name) {
+  static const std::set<std::string> paths = {
+      "weights",    "config",         "tokenizer",  "tokenizer-config", "model-dir",   "train-data",
+      "eval-data",  "output-dat",     "output-dir", "checkpoint-dir",   "metrics-jsonl", "profile-out",
+      "vram-report"};
+  return paths.count(name) > 0;
+}
+
 FlagValues flag_values(CLI::App* command) {
   FlagValues out;
   std::vector<CLI::App*> apps = {command};
@@ -53,7 +63,9 @@ FlagValues flag_values(CLI::App* command) {
     }
   for (const auto& [name, value] : values) {
     out.json[name] = value;
-    out.toml += name + " = " + nlohmann::json(value).dump() + "\n";  // a JSON string is a TOML basic string
+    std::error_code ec;
+    const std::string recorded = is_path_flag(name) ? std::filesystem::absolute(value, ec).lexically_normal().string() : value;
+    out.toml += name + " = " + nlohmann::json(ec ? value : recorded).dump() + "\n";  // a JSON string is a TOML basic string
   }
   return out;
 }

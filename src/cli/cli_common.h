@@ -39,8 +39,13 @@ CLI::Validator below_one();  // [0, 1): Adam's betas (1 would divide by a zero b
 void set_command_line(int argc, char** argv);
 const std::vector<std::string>& command_line();
 
-// Every flag of a command after defaults, by long name (without dashes): {name: value} for run.json, and the
-// same as TOML that `--config-file` reads back. Flags without a value (and --help, --config-file) are left out.
+// Whether a flag's value is a file or folder (by long name, without dashes): --config-file resolves these
+// against the file's folder, and run.toml records them as absolute paths.
+bool is_path_flag(const std::string& name);
+
+// Every flag of a command after defaults, by long name (without dashes): {name: value} for run.json (as given),
+// and the same as TOML that `--config-file` reads back (paths made absolute, so the file repeats the run from
+// any folder). Flags without a value (and --help, --config-file) are left out.
 struct FlagValues {
   nlohmann::json json = nlohmann::json::object();
   std::string toml;

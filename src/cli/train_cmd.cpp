@@ -18,6 +18,8 @@
 #include "qwen3/model/model_loader.h"
 #include "qwen3/model/synth.h"
 #include "qwen3/trainer/trainer.h"
+#include "flag_file.h"
+#include "flag_suggestion.h"
 #include "runtime_options.h"
 
 namespace qwen3::cli {
@@ -104,45 +106,40 @@ void print_pool_prediction(const StepMemoryPlan& plan, const DeviceRates& rates)
 
 // The flags of a TOML file (--config-file) that the command line did not give, each through its option as if
 // given there (so its checks and conversions run). A key that is no flag, a section, or a bad value is a
-// UsageError naming the file and the key.
+// UsageError naming the file and the key (flag_file.h reads the file; relative paths are the file's folder's).
 void apply_config_file(CLI::App* sub, const std::string& path) {
-  std::ifstream probe = open_input_file(path, "--config-file");
   const std::string extension = std::filesystem::path(path).extension().string();
   if (extension == ".yaml" || extension == ".yml" || extension == ".json")
     throw UsageError(path + ": --config-file reads TOML, not " + extension.substr(1) +
                      " (keys are the long flag names: seq-len = 48, lr = 2e-5, train-data = \"chat.jsonl\"; "
                      "docs/trainer.md \"Runs as files\")");
-  std::vector<CLI::ConfigItem> items;
-  try {
-    items = CLI::ConfigTOML().from_file(path);
-  } catch (const CLI::Error& e) {
-    throw UsageError(path + ": not a TOML file of flags (" + e.what() + ")");
-  }
+  const std::vector<FlagFileEntry> entries = read_flag_file(path, is_path_flag);
+  const auto entry = [&](const std::string& flag) -> const FlagFileEntry* {
+    const auto it = std::find_if(entries.begin(), entries.end(), [&](const FlagFileEntry& e) { return e.flag == flag; });
+    return it == entries.end() ? nullptr : &*it;
+  };
   // A file that packs without naming how was written before --pack-strategy (2026-11-26), when every packed run
   // was cut from the stream: repeating it under today's default would silently train on other rows.
-  const auto item = [&](const std::string& key) {
-    const auto it = std::find_if(items.begin(), items.end(), [&](const CLI::ConfigItem& i) { return i.name == key; });
-    return it == items.end() ? nullptr : &*it;
-  };
-  const CLI::ConfigItem* pack = item("pack");
-  if (pack && pack->inputs == std::vector<std::string>{"true"} && !item("pack-strategy") &&
+  const FlagFileEntry* pack = entry("pack");
+  if (pack && pack->values == std::vector<std::string>{"true"} && !entry("pack-strategy") &&
       sub->get_option("--pack-strategy")->count() == 0)
     throw UsageError(path + ": pack = true without pack-strategy: runs before 2026-11-26 packed rows cut from the "
                      "stream of samples; add pack-strategy = \"stream\" to repeat such a run, or \"best-fit\" for "
                      "whole samples a row (docs/data.md)");
-  for (const CLI::ConfigItem& item : items) {
-    if (item.name == "++" || item.name == "--") continue;  // section markers
-    if (!item.parents.empty())
-      throw UsageError(path + ": [" + item.parents.front() + "]: sections are not read; write the flags at the top");
-    CLI::Option* opt = sub->get_option_no_throw("--" + item.name);
-    if (!opt || item.name == "config-file")
-      throw UsageError(path + ": '" + item.name + "' is not a flag of train (keys are long flag names, e.g. seq-len)");
+  for (const FlagFileEntry& e : entries) {
+    CLI::Option* opt = sub->get_option_no_throw("--" + e.flag);
+    if (!opt || e.flag == "config-file") {
+      const std::string guess = suggest_flag(*sub, "--" + e.flag);
+      throw UsageError(fmt::format("{}:{}: '{}' is not a flag of train{} (keys are long flag names, e.g. seq-len)",
+                                   path, e.line, e.flag,
+                                   guess.empty() ? "" : "; did you mean " + guess.substr(2) + "?"));
+    }
     if (opt->count() > 0) continue;  // the command line wins
     try {
-      opt->add_result(item.inputs);
+      opt->add_result(e.values);
       opt->run_callback();
-    } catch (const CLI::Error& e) {
-      throw UsageError(path + ": " + item.name + ": " + e.what());
+    } catch (const CLI::Error& error) {
+      throw UsageError(fmt::format("{}:{}: {}: {}", path, e.line, e.flag, error.what()));
     }
   }
 }

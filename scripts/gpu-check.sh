@@ -748,7 +748,7 @@ stage_hf() {
   fi
   rm -rf "$m" && mkdir -p "$m"
   if ! run_step "$d/synth.log" 120 "$bin" synth --preset tiny --out-dir "$m/model"; then no_time hf synth; stage_end hf; return; fi
-  if ! run_step "$d/export.log" 120 "$bin" export --format hf --weights "$m/model/model.dat" --config "$m/model/config.json" --out "$m/hf"; then
+  if ! run_step "$d/export.log" 120 "$bin" export --format hf --weights "$m/model/model.dat" --config "$m/model/config.json" --no-tokenizer --out "$m/hf"; then
     no_time hf export; stage_end hf; return
   fi
   printf '9707 4337 11 1879 525 498 30\n151644 872 198 9707 151645 198 151644 77091 198\n785 3974 13876 38835 34208 916 279 15678 5562 13\n' >"$m/ids.txt"

@@ -113,6 +113,53 @@ TEST(HfExportCli, TrainedModelOutToHfAndNvfp4HfReadByAnIndependentReader) {
   const nlohmann::json summary = nlohmann::json::parse(node.out);
   EXPECT_EQ(summary["projections"], 7 * config.num_hidden_layers);
   EXPECT_GT(summary["values"].get<int64_t>(), 0);
+  EXPECT_EQ(summary["quant_algo"], "W4A16_NVFP4");
+  EXPECT_EQ(summary["fused_groups"], 4 * config.num_hidden_layers);  // qkv, o, gate_up, down a layer
+
+  // W4A4 on request: NVFP4 with an input_scale per projection, the same weights.
+  const std::string w4a4 = dir.file("w4a4");
+  r = run_cli(export_cmd(t, "nvfp4-hf", w4a4) + " --nvfp4-w4a4");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const test::CliResult node4 = test::run_shell("node " + test::source_dir() + "/tests/readers/check_hf_export.mjs " +
+                                                hf + " " + w4a4);
+  ASSERT_EQ(node4.code, 0) << node4.err;
+  EXPECT_EQ(nlohmann::json::parse(node4.out)["quant_algo"], "NVFP4");
+  r = run_cli(export_cmd(t, "hf", dir.file("x")) + " --nvfp4-w4a4");
+  EXPECT_EQ(r.code, 2) << r.err;
+}
+
+// The folder carries what transformers and vLLM read beside the weights: transformers_version, the base model's
+// generation_config.json where it sits beside its config.json, and the tokenizer of the checkpoint's run when
+// --tokenizer is not given; a folder without a tokenizer only on purpose (--no-tokenizer).
+TEST(HfExportCli, TheFolderCarriesTheModelsOwnFiles) {
+  test::TempDir dir;
+  SynthOptions synth;
+  synth.config = test::trainable_tiny_config(/*tied=*/false);
+  synth.out_dir = dir.file("m");
+  HfTrained t{write_synthetic_model(synth), dir.file("ck")};
+  std::ofstream(dir.file("pairs.tsv")) << "hi\tworld\nname?\tqwen\n";
+  auto r = run_cli("train --weights " + t.model.dat_path + " --config " + t.model.config_path + " --tokenizer " +
+                   test::tiny_tokenizer_path() + " --train-data " + dir.file("pairs.tsv") +
+                   " --steps 1 --seq-len 32 --log-every 0 --checkpoint-dir " + t.checkpoints);
+  ASSERT_EQ(r.code, 0) << r.err;
+  nlohmann::json generation = {{"do_sample", true}, {"temperature", 0.6}, {"top_p", 0.95}, {"eos_token_id", {151645, 151643}}};
+  std::ofstream(fs::path(t.model.config_path).parent_path() / "generation_config.json") << generation.dump();
+  const std::string out = dir.file("hf");
+  r = run_cli("export --format hf --checkpoint " + t.checkpoints + " --weights " + t.model.dat_path + " --out " + out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json config = nlohmann::json::parse(test::slurp(out + "/config.json"));
+  EXPECT_TRUE(config["transformers_version"].is_string());
+  EXPECT_EQ(nlohmann::json::parse(test::slurp(out + "/generation_config.json")), generation);
+  EXPECT_EQ(test::slurp(out + "/tokenizer.json"), test::slurp(test::tiny_tokenizer_path()));  // the run's
+  // A .dat alone names no tokenizer: refused without one, unless the weights alone are asked for.
+  r = run_cli("export --format hf --weights " + t.model.dat_path + " --config " + t.model.config_path + " --out " +
+              dir.file("plain"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--no-tokenizer"), std::string::npos) << r.err;
+  r = run_cli("export --format hf --weights " + t.model.dat_path + " --config " + t.model.config_path + " --out " +
+              dir.file("plain") + " --no-tokenizer");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_FALSE(fs::exists(dir.file("plain/tokenizer.json")));
 }
 
 TEST(HfExportCli, ShardsTiedHeadAndReplacingTheFolder) {
@@ -148,8 +195,8 @@ TEST(HfExportCli, ShardsTiedHeadAndReplacingTheFolder) {
 }
 
 // `convert` reads a ModelOpt NVFP4 checkpoint: the nvfp4-hf export converts back to the very bytes it came from
-// (single-level scales, re-quantized by the canonical quantizer: error 0), and a two-level one (a tensor scale
-// of 0.3 written into one projection) is folded in: dense, the values are 0.3 times the codes' (to bf16
+// (its power-of-two second level folded back exactly, re-quantized by the canonical quantizer: error 0), and a
+// two-level one (a tensor scale 0.3 times the export's written into one projection) is folded in: dense, the values are 0.3 times the codes' (to bf16
 // rounding); NVFP4, re-quantized with its relative error reported.
 TEST(HfExportCli, ModelOptCheckpointsConvertWithTheTensorScaleFolded) {
   test::TempDir dir;
@@ -158,8 +205,10 @@ TEST(HfExportCli, ModelOptCheckpointsConvertWithTheTensorScaleFolded) {
   s.out_dir = dir.file("m");
   const SynthResult m = write_synthetic_model(s);
   const std::string fp4 = dir.file("fp4"), hf = dir.file("hf");
-  ASSERT_EQ(run_cli("export --format nvfp4-hf --weights " + m.dat_path + " --config " + m.config_path + " --out " + fp4).code, 0);
-  ASSERT_EQ(run_cli("export --format hf --weights " + m.dat_path + " --config " + m.config_path + " --out " + hf).code, 0);
+  ASSERT_EQ(run_cli("export --format nvfp4-hf --weights " + m.dat_path + " --config " + m.config_path + " --out " + fp4 +
+                    " --no-tokenizer").code, 0);
+  ASSERT_EQ(run_cli("export --format hf --weights " + m.dat_path + " --config " + m.config_path + " --out " + hf +
+                    " --no-tokenizer").code, 0);
   auto r = run_cli("convert --hf-dir " + fp4 + " --out " + dir.file("back/m.dat") + " --nvfp4");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("14 ModelOpt NVFP4 projections re-quantized to single-level blocks: worst relative RMS error 0 "),
@@ -170,15 +219,19 @@ TEST(HfExportCli, ModelOptCheckpointsConvertWithTheTensorScaleFolded) {
     EXPECT_TRUE(read_tensor(back, back.at(e.key)).equal(read_tensor(original, e))) << e.key;
   }
 
-  // A second level: weight_scale_2 = 0.3 for layer 0's q_proj, written into the file in place.
+  // A second level that is no power of two: layer 0's q_proj's weight_scale_2 (the export's power of two) times
+  // 0.3, written into the file in place.
   const std::string key = "model.layers.0.self_attn.q_proj";
   {
     const SafetensorsFile file(fp4 + "/model.safetensors");
     const SafetensorsTensor* t = file.find(key + ".weight_scale_2");
     ASSERT_NE(t, nullptr);
+    float value = 0;
+    file.read_range(*t, 0, &value, 4);
+    EXPECT_NE(value, 1.0f);
     std::fstream f(fp4 + "/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(static_cast<std::streamoff>(t->offset));
-    const float value = 0.3f;
+    value *= 0.3f;
     f.write(reinterpret_cast<const char*>(&value), 4);
   }
   r = run_cli("convert --hf-dir " + fp4 + " --out " + dir.file("dense/m.dat") + " --dtype bfloat16");

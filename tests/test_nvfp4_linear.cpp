@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <torch/autograd.h>
 #include <torch/version.h>
+#include <ATen/core/grad_mode.h>
 
 #include <cmath>
 #include <cstdio>
@@ -182,7 +183,7 @@ TEST(SteLinear, GpuOperandFromTheQuantizePassGivesTheSameBytes) {
       EXPECT_TRUE(w.grad().equal(grad_w_want)) << c10::toString(master) << " keep " << keep;
     }
     // Without a graph (a checkpointed block's first forward, evaluation) the pass writes the operand alone.
-    const torch::NoGradGuard no_grad;
+    const at::NoGradGuard no_grad;
     EXPECT_TRUE(ste_linear(x0, weight0.clone().requires_grad_(true), ScaleMode::rne, true).equal(y_want));
   }
 }

@@ -37,7 +37,7 @@ Command add_export_command(CLI::App& app) {
     CheckpointExportOptions opt;
     std::string scale_mode;  // empty: the checkpoint's
     std::string format = "dat", config, tokenizer, max_shard_size = "5GB";
-    bool overwrite = false;
+    bool overwrite = false, no_tokenizer = false, w4a4 = false;
   };
   auto o = std::make_shared<Options>();
   auto* sub = app.add_subcommand("export", "Write a checkpoint's trained weights into a copy of its input .dat, or "
@@ -50,7 +50,13 @@ Command add_export_command(CLI::App& app) {
   sub->add_option("--format", o->format, "dat, hf (bf16 safetensors) or nvfp4-hf (ModelOpt NVFP4)")
       ->check(CLI::IsMember({"dat", "hf", "nvfp4-hf"}))->capture_default_str();
   sub->add_option("--config", o->config, "hf, nvfp4-hf: the model's config.json (default: the checkpoint's)");
-  sub->add_option("--tokenizer", o->tokenizer, "hf, nvfp4-hf: tokenizer.json to copy, with its tokenizer_config.json");
+  sub->add_option("--tokenizer", o->tokenizer,
+                  "hf, nvfp4-hf: tokenizer.json to copy, with its tokenizer_config.json and chat template (default: "
+                  "the checkpoint's run's)");
+  add_bool_flag(sub, "--no-tokenizer", o->no_tokenizer, "hf, nvfp4-hf: the weights alone, without tokenizer files");
+  add_bool_flag(sub, "--nvfp4-w4a4", o->w4a4,
+                "nvfp4-hf: declare W4A4 (NVFP4: FP4 activations, with an uncalibrated input_scale of 1) instead of "
+                "the weight-only W4A16_NVFP4 the model trained as; needs calibrated activation scales to be accurate");
   sub->add_option("--max-shard-size", o->max_shard_size, "hf, nvfp4-hf: largest safetensors shard")->capture_default_str();
   sub->add_option("--scale-mode", o->scale_mode, "NVFP4 block scales: rne or search (default: the checkpoint's)")
       ->check(CLI::IsMember({"rne", "search"}));
@@ -67,6 +73,9 @@ Command add_export_command(CLI::App& app) {
               h.weights = o->opt.weights;
               h.config = o->config;
               h.tokenizer = o->tokenizer;
+              h.no_tokenizer = o->no_tokenizer;
+              h.nvfp4_w4a4 = o->w4a4;
+              if (o->w4a4 && h.format != HfFormat::nvfp4_hf) throw UsageError("export: --nvfp4-w4a4 applies to --format nvfp4-hf");
               h.out = o->opt.out;
               h.overwrite = o->overwrite;
               h.max_shard_bytes = parse_size(o->max_shard_size);
@@ -79,8 +88,9 @@ Command add_export_command(CLI::App& app) {
               return 0;
             }
             if (o->opt.checkpoint.empty()) throw UsageError("export: --checkpoint is required with --format dat");
-            if (!o->config.empty() || !o->tokenizer.empty())
-              throw UsageError("export: --config and --tokenizer apply to --format hf | nvfp4-hf");
+            if (!o->config.empty() || !o->tokenizer.empty() || o->no_tokenizer || o->w4a4)
+              throw UsageError("export: --config, --tokenizer, --no-tokenizer and --nvfp4-w4a4 apply to --format hf | "
+                               "nvfp4-hf");
             prepare_output_target("--out", o->opt.out, o->overwrite, {o->opt.weights}, {o->opt.checkpoint});
             if (!o->scale_mode.empty()) o->opt.scale_mode = nvfp4::scale_mode_from_name(o->scale_mode);
             const CheckpointExportResult r = export_checkpoint(o->opt);

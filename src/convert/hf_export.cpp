@@ -5,7 +5,10 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <sstream>
 #include <optional>
@@ -87,17 +90,67 @@ at::Tensor float_rows(const Inputs& in, const Source& s, int64_t r0, int64_t n) 
 
 int64_t block_rows(const Source& s) { return std::max<int64_t>(1, kBlockElements / std::max<int64_t>(1, s.cols)); }
 
+// The largest E4M3 block scale a projection's blocks can have: read from the input's scale bytes when the
+// projection is stored as NVFP4 and untrained; for a trained one (re-quantized from its master) bounded from the
+// master's largest magnitude: the canonical rne scale of amax / 6, raised by two codes for the search mode's
+// neighbours (docs/nvfp4.md). Zero for an all-zero tensor.
+float largest_block_scale(const Inputs& in, const Source& s) {
+  const int64_t step = block_rows(s);
+  if (!s.master) {
+    std::vector<uint8_t> scales;
+    uint8_t top = 0;
+    for (int64_t r0 = 0; r0 < s.rows; r0 += step) {
+      const int64_t n = std::min(step, s.rows - r0);
+      scales.resize(static_cast<size_t>(n * s.cols / 16));
+      in.input.read_range(*s.scales, static_cast<uint64_t>(r0 * s.cols / 16), scales.data(), scales.size());
+      for (uint8_t c : scales) top = std::max<uint8_t>(top, c & 0x7F);  // the scales are non-negative
+    }
+    return nvfp4::e4m3_to_float(top);
+  }
+  float amax = 0;
+  for (int64_t r0 = 0; r0 < s.rows; r0 += step) {
+    const int64_t n = std::min(step, s.rows - r0);
+    amax = std::max(amax, read_dense_rows(*in.checkpoint, *s.master, s.cols, r0, n).abs().max().item<float>());
+  }
+  const uint8_t code = nvfp4::e4m3_from_float_rne(amax / 6.0f);
+  return code == 0 ? 0.0f : nvfp4::e4m3_to_float(static_cast<uint8_t>(std::min(code + 2, 0x7E)));
+}
+
+// The power of two 2^-shift that becomes weight_scale_2 while every block scale is multiplied by 2^shift, as far as
+// the largest one stays within E4M3's 448: the values are the same (a power of two moves an E4M3 value's exponent
+// only), and the global scale is of ModelOpt's size (amax / 2688) instead of 1, which vLLM's FP4 Marlin path on
+// Hopper garbled before February 2026. An all-zero group keeps 2^-8.
+int global_scale_shift(float largest) {
+  if (largest <= 0) return 8;
+  int shift = 0;
+  while (std::ldexp(largest, shift + 1) <= 448.0f) ++shift;
+  return shift;
+}
+
+// A block scale code times 2^shift, exactly, as a code; Error when the product is not an E4M3 value.
+uint8_t shifted_scale(uint8_t code, int shift, const std::string& key) {
+  if (code == 0) return 0;
+  const float v = std::ldexp(nvfp4::e4m3_to_float(code), shift);
+  const uint8_t shifted = nvfp4::e4m3_from_float_rne(v);
+  if (!(v <= 448.0f) || nvfp4::e4m3_to_float(shifted) != v)
+    throw Error(fmt::format("{}: block scale {} times 2^{} is not an E4M3 value", key, nvfp4::e4m3_to_float(code), shift));
+  return shifted;
+}
+
 // What one source becomes in the output: its tensors' specs, and how to stream their payloads.
 struct Output {
   const Source* source;
-  bool as_nvfp4;  // weight (U8 codes), weight_scale (F8_E4M3), weight_scale_2 and input_scale (F32 scalars)
+  bool as_nvfp4;  // weight (U8 codes), weight_scale (F8_E4M3), weight_scale_2 (F32 scalar)
+  bool with_input_scale = false;  // W4A4: input_scale (F32 scalar) too
+  int shift = 0;  // weight_scale_2 = 2^-shift, block scales times 2^shift (shared within a fused group)
   std::vector<SafetensorsSpec> specs() const {
     const std::string base = source->key.substr(0, source->key.size() - std::string(".weight").size());
     if (!as_nvfp4) return {{source->key, "BF16", source->shape}};
-    return {{source->key, "U8", {source->rows, source->cols / 2}},
-            {base + ".weight_scale", "F8_E4M3", {source->rows, source->cols / 16}},
-            {base + ".weight_scale_2", "F32", {}},
-            {base + ".input_scale", "F32", {}}};
+    std::vector<SafetensorsSpec> out = {{source->key, "U8", {source->rows, source->cols / 2}},
+                                        {base + ".weight_scale", "F8_E4M3", {source->rows, source->cols / 16}},
+                                        {base + ".weight_scale_2", "F32", {}}};
+    if (with_input_scale) out.push_back({base + ".input_scale", "F32", {}});
+    return out;
   }
   uint64_t nbytes() const {
     uint64_t n = 0;
@@ -125,14 +178,27 @@ struct Output {
       w.write(codes.data(), codes.size());
       all_scales.insert(all_scales.end(), scales.begin(), scales.end());
     }
+    // The .dat's single-level scales as two levels: each block scale times 2^shift, exactly, over 2^-shift.
+    for (uint8_t& code : all_scales) code = shifted_scale(code, shift, s.key);
     w.write(all_scales.data(), all_scales.size());
-    // Single-level scales: the .dat has no tensor scale, so the second level is 1 and the E4M3 scales are the
-    // blocks' own. input_scale (the activations' global scale for W4A4 kernels) is uncalibrated: 1 (docs/export.md).
+    const float global = std::ldexp(1.0f, -shift);
+    w.write(&global, 4);
+    // W4A4 only: input_scale, the activations' global scale FP4 kernels quantize them with. qwen3-train has no
+    // calibration pass: 1 (docs/export.md says what that needs).
     const float one = 1.0f;
-    w.write(&one, 4);
-    w.write(&one, 4);
+    if (with_input_scale) w.write(&one, 4);
   }
 };
+
+// The fused group a projection loads into in vLLM (q/k/v as one qkv_proj, gate/up as one gate_up_proj), which
+// must share weight_scale_2 (vLLM takes one global scale for the fused layer); a key of its own otherwise.
+std::string fused_group(const std::string& key) {
+  for (const char* member : {".self_attn.q_proj.", ".self_attn.k_proj.", ".self_attn.v_proj."})
+    if (key.find(member) != std::string::npos) return key.substr(0, key.find(".self_attn.")) + ".self_attn.qkv";
+  for (const char* member : {".mlp.gate_proj.", ".mlp.up_proj."})
+    if (key.find(member) != std::string::npos) return key.substr(0, key.find(".mlp.")) + ".mlp.gate_up";
+  return key;
+}
 
 nlohmann::json read_json_file(const std::string& path, const std::string& what) {
   std::ifstream f = open_input_file(path, what);
@@ -144,10 +210,11 @@ nlohmann::json read_json_file(const std::string& path, const std::string& what) 
 }
 
 // config.json for the output: the model's own, its weights now bf16, and for nvfp4-hf ModelOpt's
-// quantization_config (flat form; hf_quant_config.json has the nested one).
-nlohmann::json quantization_section(bool flat) {
-  nlohmann::json q = {{"quant_algo", "NVFP4"}, {"kv_cache_quant_algo", nullptr}, {"group_size", 16},
-                      {"exclude_modules", {"lm_head"}}};
+// quantization_config (flat form; hf_quant_config.json has the nested one). W4A16_NVFP4 (weight-only, what
+// qwen3-train trains) unless W4A4 is asked for.
+nlohmann::json quantization_section(bool flat, bool w4a4) {
+  nlohmann::json q = {{"quant_algo", w4a4 ? "NVFP4" : "W4A16_NVFP4"}, {"kv_cache_quant_algo", nullptr},
+                      {"group_size", 16}, {"exclude_modules", {"lm_head"}}};
   if (!flat) return {{"producer", {{"name", "qwen3-train"}, {"version", "1"}}}, {"quantization", q}};
   q["quant_method"] = "modelopt";
   q["ignore"] = {"lm_head"};
@@ -166,13 +233,28 @@ HfExportReport export_hf(const HfExportOptions& o) {
   // Inputs: the checkpoint (optional), the .dat, the config.
   std::optional<DatReader> ckpt;
   std::optional<ExportInfo> info;
+  std::string tokenizer = o.tokenizer;
+  std::string config_path = o.config;
   if (!o.checkpoint.empty()) {
     const std::string path = resolve_checkpoint(o.checkpoint);
     const CheckpointState meta = load_checkpoint(path, "\x01");  // metadata only: no tensor has that prefix
+    // The run's own tokenizer and config files, where the checkpoint names them and they are still there.
+    const nlohmann::json flags = meta.extra.value("run", nlohmann::json::object()).value("flags", nlohmann::json::object());
+    std::error_code exists_ec;
+    if (tokenizer.empty() && !o.no_tokenizer && flags.value("tokenizer", std::string()) != "" &&
+        fs::is_regular_file(flags.value("tokenizer", std::string()), exists_ec))
+      tokenizer = flags.value("tokenizer", std::string());
+    if (config_path.empty() && fs::is_regular_file(flags.value("config", std::string()), exists_ec))
+      config_path = flags.value("config", std::string());
     info = ExportInfo::from_json(meta.extra, path + "/checkpoint.json");
     if (!info) throw Error(path + "/checkpoint.json: has no export information; it was written by an older qwen3-train");
     ckpt.emplace((fs::path(path) / "tensors.dat").string(), DatRules::container_only);
   }
+  if (tokenizer.empty() && !o.no_tokenizer)
+    throw UsageError("export: the folder needs its tokenizer: give --tokenizer T.json (its tokenizer_config.json, "
+                     "chat template and the other files beside it are copied too), or --no-tokenizer for the weights "
+                     "alone");
+  if (!tokenizer.empty() && o.no_tokenizer) throw UsageError("export: --tokenizer and --no-tokenizer contradict");
   const DatReader input(o.weights);
   if (info) check_trained_from(*info, input, o.checkpoint, o.weights);
   nlohmann::json config_json;
@@ -210,7 +292,18 @@ HfExportReport export_hf(const HfExportOptions& o) {
   }
   std::vector<Output> outputs;
   for (const Source& s : sources)
-    outputs.push_back(Output{&s, o.format == HfFormat::nvfp4_hf && s.quantized() && s.key != "lm_head.weight"});
+    outputs.push_back(Output{&s, o.format == HfFormat::nvfp4_hf && s.quantized() && s.key != "lm_head.weight",
+                             o.nvfp4_w4a4});
+  // One global scale per fused group, from the group's largest block scale (a pass over the scales, or over the
+  // trained masters).
+  std::map<std::string, float> group_largest;
+  for (const Output& out : outputs)
+    if (out.as_nvfp4) {
+      float& largest = group_largest[fused_group(out.source->key)];
+      largest = std::max(largest, largest_block_scale(in, *out.source));
+    }
+  for (Output& out : outputs)
+    if (out.as_nvfp4) out.shift = global_scale_shift(group_largest[fused_group(out.source->key)]);
 
   // Shards: consecutive tensors up to max_shard_bytes each (a tensor larger than that is a shard alone).
   std::vector<std::vector<const Output*>> shards(1);
@@ -272,26 +365,37 @@ HfExportReport export_hf(const HfExportOptions& o) {
   out_config["model_type"] = "qwen3";
   out_config["torch_dtype"] = "bfloat16";
   out_config.erase("quantization_config");
+  // transformers 5.x warns (about a tokenizer regex) on a config without the version that wrote it; Qwen3 came
+  // with 4.51.0.
+  if (!out_config.contains("transformers_version")) out_config["transformers_version"] = "4.51.0";
   if (o.format == HfFormat::nvfp4_hf) {
-    out_config["quantization_config"] = quantization_section(/*flat=*/true);
-    write_text(temp, "hf_quant_config.json", quantization_section(/*flat=*/false).dump(2) + "\n", report);
+    out_config["quantization_config"] = quantization_section(/*flat=*/true, o.nvfp4_w4a4);
+    write_text(temp, "hf_quant_config.json", quantization_section(/*flat=*/false, o.nvfp4_w4a4).dump(2) + "\n", report);
   }
   write_text(temp, "config.json", out_config.dump(2) + "\n", report);
-  nlohmann::json generation = {{"do_sample", false}};
-  if (config_json.contains("bos_token_id")) generation["bos_token_id"] = config_json["bos_token_id"];
-  if (!config.eos_token_ids.empty())
-    generation["eos_token_id"] = config.eos_token_ids.size() == 1 ? nlohmann::json(config.eos_token_ids[0])
-                                                                   : nlohmann::json(config.eos_token_ids);
-  write_text(temp, "generation_config.json", generation.dump(2) + "\n", report);
-  if (!o.tokenizer.empty()) {
-    open_input_file(o.tokenizer, "tokenizer");  // names a missing file
-    const fs::path dir = fs::path(o.tokenizer).parent_path();
-    std::vector<fs::path> files = {o.tokenizer};
+  // The base model's generation_config.json (sampling defaults, stop ids) where it sits beside its config.json;
+  // else greedy decoding with the config's ids.
+  const fs::path base_generation = config_path.empty() ? fs::path() : fs::path(config_path).parent_path() / "generation_config.json";
+  if (!base_generation.empty() && fs::is_regular_file(base_generation, ec)) {
+    write_text(temp, "generation_config.json", read_json_file(base_generation.string(), "generation config").dump(2) + "\n",
+               report);
+  } else {
+    nlohmann::json generation = {{"do_sample", false}};
+    if (config_json.contains("bos_token_id")) generation["bos_token_id"] = config_json["bos_token_id"];
+    if (!config.eos_token_ids.empty())
+      generation["eos_token_id"] = config.eos_token_ids.size() == 1 ? nlohmann::json(config.eos_token_ids[0])
+                                                                     : nlohmann::json(config.eos_token_ids);
+    write_text(temp, "generation_config.json", generation.dump(2) + "\n", report);
+  }
+  if (!tokenizer.empty()) {
+    open_input_file(tokenizer, "tokenizer");  // names a missing file
+    const fs::path dir = fs::path(tokenizer).parent_path();
+    std::vector<fs::path> files = {tokenizer};
     for (const char* name : {"tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
                              "merges.txt", "chat_template.jinja"})
-      if (fs::is_regular_file(dir / name, ec) && fs::path(o.tokenizer).filename() != name) files.push_back(dir / name);
+      if (fs::is_regular_file(dir / name, ec) && fs::path(tokenizer).filename() != name) files.push_back(dir / name);
     for (const fs::path& f : files) {
-      const std::string name = f.filename() == fs::path(o.tokenizer).filename() ? "tokenizer.json" : f.filename().string();
+      const std::string name = f.filename() == fs::path(tokenizer).filename() ? "tokenizer.json" : f.filename().string();
       std::ifstream src = open_input_file(f.string(), "tokenizer file", std::ios::binary);
       std::ostringstream text;
       text << src.rdbuf();

@@ -106,10 +106,19 @@ for (const [name, shape] of Object.entries(shapes)) {
 }
 if (Object.keys(hf.tensors).length !== Object.keys(shapes).length) fail("hf: tensors the config does not name");
 
+// ModelOpt's weight-only W4A16_NVFP4 (no input_scale) or W4A4 NVFP4 (an input_scale per projection), the same
+// in config.json and hf_quant_config.json.
 const q = fp4.config.quantization_config;
-if (q?.quant_method !== "modelopt" || q.quant_algo !== "NVFP4" || q.group_size !== 16) fail("nvfp4-hf: quantization_config");
+const algo = q?.quant_algo;
+if (q?.quant_method !== "modelopt" || !["W4A16_NVFP4", "NVFP4"].includes(algo) || q.group_size !== 16)
+  fail("nvfp4-hf: quantization_config");
 const hq = JSON.parse(fs.readFileSync(path.join(fp4Dir, "hf_quant_config.json"), "utf8")).quantization;
-if (hq.quant_algo !== "NVFP4" || hq.group_size !== 16 || !hq.exclude_modules.includes("lm_head")) fail("hf_quant_config.json");
+if (hq.quant_algo !== algo || hq.group_size !== 16 || !hq.exclude_modules.includes("lm_head")) fail("hf_quant_config.json");
+if (typeof fp4.config.transformers_version !== "string") fail("nvfp4-hf config: no transformers_version");
+// weight_scale_2: a power of two other than 1 (older vLLM's FP4 Marlin path garbled 1), one per fused group
+// (vLLM loads q/k/v and gate/up as one layer with one global scale).
+const groupScale = {};
+const fusedGroup = (base) => base.replace(/\.self_attn\.[qkv]_proj$/, ".self_attn.qkv").replace(/\.mlp\.(gate|up)_proj$/, ".mlp.gate_up");
 let projections = 0, values = 0;
 for (const [name, shape] of Object.entries(shapes)) {
   const base = name.replace(/\.weight$/, "");
@@ -124,9 +133,14 @@ for (const [name, shape] of Object.entries(shapes)) {
   const input = fp4.tensors[base + ".input_scale"];
   if (w.dtype !== "U8" || JSON.stringify(w.shape) !== JSON.stringify([rows, cols / 2])) fail(`nvfp4-hf: ${name} ${w.dtype} ${w.shape}`);
   if (scale?.dtype !== "F8_E4M3" || JSON.stringify(scale.shape) !== JSON.stringify([rows, cols / 16])) fail(`nvfp4-hf: ${base}.weight_scale`);
-  if (scale2?.dtype !== "F32" || scale2.shape.length !== 0 || input?.dtype !== "F32" || input.shape.length !== 0)
-    fail(`nvfp4-hf: ${base} scalar scales`);
+  if (scale2?.dtype !== "F32" || scale2.shape.length !== 0) fail(`nvfp4-hf: ${base}.weight_scale_2`);
+  if (algo === "NVFP4" ? input?.dtype !== "F32" || input.shape.length !== 0 : input !== undefined)
+    fail(`nvfp4-hf: ${base}.input_scale ${algo === "NVFP4" ? "missing" : "present in a weight-only export"}`);
   const s2 = scale2.bytes.readFloatLE(0);
+  if (!(s2 > 0 && s2 !== 1 && Math.log2(s2) === Math.round(Math.log2(s2)))) fail(`nvfp4-hf: ${base}.weight_scale_2 is ${s2}`);
+  const group = fusedGroup(base);
+  if (group in groupScale && groupScale[group] !== s2) fail(`nvfp4-hf: ${base}.weight_scale_2 ${s2} differs in ${group}`);
+  groupScale[group] = s2;
   const ref = hf.tensors[name].bytes;
   for (let r = 0; r < rows; ++r)
     for (let c = 0; c < cols; ++c) {
@@ -140,4 +154,6 @@ for (const [name, shape] of Object.entries(shapes)) {
   ++projections;
 }
 console.log(JSON.stringify({ hf_tensors: Object.keys(hf.tensors).length, hf_shards: hf.shards,
-                             nvfp4_tensors: Object.keys(fp4.tensors).length, nvfp4_shards: fp4.shards, projections, values }));
+                             nvfp4_tensors: Object.keys(fp4.tensors).length, nvfp4_shards: fp4.shards, projections, values,
+                             quant_algo: algo, global_scales: [...new Set(Object.values(groupScale))].length,
+                             fused_groups: Object.keys(groupScale).length }));

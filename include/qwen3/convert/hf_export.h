@@ -22,11 +22,16 @@ struct HfExportOptions {
   std::string checkpoint;   // a step-* folder or a checkpoint root; empty: the input .dat as it is
   std::string weights;      // the input .dat (the checkpoint's, when one is given)
   std::string config;       // the model's config.json
-  std::string tokenizer;    // tokenizer.json to copy, with its tokenizer_config.json etc. beside it; empty: none
+  std::string tokenizer;    // tokenizer.json to copy, with its tokenizer_config.json etc. beside it; empty: the
+                            // checkpoint's run's (an error when there is none, unless no_tokenizer)
+  bool no_tokenizer = false;  // the weights alone, on purpose
   std::string out;          // the folder to create
   uint64_t max_shard_bytes = 5'000'000'000;  // HF's default max_shard_size, "5GB"
   bool overwrite = false;   // replace an existing folder (moved aside, removed once the new one is in place)
   std::optional<nvfp4::ScaleMode> scale_mode;  // re-quantization of trained projections; default: the checkpoint's
+  // nvfp4-hf: declare W4A4 (NVFP4: FP4 activations too, with an uncalibrated input_scale of 1) instead of the
+  // weight-only W4A16_NVFP4 the model was trained as (docs/export.md).
+  bool nvfp4_w4a4 = false;
 };
 
 struct HfExportReport {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
 #include <fstream>
 
 #include "cli_test_util.h"
@@ -101,6 +102,33 @@ TEST(ChatTemplate, RecognizesTheRealConfigAndRefusesOthers) {
     EXPECT_NE(std::string(e.what()).find("--chat-template chatml|qwen3-thinking"), std::string::npos) << e.what();
   }
   EXPECT_NO_THROW(render_chat(t.with_chat_template(ChatTemplate::chatml, "test"), {std::nullopt, "a", "b"}));
+}
+
+// A folder saved by transformers 4.43+ keeps the template in chat_template.jinja (its tokenizer_config.json has no
+// "chat_template"): read from there, beside the tokenizer or beside a --tokenizer-config; it wins over the config's.
+TEST(ChatTemplate, ReadsChatTemplateJinjaBesideTheTokenizer) {
+  const std::string chatml =
+      "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + "
+      "'\\n' }}{%- endfor %}";
+  test::TempDir dir;
+  std::ofstream(dir.file("tokenizer.json")) << test::slurp(test::tiny_tokenizer_path());
+  std::ofstream(dir.file("tokenizer_config.json")) << R"({"model_max_length": 32768})";
+  std::ofstream(dir.file("chat_template.jinja")) << chatml;
+  EXPECT_EQ(Tokenizer::from_file(dir.file("tokenizer.json")).chat_template(), ChatTemplate::chatml);
+  EXPECT_EQ(chat_template_from_config_file(dir.file("tokenizer_config.json")), ChatTemplate::chatml);
+  EXPECT_EQ(chat_template_from_config_file(dir.file("chat_template.jinja")), ChatTemplate::chatml);
+  // The .jinja wins over a config's own template, as in transformers.
+  std::ofstream(dir.file("tokenizer_config.json")) << nlohmann::json{{"chat_template", "{{ bos_token }}[INST]"}};
+  EXPECT_EQ(Tokenizer::from_file(dir.file("tokenizer.json")).chat_template(), ChatTemplate::chatml);
+  // Neither: the config names both places.
+  std::filesystem::remove(dir.file("chat_template.jinja"));
+  std::ofstream(dir.file("tokenizer_config.json")) << R"({"model_max_length": 32768})";
+  try {
+    chat_template_from_config_file(dir.file("tokenizer_config.json"));
+    ADD_FAILURE() << "a config without a template was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("chat_template.jinja"), std::string::npos) << e.what();
+  }
 }
 
 // Loss on every assistant reply and its <|im_end|>, on nothing else: the masked tokens decode to the replies.

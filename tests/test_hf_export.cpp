@@ -194,6 +194,33 @@ TEST(HfExportCli, ShardsTiedHeadAndReplacingTheFolder) {
   EXPECT_GT(nlohmann::json::parse(node.out)["nvfp4_shards"].get<int>(), 1);
 }
 
+// A Hugging Face folder given where a .dat is expected says what it is and the one command that makes the .dat;
+// after that command, --model-dir of the folder is all train needs (config, tokenizer and weights from it).
+TEST(HfExportCli, AHuggingFaceFolderTrainsAfterOneConvert) {
+  test::TempDir dir;
+  SynthOptions synth;
+  synth.config = test::trainable_tiny_config(/*tied=*/false);
+  synth.out_dir = dir.file("m");
+  const SynthResult m = write_synthetic_model(synth);
+  const std::string folder = dir.file("hf");
+  ASSERT_EQ(run_cli("export --format hf --weights " + m.dat_path + " --config " + m.config_path + " --tokenizer " +
+                    test::tiny_tokenizer_path() + " --out " + folder).code, 0);
+  std::ofstream(dir.file("pairs.tsv")) << "hi\tworld\nname?\tqwen\n";
+  const std::string train = "train --train-data " + dir.file("pairs.tsv") + " --steps 1 --seq-len 32 --log-every 0 ";
+  auto r = run_cli(train + "--model-dir " + folder);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("holds Hugging Face safetensors and no model.dat: convert it once with `qwen3-train convert "
+                       "--hf-dir " + folder),
+            std::string::npos) << r.err;
+  r = run_cli(train + "--model-dir " + folder + " --weights " + folder + "/model.safetensors");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find(folder + "/model.safetensors: a safetensors file (Hugging Face), not a .dat"), std::string::npos)
+      << r.err;
+  ASSERT_EQ(run_cli("convert --hf-dir " + folder + " --out " + folder + "/model.dat --nvfp4").code, 0);
+  r = run_cli(train + "--model-dir " + folder);
+  EXPECT_EQ(r.code, 0) << r.err;
+}
+
 // `convert` reads a ModelOpt NVFP4 checkpoint: the nvfp4-hf export converts back to the very bytes it came from
 // (its power-of-two second level folded back exactly, re-quantized by the canonical quantizer: error 0), and a
 // two-level one (a tensor scale 0.3 times the export's written into one projection) is folded in: dense, the values are 0.3 times the codes' (to bf16

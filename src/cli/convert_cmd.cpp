@@ -40,8 +40,12 @@ Command add_convert_command(CLI::App& app) {
             for (const auto& e : std::filesystem::directory_iterator(o->opt.hf_dir, ec))
               if (e.is_regular_file(ec)) inputs.push_back(e.path().string());
             prepare_output_target("--out", o->opt.out, o->overwrite, inputs);
+            // config.json beside the .dat: nothing to write when that is the input's own (a .dat made inside the
+            // Hugging Face folder, which --model-dir then trains from).
             const std::filesystem::path beside = std::filesystem::absolute(o->opt.out).parent_path() / "config.json";
-            prepare_output_target("--out (the config.json beside it)", beside.string(), o->overwrite, inputs);
+            const std::filesystem::path own = std::filesystem::path(o->opt.hf_dir) / "config.json";
+            if (!(std::filesystem::exists(beside, ec) && std::filesystem::equivalent(beside, own, ec)))
+              prepare_output_target("--out (the config.json beside it)", beside.string(), o->overwrite, inputs);
             o->opt.dense_type = elem_type_from_name(o->dtype);
             o->opt.scale_mode = nvfp4::scale_mode_from_name(o->scale_mode);
             const auto t0 = std::chrono::steady_clock::now();

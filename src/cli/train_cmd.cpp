@@ -250,9 +250,23 @@ void claim_run_folders(TrainFlags& f) {
 void resolve(TrainFlags& f) {
   TrainOptions& o = f.o;
   if (f.test_max_tokens > 0 && o.output_dat.empty()) throw UsageError("--test-max-tokens needs --output-dat");
-  if (!f.model_dir.empty()) {  // the original's --model-dir: the folder holding config.json and tokenizer.json
+  if (!f.model_dir.empty()) {  // the folder holding config.json, tokenizer.json and the weights (model.dat)
     if (o.config.empty()) o.config = f.model_dir + "/config.json";
     if (o.tokenizer.empty()) o.tokenizer = f.model_dir + "/tokenizer.json";
+    std::error_code ec;
+    if (o.weights.empty() && !f.synthetic) {
+      if (std::filesystem::is_regular_file(f.model_dir + "/model.dat", ec)) {
+        o.weights = f.model_dir + "/model.dat";
+      } else {
+        // A Hugging Face folder: its safetensors become a .dat once, with `convert`.
+        for (const auto& entry : std::filesystem::directory_iterator(f.model_dir, ec))
+          if (entry.path().extension() == ".safetensors")
+            throw UsageError("train: --model-dir " + f.model_dir + " holds Hugging Face safetensors and no model.dat: "
+                             "convert it once with `qwen3-train convert --hf-dir " + f.model_dir + " --out " +
+                             f.model_dir + "/model.dat --nvfp4` (docs/export.md), then train with --model-dir " +
+                             f.model_dir);
+      }
+    }
   }
   if (f.synthetic) make_synthetic_weights(f);
   for (auto [name, value] : {std::pair{"--weights", &o.weights}, {"--config", &o.config}, {"--tokenizer", &o.tokenizer},
@@ -292,7 +306,8 @@ CLI::Option_group* add_train_flags(CLI::App* sub, const std::shared_ptr<TrainFla
   files->add_option("--weights,--weight,--input-dat", o.weights, "input model .dat");
   files->add_option("--config", o.config, "config.json");
   files->add_option("--tokenizer", o.tokenizer, "tokenizer.json");
-  files->add_option("--model-dir", f->model_dir, "folder with config.json and tokenizer.json (fills those flags)");
+  files->add_option("--model-dir", f->model_dir,
+                    "folder with config.json, tokenizer.json and model.dat (fills --config, --tokenizer, --weights)");
   files->add_option("--train-data", o.data.path, "TSV prompt<TAB>target pairs, text lines, or JSON records (docs/data.md)");
   files->add_option("--output-dat", o.output_dat, "export the trained model to this new .dat at the end");
   add_bool_flag(files, "--overwrite", f->overwrite,

@@ -137,11 +137,26 @@ std::string where(const ByteSource& src, uint64_t index, const std::string& key,
   return s + " (header at byte " + std::to_string(offset) + "): ";
 }
 
+// A safetensors file starts with its JSON header's length (8 bytes, little-endian) and then '{': given where a
+// .dat is expected (a Hugging Face folder's model.safetensors), it is named as what it is.
+bool looks_like_safetensors(const ByteSource& src) {
+  if (src.size() < 10) return false;
+  uint8_t head[9];
+  src.read_at(0, head, sizeof head);
+  uint64_t length = 0;
+  for (int i = 7; i >= 0; --i) length = (length << 8) | head[i];
+  return head[8] == '{' && length >= 2 && length <= src.size() - 8;
+}
+
 std::vector<DatEntry> parse_index(const ByteSource& src) {
   HeaderCursor cur(src);
   const char* why = nullptr;
   uint64_t count = 0;
   if (src.size() == 0) throw DatError(src.name() + ": empty file (no entry count)");
+  if (looks_like_safetensors(src))
+    throw DatError(src.name() + ": a safetensors file (Hugging Face), not a .dat: convert the model's folder once "
+                   "with `qwen3-train convert --hf-dir FOLDER --out FOLDER/model.dat --nvfp4` (docs/export.md), then "
+                   "give that .dat");
   if (!cur.leb(&count, &why)) throw DatError(src.name() + ": entry count at byte 0: " + why);
   // Each entry needs at least 4 header bytes, which bounds a corrupt count before anything is reserved.
   if (count > cur.remaining() / 4 + 1)

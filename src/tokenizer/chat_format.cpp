@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <string_view>
 
@@ -142,6 +144,8 @@ ChatTemplate chat_template_from_config_file(const std::string& path) {
   std::ifstream in = open_input_file(path, "tokenizer config", std::ios::binary);
   std::ostringstream text;
   text << in.rdbuf();
+  // transformers 4.43+ save_pretrained writes the template as chat_template.jinja, the template's own text.
+  if (std::filesystem::path(path).extension() == ".jinja") return recognize_chat_template(text.str(), path);
   nlohmann::json config;
   try {
     config = nlohmann::json::parse(text.str());
@@ -149,7 +153,13 @@ ChatTemplate chat_template_from_config_file(const std::string& path) {
     throw Error(path + ": not valid JSON (" + e.what() + ")");
   }
   const auto it = config.find("chat_template");
-  if (it == config.end() || it->is_null()) throw Error(path + ": has no \"chat_template\"");
+  if (it == config.end() || it->is_null()) {
+    // A config saved by transformers 4.43+ keeps its template beside it, in chat_template.jinja.
+    const std::filesystem::path beside = std::filesystem::path(path).parent_path() / "chat_template.jinja";
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(beside, ec)) return chat_template_from_config_file(beside.string());
+    throw Error(path + ": has no \"chat_template\" (nor a chat_template.jinja beside it)");
+  }
   if (it->is_string()) return recognize_chat_template(it->get<std::string>(), path);
   if (it->is_array())  // [{"name": "default", "template": "..."}, {"name": "tool_use", ...}]
     for (const auto& entry : *it)

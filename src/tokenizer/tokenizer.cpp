@@ -184,9 +184,12 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
   text << in.rdbuf();
   if (in.bad()) throw Error("tokenizer " + path + ": cannot read the file");
   Tokenizer t = from_json_text(text.str(), path);
-  const std::filesystem::path config = std::filesystem::path(path).parent_path() / "tokenizer_config.json";
+  // The chat template beside the tokenizer: chat_template.jinja (transformers 4.43+ save_pretrained; it wins over
+  // the config's, as in transformers), else tokenizer_config.json's "chat_template".
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
   std::error_code ec;
-  if (std::filesystem::is_regular_file(config, ec)) return t.with_chat_template_of_config(config.string());
+  for (const char* name : {"chat_template.jinja", "tokenizer_config.json"})
+    if (std::filesystem::is_regular_file(dir / name, ec)) return t.with_chat_template_of_config((dir / name).string());
   return t;
 }
 

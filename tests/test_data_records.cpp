@@ -97,16 +97,62 @@ TEST(DataRecords, TextJsonlTrainsEveryTokenButTheFirst) {
 }
 
 // Malformed records are skipped with FILE:LINE (FILE: record N in an array) and what is wrong; fatal with strict.
+// The shapes other tools' data comes in, detected as chat records: ShareGPT's conversations (human/gpt/system),
+// content as a list of text parts, TRL's prompt/completion — plain strings as the pair [user, assistant], lists of
+// messages with the loss on the completion only (the prompt's earlier assistant turn carries none).
+TEST(DataRecords, ShareGptTrlAndContentPartsReadAsConversations) {
+  const std::string lines =
+      R"({"conversations": [{"from": "system", "value": "be brief"}, {"from": "human", "value": "ab"}, {"from": "gpt", "value": "xyz"}]})"
+      "\n"
+      R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}, {"role": "assistant", "content": "xyz"}]})"
+      "\n"
+      R"({"prompt": "ab", "completion": "xyz"})"
+      "\n"
+      R"({"prompt": [{"role": "user", "content": "ab"}, {"role": "assistant", "content": "cd"}, {"role": "user", "content": "ef"}], "completion": [{"role": "assistant", "content": "xyz"}]})"
+      "\n";
+  const DataFile file(lines, "other.jsonl");
+  DataOptions o = data_options(file.path(), DataFormat::auto_detect);
+  o.sample_mode = SampleMode::sequential;
+  o.batch_size = 1;
+  const TrainingData data(tiny_tokenizer(), o);
+  ASSERT_EQ(data.stats().samples, 4);
+  ASSERT_EQ(data.stats().skipped, 0);
+  expect_conversation(data, 0, {{ChatRole::system, "be brief", {}}, {ChatRole::user, "ab", {}}, {ChatRole::assistant, "xyz", {}}});
+  expect_conversation(data, 1, {{ChatRole::user, "ab", {}}, {ChatRole::assistant, "xyz", {}}});
+  expect_conversation(data, 2, {{ChatRole::user, "ab", {}}, {ChatRole::assistant, "xyz", {}}});
+  ChatMessage earlier{ChatRole::assistant, "cd", {}};
+  earlier.trained = false;
+  expect_conversation(data, 3, {{ChatRole::user, "ab", {}}, earlier, {ChatRole::user, "ef", {}}, {ChatRole::assistant, "xyz", {}}});
+  // The earlier turn is really out of the loss: fewer targets than the same conversation as plain messages.
+  const ChatTokens trained_all = render_conversation(
+      tiny_tokenizer(), {{ChatRole::user, "ab", {}}, {ChatRole::assistant, "cd", {}}, {ChatRole::user, "ef", {}}, {ChatRole::assistant, "xyz", {}}});
+  int64_t targets = 0;
+  for (int64_t t : row_of(data, 3).targets) targets += t != -100;
+  int64_t all_targets = 0;
+  for (size_t i = 1; i < trained_all.loss_mask.size(); ++i) all_targets += trained_all.loss_mask[i];
+  EXPECT_LT(targets, all_targets);
+}
+
 TEST(DataRecords, MalformedRecordsAreNamedAndSkippedOrFatalWhenStrict) {
   const std::string good = R"({"messages": [{"role": "user", "content": "ab"}, {"role": "assistant", "content": "xyz"}]})";
   const std::pair<std::string, std::string> bad[] = {
       {R"({"messages": [{"role": "user", "content": "ab"}, {"role": "assistant", "content": "x"})", "not a JSON value"},
       {R"({"messages": [{"role": "user", "content": "ab"}]})", "no assistant message"},
       {R"({"messages": [{"role": "tool", "content": "r"}, {"role": "assistant", "content": "x"}]})",
-       "messages[0]: role 'tool' is not system, user or assistant"},
+       "messages[0]: role 'tool' (a tool turn) is not rendered by qwen3-train's templates"},
       {R"({"messages": [{"role": "user"}, {"role": "assistant", "content": "x"}]})", "messages[0]: no \"content\""},
       {R"({"messages": [{"role": "user", "content": 5}, {"role": "assistant", "content": "x"}]})",
-       "messages[0]: \"content\" is number, not a string"},
+       "messages[0]: content is number, not a string or a list of text parts"},
+      {R"({"messages": [{"role": "user", "content": [{"type": "image", "url": "x"}]}, {"role": "assistant", "content": "x"}]})",
+       "messages[0]: content part 0 is of type 'image', not text"},
+      {R"({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "x", "tool_calls": [{}]}]})",
+       "messages[1]: tool calls are not rendered"},
+      {R"({"conversations": [{"from": "human", "value": "a"}, {"from": "observation", "value": "x"}]})",
+       "conversations[1]: role 'observation' (a tool turn)"},
+      {R"({"prompt": "a", "completion": [{"role": "assistant", "content": "x"}]})",
+       "\"prompt\" is string and \"completion\" is array"},
+      {R"({"prompt": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}], "completion": []})",
+       "no assistant message"},
       {R"({"messages": "hi"})", "\"messages\" is string, not an array"},
       {R"({"instruction": "a", "output": "b"})", "no \"messages\""},
       {R"([1])", "the record is array, not an object"},

@@ -74,7 +74,7 @@ std::vector<ChatTokens> render_chat_file(const Tokenizer& tokenizer, const std::
   for (const auto& [where, record] : records) {
     const auto kind = data::record_kind_of(record);
     if (!kind || *kind == data::RecordKind::text)
-      throw Error(where + ": not a chat {\"messages\": [...]} or alpaca {\"instruction\", \"output\"} record");
+      throw Error(where + ": not a chat {\"messages\": [...]} (or {\"conversations\"}, or {\"prompt\", \"completion\"}) or alpaca {\"instruction\", \"output\"} record");
     data::RecordMessages m = data::record_messages(record, *kind, system);
     if (!m.problem.empty()) throw Error(where + ": " + m.problem);
     try {

@@ -112,55 +112,131 @@ const nlohmann::json* string_field(const nlohmann::json& record, const char* key
   return &*it;
 }
 
-void chat_messages(const nlohmann::json& record, const std::optional<std::string>& system, RecordMessages& out) {
-  const auto it = record.find("messages");
-  if (!it->is_array()) {
-    out.problem = fmt::format("\"messages\" is {}, not an array", it->type_name());
-    return;
+// A message's text: a string, or a list of content parts whose text parts are joined (the multimodal form TRL
+// and the OpenAI format use); a part that is not text is a problem.
+std::optional<std::string> content_text(const nlohmann::json& content, std::string& problem) {
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array()) {
+    problem = fmt::format("content is {}, not a string or a list of text parts", content.type_name());
+    return std::nullopt;
   }
-  bool has_system = false, has_assistant = false;
-  for (size_t i = 0; i < it->size(); ++i) {
-    const nlohmann::json& m = (*it)[i];
-    const std::string where = fmt::format("messages[{}]", i);
+  std::string text;
+  for (size_t k = 0; k < content.size(); ++k) {
+    const nlohmann::json& part = content[k];
+    const std::string type = part.is_object() ? part.value("type", std::string()) : std::string();
+    if (type != "text" || !part.contains("text") || !part["text"].is_string()) {
+      problem = fmt::format("content part {} is {}, not text (qwen3-train trains on text)", k,
+                            type.empty() ? std::string(part.type_name()) : "of type '" + type + "'");
+      return std::nullopt;
+    }
+    text += part["text"].get<std::string>();
+  }
+  return text;
+}
+
+// How a list of messages names its fields: {"role", "content"} (chat, TRL) or ShareGPT's {"from", "value"}, whose
+// speakers are human/gpt/system (user/assistant too).
+struct MessageKeys {
+  const char* list;
+  const char* role;
+  const char* content;
+};
+constexpr MessageKeys kChatKeys{"messages", "role", "content"};
+constexpr MessageKeys kShareGptKeys{"conversations", "from", "value"};
+
+// The messages of one list (`where` names it in problems) appended to out; assistant turns trained or not.
+bool append_messages(const nlohmann::json& list, const std::string& where, const MessageKeys& keys, bool trained,
+                     RecordMessages& out) {
+  if (!list.is_array()) {
+    out.problem = fmt::format("\"{}\" is {}, not an array", where, list.type_name());
+    return false;
+  }
+  for (size_t i = 0; i < list.size(); ++i) {
+    const nlohmann::json& m = list[i];
+    const std::string at = fmt::format("{}[{}]", where, i);
     if (!m.is_object()) {
-      out.problem = fmt::format("{} is {}, not an object", where, m.type_name());
-      return;
+      out.problem = fmt::format("{} is {}, not an object", at, m.type_name());
+      return false;
     }
     std::string problem;
-    const nlohmann::json* role = string_field(m, "role", problem, true);
-    const nlohmann::json* content = role ? string_field(m, "content", problem, true) : nullptr;
-    if (!content) {
-      out.problem = where + ": " + problem;
-      return;
+    const nlohmann::json* role = string_field(m, keys.role, problem, true);
+    if (!role) {
+      out.problem = at + ": " + problem;
+      return false;
     }
-    ChatMessage message;
     const std::string& r = role->get_ref<const std::string&>();
+    ChatMessage message;
     if (r == "system") {
       message.role = ChatRole::system;
-      has_system = true;
-    } else if (r == "user") {
+    } else if (r == "user" || r == "human") {
       message.role = ChatRole::user;
-    } else if (r == "assistant") {
+    } else if (r == "assistant" || r == "gpt") {
       message.role = ChatRole::assistant;
-      has_assistant = true;
+      message.trained = trained;
       if (m.contains("tool_calls") && !m["tool_calls"].is_null()) {
-        out.problem = where + ": tool calls are not supported";
-        return;
+        out.problem = at + ": tool calls are not rendered by qwen3-train's templates (chatml, qwen3-thinking); "
+                           "leave such records out, or give their calls as text";
+        return false;
       }
       if (const nlohmann::json* reasoning = string_field(m, "reasoning_content", problem, false))
         message.reasoning_content = reasoning->get<std::string>();
       if (!problem.empty()) {
-        out.problem = where + ": " + problem;
-        return;
+        out.problem = at + ": " + problem;
+        return false;
       }
+    } else if (r == "tool" || r == "function" || r == "observation" || r == "function_call") {
+      out.problem = fmt::format("{}: role '{}' (a tool turn) is not rendered by qwen3-train's templates (chatml, "
+                                "qwen3-thinking); leave such records out",
+                                at, r);
+      return false;
     } else {
-      out.problem = fmt::format("{}: role '{}' is not system, user or assistant", where, r);
-      return;
+      out.problem = fmt::format("{}: role '{}' is not system, user or assistant", at, r);
+      return false;
     }
-    message.content = content->get<std::string>();
+    const auto it = m.find(keys.content);
+    if (it == m.end() || it->is_null()) {
+      out.problem = fmt::format("{}: no \"{}\"", at, keys.content);
+      return false;
+    }
+    const std::optional<std::string> text = content_text(*it, problem);
+    if (!text) {
+      out.problem = at + ": " + problem;
+      return false;
+    }
+    message.content = *text;
     out.messages.push_back(std::move(message));
   }
-  if (!has_assistant) {
+  return true;
+}
+
+// A conversation: {"messages"}, ShareGPT's {"conversations"}, or TRL's prompt/completion, conversational (two
+// lists of messages: the completion's assistant turns carry the loss, the prompt's do not, as TRL's
+// completion-only loss) or plain (two strings: the pair [user: prompt, assistant: completion], as a TSV line).
+void chat_messages(const nlohmann::json& record, const std::optional<std::string>& system, RecordMessages& out) {
+  if (record.contains("messages")) {
+    if (!append_messages(record["messages"], "messages", kChatKeys, true, out)) return;
+  } else if (record.contains("conversations")) {
+    if (!append_messages(record["conversations"], "conversations", kShareGptKeys, true, out)) return;
+  } else {
+    const nlohmann::json &prompt = record["prompt"], &completion = record["completion"];
+    if (prompt.is_string() && completion.is_string()) {
+      out.messages.push_back({ChatRole::user, prompt.get<std::string>(), {}});
+      out.messages.push_back({ChatRole::assistant, completion.get<std::string>(), {}});
+    } else if (prompt.is_array() && completion.is_array()) {
+      if (!append_messages(prompt, "prompt", kChatKeys, false, out)) return;
+      if (!append_messages(completion, "completion", kChatKeys, true, out)) return;
+    } else {
+      out.problem = fmt::format("\"prompt\" is {} and \"completion\" is {}: both strings, or both lists of messages",
+                                prompt.type_name(), completion.type_name());
+      return;
+    }
+  }
+  bool has_system = false, has_trained = false;
+  for (const ChatMessage& m : out.messages) {
+    has_system = has_system || m.role == ChatRole::system;
+    has_trained = has_trained || (m.role == ChatRole::assistant && m.trained);
+  }
+  if (!has_trained) {
     out.problem = "no assistant message: nothing to learn";
     return;
   }
@@ -192,7 +268,9 @@ void alpaca_messages(const nlohmann::json& record, const std::optional<std::stri
 
 std::optional<RecordKind> record_kind_of(const nlohmann::json& record) {
   if (!record.is_object()) return std::nullopt;
-  if (record.contains("messages")) return RecordKind::chat;
+  if (record.contains("messages") || record.contains("conversations") ||
+      (record.contains("prompt") && record.contains("completion")))
+    return RecordKind::chat;
   if (record.contains("instruction") && record.contains("output")) return RecordKind::alpaca;
   if (record.contains("text")) return RecordKind::text;
   return std::nullopt;
@@ -203,8 +281,9 @@ RecordMessages record_messages(const nlohmann::json& record, RecordKind kind, co
   if (!record.is_object()) {
     out.problem = fmt::format("the record is {}, not an object", record.type_name());
   } else if (kind == RecordKind::chat) {
-    if (!record.contains("messages"))
-      out.problem = "no \"messages\"";
+    if (!record.contains("messages") && !record.contains("conversations") &&
+        !(record.contains("prompt") && record.contains("completion")))
+      out.problem = "no \"messages\" (nor ShareGPT's \"conversations\", nor \"prompt\" and \"completion\")";
     else
       chat_messages(record, system, out);
   } else if (kind == RecordKind::alpaca) {

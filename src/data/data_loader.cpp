@@ -45,8 +45,9 @@ DataFormat format_of_record(data::RecordKind kind) {
 }
 
 constexpr const char* kRecordKeys =
-    "a chat record {\"messages\": [...]}, an alpaca record {\"instruction\", \"input\", \"output\"} or a text "
-    "record {\"text\": ...} (docs/data.md)";
+    "a chat record {\"messages\": [...]} (or ShareGPT's {\"conversations\": [...]}, or TRL's {\"prompt\", "
+    "\"completion\"}), an alpaca record {\"instruction\", \"input\", \"output\"} or a text record {\"text\": ...} "
+    "(docs/data.md)";
 
 // How the file is read: its format, and whether it is one JSON array of records (else lines).
 struct Layout {

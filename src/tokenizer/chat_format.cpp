@@ -47,9 +47,9 @@ void plain_message(std::vector<Piece>& pieces, const ChatMessage& m) {
 }
 
 // An assistant turn: the header without loss, then the reply and <|im_end|> with loss, then the line break.
-void assistant_message(std::vector<Piece>& pieces, std::string header, std::string reply) {
+void assistant_message(std::vector<Piece>& pieces, std::string header, std::string reply, bool trained = true) {
   append(pieces, "<|im_start|>assistant\n" + header, false);
-  append(pieces, reply + "<|im_end|>", true);
+  append(pieces, reply + "<|im_end|>", trained);
   append(pieces, "\n", false);
 }
 
@@ -75,7 +75,7 @@ std::vector<Piece> render_pieces(const std::vector<ChatMessage>& messages, ChatT
       continue;
     }
     if (t == ChatTemplate::chatml) {
-      assistant_message(pieces, "", m.content);
+      assistant_message(pieces, "", m.content, m.trained);
       continue;
     }
     // qwen3-thinking: the reasoning is reasoning_content, else what precedes a "</think>" in the content.
@@ -97,11 +97,11 @@ std::vector<Piece> render_pieces(const std::vector<ChatMessage>& messages, ChatT
       // An empty think block is format, not something the model says: it stays with the header (and in the
       // generation prompt); a real one is part of the reply.
       if (thought.empty())
-        assistant_message(pieces, think, reply);
+        assistant_message(pieces, think, reply, m.trained);
       else
-        assistant_message(pieces, "", think + reply);
+        assistant_message(pieces, "", think + reply, m.trained);
     } else {
-      assistant_message(pieces, "", std::string(content));
+      assistant_message(pieces, "", std::string(content), m.trained);
     }
   }
   return pieces;

@@ -35,6 +35,7 @@ struct ChatMessage {
   ChatRole role = ChatRole::user;
   std::string content;
   std::optional<std::string> reasoning_content;  // assistant only: the thinking, rendered by qwen3-thinking
+  bool trained = true;  // assistant only: false keeps its reply out of the loss (a prompt's earlier turns)
 };
 
 struct ChatTokens {

@@ -12,6 +12,7 @@
 #include "qwen3/model/synth.h"
 #include "qwen3/trainer/step_time_model.h"
 #include "tiny_model_util.h"
+#include "trainer/tensorboard_writer.h"
 
 namespace qwen3 {
 namespace {
@@ -157,6 +158,58 @@ TEST(RunsCli, EveryFlagRoundTripsThroughRunToml) {
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find(s.dir.file("conf/yaml.toml") + ":2:"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("this looks like YAML"), std::string::npos) << r.err;
+}
+
+// --tensorboard: an event file TensorBoard reads, one event a step holding the metrics' scalars; read back by an
+// independent reader (tests/readers/read_tfevents.mjs: its own CRC-32C, generic protobuf decoding). The metrics
+// carry the step's memory.
+TEST(RunsCli, TensorBoardEventsHoldEachStepsMetrics) {
+  EXPECT_EQ(crc32c("123456789", 9), 0xE3069283u);  // CRC-32C's check value
+  RunSetup s;
+  const std::string out = s.dir.file("run"), tb = s.dir.file("run/tb");
+  auto r = run_cli(s.base + " --steps 3 --batch-size 2 --output-dir " + out + " --tensorboard " + tb);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto metrics = jsonl(out + "/metrics.jsonl");
+  ASSERT_EQ(metrics.size(), 3u);
+  for (const auto& m : metrics) EXPECT_GT(m["rss_mib"].get<double>(), 0) << m.dump();
+  std::string events;
+  for (const auto& e : fs::directory_iterator(tb))
+    if (e.path().filename().string().rfind("events.out.tfevents.", 0) == 0) events = e.path().string();
+  ASSERT_FALSE(events.empty());
+  // Another run into the same folder would draw as one run with this one: refused unless resumed or replaced.
+  r = run_cli(s.base + " --steps 1 --tensorboard " + tb);
+  EXPECT_EQ(r.code, 2) << r.err;
+  if (std::system("node --version > /dev/null 2>&1") != 0) GTEST_SKIP() << "node is not installed: the reader did not run";
+  const test::CliResult node = test::run_shell("node " + test::source_dir() + "/tests/readers/read_tfevents.mjs " + events);
+  ASSERT_EQ(node.code, 0) << node.err;
+  const nlohmann::json read = nlohmann::json::parse(node.out);
+  ASSERT_EQ(read["events"].size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    const nlohmann::json& e = read["events"][i];
+    const nlohmann::json& m = metrics[i];
+    EXPECT_EQ(e["step"], m["step"]);
+    EXPECT_EQ(e["scalars"]["train/loss"].get<float>(), m["loss"].get<float>()) << i;
+    EXPECT_EQ(e["scalars"]["train/grad_norm"].get<float>(), m["grad_norm"].get<float>()) << i;
+    EXPECT_EQ(e["scalars"]["train/learning_rate"].get<float>(), m["lr"].get<float>()) << i;
+    EXPECT_TRUE(e["scalars"].contains("train/tokens_per_second")) << e.dump();
+    EXPECT_TRUE(e["scalars"].contains("train/rss_mib")) << e.dump();
+  }
+}
+
+// TensorBoard's own reader (the tensorboard Python package, where installed: the GPU machine's PyTorch has it
+// more often than this machine) loads the events.
+TEST(RunsCli, TensorBoardsOwnReaderLoadsTheEvents) {
+  if (std::system("python3 -c 'import tensorboard' > /dev/null 2>&1") != 0)
+    GTEST_SKIP() << "the tensorboard package is not installed: TensorBoard's own reader did not run";
+  RunSetup s;
+  const std::string tb = s.dir.file("tb");
+  const auto r = run_cli(s.base + " --steps 3 --batch-size 2 --tensorboard " + tb);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const test::CliResult tensorboard = test::run_shell(
+      "python3 -c \"from tensorboard.backend.event_processing.event_accumulator import EventAccumulator as A; "
+      "a = A('" + tb + "'); a.Reload(); print(len(a.Scalars('train/loss')), a.Scalars('train/loss')[-1].value)\"");
+  ASSERT_EQ(tensorboard.code, 0) << tensorboard.err;
+  EXPECT_EQ(tensorboard.out.rfind("3 ", 0), 0u) << tensorboard.out;
 }
 
 // A folder holds one run: a new run into a folder another run left files in is refused (nothing touched), unless it

@@ -38,7 +38,7 @@ bool is_path_flag(const std::string& name) {
   static const std::set<std::string> paths = {
       "weights",    "config",         "tokenizer",  "tokenizer-config", "model-dir",   "train-data",
       "eval-data",  "output-dat",     "output-dir", "checkpoint-dir",   "metrics-jsonl", "profile-out",
-      "vram-report"};
+      "vram-report", "tensorboard"};
   return paths.count(name) > 0;
 }
 

@@ -236,6 +236,9 @@ void claim_run_folders(TrainFlags& f) {
     for (const auto& entry : fs::directory_iterator(o.checkpoint_dir, ec))
       if (entry.path().filename() != ".lock") add(entry.path());  // the lock is the live run's, never removed
   if (!o.metrics_jsonl.empty()) add(o.metrics_jsonl);
+  if (!o.tensorboard_dir.empty())  // another run's events would draw as one run with this one's
+    for (const auto& entry : fs::directory_iterator(o.tensorboard_dir, ec))
+      if (entry.path().filename().string().find("tfevents") != std::string::npos) add(entry.path());
   if (found.empty()) return;
   std::sort(found.begin(), found.end());
   const std::string listed = fmt::format("{}", fmt::join(found, ", "));
@@ -403,6 +406,9 @@ CLI::Option_group* add_train_flags(CLI::App* sub, const std::shared_ptr<TrainFla
                   "phase and op in the log")
       ->check(non_negative_number());
   run->add_option("--profile-out", o.profile_out, "the --profile-step trace (default: --output-dir/profile-step-N.json)");
+  run->add_option("--tensorboard", o.tensorboard_dir,
+                  "write TensorBoard event files of the step metrics (loss, eval loss, lr, grad norm, tokens/s, MFU, "
+                  "memory) into this folder (TensorBoard, W&B's TensorBoard sync)");
   run->add_option("--output-dir", o.output_dir,
                   "one folder for the run (made with its parents): run.json, and unless given, checkpoints/, "
                   "metrics.jsonl and the export model.dat");
@@ -474,7 +480,7 @@ Command add_vram_report_command(CLI::App& app) {
   drop_flags(sub, {"--output-dat", "--overwrite", "--test-max-tokens", "--test-prompt", "--eval-data", "--steps",
                    "--epochs", "--steps-per-epoch", "--checkpoint-dir", "--save-every-steps", "--keep-checkpoints",
                    "--resume", "--resume-if-present", "--eval-every", "--output-dir", "--allow-data-change",
-                   "--mfu-device", "--dist-init", "--dist-timeout"});
+                   "--mfu-device", "--dist-init", "--dist-timeout", "--tensorboard"});
   run->add_option("--out", *out, "write the report (JSON) here");
   add_bool_flag(run, "--predict-only", *predict_only,
                 "print the memory and step-time models' figures for --config and the flags; load nothing, run nothing");

@@ -213,6 +213,20 @@ MemoryReading MemoryProbe::read() const {
   return r;
 }
 
+std::optional<uint64_t> take_device_peak_bytes(const c10::Device& device) {
+#if defined(QWEN3_TORCH_HAS_CUDA)
+  if (device.is_cuda()) {
+    const int index = device.index() < 0 ? 0 : device.index();
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);  // [0]: the aggregate (above)
+    const auto peak = static_cast<uint64_t>(stats.allocated_bytes[0].peak);
+    c10::cuda::CUDACachingAllocator::resetPeakStats(index);
+    return peak;
+  }
+#endif
+  (void)device;
+  return std::nullopt;
+}
+
 void MemoryProbe::reset_peaks() {
   sampler_->peak = rss_now();
   if (device_.is_cpu()) {

@@ -26,6 +26,7 @@
 #include "qwen3/export/output_target.h"
 #include "qwen3/export/exporter.h"
 #include "qwen3/trainer/memory_model.h"
+#include "qwen3/memory/memory_probe.h"
 #include "qwen3/model/model_loader.h"
 #include "qwen3/nvfp4/nvfp4_linear.h"
 #include "qwen3/nvfp4/nvfp4_ops.h"
@@ -33,6 +34,7 @@
 #include "step_update.h"
 #include "memory_report.h"
 #include "step_profiler.h"
+#include "tensorboard_writer.h"
 #include "train_setup.h"
 #include "trainer_checkpoint.h"
 
@@ -115,6 +117,8 @@ struct StepRecord {
   std::optional<double> comm_wait_ms;  // data parallel: time this rank waited in all-reduces during the step
   double tflops = 0;           // model TFLOP/s achieved (model_flops_per_token: no recompute counted)
   std::optional<double> mfu;   // model FLOPs utilization; none on CPU, where there is no meaningful peak
+  std::optional<double> peak_mem_mib;  // CUDA: the step's peak of allocated tensor memory
+  double rss_mib = 0;                  // the process's resident memory at the step's end
 };
 
 // Now as ISO 8601 UTC with milliseconds: "2026-11-24T08:15:03.123Z".
@@ -146,8 +150,27 @@ void write_metrics(const StepRecord& r, std::ofstream& metrics, const std::strin
   m["mfu"] = r.mfu ? nlohmann::json(*r.mfu) : nlohmann::json(nullptr);
   if (r.comm_wait_ms) m["comm_wait_ms"] = *r.comm_wait_ms;
   if (r.eval_loss) m["eval_loss"] = *r.eval_loss;
+  if (r.peak_mem_mib) m["peak_mem_mib"] = *r.peak_mem_mib;
+  m["rss_mib"] = r.rss_mib;
   metrics << m.dump() << "\n" << std::flush;
   if (!metrics) throw Error(path + ": write failed (metrics; the device may be full)");
+}
+
+// The metrics' scalars under the names Hugging Face's Trainer gives them in TensorBoard.
+void write_tensorboard(const StepRecord& r, TensorBoardWriter& tb) {
+  std::vector<std::pair<std::string, double>> s = {{"train/loss", r.outcome.loss},
+                                                   {"train/grad_norm", r.outcome.norm},
+                                                   {"train/learning_rate", r.lr},
+                                                   {"train/tokens_per_second", r.tokens / (r.ms / 1000.0)},
+                                                   {"train/tflops", r.tflops},
+                                                   {"train/rss_mib", r.rss_mib},
+                                                   {"train/epoch", r.epoch}};
+  if (r.mfu) s.emplace_back("train/mfu", *r.mfu);
+  if (r.peak_mem_mib) s.emplace_back("train/peak_mem_mib", *r.peak_mem_mib);
+  if (r.eval_loss) s.emplace_back("eval/loss", *r.eval_loss);
+  const double now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  tb.add_scalars(r.step, now, s);
 }
 
 }  // namespace
@@ -251,6 +274,10 @@ class Trainer {
         spdlog::info("--overwrite: removed the previous run's {}", path);
       }
     if (!o.metrics_jsonl.empty() && dp_.is_main()) metrics_ = open_output_file(o.metrics_jsonl, "--metrics-jsonl", std::ios::app);
+    if (!o.tensorboard_dir.empty() && dp_.is_main()) {
+      tensorboard_.emplace(o.tensorboard_dir);
+      spdlog::info("TensorBoard events: {}", tensorboard_->path());
+    }
     // What `qwen3-train export` needs to rebuild a .dat from a checkpoint without the training flags.
     ExportInfo export_info;
     export_info.weights_hash = weights_hash(*reader_);
@@ -276,6 +303,7 @@ class Trainer {
       if (o_.log_every > 0 && (record.step % o_.log_every == 0 || record.step == steps_))
         log_progress(record, total_ms_ / sum_.steps_done * static_cast<double>(steps_ - record.step) / 1000.0);
       if (metrics_.is_open()) write_metrics(record, metrics_, o_.metrics_jsonl);
+      if (tensorboard_) write_tensorboard(record, *tensorboard_);
       if (skipped_ > o_.max_skipped_steps) {
         save(step_ + 1);
         throw Error(fmt::format("{} steps skipped for non-finite values (limit --max-skipped-steps {}); {}", skipped_,
@@ -386,6 +414,8 @@ class Trainer {
     if (dp_.world_size() > 1) record.comm_wait_ms = (dp_.wait_seconds() - waited_before) * 1000.0;
     record.tflops = flops_per_token_ * static_cast<double>(step_tokens) / (ms / 1000.0) * 1e-12;
     if (peak_flops_ > 0) record.mfu = record.tflops * 1e12 / peak_flops_;
+    if (const auto peak = take_device_peak_bytes(device_)) record.peak_mem_mib = static_cast<double>(*peak) / (1 << 20);
+    record.rss_mib = static_cast<double>(process_rss_bytes()) / (1 << 20);
     return record;
   }
 
@@ -567,6 +597,7 @@ class Trainer {
   double flops_per_token_ = 0, peak_flops_ = 0;
   LrSchedule schedule_;
   std::ofstream metrics_;
+  std::optional<TensorBoardWriter> tensorboard_;
   std::optional<CheckpointSaver> saver_;
   TrainSummary sum_;
   double total_ms_ = 0, total_tokens_ = 0;

@@ -63,6 +63,10 @@ class MemoryProbe {
   std::unique_ptr<RssSampler> sampler_;
 };
 
+// The peak of the device's allocated tensor bytes since the previous call (or the process start), then reset:
+// the per-step figure of the metrics. CUDA only (its caching allocator keeps the peak); none on a CPU.
+std::optional<uint64_t> take_device_peak_bytes(const c10::Device& device);
+
 // This process's resident set now, and the machine's memory (MemTotal), in bytes.
 uint64_t process_rss_bytes();
 uint64_t machine_memory_bytes();

@@ -66,6 +66,7 @@ struct TrainOptions {
   std::string device = "cpu";
   int64_t log_every = 1;
   std::string metrics_jsonl;
+  std::string tensorboard_dir;  // --tensorboard: TensorBoard event files of the metrics' scalars, step by step
   std::string eval_data;
   int64_t eval_every = 0;
   std::string checkpoint_dir;

@@ -22,7 +22,9 @@ TEST(PlotCli, SvgHoldsTheLossEvalLossAndLearningRateCurves) {
   }
   auto r = run_cli("plot " + dir.file("metrics.jsonl") + " --out " + dir.file("loss.svg"));
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.out.find("plotted 20 steps (4 with eval loss)"), std::string::npos) << r.out;
+  // A run's metrics.jsonl is named by its folder (runs/first/metrics.jsonl: "first").
+  EXPECT_NE(r.out.find("plotted 20 steps (4 with eval loss) of " + dir.path().filename().string()), std::string::npos)
+      << r.out;
   r = run_cli("plot " + dir.file("metrics.jsonl") + " --out " + dir.file("loss.svg"));
   EXPECT_EQ(r.code, 2);  // never replaced unasked
   if (std::system("python3 -c 'import xml.etree.ElementTree' > /dev/null 2>&1") != 0)
@@ -44,7 +46,57 @@ TEST(PlotCli, SvgHoldsTheLossEvalLossAndLearningRateCurves) {
   std::ofstream(dir.file("check.py")) << script;
   const test::CliResult py = test::run_shell("python3 " + dir.file("check.py") + " " + dir.file("loss.svg"));
   ASSERT_EQ(py.code, 0) << py.err;
-  EXPECT_EQ(py.out, "{'loss': (20, True), 'eval_loss': (4, True), 'lr': (20, False)}\n");
+  EXPECT_EQ(py.out, "{'loss_raw': (20, True), 'loss': (20, True), 'eval_loss': (4, True), 'lr': (20, False)}\n");
+}
+
+// What a person reads off the picture: ticks at 1, 2 or 5 times a power of ten (at most seven an axis), the
+// moving average smoother than the per-step loss it is drawn over, a constant learning rate as a level line in
+// the middle of its panel (not on a ±0.5 axis), and several runs in one plot, a color each. (Looked at as PNGs
+// through rsvg-convert when written: docs/trainer.md.)
+TEST(PlotCli, TicksSmoothingConstantRateAndSeveralRuns) {
+  if (std::system("python3 -c 'import xml.etree.ElementTree' > /dev/null 2>&1") != 0)
+    GTEST_SKIP() << "python3 is not installed: the independent reader did not run";
+  test::TempDir dir;
+  {
+    std::ofstream a(dir.file("a.jsonl")), b(dir.file("b.jsonl"));
+    for (int step = 1; step <= 300; ++step) {
+      const double noise = (step * 7919 % 13) / 13.0 - 0.5;  // deterministic zig-zag
+      a << "{\"step\": " << step << ", \"loss\": " << 3.0 / (1 + step / 50.0) + 0.4 * noise << ", \"lr\": 2e-05}\n";
+      if (step <= 200) b << "{\"step\": " << step << ", \"loss\": " << 2.5 / (1 + step / 40.0) << ", \"lr\": 3e-05}\n";
+    }
+  }
+  auto r = run_cli("plot " + dir.file("a.jsonl") + " " + dir.file("b.jsonl") + " --out " + dir.file("two.svg"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string script =
+      "import sys, math, xml.etree.ElementTree as ET\n"
+      "ns = '{http://www.w3.org/2000/svg}'\n"
+      "root = ET.parse(sys.argv[1]).getroot()\n"
+      "def nice(v):\n"
+      "    if v == 0: return True\n"
+      "    m = abs(v) / 10 ** math.floor(math.log10(abs(v)) + 1e-9)\n"
+      "    return any(abs(m - k) < 1e-6 or abs(m - k * 10) < 1e-6 for k in (1, 2, 2.5, 3, 4, 5, 6, 7, 8, 9))\n"
+      "for cls in ('xtick', 'ytick'):\n"
+      "    texts = [float(t.text) for t in root.iter(ns + 'text') if t.get('class') == cls]\n"
+      "    assert texts, cls\n"
+      "    steps = sorted(set(round(b - a, 12) for a, b in zip(texts, texts[1:]) if b > a))\n"
+      "    for s in steps: assert s > 0 and nice(s) and round(s / 10 ** math.floor(math.log10(s)), 6) in (1, 2, 5), (cls, s)\n"
+      "lines = {}\n"
+      "for p in root.iter(ns + 'polyline'):\n"
+      "    pts = [tuple(map(float, xy.split(','))) for xy in p.get('points').split()]\n"
+      "    lines.setdefault(p.get('class'), []).append((p.get('stroke'), pts))\n"
+      "assert len(lines['loss']) == 2 and lines['loss'][0][0] != lines['loss'][1][0], 'a color a run'\n"
+      "wiggle = lambda pts: sum(abs(pts[i + 1][1] - 2 * pts[i][1] + pts[i - 1][1]) for i in range(1, len(pts) - 1))\n"
+      "assert wiggle(lines['loss'][0][1]) < 0.5 * wiggle(lines['loss_raw'][0][1]), 'the average is smoother'\n"
+      "for color, pts in lines['lr']:\n"
+      "    ys = set(y for x, y in pts)\n"
+      "    assert len(ys) == 1, ys\n"
+      "y = [float(r.get('y')) for r in root.iter(ns + 'rect') if r.get('height') == '120'][0]\n"
+      "for color, pts in lines['lr']: assert y + 10 < pts[0][1] < y + 110, (y, pts[0][1])\n"
+      "print('ok', len([t for t in root.iter(ns + 'text') if t.get('class') == 'legend']))\n";
+  std::ofstream(dir.file("check.py")) << script;
+  const test::CliResult py = test::run_shell("python3 " + dir.file("check.py") + " " + dir.file("two.svg"));
+  ASSERT_EQ(py.code, 0) << py.err;
+  EXPECT_EQ(py.out, "ok 2\n");
 }
 
 TEST(PlotCli, BadMetricsAreNamedByLine) {

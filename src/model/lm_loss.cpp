@@ -57,7 +57,7 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
     at::Tensor target_logit = at::zeros({n}, f32);
     const at::Tensor valid = targets.ne(-100);
     const at::Tensor safe_targets = targets.clamp_min(0);
-    const bool fused = fused_slices_take(hidden, targets);
+    [[maybe_unused]] const bool fused = fused_slices_take(hidden, targets);
     const at::Tensor targets_c = targets.contiguous();
     for (int64_t v0 = 0; v0 < vocab; v0 += width) {
       const int64_t w = std::min(width, vocab - v0);
@@ -101,7 +101,7 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
     // d loss / d logit = (softmax - onehot) * valid * grad / count
     const at::Tensor row_scale = (targets.ne(-100).to(at::kFloat) * (grad_outputs[0].to(at::kFloat) / count)).unsqueeze(1);
     const at::Tensor safe_targets = targets.clamp_min(0);
-    const bool fused = fused_slices_take(hidden, targets);
+    [[maybe_unused]] const bool fused = fused_slices_take(hidden, targets);
     const at::Tensor targets_c = targets.contiguous(), lse_c = lse.contiguous(), row_scale_c = row_scale.contiguous();
     at::Tensor grad_hidden = at::zeros({n, hidden.size(1)}, hidden.options().dtype(at::kFloat));
     // Either the leaf's own .grad() (accumulated into, slice by slice, with no [V, H] temporary), or a returned

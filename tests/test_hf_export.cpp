@@ -31,12 +31,17 @@ struct HfTrained {
   std::string checkpoints;
 };
 
-// The tiny model trained three steps, all of it (so every tensor of the export comes from the checkpoint).
-HfTrained trained_model(const test::TempDir& dir, bool tied) {
+// The tiny synthetic model in DIR/m.
+SynthResult tiny_model(const test::TempDir& dir, bool tied = false) {
   SynthOptions s;
   s.config = test::trainable_tiny_config(tied);
   s.out_dir = dir.file("m");
-  HfTrained t{write_synthetic_model(s), dir.file("ck")};
+  return write_synthetic_model(s);
+}
+
+// The tiny model trained three steps, all of it (so every tensor of the export comes from the checkpoint).
+HfTrained trained_model(const test::TempDir& dir, bool tied) {
+  HfTrained t{tiny_model(dir, tied), dir.file("ck")};
   std::ofstream(dir.file("pairs.tsv")) << "hi\tworld\nname?\tqwen\nabc\txyz\ncolor\tblue\n";
   TrainOptions o;
   o.weights = t.model.dat_path;
@@ -133,10 +138,7 @@ TEST(HfExportCli, TrainedModelOutToHfAndNvfp4HfReadByAnIndependentReader) {
 // --tokenizer is not given; a folder without a tokenizer only on purpose (--no-tokenizer).
 TEST(HfExportCli, TheFolderCarriesTheModelsOwnFiles) {
   test::TempDir dir;
-  SynthOptions synth;
-  synth.config = test::trainable_tiny_config(/*tied=*/false);
-  synth.out_dir = dir.file("m");
-  HfTrained t{write_synthetic_model(synth), dir.file("ck")};
+  HfTrained t{tiny_model(dir), dir.file("ck")};
   std::ofstream(dir.file("pairs.tsv")) << "hi\tworld\nname?\tqwen\n";
   auto r = run_cli("train --weights " + t.model.dat_path + " --config " + t.model.config_path + " --tokenizer " +
                    test::tiny_tokenizer_path() + " --train-data " + dir.file("pairs.tsv") +
@@ -198,10 +200,7 @@ TEST(HfExportCli, ShardsTiedHeadAndReplacingTheFolder) {
 // after that command, --model-dir of the folder is all train needs (config, tokenizer and weights from it).
 TEST(HfExportCli, AHuggingFaceFolderTrainsAfterOneConvert) {
   test::TempDir dir;
-  SynthOptions synth;
-  synth.config = test::trainable_tiny_config(/*tied=*/false);
-  synth.out_dir = dir.file("m");
-  const SynthResult m = write_synthetic_model(synth);
+  const SynthResult m = tiny_model(dir);
   const std::string folder = dir.file("hf");
   ASSERT_EQ(run_cli("export --format hf --weights " + m.dat_path + " --config " + m.config_path + " --tokenizer " +
                     test::tiny_tokenizer_path() + " --out " + folder).code, 0);
@@ -223,14 +222,11 @@ TEST(HfExportCli, AHuggingFaceFolderTrainsAfterOneConvert) {
 
 // `convert` reads a ModelOpt NVFP4 checkpoint: the nvfp4-hf export converts back to the very bytes it came from
 // (its power-of-two second level folded back exactly, re-quantized by the canonical quantizer: error 0), and a
-// two-level one (a tensor scale 0.3 times the export's written into one projection) is folded in: dense, the values are 0.3 times the codes' (to bf16
-// rounding); NVFP4, re-quantized with its relative error reported.
+// two-level one (a tensor scale 0.3 times the export's written into one projection) is folded in: dense, the
+// values are 0.3 times the codes' (to bf16 rounding); NVFP4, re-quantized with its relative error reported.
 TEST(HfExportCli, ModelOptCheckpointsConvertWithTheTensorScaleFolded) {
   test::TempDir dir;
-  SynthOptions s;
-  s.config = test::trainable_tiny_config(/*tied=*/false);
-  s.out_dir = dir.file("m");
-  const SynthResult m = write_synthetic_model(s);
+  const SynthResult m = tiny_model(dir);
   const std::string fp4 = dir.file("fp4"), hf = dir.file("hf");
   ASSERT_EQ(run_cli("export --format nvfp4-hf --weights " + m.dat_path + " --config " + m.config_path + " --out " + fp4 +
                     " --no-tokenizer").code, 0);

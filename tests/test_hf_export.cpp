@@ -133,6 +133,36 @@ TEST(HfExportCli, TrainedModelOutToHfAndNvfp4HfReadByAnIndependentReader) {
   EXPECT_EQ(r.code, 2) << r.err;
 }
 
+// An export never deletes what it reads or what it did not write: --out that is, holds or lies inside an input
+// (the weights' folder, the checkpoint, a parent of it) is refused with or without --overwrite, and --overwrite
+// replaces only a folder of export files; "--out new/" (a trailing slash) is the folder new.
+TEST(HfExportCli, OverwriteNeverRemovesInputsOrForeignFiles) {
+  test::TempDir dir;
+  const HfTrained t = trained_model(dir, /*tied=*/false);
+  const std::string base = "export --format hf --checkpoint " + t.checkpoints + " --weights " + t.model.dat_path +
+                           " --config " + t.model.config_path + " --tokenizer " + test::tiny_tokenizer_path();
+  for (const std::string& out : {dir.file("m"), t.checkpoints, dir.path().string(), t.checkpoints + "/inside"}) {
+    const auto r = run_cli(base + " --overwrite --out " + out);
+    EXPECT_EQ(r.code, 2) << out << ": " << r.err;
+    EXPECT_NE(r.err.find("an export never replaces what it reads"), std::string::npos) << r.err;
+  }
+  EXPECT_TRUE(fs::exists(t.model.dat_path));
+  EXPECT_TRUE(fs::exists(t.checkpoints + "/step-00000003/tensors.dat"));
+  // A folder of someone's files is not an export to replace.
+  fs::create_directories(dir.file("mine"));
+  std::ofstream(dir.file("mine/notes.txt")) << "keep";
+  auto r = run_cli(base + " --overwrite --out " + dir.file("mine"));
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("holds what no export writes (notes.txt)"), std::string::npos) << r.err;
+  EXPECT_TRUE(fs::exists(dir.file("mine/notes.txt")));
+  // A trailing slash names the folder; an export replaces its own folder.
+  r = run_cli(base + " --out " + dir.file("new") + "/");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(dir.file("new/model.safetensors")));
+  r = run_cli(base + " --overwrite --out " + dir.file("new") + "/");
+  EXPECT_EQ(r.code, 0) << r.err;
+}
+
 // The folder carries what transformers and vLLM read beside the weights: transformers_version, the base model's
 // generation_config.json where it sits beside its config.json, and the tokenizer of the checkpoint's run when
 // --tokenizer is not given; a folder without a tokenizer only on purpose (--no-tokenizer).

@@ -99,6 +99,11 @@ TEST(RunsCli, OutputDirHoldsTheRunAndRunTomlRepeatsIt) {
   const auto again = jsonl(s.dir.file("runs/again/metrics.jsonl"));
   ASSERT_EQ(again.size(), 3u);
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(again[i]["loss"], metrics[i]["loss"]) << i;
+  // The new --output-dir wins over the first run's: nothing of the first folder was written again (run.toml saves
+  // no path derived from --output-dir).
+  EXPECT_EQ(jsonl(out + "/metrics.jsonl").size(), 3u);
+  EXPECT_TRUE(fs::exists(s.dir.file("runs/again/checkpoints/run.json")));
+  EXPECT_EQ(test::slurp(out + "/run.toml").find("checkpoint-dir"), std::string::npos);
   // A file where the folder should be.
   std::ofstream(s.dir.file("afile")) << "x";
   r = run_cli(s.base + " --steps 1 --output-dir " + s.dir.file("afile"));

@@ -226,6 +226,59 @@ void write_text(const fs::path& dir, const std::string& name, const std::string&
   report.files.push_back(name);
 }
 
+// --out as a folder path: "newhf/" is the folder newhf (a trailing slash left an empty name to build the
+// temporary and the aside names from).
+fs::path export_target(const std::string& out) {
+  fs::path target = fs::path(out).lexically_normal();
+  if (target.filename().empty()) target = target.parent_path();
+  return target;
+}
+
+// The names an export writes: what an existing --out may hold to be replaced by --overwrite.
+bool written_by_export(const fs::path& name) {
+  const std::string n = name.filename().string();
+  static const char* fixed[] = {"config.json", "generation_config.json", "hf_quant_config.json",
+                                "model.safetensors", "model.safetensors.index.json", "tokenizer.json",
+                                "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                                "vocab.json", "merges.txt", "chat_template.jinja"};
+  for (const char* f : fixed)
+    if (n == f) return true;
+  return n.rfind("model-", 0) == 0 && n.size() > 12 && n.substr(n.size() - 12) == ".safetensors";
+}
+
+// Before anything is read or written: --out must not be, hold or lie inside any input (the weights, the
+// checkpoint being exported, the config, the tokenizer), with or without --overwrite; an existing --out is
+// replaced only with --overwrite and only when it holds nothing but what an export writes.
+void check_export_target(const HfExportOptions& o, const std::vector<std::string>& inputs) {
+  const fs::path target = export_target(o.out);
+  std::error_code ec;
+  const fs::path t = fs::weakly_canonical(fs::absolute(target, ec), ec);
+  for (const std::string& input : inputs) {
+    if (input.empty()) continue;
+    const fs::path in = fs::weakly_canonical(fs::absolute(input, ec), ec);
+    const auto inside = [](const fs::path& a, const fs::path& b) {  // a is b or lies under it
+      auto [ai, bi] = std::mismatch(a.begin(), a.end(), b.begin(), b.end());
+      return bi == b.end();
+    };
+    if (inside(in, t) || inside(t, in))
+      throw UsageError("export: --out " + o.out + (inside(in, t) ? " holds " : " is inside ") + "the input " + input +
+                       ": an export never replaces what it reads; choose another --out");
+  }
+  if (!fs::exists(target, ec)) return;
+  if (!o.overwrite) throw UsageError("export: --out " + o.out + " exists; pass --overwrite to replace it");
+  if (!fs::is_directory(target, ec)) throw UsageError("export: --out " + o.out + " is a file; --format hf writes a folder");
+  std::vector<std::string> foreign;
+  for (const auto& entry : fs::directory_iterator(target, ec))
+    if (!entry.is_regular_file(ec) || !written_by_export(entry.path())) foreign.push_back(entry.path().filename().string());
+  if (!foreign.empty()) {
+    std::sort(foreign.begin(), foreign.end());
+    std::string listed;
+    for (size_t i = 0; i < foreign.size() && i < 5; ++i) listed += (i ? ", " : "") + foreign[i];
+    throw UsageError("export: --out " + o.out + " holds what no export writes (" + listed +
+                     (foreign.size() > 5 ? ", ..." : "") + "): --overwrite replaces only an earlier export's folder");
+  }
+}
+
 }  // namespace
 
 HfExportReport export_hf(const HfExportOptions& o) {
@@ -255,6 +308,8 @@ HfExportReport export_hf(const HfExportOptions& o) {
                      "chat template and the other files beside it are copied too), or --no-tokenizer for the weights "
                      "alone");
   if (!tokenizer.empty() && o.no_tokenizer) throw UsageError("export: --tokenizer and --no-tokenizer contradict");
+  check_export_target(o, {o.weights, o.checkpoint.empty() ? std::string() : resolve_checkpoint(o.checkpoint), o.checkpoint,
+                          config_path, o.config, tokenizer});
   const DatReader input(o.weights);
   if (info) check_trained_from(*info, input, o.checkpoint, o.weights);
   nlohmann::json config_json;
@@ -319,12 +374,8 @@ HfExportReport export_hf(const HfExportOptions& o) {
   report.shards = shards.size();
 
   // The folder: built beside --out under a temporary name, renamed into place when complete.
-  const fs::path target(o.out);
+  const fs::path target = export_target(o.out);
   std::error_code ec;
-  if (fs::exists(target, ec) && !o.overwrite)
-    throw UsageError("export: --out " + o.out + " exists; pass --overwrite to replace it");
-  if (fs::exists(target, ec) && !fs::is_directory(target, ec))
-    throw UsageError("export: --out " + o.out + " is a file; --format hf writes a folder");
   const fs::path parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
   fs::create_directories(parent, ec);
   const fs::path temp = parent / ("." + target.filename().string() + ".partial-" + std::to_string(::getpid()));

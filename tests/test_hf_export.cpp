@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
+#include <unistd.h>
 #include <fstream>
 #include <map>
 #include <set>
@@ -135,7 +136,8 @@ TEST(HfExportCli, TrainedModelOutToHfAndNvfp4HfReadByAnIndependentReader) {
 
 // An export never deletes what it reads or what it did not write: --out that is, holds or lies inside an input
 // (the weights' folder, the checkpoint, a parent of it) is refused with or without --overwrite, and --overwrite
-// replaces only a folder of export files; "--out new/" (a trailing slash) is the folder new.
+// replaces only a folder of export files; "--out new/" (a trailing slash) is the folder new; the folders a killed
+// export left beside its target go with the next export to it.
 TEST(HfExportCli, OverwriteNeverRemovesInputsOrForeignFiles) {
   test::TempDir dir;
   const HfTrained t = trained_model(dir, /*tied=*/false);
@@ -161,6 +163,20 @@ TEST(HfExportCli, OverwriteNeverRemovesInputsOrForeignFiles) {
   EXPECT_TRUE(fs::exists(dir.file("new/model.safetensors")));
   r = run_cli(base + " --overwrite --out " + dir.file("new") + "/");
   EXPECT_EQ(r.code, 0) << r.err;
+  // What a killed export left beside its target goes with the next export to it, named; a live process's stays.
+  const std::string dead_partial = dir.file(".fresh.partial-2147483000"), dead_old = dir.file(".fresh.old-2147483001");
+  const std::string live = dir.file(".fresh.partial-" + std::to_string(::getpid()));
+  for (const std::string& d : {dead_partial, dead_old, live}) {
+    fs::create_directories(d);
+    std::ofstream(d + "/model.safetensors") << "half";
+  }
+  r = run_cli(base + " --out " + dir.file("fresh"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_FALSE(fs::exists(dead_partial));
+  EXPECT_FALSE(fs::exists(dead_old));
+  EXPECT_TRUE(fs::exists(live));
+  EXPECT_NE(r.err.find("export: removed " + dead_partial + ", left by an export to this target that was killed"),
+            std::string::npos) << r.err;
 }
 
 // The folder carries what transformers and vLLM read beside the weights: transformers_version, the base model's

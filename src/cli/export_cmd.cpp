@@ -81,6 +81,8 @@ Command add_export_command(CLI::App& app) {
               h.max_shard_bytes = parse_size(o->max_shard_size);
               if (!o->scale_mode.empty()) h.scale_mode = nvfp4::scale_mode_from_name(o->scale_mode);
               const HfExportReport r = export_hf(h);
+              for (const std::string& stale : r.removed_stale)
+                fmt::print(stderr, "export: removed {}, left by an export to this target that was killed\n", stale);
               fmt::print("exported {} ({} tensors, {} from the checkpoint, {:.1f} MB in {} shard{}) to {}: {} in {:.1f} s\n",
                          o->opt.checkpoint.empty() ? o->opt.weights : o->opt.checkpoint, r.tensors, r.trained,
                          static_cast<double>(r.bytes) / 1e6, r.shards, r.shards == 1 ? "" : "s", o->opt.out,

@@ -5,6 +5,9 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
+#include <cerrno>
+#include <csignal>
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -378,6 +381,26 @@ HfExportReport export_hf(const HfExportOptions& o) {
   std::error_code ec;
   const fs::path parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
   fs::create_directories(parent, ec);
+  // What an export to this target killed before its end left beside it (".NAME.partial-PID", ".NAME.old-PID" of a
+  // process that no longer runs) goes now, and the report names it; a live process's are its own.
+  const std::string stem = "." + target.filename().string() + ".";
+  for (const auto& entry : fs::directory_iterator(parent, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(stem, 0) != 0) continue;
+    const std::string rest = name.substr(stem.size());
+    for (const char* kind : {"partial-", "old-"}) {
+      if (rest.rfind(kind, 0) != 0) continue;
+      const std::string digits = rest.substr(std::string(kind).size());
+      if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 10) continue;
+      const long long number = std::stoll(digits);
+      if (number <= 0 || number > 2147483647) continue;  // no pid
+      const auto pid = static_cast<pid_t>(number);
+      if (pid == ::getpid() || !(::kill(pid, 0) != 0 && errno == ESRCH)) continue;
+      std::error_code removed;
+      fs::remove_all(entry.path(), removed);
+      if (!removed) report.removed_stale.push_back(entry.path().string());
+    }
+  }
   const fs::path temp = parent / ("." + target.filename().string() + ".partial-" + std::to_string(::getpid()));
   fs::remove_all(temp, ec);
   if (!fs::create_directory(temp, ec)) throw Error(temp.string() + ": cannot create (" + ec.message() + ")");

@@ -38,6 +38,7 @@ struct HfExportReport {
   std::vector<std::string> files;  // written, relative to `out`
   uint64_t tensors = 0, bytes = 0, shards = 0;
   uint64_t trained = 0;  // tensors taken from the checkpoint
+  std::vector<std::string> removed_stale;  // folders an earlier export to this target left when it was killed
 };
 
 HfExportReport export_hf(const HfExportOptions& options);

@@ -67,6 +67,10 @@ TEST_F(ModelCli, GenerateChecksItsFlags) {
   EXPECT_NE(r.err.find("outside the vocabulary"), std::string::npos) << r.err;
   r = run_cli("generate " + model_flags() + " --prompt-ids 1 --print-ids --top-p 0");
   EXPECT_EQ(r.code, 2);
+  // The range as it is: 0 excluded, 1 included (CLI11's range text quoted 0 as allowed).
+  EXPECT_NE(r.err.find("--top-p: a probability in (0, 1]"), std::string::npos) << r.err;
+  r = run_cli("generate " + model_flags() + " --prompt-ids 1 --print-ids --top-p 1.5");
+  EXPECT_EQ(r.code, 2);
 }
 
 // Generation is bounded by the model's positions, not by --max-new-tokens (1e9 allocated a cache of 1e9

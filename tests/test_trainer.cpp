@@ -369,6 +369,7 @@ TEST(TrainCli, ContradictoryOrIgnoredFlagsAreRefused) {
       {" --steps 2 --seq-len 100000", "beyond the model's max_position_embeddings"},
       {" --steps 2 --grad-accum-steps 2 --fused-optimizer", "--grad-accum-steps needs the plain update"},
       {" --steps 2 --grad-accum-steps 0", "--grad-accum-steps"},
+      {" --steps 0", "give a positive --steps or --epochs"},
   };
   for (const auto& [flags, message] : refused) {
     const auto r = test::run_cli(base + flags);

@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <regex>
 
 #include "qwen3/tokenizer/chat_format.h"
@@ -140,7 +141,13 @@ Command add_generate_command(CLI::App& app) {
       ->check(non_negative_number())->capture_default_str();
   sub->add_option("--top-p", f->gen.sampling.top_p, "nucleus: smallest set with this much probability")
       ->check(finite_number())
-      ->check(CLI::Range(1e-9, 1.0))->capture_default_str();
+      ->check(CLI::Validator(
+          [](std::string& text) {
+            const double v = std::strtod(text.c_str(), nullptr);
+            return v > 0 && v <= 1 ? std::string() : "a probability in (0, 1]: more than 0, at most 1; got " + text;
+          },
+          "(0, 1]"))
+      ->capture_default_str();
   sub->add_option("--seed", f->gen.sampling.seed, "sampling seed")->check(non_negative_integer())->capture_default_str();
   sub->add_option("--prefill-chunk", f->gen.prefill_chunk, "prompt tokens per forward pass")
       ->check(positive_number())->capture_default_str();

@@ -275,7 +275,8 @@ void resolve(TrainFlags& f) {
   for (auto [name, value] : {std::pair{"--weights", &o.weights}, {"--config", &o.config}, {"--tokenizer", &o.tokenizer},
                              {"--train-data", &o.data.path}})
     if (value->empty()) throw UsageError(std::string("train: ") + name + " is required");
-  if (o.steps <= 0 && o.epochs <= 0) throw UsageError("train: give --steps or --epochs");
+  if (o.steps <= 0 && o.epochs <= 0)
+    throw UsageError("train: give a positive --steps or --epochs (0, their default, means neither was given)");
   if (o.resume_if_present) o.resume = true;
   apply_output_dir(o);
   claim_run_folders(f);

@@ -34,6 +34,7 @@
 #include "step_update.h"
 #include "memory_report.h"
 #include "step_profiler.h"
+#include "step_record.h"
 #include "tensorboard_writer.h"
 #include "train_setup.h"
 #include "trainer_checkpoint.h"
@@ -106,72 +107,6 @@ void export_trained(const TrainOptions& o, const TrainableSet& set, const Qwen3M
                rep.copied);
 }
 
-// What one step did, as the progress line and the metrics record it.
-struct StepRecord {
-  int64_t step = 0, steps = 0;  // 1-based step, of the run's total
-  StepOutcome outcome;
-  double lr = 0, ms = 0;
-  int64_t tokens = 0;
-  std::optional<double> eval_loss;
-  double epoch = 0;            // epochs done after this step (fractional, as HF's Trainer logs it)
-  std::optional<double> comm_wait_ms;  // data parallel: time this rank waited in all-reduces during the step
-  double tflops = 0;           // model TFLOP/s achieved (model_flops_per_token: no recompute counted)
-  std::optional<double> mfu;   // model FLOPs utilization; none on CPU, where there is no meaningful peak
-  std::optional<double> peak_mem_mib;  // CUDA: the step's peak of allocated tensor memory
-  double rss_mib = 0;                  // the process's resident memory at the step's end
-};
-
-// Now as ISO 8601 UTC with milliseconds: "2026-11-24T08:15:03.123Z".
-std::string utc_timestamp() {
-  const auto now = std::chrono::system_clock::now();
-  const std::time_t t = std::chrono::system_clock::to_time_t(now);
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char text[32];
-  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%S", &tm);
-  return fmt::format("{}.{:03d}Z", text, static_cast<int>(ms));
-}
-
-void log_progress(const StepRecord& r, double eta_seconds) {
-  spdlog::info("step {}/{} | loss {:.4f} | norm {:.2f} | lr {:.1e} | {:.0f} ms | {} tok/s | {} | eta {}{}", r.step,
-               r.steps, r.outcome.loss, r.outcome.norm, r.lr, r.ms, format_count(r.tokens / (r.ms / 1000.0)),
-               r.mfu ? fmt::format("MFU {:.1f}% ({:.1f} TFLOP/s)", 100 * *r.mfu, r.tflops)
-                     : fmt::format("{:.2f} TFLOP/s", r.tflops),
-               format_duration(eta_seconds), r.eval_loss ? fmt::format(" | eval {:.4f}", *r.eval_loss) : "");
-}
-
-void write_metrics(const StepRecord& r, std::ofstream& metrics, const std::string& path) {
-  nlohmann::json m = {{"step", r.step},     {"loss", r.outcome.loss}, {"grad_norm", r.outcome.norm},
-                      {"lr", r.lr},         {"step_ms", r.ms},        {"tokens", r.tokens},
-                      {"tok_per_s", r.tokens / (r.ms / 1000.0)},      {"skipped", r.outcome.bad},
-                      {"epoch", r.epoch},   {"time", utc_timestamp()}};
-  m["tflops"] = r.tflops;
-  m["mfu"] = r.mfu ? nlohmann::json(*r.mfu) : nlohmann::json(nullptr);
-  if (r.comm_wait_ms) m["comm_wait_ms"] = *r.comm_wait_ms;
-  if (r.eval_loss) m["eval_loss"] = *r.eval_loss;
-  if (r.peak_mem_mib) m["peak_mem_mib"] = *r.peak_mem_mib;
-  m["rss_mib"] = r.rss_mib;
-  metrics << m.dump() << "\n" << std::flush;
-  if (!metrics) throw Error(path + ": write failed (metrics; the device may be full)");
-}
-
-// The metrics' scalars under the names Hugging Face's Trainer gives them in TensorBoard.
-void write_tensorboard(const StepRecord& r, TensorBoardWriter& tb) {
-  std::vector<std::pair<std::string, double>> s = {{"train/loss", r.outcome.loss},
-                                                   {"train/grad_norm", r.outcome.norm},
-                                                   {"train/learning_rate", r.lr},
-                                                   {"train/tokens_per_second", r.tokens / (r.ms / 1000.0)},
-                                                   {"train/tflops", r.tflops},
-                                                   {"train/rss_mib", r.rss_mib},
-                                                   {"train/epoch", r.epoch}};
-  if (r.mfu) s.emplace_back("train/mfu", *r.mfu);
-  if (r.peak_mem_mib) s.emplace_back("train/peak_mem_mib", *r.peak_mem_mib);
-  if (r.eval_loss) s.emplace_back("eval/loss", *r.eval_loss);
-  const double now =
-      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  tb.add_scalars(r.step, now, s);
-}
 
 }  // namespace
 

@@ -81,12 +81,16 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_dx_kernel(const void* dy, co
     const int64_t base = row * cols;
     const float r = rstd[row];
     float dot = 0.0f;
+    // x, dy and w of 8 columns of the row (the vector path reads them in both passes).
+    const auto load_piece = [&](int64_t c, float(&xv)[kVec], float(&dyv)[kVec], float(&wv)[kVec]) {
+      vec::load<kBf16, kVec>(x, base + c, xv);
+      vec::load<kBf16, kVec>(dy, base + c, dyv);
+      vec::load<kBf16Weight, kVec>(w, c, wv);
+    };
     if (vectorized) {
       for (int64_t c = lane * kVec; c < cols; c += 32 * kVec) {
         float xv[kVec], dyv[kVec], wv[kVec];
-        vec::load<kBf16, kVec>(x, base + c, xv);
-        vec::load<kBf16, kVec>(dy, base + c, dyv);
-        vec::load<kBf16Weight, kVec>(w, c, wv);
+        load_piece(c, xv, dyv, wv);
         for (int k = 0; k < kVec; ++k) dot = fmaf(f::rmsnorm_grad_n<kBf16>(dyv[k], wv[k]), f::mul_rn(xv[k], r), dot);
       }
     } else {
@@ -99,9 +103,7 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_dx_kernel(const void* dy, co
     if (vectorized) {
       for (int64_t c = lane * kVec; c < cols; c += 32 * kVec) {
         float xv[kVec], dyv[kVec], wv[kVec];
-        vec::load<kBf16, kVec>(x, base + c, xv);
-        vec::load<kBf16, kVec>(dy, base + c, dyv);
-        vec::load<kBf16Weight, kVec>(w, c, wv);
+        load_piece(c, xv, dyv, wv);
         for (int k = 0; k < kVec; ++k)
           xv[k] = f::rmsnorm_dx(f::rmsnorm_grad_n<kBf16>(dyv[k], wv[k]), f::mul_rn(xv[k], r), mean, r);
         vec::store<kBf16, kVec>(dx, base + c, xv);

@@ -16,8 +16,6 @@
 namespace qwen3::train_detail {
 
 // Now as ISO 8601 UTC with milliseconds: "2026-11-24T08:15:03.123Z".
-namespace {
-
 std::string utc_timestamp() {
   const auto now = std::chrono::system_clock::now();
   const std::time_t t = std::chrono::system_clock::to_time_t(now);
@@ -28,8 +26,6 @@ std::string utc_timestamp() {
   std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%S", &tm);
   return fmt::format("{}.{:03d}Z", text, static_cast<int>(ms));
 }
-
-}  // namespace
 
 void log_progress(const StepRecord& r, double eta_seconds) {
   spdlog::info("step {}/{} | loss {:.4f} | norm {:.2f} | lr {:.1e} | {:.0f} ms | {} tok/s | {} | eta {}{}", r.step,

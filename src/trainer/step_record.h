@@ -26,6 +26,9 @@ struct StepRecord {
   double tokens_per_second() const { return static_cast<double>(tokens) / (ms / 1000.0); }
 };
 
+// Now as ISO 8601 UTC with milliseconds: "2026-11-24T08:15:03.123Z".
+std::string utc_timestamp();
+
 void log_progress(const StepRecord& r, double eta_seconds);
 // One line of --metrics-jsonl; Error naming `path` when the write fails.
 void write_metrics(const StepRecord& r, std::ofstream& metrics, const std::string& path);

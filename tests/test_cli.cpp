@@ -1,7 +1,9 @@
 // The command line as users meet it: help, version, exit codes and one-line errors, and `inspect`.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <sys/stat.h>
 
+#include <filesystem>
 #include <fstream>
 #include <utility>
 
@@ -153,6 +155,44 @@ TEST(Cli, MessagesNameTheirCauseBriefly) {
   r = run_cli("generate --weights w.dat --config " + dir.file("none.json") + " --prompt-ids 1 --print-ids");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("none.json: cannot open (No such file or directory)"), std::string::npos) << r.err;
+}
+
+// A FIFO or a device given as an input is refused at once, named as what it is: opening a FIFO without a writer
+// blocked (train and convert hung there), and /dev/zero never ends. `timeout` turns a hang into exit 124.
+TEST(Cli, FifosAndDevicesAreRefusedNotWaitedOn) {
+  test::TempDir dir;
+  const std::string fifo = dir.file("fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  ASSERT_EQ(run_cli("synth --preset tiny --out-dir " + dir.file("m")).code, 0);
+  const auto run = [](const std::string& args) { return test::run_shell("timeout 60 " + test::binary_command() + " " + args); };
+  auto r = run("inspect " + fifo);
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find(fifo + ": is a FIFO (a pipe), not a regular file"), std::string::npos) << r.err;
+  r = run("tokenize --tokenizer " + fifo + " --text hi");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("tokenizer " + fifo + ": is a FIFO (a pipe), not a regular file"), std::string::npos) << r.err;
+  const std::string train = "train --model-dir " + dir.file("m") + " --tokenizer " + test::tiny_tokenizer_path() +
+                            " --steps 1 --train-data ";
+  for (const std::string& data : {fifo, std::string("/dev/zero")}) {
+    r = run(train + data);
+    EXPECT_EQ(r.code, 1) << data << ": " << r.err;
+    EXPECT_NE(r.err.find(data + ": is a " + (data == fifo ? "FIFO (a pipe)" : "character device") +
+                         ", not a regular file"),
+              std::string::npos)
+        << r.err;
+  }
+  std::ofstream(dir.file("pairs.tsv")) << "hi\tworld\n";
+  r = run("train --weights " + fifo + " --config " + dir.file("m/config.json") + " --tokenizer " +
+          test::tiny_tokenizer_path() + " --steps 1 --train-data " + dir.file("pairs.tsv"));
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("is a FIFO (a pipe)"), std::string::npos) << r.err;
+  // A Hugging Face folder whose shard is a FIFO.
+  std::filesystem::create_directories(dir.file("hf"));
+  std::filesystem::copy_file(dir.file("m/config.json"), dir.file("hf/config.json"));
+  ASSERT_EQ(::mkfifo(dir.file("hf/model.safetensors").c_str(), 0600), 0);
+  r = run("convert --hf-dir " + dir.file("hf") + " --out " + dir.file("c.dat"));
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("model.safetensors: is a FIFO (a pipe), not a regular file"), std::string::npos) << r.err;
 }
 
 // Results that cannot be written (a full device) are an error, exit 1, not a silent success.

@@ -81,7 +81,7 @@ TEST_F(ModelCli, GenerateStopsAtTheModelsPositions) {
   const std::string short_config = dir_->file("short_config.json");
   std::ofstream(short_config) << config.dump();
   const std::string base = "generate --weights " + dir_->file("m/model.dat") + " --config " + short_config;
-  auto r = run_cli(base + " --prompt-ids '1 2 3 4' --print-ids --ignore-eos --max-new-tokens 1000000000");
+  auto r = run_cli(base + " --prompt-ids '1 2 3 4' --print-ids --ignore-eos --max-new-tokens 1048576");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(ids_of_line(r.out).size(), 8u) << r.out;
   EXPECT_NE(r.err.find("at most 8 new tokens"), std::string::npos) << r.err;

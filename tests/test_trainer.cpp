@@ -196,9 +196,9 @@ TEST(Trainer, ResumeEqualsAnUninterruptedRunBitForBit) {
     {
       // Stopped after step 3 exactly, as a SIGTERM arriving then would (the flag is polled after each step), then
       // resumed to 6.
-      std::atomic<int> sig{0};
-      const TrainSummary s = run_training(o, &sig, [&sig](int64_t step) {
-        if (step == 3) sig.store(SIGTERM);
+      StopRequest stop;
+      const TrainSummary s = run_training(o, &stop, [&stop](int64_t step) {
+        if (step == 3) stop.signal.store(SIGTERM);
       });
       ASSERT_EQ(s.stop_signal, SIGTERM);
       ASSERT_EQ(s.final_step, 3);
@@ -349,6 +349,91 @@ TEST(TrainCli, FlagsAliasesAndSignals) {
 }
 
 
+// A stop inside a step (one process, between micro-batches) applies nothing of it: the checkpoint is the step
+// before, and resuming from it trains exactly as the run that was never stopped.
+TEST(Trainer, AStopInsideAStepAppliesNothingOfIt) {
+  test::TempDir dir;
+  const SynthResult m = make_model(dir);
+  TrainOptions o = pair_options(dir, m);
+  o.data.batch_size = 1;
+  o.grad_accum_steps = 4;
+  o.steps = 3;
+  o.metrics_jsonl = dir.file("straight.jsonl");
+  run_training(o);
+
+  o.metrics_jsonl = dir.file("stopped.jsonl");
+  o.checkpoint_dir = dir.file("ckpt");
+  StopRequest stop;  // asked before the run: step 1 stops before its second micro-batch
+  stop.signal.store(SIGTERM);
+  const TrainSummary inside = run_training(o, &stop);
+  EXPECT_EQ(inside.stop_signal, SIGTERM);
+  EXPECT_EQ(inside.steps_done, 0) << "step 1 stopped before its update";
+  EXPECT_EQ(inside.final_step, 0);
+  ASSERT_TRUE(latest_checkpoint(o.checkpoint_dir).has_value());
+  EXPECT_EQ(load_checkpoint(*latest_checkpoint(o.checkpoint_dir)).step, 0);
+  EXPECT_TRUE(losses_of(o.metrics_jsonl).empty()) << "no record of the stopped step";
+  o.resume = true;
+  run_training(o);  // resumed to 3
+  const auto straight = losses_of(dir.file("straight.jsonl")), resumed = losses_of(o.metrics_jsonl);
+  ASSERT_EQ(straight.size(), 3u);
+  ASSERT_EQ(resumed.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(straight[i], resumed[i]) << "step " << i + 1;
+}
+
+// SIGTERM/SIGINT are obeyed within a second wherever the run is: while set-up waits (here for a second rank that
+// never comes), and inside one long step (an accumulation of many micro-batches). Exit 143/130 both.
+TEST(TrainCli, SignalsAreObeyedDuringSetUpAndInsideAStep) {
+  test::TempDir dir;
+  const SynthResult m = make_model(dir);
+  std::string lines;
+  for (int i = 0; i < 400; ++i) lines += "question " + std::to_string(i) + "\tanswer " + std::to_string(i) + "\n";
+  std::ofstream(dir.file("many.tsv")) << lines;
+  const std::string base = test::binary_command() + " train --weights " + m.dat_path + " --config " + m.config_path +
+                           " --tokenizer " + test::tiny_tokenizer_path() + " --train-data " + dir.file("many.tsv") +
+                           " --seq-len 16 --steps 1";
+  // Starts `command` (stderr to `err`), waits until `ready` says so, sends `sig`, and returns the exit code and
+  // the seconds from the signal to the exit.
+  const auto signal_run = [&](const std::string& command, const std::string& err, const std::function<bool()>& ready,
+                              int sig) -> std::pair<int, double> {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::execl("/bin/sh", "sh", "-c", ("exec " + command + " 2>" + err).c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    for (int i = 0; i < 600 && !ready(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ::kill(pid, sig);
+    const auto sent = std::chrono::steady_clock::now();
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - sent).count();
+    return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), seconds};
+  };
+  const auto log_has = [](const std::string& path, const std::string& text) {
+    return test::slurp(path).find(text) != std::string::npos;
+  };
+
+  // Set-up: rank 0 of two waits for rank 1 (up to --dist-timeout 120); the signal ends the wait.
+  const std::string wait_err = dir.file("wait.err");
+  const auto [wait_code, wait_s] = signal_run(
+      "env RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 " + base + " --dist-timeout 120 --dist-init file://" + dir.file("store"),
+      wait_err, [&] { return std::filesystem::exists(dir.file("store")); }, SIGTERM);
+  EXPECT_EQ(wait_code, 143) << test::slurp(wait_err);
+  EXPECT_LT(wait_s, 10.0) << "obeyed at once, not after the rendezvous timeout";
+  EXPECT_TRUE(log_has(wait_err, "stopped by a signal outside the steps")) << test::slurp(wait_err);
+
+  // Inside a step: 400 micro-batches (a minute here); stopped before the next one, nothing of the step applied.
+  const std::string step_err = dir.file("step.err");
+  const auto [step_code, step_s] = signal_run(
+      base + " --batch-size 1 --grad-accum-steps 400 --checkpoint-dir " + dir.file("ckpt"), step_err,
+      [&] { return log_has(step_err, "setup took"); }, SIGINT);
+  EXPECT_EQ(step_code, 130) << test::slurp(step_err);
+  EXPECT_LT(step_s, 10.0) << test::slurp(step_err);
+  EXPECT_TRUE(log_has(step_err, "of its 400 micro-batches, before its update")) << test::slurp(step_err);
+  const auto latest = latest_checkpoint(dir.file("ckpt"));
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(load_checkpoint(*latest).step, 0);
+}
+
 // Flags that contradict each other, or would be silently ignored, are usage errors (exit 2) naming them, before
 // anything loads where the flags alone decide it; --eval-data alone is scored once, after the last step.
 TEST(TrainCli, ContradictoryOrIgnoredFlagsAreRefused) {
@@ -370,12 +455,19 @@ TEST(TrainCli, ContradictoryOrIgnoredFlagsAreRefused) {
       {" --steps 2 --grad-accum-steps 2 --fused-optimizer", "--grad-accum-steps needs the plain update"},
       {" --steps 2 --grad-accum-steps 0", "--grad-accum-steps"},
       {" --steps 0", "give a positive --steps or --epochs"},
+      {" --steps 2 --batch-size 65536 --seq-len 65536", "4294967296 tokens a micro-batch, above 2147483648"},
   };
   for (const auto& [flags, message] : refused) {
     const auto r = test::run_cli(base + flags);
     EXPECT_EQ(r.code, 2) << flags << ": " << r.err;
     EXPECT_NE(r.err.find(message), std::string::npos) << flags << ": " << r.err;
   }
+  // A missing flag is said before --synthetic writes its weights (it made them, then asked for --train-data).
+  const auto synthetic = test::run_cli("train --synthetic --steps 1 --tokenizer " + test::tiny_tokenizer_path() +
+                                       " --checkpoint-dir " + dir.file("synthetic-ck"));
+  EXPECT_EQ(synthetic.code, 2) << synthetic.err;
+  EXPECT_NE(synthetic.err.find("--train-data is required"), std::string::npos) << synthetic.err;
+  EXPECT_FALSE(std::filesystem::exists(dir.file("synthetic-ck"))) << synthetic.err;
   // A config with fewer layers than the file would train (and export) part of the model: refused.
   nlohmann::json config = nlohmann::json::parse(std::ifstream(m.config_path));
   config["num_hidden_layers"] = 1;
@@ -768,7 +860,8 @@ TEST(Trainer, AStepOnDiskIsNotSavedAgain) {
   o.checkpoint_dir = dir.file("ckpt");
   o.steps = 3;
   o.save_every_steps = 1;
-  const std::atomic<int> interrupted{SIGINT};
+  StopRequest interrupted;
+  interrupted.signal.store(SIGINT);
   TrainSummary s = run_training(o, &interrupted);  // step 1, its periodic save, then the signal
   EXPECT_EQ(s.final_step, 1);
   EXPECT_EQ(s.checkpoints_saved, 1);

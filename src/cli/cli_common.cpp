@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -129,14 +130,42 @@ CLI::Validator at_most(double bound, const std::string& why) {
   });
 }
 
-CLI::Validator non_negative_integer() {
+namespace {
+
+// The integer a flag's text spells, or why it spells none (std::from_chars: no locale, no whitespace, overflow
+// reported instead of saturated).
+template <typename Int>
+std::string parse_integer(const std::string& text, Int& out) {
+  const char* begin = text.data() + (text.size() > 1 && text[0] == '+' ? 1 : 0);
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(begin, end, out);
+  if (ec == std::errc::result_out_of_range) return "out of range";
+  if (text.empty() || ec != std::errc() || ptr != end) return "not an integer";
+  return {};
+}
+
+}  // namespace
+
+CLI::Validator integer_in(int64_t lo, int64_t hi, const std::string& why) {
+  const std::string range = fmt::format("an integer from {} to {}{}", lo, hi, why.empty() ? "" : " (" + why + ")");
   return CLI::Validator(
-      [](std::string& value) -> std::string {
-        if (value.empty() || value.find_first_not_of("0123456789") != std::string::npos)
-          return "must be a non-negative integer, got '" + value + "'";
+      [lo, hi, range](std::string& value) -> std::string {
+        int64_t x = 0;
+        if (!parse_integer(value, x).empty() || x < lo || x > hi) return "must be " + range + ", got '" + value + "'";
         return {};
       },
-      "UINT");
+      fmt::format("[{}, {}]", lo, hi));
+}
+
+CLI::Validator seed_integer() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        uint64_t x = 0;
+        if (value.empty() || value[0] == '-' || !parse_integer(value, x).empty())
+          return "must be an integer from 0 to 18446744073709551615 (2^64 - 1), got '" + value + "'";
+        return {};
+      },
+      "[0, 2^64-1]");
 }
 
 void setup_logging(const std::string& level) {

@@ -21,8 +21,30 @@ struct Command {
 // `--name`, `--name true|false|1|0|yes|no`, `--name=false` all work.
 CLI::Option* add_bool_flag(CLI::App* app, const std::string& names, bool& target, const std::string& help);
 
-// For unsigned flags: CLI11 would otherwise wrap "-1" around to 2^64 - 1.
-CLI::Validator non_negative_integer();
+// Every integer flag: the text must spell an integer in [lo, hi] (digits with an optional sign: no fraction,
+// exponent or empty text). CLI11's own conversion saturates "99999999999999999999" and reads '' as 0, and would
+// wrap "-1" around to 2^64 - 1 for an unsigned flag; the bounds are the ones docs/trainer.md's flag table gives.
+CLI::Validator integer_in(int64_t lo, int64_t hi, const std::string& why = "");
+// Seeds: any integer in [0, 2^64 - 1].
+CLI::Validator seed_integer();
+
+// The bounds of the integer flags, shared by every command that has the flag (docs/trainer.md, "Flag ranges").
+// Far beyond any real run, and small enough that what the trainer forms of them (tokens a step, samples of a run)
+// fits 64 bits.
+namespace flag_limit {
+constexpr int64_t steps = 1'000'000'000;   // --steps, --warmup-steps, step intervals, step numbers
+constexpr int64_t epochs = 1'000'000;
+constexpr int64_t seq_len = 1 << 20;        // positions of a row (a model's max_position_embeddings bounds it further)
+constexpr int64_t batch_rows = 1 << 16;     // --batch-size
+constexpr int64_t accumulation = 1 << 16;   // --grad-accum-steps
+constexpr int64_t tokens = 1 << 20;         // tokens to generate, prompt tokens a forward pass
+constexpr int64_t layers = 10'000;          // --train-last-layers (either sign)
+constexpr int64_t rows = int64_t{1} << 31;  // --optimizer-step-chunk-rows
+constexpr int64_t ranks = 1 << 16;          // --world-size
+constexpr int64_t week_s = 7 * 24 * 3600;   // --dist-timeout
+constexpr int64_t top_k = 1 << 24;          // above any vocabulary
+constexpr int64_t micro_batch_tokens = int64_t{1} << 31;  // --batch-size x --seq-len
+}  // namespace flag_limit
 
 // For every floating-point flag: NaN and infinity are refused (CLI11's range checks let NaN through, and a NaN
 // learning rate or clip poisons every weight in one step).

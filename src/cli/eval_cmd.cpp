@@ -170,9 +170,9 @@ Command add_eval_command(CLI::App& app) {
   add_chat_template_flags(sub, f->chat);
   sub->add_option("--seq-len", f->data_options.seq_len,
                   "positions per window; longer samples are scored in windows (as train's eval_loss)")
-      ->check(positive_number())->capture_default_str();
+      ->check(integer_in(1, flag_limit::seq_len))->capture_default_str();
   sub->add_option("--batch-size", f->data_options.batch_size, "samples per forward (the figures do not depend on it)")
-      ->check(positive_number())->capture_default_str();
+      ->check(integer_in(1, flag_limit::batch_rows))->capture_default_str();
   sub->add_option("--comment-prefix", f->data_options.comment_prefix, "lines starting with it are comments ('': none)")
       ->capture_default_str();
   add_bool_flag(sub, "--strict-data", f->data_options.strict, "a bad data line is fatal instead of skipped");

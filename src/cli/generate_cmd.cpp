@@ -133,12 +133,12 @@ Command add_generate_command(CLI::App& app) {
   sub->add_option("--system", f->system, "system prompt for the chat format");
   add_chat_template_flags(sub, f->chat);
   sub->add_option("--max-new-tokens", f->gen.max_new_tokens, "most tokens to generate")
-      ->check(positive_number())->capture_default_str();
+      ->check(integer_in(1, flag_limit::tokens))->capture_default_str();
   sub->add_option("--temperature", f->gen.sampling.temperature, "0 = greedy")
       ->check(finite_number())
       ->check(CLI::Range(0.0, 100.0))->capture_default_str();
   sub->add_option("--top-k", f->gen.sampling.top_k, "keep the k most likely tokens (0 = all)")
-      ->check(non_negative_number())->capture_default_str();
+      ->check(integer_in(0, flag_limit::top_k))->capture_default_str();
   sub->add_option("--top-p", f->gen.sampling.top_p, "nucleus: smallest set with this much probability")
       ->check(finite_number())
       ->check(CLI::Validator(
@@ -148,9 +148,9 @@ Command add_generate_command(CLI::App& app) {
           },
           "(0, 1]"))
       ->capture_default_str();
-  sub->add_option("--seed", f->gen.sampling.seed, "sampling seed")->check(non_negative_integer())->capture_default_str();
+  sub->add_option("--seed", f->gen.sampling.seed, "sampling seed")->check(seed_integer())->capture_default_str();
   sub->add_option("--prefill-chunk", f->gen.prefill_chunk, "prompt tokens per forward pass")
-      ->check(positive_number())->capture_default_str();
+      ->check(integer_in(1, flag_limit::tokens))->capture_default_str();
   add_bool_flag(sub, "--no-chat", f->no_chat, "encode --prompt as it is, without the chat format");
   add_bool_flag(sub, "--ignore-eos", f->ignore_eos, "do not stop at EOS / <|im_end|>");
   add_bool_flag(sub, "--print-ids", f->print_ids, "also print the generated ids as one line");

@@ -37,7 +37,7 @@ Command add_synth_command(CLI::App& app) {
   auto* config = sub->add_option("--config", o->config, "a config.json giving the shape instead of a preset");
   preset->excludes(config);
   sub->add_option("--out-dir", o->out_dir, "folder for config.json and model.dat")->required();
-  sub->add_option("--seed", o->seed, "random seed")->check(non_negative_integer())->capture_default_str();
+  sub->add_option("--seed", o->seed, "random seed")->check(seed_integer())->capture_default_str();
   add_bool_flag(sub, "--dense", o->dense, "float16 everywhere instead of NVFP4 pairs");
   add_scale_mode(sub, o->scale_mode);
   return {sub, [o]() {

@@ -127,9 +127,10 @@ Command add_smoke_command(CLI::App& app) {
   sub->add_option("--tokenizer", f->tokenizer, "tokenizer.json (default: the fetched Qwen3 one, else a built-in tiny one)");
   sub->add_option("--device", f->device, "cpu or cuda")->capture_default_str();
   sub->add_option("--steps", f->steps, "training steps (default: 40, or 60 with the built-in tiny tokenizer)")
-      ->check(positive_number());
-  sub->add_option("--lr", f->lr, "peak learning rate (4 warm-up steps, then cosine decay to 0)")->check(positive_number())->capture_default_str();
-  sub->add_option("--seed", f->seed, "synth and data seed")->check(non_negative_integer())->capture_default_str();
+      ->check(integer_in(1, flag_limit::steps));
+  sub->add_option("--lr", f->lr, "peak learning rate (4 warm-up steps, then cosine decay to 0)")
+      ->check(finite_number())->check(positive_number())->capture_default_str();
+  sub->add_option("--seed", f->seed, "synth and data seed")->check(seed_integer())->capture_default_str();
   return {sub, [f]() { return run_smoke(*f); }};
 }
 

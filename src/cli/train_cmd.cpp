@@ -3,6 +3,8 @@
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <csignal>
 #include <filesystem>
@@ -25,9 +27,22 @@
 namespace qwen3::cli {
 namespace {
 
-std::atomic<int> g_stop_signal{0};
+StopRequest g_stop;
 
-extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
+// SIGINT/SIGTERM (trainer.h, StopRequest): during the steps, the first one asks the run to stop at its next whole
+// state and save it; before them (loading, data preparation, a FIFO's open), after them (the last save, the
+// export), and on a second signal, the process ends now, with the shell's code for the signal. Only
+// async-signal-safe calls here: an atomic store, write, _exit.
+extern "C" void on_stop_signal(int sig) {
+  if (g_stop.in_steps.load() && g_stop.signal.load() == 0) {
+    g_stop.signal.store(sig);
+    return;
+  }
+  static const char kText[] = "error: stopped by a signal outside the steps (or a second one); files saved so far "
+                              "are whole\n";
+  (void)!::write(STDERR_FILENO, kText, sizeof kText - 1);
+  ::_exit(128 + sig);
+}
 
 struct TrainFlags {
   TrainOptions o;
@@ -139,9 +154,21 @@ void apply_config_file(CLI::App* sub, const std::string& path) {
       opt->add_result(e.values);
       opt->run_callback();
     } catch (const CLI::Error& error) {
-      throw UsageError(fmt::format("{}:{}: {}: {}", path, e.line, e.flag, error.what()));
+      std::string why = error.what();  // CLI11's text names the flag too: "--steps: must be ..."
+      if (why.rfind("--" + e.flag + ": ", 0) == 0) why.erase(0, e.flag.size() + 4);
+      throw UsageError(fmt::format("{}:{}: {}: {}", path, e.line, e.flag, why));
     }
   }
+}
+
+// Each size flag is in its range (flag_limit); their product is what a micro-batch holds. Before anything is
+// loaded or made (train and vram-report).
+void check_micro_batch(const TrainOptions& o) {
+  if (o.data.batch_size * o.data.seq_len > flag_limit::micro_batch_tokens)
+    throw UsageError(fmt::format("--batch-size {} x --seq-len {} = {} tokens a micro-batch, above {} (2^31): "
+                                 "beyond any device's memory; use --grad-accum-steps for a larger batch",
+                                 o.data.batch_size, o.data.seq_len, o.data.batch_size * o.data.seq_len,
+                                 flag_limit::micro_batch_tokens));
 }
 
 // The flags whose text becomes a typed option (shared by `train` and `vram-report --predict-only`).
@@ -167,6 +194,7 @@ void convert_flag_values(TrainFlags& f) {
 // `train`: vram-report runs one step of whatever the flags say.
 void check_flag_combinations(const TrainFlags& f) {
   const TrainOptions& o = f.o;
+  check_micro_batch(o);
   if (o.steps > 0 && o.epochs > 0) throw UsageError("train: give --steps or --epochs, not both");
   if (o.steps_per_epoch > 0 && o.epochs <= 0)
     throw UsageError("train: --steps-per-epoch applies with --epochs only");
@@ -271,12 +299,14 @@ void resolve(TrainFlags& f) {
       }
     }
   }
-  if (f.synthetic) make_synthetic_weights(f);
+  // What the command line lacks is said before anything is made (--synthetic writes its weights).
   for (auto [name, value] : {std::pair{"--weights", &o.weights}, {"--config", &o.config}, {"--tokenizer", &o.tokenizer},
                              {"--train-data", &o.data.path}})
-    if (value->empty()) throw UsageError(std::string("train: ") + name + " is required");
+    if (value->empty() && !(f.synthetic && value != &o.tokenizer && value != &o.data.path))  // --synthetic makes two
+      throw UsageError(std::string("train: ") + name + " is required");
   if (o.steps <= 0 && o.epochs <= 0)
     throw UsageError("train: give a positive --steps or --epochs (0, their default, means neither was given)");
+  if (f.synthetic) make_synthetic_weights(f);
   if (o.resume_if_present) o.resume = true;
   apply_output_dir(o);
   claim_run_folders(f);
@@ -320,7 +350,7 @@ CLI::Option_group* add_train_flags(CLI::App* sub, const std::shared_ptr<TrainFla
   files->add_option("--metrics-jsonl", o.metrics_jsonl, "append one JSON object per step");
   add_bool_flag(files, "--synthetic", f->synthetic, "train random weights of --config's shape (tiny without it)");
   files->add_option("--test-max-tokens", f->test_max_tokens, "after export, greedy-reply to --test-prompt with this many tokens")
-      ->check(non_negative_number());
+      ->check(integer_in(0, flag_limit::tokens));
   files->add_option("--test-prompt", f->test_prompt, "prompt of the after-export self-test")->capture_default_str();
   files->add_option("--eval-data", o.eval_data, "held-out data for --eval-every");
 
@@ -328,27 +358,27 @@ CLI::Option_group* add_train_flags(CLI::App* sub, const std::shared_ptr<TrainFla
   data->add_option("--data-format", f->data_format, "auto, tsv, text, chat, alpaca or text-jsonl")->capture_default_str();
   data->add_option("--system", f->system, "system prompt of pairs and records without one");
   add_chat_template_flags(data, f->chat);
-  data->add_option("--seq-len", o.data.seq_len, "tokens per row")->check(positive_number())->capture_default_str();
-  data->add_option("--batch-size", o.data.batch_size, "rows per step")->check(positive_number())->capture_default_str();
+  data->add_option("--seq-len", o.data.seq_len, "tokens per row")->check(integer_in(1, flag_limit::seq_len))->capture_default_str();
+  data->add_option("--batch-size", o.data.batch_size, "rows per step")->check(integer_in(1, flag_limit::batch_rows))->capture_default_str();
   add_bool_flag(data, "--pack", o.data.pack, "pack samples into full rows instead of padding");
   data->add_option("--pack-strategy", f->pack_strategy,
                    "with --pack: best-fit (whole samples a row) or stream (cut every seq-len tokens)")
       ->capture_default_str();
   data->add_option("--sample-mode", f->sample_mode, "random or sequential")->capture_default_str();
-  data->add_option("--seed", o.data.seed, "data order and stochastic rounding")->check(non_negative_integer())->capture_default_str();
+  data->add_option("--seed", o.data.seed, "data order and stochastic rounding")->check(seed_integer())->capture_default_str();
   add_bool_flag(data, "--strict-data", o.data.strict, "a bad data line is fatal instead of skipped");
   data->add_option("--comment-prefix", o.data.comment_prefix, "lines starting with it are comments ('': none)")
       ->capture_default_str();
 
   auto* sched = group("Steps and schedule");
-  sched->add_option("--steps", o.steps, "optimizer steps (or use --epochs)")->check(non_negative_number());
-  sched->add_option("--epochs", o.epochs, "passes over the data")->check(non_negative_number());
-  sched->add_option("--steps-per-epoch", o.steps_per_epoch, "steps per epoch (0: the whole data)")->check(non_negative_number());
+  sched->add_option("--steps", o.steps, "optimizer steps (or use --epochs)")->check(integer_in(0, flag_limit::steps));
+  sched->add_option("--epochs", o.epochs, "passes over the data")->check(integer_in(0, flag_limit::epochs));
+  sched->add_option("--steps-per-epoch", o.steps_per_epoch, "steps per epoch (0: the whole data)")->check(integer_in(0, flag_limit::steps));
   sched->add_option("--lr", o.schedule.lr, "peak learning rate")->check(finite_number())->check(non_negative_number())
       ->check(at_most(1.0, "AdamW learning rates are far below 1"))->capture_default_str();
   sched->add_option("--lr-schedule", f->lr_schedule, "constant, cosine or linear")
       ->check(CLI::IsMember({"constant", "cosine", "linear"}))->capture_default_str();
-  sched->add_option("--warmup-steps", o.schedule.warmup_steps, "linear warm-up steps")->check(non_negative_number())->capture_default_str();
+  sched->add_option("--warmup-steps", o.schedule.warmup_steps, "linear warm-up steps")->check(integer_in(0, flag_limit::steps))->capture_default_str();
   sched->add_option("--min-lr", o.schedule.min_lr, "final learning rate of cosine/linear")->check(finite_number())->check(non_negative_number())
       ->check(at_most(1.0, "AdamW learning rates are far below 1"))->capture_default_str();
 
@@ -368,15 +398,16 @@ CLI::Option_group* add_train_flags(CLI::App* sub, const std::shared_ptr<TrainFla
       ->capture_default_str();
   optim->add_option("--optimizer-state-mode", f->moments, "moment storage: float32, bfloat16, int8 or nvfp4")->capture_default_str();
   optim->add_option("--optimizer-step-chunk-rows,--step-chunk-rows", o.adamw.step_chunk_rows,
-                    "rows per optimizer piece (0: whole tensors)")->check(non_negative_number())->capture_default_str();
+                    "rows per optimizer piece (0: whole tensors)")->check(integer_in(0, flag_limit::rows))->capture_default_str();
   optim->add_option("--grad-clip", o.grad_clip, "global gradient norm limit (0: off)")->check(finite_number())->check(non_negative_number())->capture_default_str();
   optim->add_option("--max-skipped-steps", o.max_skipped_steps, "abort (with a checkpoint) after this many non-finite steps")
-      ->check(non_negative_number())->capture_default_str();
+      ->check(integer_in(0, flag_limit::steps))->capture_default_str();
 
   auto* what = group("What trains");
   what->add_option("--loss,--loss-mode", f->loss, "ce (next-token cross-entropy) or scalar (the original's L1)")
       ->check(CLI::IsMember({"ce", "scalar"}))->capture_default_str();
-  what->add_option("--train-last-layers", o.train_last_layers, "train only the last N blocks (<= 0: everything)")->capture_default_str();
+  what->add_option("--train-last-layers", o.train_last_layers, "train only the last N blocks (<= 0: everything)")
+      ->check(integer_in(-flag_limit::layers, flag_limit::layers))->capture_default_str();
   add_bool_flag(what, "--freeze-embeddings", o.freeze_embeddings, "keep the embedding fixed");
   add_bool_flag(what, "--train-lm-head", o.train_lm_head, "with --train-last-layers: also train an untied lm_head (dense; re-quantized at export)");
   what->add_option("--scale-mode", f->scale_mode, "NVFP4 scale choice in the forward and export: rne or search")->capture_default_str();
@@ -385,27 +416,27 @@ CLI::Option_group* add_train_flags(CLI::App* sub, const std::shared_ptr<TrainFla
   run->add_option("--device", o.device, "cpu or cuda")->capture_default_str();
   add_bool_flag(run, "--grad-checkpoint", o.grad_checkpoint, "recompute each block in backward (less activation memory)");
   run->add_option("--grad-accum-steps", o.grad_accum_steps, "micro-batches of --batch-size per optimizer step")
-      ->check(positive_number())->capture_default_str();
-  run->add_option("--log-every", o.log_every, "progress line every N steps")->check(non_negative_number())->capture_default_str();
+      ->check(integer_in(1, flag_limit::accumulation))->capture_default_str();
+  run->add_option("--log-every", o.log_every, "progress line every N steps")->check(integer_in(0, flag_limit::steps))->capture_default_str();
   run->add_option("--checkpoint-dir", o.checkpoint_dir, "where checkpoints go (step-NNNNNNNN/)");
   run->add_option("--save-every-steps", o.save_every_steps, "checkpoint every K steps (0: at the end only)")
-      ->check(non_negative_number())->capture_default_str();
-  run->add_option("--keep-checkpoints", o.keep_checkpoints, "newest checkpoints kept (0: all)")->check(non_negative_number())->capture_default_str();
+      ->check(integer_in(0, flag_limit::steps))->capture_default_str();
+  run->add_option("--keep-checkpoints", o.keep_checkpoints, "newest checkpoints kept (0: all)")->check(integer_in(0, flag_limit::epochs))->capture_default_str();
   add_bool_flag(run, "--resume", o.resume, "continue from the newest checkpoint in --checkpoint-dir (an error if none)");
   add_bool_flag(run, "--resume-if-present", o.resume_if_present,
                 "--resume when --checkpoint-dir holds a checkpoint, else start from the weights");
-  run->add_option("--eval-every", o.eval_every, "evaluate --eval-data every K steps")->check(non_negative_number());
+  run->add_option("--eval-every", o.eval_every, "evaluate --eval-data every K steps")->check(integer_in(0, flag_limit::steps));
   run->add_option("--dist-init", o.dist_init,
                   "data parallel: file://PATH to join through a file (one machine or a shared file system) instead "
                   "of MASTER_ADDR:MASTER_PORT; ranks come from torchrun, Slurm or Open MPI (docs/distributed.md)");
   run->add_option("--dist-timeout", o.dist_timeout_s, "seconds a rank waits for the others before failing")
-      ->check(positive_number())->capture_default_str();
+      ->check(integer_in(1, flag_limit::week_s, "a week"))->capture_default_str();
   add_bool_flag(run, "--shard-optimizer-state", o.shard_optimizer_state,
                 "data parallel: each rank keeps and updates its share of the optimizer state (ZeRO-1)");
   run->add_option("--profile-step", o.profile_step,
                   "run this step (1-based, as logged) under libtorch's profiler: a Chrome trace and the time per "
                   "phase and op in the log")
-      ->check(non_negative_number());
+      ->check(integer_in(0, flag_limit::steps));
   run->add_option("--profile-out", o.profile_out, "the --profile-step trace (default: --output-dir/profile-step-N.json)");
   run->add_option("--tensorboard", o.tensorboard_dir,
                   "write TensorBoard event files of the step metrics (loss, eval loss, lr, grad norm, tokens/s, MFU, "
@@ -436,6 +467,11 @@ Command add_train_command(CLI::App& app) {
   sub->add_option("--config-file", f->config_file,
                   "a TOML file of train flags (keys: long flag names, e.g. seq-len = 48); command-line flags win");
   return {sub, [f, sub]() {
+            // From here a signal is obeyed within a second wherever the run is (on_stop_signal).
+            g_stop.signal.store(0);
+            g_stop.in_steps.store(false);
+            std::signal(SIGINT, on_stop_signal);
+            std::signal(SIGTERM, on_stop_signal);
             if (!f->config_file.empty()) apply_config_file(sub, f->config_file);
             check_flag_combinations(*f);
             resolve(*f);
@@ -445,10 +481,7 @@ Command add_train_command(CLI::App& app) {
                              {"command_line", command_line()},
                              {"flags", flags.json},
                              {"config_file", flags.toml}};
-            g_stop_signal.store(0);
-            std::signal(SIGINT, on_stop_signal);
-            std::signal(SIGTERM, on_stop_signal);
-            const TrainSummary s = run_training(f->o, &g_stop_signal);
+            const TrainSummary s = run_training(f->o, &g_stop);
             if (f->test_max_tokens > 0 && !s.exported.empty()) self_test(*f);
             fmt::print("trained {} steps (now at step {}, {} skipped): loss {:.4f} -> {:.4f}, {:.0f} ms/step, {:.0f} tok/s{}{}\n",
                        s.steps_done, s.final_step, s.skipped_steps, s.first_loss, s.last_loss, s.mean_step_ms,
@@ -488,7 +521,7 @@ Command add_vram_report_command(CLI::App& app) {
   run->add_option("--world-size", f->o.predict_world_size,
                   "with --predict-only: ranks of a data-parallel job (per-rank memory; with --shard-optimizer-state "
                   "a rank holds 1/N of the moments)")
-      ->check(positive_number());
+      ->check(integer_in(1, flag_limit::ranks));
   run->add_option("--predict-device", f->o.predict_device,
                   "the device whose rates the step-time model uses: h100, h200, gb10 or cpu (default: cpu, or with "
                   "--device cuda the GPU it runs on: gb10, h200, else h100); with --predict-only also the memory "
@@ -496,6 +529,7 @@ Command add_vram_report_command(CLI::App& app) {
       ->check(CLI::IsMember(predict_device_names()));
   return {sub, [f, out, predict_only]() {
             TrainOptions& o = f->o;
+            check_micro_batch(o);
             o.steps = 1;
             o.epochs = 0;
             if (*predict_only) {

@@ -25,12 +25,18 @@ constexpr uint64_t kWindowBytes = 4096;
 class FileSource final : public ByteSource {
  public:
   explicit FileSource(const std::string& path) : path_(path) {
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: a FIFO without a writer would block the open (a run hung there, deaf to SIGTERM); on a regular
+    // file it changes nothing.
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd_ < 0) throw DatError(path + ": cannot open: " + std::strerror(errno));
     struct stat st {};
     if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
       ::close(fd_);
-      throw DatError(path + ": not a regular file");
+      const char* kind = S_ISFIFO(st.st_mode) ? "is a FIFO (a pipe), not a regular file"
+                         : S_ISCHR(st.st_mode)  ? "is a character device, not a regular file"
+                         : S_ISDIR(st.st_mode)  ? "is a directory, not a file"
+                                                : "is not a regular file";
+      throw DatError(path + ": " + kind + "; tensors are read at their offsets: save it to a file first");
     }
     size_ = static_cast<uint64_t>(st.st_size);
   }

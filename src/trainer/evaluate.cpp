@@ -12,12 +12,17 @@
 
 namespace qwen3 {
 
-Evaluation evaluate(Qwen3Model& model, const TrainingData& data, int part, int parts) {
+Evaluation evaluate(Qwen3Model& model, const TrainingData& data, int part, int parts,
+                    const std::function<bool()>& stop) {
   if (data.options().pack) throw Error("evaluation needs padded rows: packed rows mix samples");
   c10::NoGradGuard no_grad;
   Evaluation out;
   double weighted = 0;
   for (int64_t i = part; i < data.batches_per_epoch(); i += std::max(parts, 1)) {
+    if (stop && stop()) {
+      out.stopped = true;
+      break;
+    }
     const Batch b = data.batch(0, i);
     if (b.loss_tokens == 0) continue;
     const at::Tensor hidden = model.hidden_states(b.input_ids.to(model.device()));

@@ -85,6 +85,12 @@ struct StepOutcome {
 };
 using PhaseMark = std::function<void(const char*)>;
 
+// A step left before its update because a stop was requested (trainer.h, StopRequest): nothing of it is applied,
+// and resuming runs it again from its first micro-batch.
+struct StepAbandoned {
+  int64_t micro_batches_done = 0, micro_batches = 0;
+};
+
 class StepUpdate {
  public:
   StepUpdate(const TrainOptions& o, TrainableSet& set, AdamW& opt, const c10::Device& device,
@@ -96,6 +102,9 @@ class StepUpdate {
   // in the epoch: it runs, weighted 0, so that every rank takes part in every collective.
   virtual StepOutcome forward_backward_update(Qwen3Model& model, const std::vector<Batch>& batches,
                                               int64_t loss_tokens, double lr, const PhaseMark& mark) = 0;
+  // Polled before each micro-batch after the first; true throws StepAbandoned (one process only: ranks must
+  // leave a step together, so the trainer gives a data-parallel run a check that stays false).
+  void set_stop_check(std::function<bool()> stop) { stop_requested_ = std::move(stop); }
 
  protected:
   const TrainOptions& o_;
@@ -105,6 +114,7 @@ class StepUpdate {
   TrainingBlockRunner& runner_;
   DataParallel& dp_;
   const std::vector<int>& owners_;  // --shard-optimizer-state: which rank updates each parameter; else empty
+  std::function<bool()> stop_requested_;
 
   // After a shared-out update of `params` (all of them when empty): each from the rank that updated it (its
   // position in the trainable set names the owner), to every rank.
@@ -178,6 +188,8 @@ class PlainUpdate final : public StepUpdate {
       });
     at::Tensor loss;
     for (size_t i = 0; i < batches.size(); ++i) {
+      if (i > 0 && stop_requested_ && stop_requested_())
+        throw StepAbandoned{static_cast<int64_t>(i), static_cast<int64_t>(batches.size())};
       last_micro_batch = i + 1 == batches.size();
       at::Tensor micro = compute_loss(model, batches[i], o_.loss);
       if (share[i] != 1.0) micro = micro * share[i];

@@ -231,10 +231,30 @@ class Trainer {
     }
   }
 
-  TrainSummary train(const std::atomic<int>* stop_signal, const AfterStep& after_step) {
+  TrainSummary train(StopRequest* stop, const AfterStep& after_step) {
     spdlog::info("setup took {:.1f} s", std::chrono::duration<double>(Clock::now() - t_start_).count());
+    // Within a step only one process may stop early: ranks leave a step together (the check after it).
+    const bool alone = dp_.world_size() == 1;
+    stop_now_ = [stop, alone]() { return alone && stop != nullptr && stop->signal.load() != 0; };
+    update_->set_stop_check(stop_now_);
+    struct InSteps {  // the handler's mode: stop at the next whole state (here) or end the process (outside)
+      StopRequest* stop;
+      explicit InSteps(StopRequest* s) : stop(s) { if (stop) stop->in_steps.store(true); }
+      ~InSteps() { if (stop) stop->in_steps.store(false); }
+    } in_steps(stop);
     for (; step_ < steps_; ++step_) {
-      const StepRecord record = train_step();
+      StepRecord record;
+      try {
+        record = train_step();
+      } catch (const StepAbandoned& a) {
+        for (auto& p : model_.set.params)  // the unfinished step's partial gradients go with it
+          if (p.param.grad().defined()) at::Tensor(p.param).mutable_grad().reset();
+        sum_.stop_signal = stop->signal.load();
+        spdlog::warn("signal {}: step {} stopped after {} of its {} micro-batches, before its update (resuming runs it "
+                     "again); stopping at step {}",
+                     sum_.stop_signal, step_ + 1, a.micro_batches_done, a.micro_batches, step_);
+        break;
+      }
       if (o_.log_every > 0 && (record.step % o_.log_every == 0 || record.step == steps_))
         log_progress(record, total_ms_ / sum_.steps_done * static_cast<double>(steps_ - record.step) / 1000.0);
       if (metrics_.is_open()) write_metrics(record, metrics_, o_.metrics_jsonl);
@@ -249,7 +269,7 @@ class Trainer {
       if (after_step) after_step(record.step);
       // Data parallel: the ranks stop after the same step (a signal reaches them at different moments), or the
       // first to stop would leave the others waiting in the next collective.
-      int signal = stop_signal ? stop_signal->load() : 0;
+      int signal = stop ? stop->signal.load() : 0;
       if (dp_.world_size() > 1) {
         const std::vector<int64_t> signals = dp_.all_gather(signal, "stop signal");
         signal = static_cast<int>(*std::max_element(signals.begin(), signals.end()));
@@ -286,6 +306,7 @@ class Trainer {
     std::vector<at::Tensor> counts = {at::zeros({2}, at::kLong)};  // the step's loss tokens and tokens
     auto count = counts[0].accessor<int64_t, 1>();
     for (int64_t j = 0; j < o_.grad_accum_steps; ++j) {
+      if (j > 0 && stop_now_()) throw StepAbandoned{0, o_.grad_accum_steps};  // a long accumulation's batches
       const int64_t index = first + j * world + dp_.rank();
       if (index < batches_in_epoch) {
         batches.push_back(data_->batch(epoch, index));
@@ -330,12 +351,15 @@ class Trainer {
     // --eval-data alone: scored once, after the last step.
     const bool eval_now = o_.eval_every > 0 ? (step_ + 1) % o_.eval_every == 0 : step_ + 1 == steps_;
     if (eval_data_ && eval_now) {  // data parallel: each rank scores its share of the batches, summed over ranks
-      const Evaluation e = evaluate(*model_.model, *eval_data_, dp_.rank(), dp_.world_size());
+      const Evaluation e = evaluate(*model_.model, *eval_data_, dp_.rank(), dp_.world_size(), stop_now_);
       // The sum and the token count in one collective (a count is exact in a double up to 2^53).
       std::vector<at::Tensor> totals = {at::tensor({e.loss_sum, static_cast<double>(e.loss_tokens)}, at::kDouble)};
       dp_.all_reduce_sum(totals, "eval loss and token count");
       const double sum = totals[0][0].item<double>(), tokens = totals[0][1].item<double>();
-      eval_loss = tokens > 0 ? sum / tokens : 0.0;
+      if (e.stopped)  // the step is whole (its update applied); the loop stops after it
+        spdlog::warn("evaluation after step {} stopped by a signal: no eval loss for it", step_ + 1);
+      else
+        eval_loss = tokens > 0 ? sum / tokens : 0.0;
     }
     StepRecord record;
     record.step = step_ + 1;
@@ -536,12 +560,13 @@ class Trainer {
   std::optional<CheckpointSaver> saver_;
   TrainSummary sum_;
   double total_ms_ = 0, total_tokens_ = 0;
+  std::function<bool()> stop_now_ = [] { return false; };  // a stop requested, in one process (train())
 };
 
 }  // namespace
 
-TrainSummary run_training(const TrainOptions& o, const std::atomic<int>* stop_signal, const AfterStep& after_step) {
-  return Trainer(o).train(stop_signal, after_step);
+TrainSummary run_training(const TrainOptions& o, StopRequest* stop, const AfterStep& after_step) {
+  return Trainer(o).train(stop, after_step);
 }
 
 }  // namespace qwen3

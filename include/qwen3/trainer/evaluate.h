@@ -4,6 +4,7 @@
 // data's windows of seq_len + 1 tokens, each window on its own context.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "qwen3/data/data.h"
@@ -22,12 +23,14 @@ struct Evaluation {
   double loss_sum = 0;               // the token-weighted sum: mean_loss × loss_tokens, summed as scored
   int64_t loss_tokens = 0;
   std::vector<SampleLoss> samples;   // in batch order: file order for sequential data
+  bool stopped = false;              // `stop` said so before the last batch: the figures are partial
 };
 
 // Every batch of epoch 0 of padded `data` (packed rows would mix samples: Error), without gradients; each
 // row is scored on its own, so the figures do not depend on the batch size beyond float rounding. `part` of
 // `parts` scores only the batches i with i % parts == part (data-parallel ranks share the work: summing their
 // loss_sum and loss_tokens gives the whole evaluation).
-Evaluation evaluate(Qwen3Model& model, const TrainingData& data, int part = 0, int parts = 1);
+Evaluation evaluate(Qwen3Model& model, const TrainingData& data, int part = 0, int parts = 1,
+                    const std::function<bool()>& stop = {});
 
 }  // namespace qwen3

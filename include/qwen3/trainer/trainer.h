@@ -119,12 +119,21 @@ struct TrainSummary {
   std::string exported;
 };
 
-// Called with the global step count after each step, before `stop_signal` is polled: a caller that sets the
-// signal there stops at an exact step (the tests do; a signal handler stops wherever it lands).
+// Called with the global step count after each step, before the stop request is polled: a caller that sets it
+// there stops at an exact step (the tests do; a signal handler stops wherever it lands).
 using AfterStep = std::function<void(int64_t step)>;
 
-// `stop_signal` is polled after every step (set it from a signal handler); 0 = keep going.
-TrainSummary run_training(const TrainOptions& options, const std::atomic<int>* stop_signal = nullptr,
-                          const AfterStep& after_step = {});
+// How SIGINT/SIGTERM reach a run (the command line's handler, train_cmd.cpp, sets `signal`). While `in_steps`
+// (the trainer sets it around its step loop) the run stops at the next point where its state is whole: after
+// the step under way, or in one process before the next micro-batch of a step or the next batch of its
+// evaluation (an unfinished step is not applied: resuming runs it again), and saves a checkpoint. Outside the
+// loop (set-up, the last save, the export) the handler ends the process at once, as it does on a second signal:
+// every file a run writes is replaced atomically, so ending there loses nothing saved (kill -9 is as safe).
+struct StopRequest {
+  std::atomic<int> signal{0};          // 0: keep going
+  std::atomic<bool> in_steps{false};
+};
+
+TrainSummary run_training(const TrainOptions& options, StopRequest* stop = nullptr, const AfterStep& after_step = {});
 
 }  // namespace qwen3

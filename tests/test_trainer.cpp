@@ -518,6 +518,95 @@ TEST(TrainCli, FilesAreNamedByRoleAndFoldersMade) {
   EXPECT_NE(r.err.find("checkpoint.json: field \"step\" must be an integer, got \"one\""), std::string::npos) << r.err;
 }
 
+// Files that are not what they claim get one line naming the file and what is wrong, never the JSON library's
+// text ("[json.exception..."): truncated or non-UTF-8 data, a config with 1e400 or a negative
+// max_position_embeddings, a broken tokenizer_config.json, a tokenizer without the chat markers, checkpoint
+// counters no run makes, a binary run config.
+TEST(TrainCli, FilesThatAreNotWhatTheyClaimAreNamed) {
+  test::TempDir dir;
+  const SynthResult m = make_model(dir);
+  std::ofstream(dir.file("pairs.tsv")) << kPairs;
+  const std::string tokenizer = test::tiny_tokenizer_path();
+  const auto train = [&](const std::string& config, const std::string& tok, const std::string& data,
+                         const std::string& more = "") {
+    return test::run_cli("train --weights " + m.dat_path + " --config " + config + " --tokenizer " + tok +
+                         " --train-data " + data + " --steps 1 " + more);
+  };
+  const auto expect_named = [](const test::CliResult& r, int code, const std::string& text, const std::string& what) {
+    EXPECT_EQ(r.code, code) << what << ": " << r.err;
+    EXPECT_NE(r.err.find(text), std::string::npos) << what << ": " << r.err;
+    EXPECT_EQ(r.err.find("json.exception"), std::string::npos) << what << ": " << r.err;
+  };
+  const std::string chat = R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]})";
+  std::ofstream(dir.file("truncated.json")) << "[" << chat << ", {\"messages\": [";
+  expect_named(train(m.config_path, tokenizer, dir.file("truncated.json")), 1,
+               "not a valid JSON array of records (parse error at line 1", "truncated array");
+  expect_named(train(m.config_path, tokenizer, dir.file("pairs.tsv"), "--eval-data " + dir.file("truncated.json")), 1,
+               "eval data (--eval-data) '" + dir.file("truncated.json") + "': not a valid JSON array", "eval data");
+  std::ofstream(dir.file("latin1.jsonl")) << R"({"messages": [{"role": "user", "content": "caf)" << '\xe9'
+                                          << R"("}, {"role": "assistant", "content": "ok"}]})" << "\n";
+  expect_named(train(m.config_path, tokenizer, dir.file("latin1.jsonl")), 1,
+               "latin1.jsonl:1: invalid UTF-8 at byte 47 of the line", "Latin-1 record");
+  std::ofstream(dir.file("latin1.json")) << "[\n" << chat << ",\n" << test::slurp(dir.file("latin1.jsonl")) << "]";
+  expect_named(train(m.config_path, tokenizer, dir.file("latin1.json")), 1, "latin1.json':3: invalid UTF-8 at byte",
+               "Latin-1 array");
+
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(m.config_path));
+  config["max_position_embeddings"] = -5;
+  std::ofstream(dir.file("negative.json")) << config.dump();
+  expect_named(train(dir.file("negative.json"), tokenizer, dir.file("pairs.tsv")), 1,
+               "max_position_embeddings must be positive, got -5", "negative positions");
+  std::ofstream(dir.file("huge.json")) << R"({"hidden_size": 1e400})";
+  expect_named(train(dir.file("huge.json"), tokenizer, dir.file("pairs.tsv")), 1,
+               "huge.json: invalid JSON: number overflow parsing '1e400'", "1e400");
+
+  std::filesystem::create_directories(dir.file("tc"));
+  std::filesystem::copy_file(tokenizer, dir.file("tc/tokenizer.json"));
+  std::ofstream(dir.file("tc/tokenizer_config.json")) << R"({"chat_template": )";
+  expect_named(train(m.config_path, dir.file("tc/tokenizer.json"), dir.file("pairs.tsv")), 1,
+               "tokenizer_config.json: not valid JSON (parse error at line 1", "tokenizer_config.json");
+  nlohmann::json tok = nlohmann::json::parse(std::ifstream(tokenizer));
+  nlohmann::json added = nlohmann::json::array();
+  for (const auto& a : tok["added_tokens"])
+    if (a["content"] != "<|im_end|>") added.push_back(a);
+  tok["added_tokens"] = added;
+  std::ofstream(dir.file("no_im_end.json")) << tok.dump();
+  std::ofstream(dir.file("chat.jsonl")) << chat << "\n";
+  for (const std::string& data : {dir.file("chat.jsonl"), dir.file("pairs.tsv")})
+    expect_named(train(m.config_path, dir.file("no_im_end.json"), data), 1,
+                 "no_im_end.json has no special added token <|im_end|>", data);
+  EXPECT_EQ(train(m.config_path, dir.file("no_im_end.json"), dir.file("pairs.tsv"), "--data-format text").code, 0)
+      << "raw text needs no chat markers";
+
+  ASSERT_EQ(train(m.config_path, tokenizer, dir.file("pairs.tsv"), "--checkpoint-dir " + dir.file("ck")).code, 0);
+  const std::string meta_path = *latest_checkpoint(dir.file("ck")) + "/checkpoint.json";
+  const nlohmann::json meta = nlohmann::json::parse(std::ifstream(meta_path));
+  const std::pair<nlohmann::json, std::string> bad_steps[] = {
+      {-5, "field \"step\" is -5, not a step count"},
+      {int64_t{1} << 62, "field \"step\" is 4611686018427387904, not a step count"},
+      {nlohmann::json::array({1}), "field \"step\" must be an integer, got [1]"}};
+  for (const auto& [step, message] : bad_steps) {
+    nlohmann::json changed = meta;
+    changed["step"] = step;
+    std::ofstream(meta_path) << changed.dump();
+    expect_named(train(m.config_path, tokenizer, dir.file("pairs.tsv"), "--checkpoint-dir " + dir.file("ck") +
+                                                                            " --resume"),
+                 1, message, "resume, step " + step.dump());
+    expect_named(test::run_cli("export --checkpoint " + dir.file("ck") + " --weights " + m.dat_path + " --out " +
+                               dir.file("x.dat") + " --overwrite"),
+                 1, message, "export, step " + step.dump());
+  }
+  nlohmann::json no_flags = meta;
+  no_flags["flags"] = nullptr;
+  std::ofstream(meta_path) << no_flags.dump();
+  expect_named(test::run_cli("export --checkpoint " + dir.file("ck") + " --weights " + m.dat_path + " --out " +
+                             dir.file("x.dat") + " --overwrite"),
+               1, "field \"flags\" must be an object, got null", "flags null");
+
+  std::ofstream(dir.file("garbage.toml")) << std::string("\x00\x01\x02garbage\xff", 11);
+  expect_named(test::run_cli("train --config-file " + dir.file("garbage.toml")), 2, "garbage.toml:1:", "binary TOML");
+}
+
 // Options are types parsed once at the CLI; every JSON that records them (checkpoints, reports) writes names.
 TEST(TrainOptionsJson, WritesNamesAndParsesThemBack) {
   TrainOptions o;

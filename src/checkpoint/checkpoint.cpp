@@ -237,7 +237,19 @@ CheckpointState load_checkpoint(const std::string& path, const std::string& tens
   s.skipped_steps = json_field<int64_t>(meta, "skipped_steps", origin, "an integer");
   s.model_hash = json_field<std::string>(meta, "model_hash", origin, "a string");
   s.flags = json_field<nlohmann::json>(meta, "flags", origin, "an object");
+  if (!s.flags.is_object()) throw Error(origin + ": field \"flags\" must be an object, got " + json_excerpt(s.flags));
   s.extra = meta.value("extra", nlohmann::json::object());
+  if (!s.extra.is_object()) throw Error(origin + ": field \"extra\" must be an object, got " + json_excerpt(s.extra));
+  // Counters no run makes (train's --steps is at most 10^9) are a damaged or foreign file, not a position in the
+  // data (a negative step was reported as a bad batch index).
+  for (const auto& [name, value] : {std::pair{"step", s.step}, {"optimizer_steps", s.optimizer_steps},
+                                    {"skipped_steps", s.skipped_steps}})
+    if (value < 0 || value > kMaxCheckpointStep)
+      throw Error(origin + ": field \"" + name + "\" is " + std::to_string(value) + ", not a step count (0 to " +
+                  std::to_string(kMaxCheckpointStep) + "): not a checkpoint this tool wrote");
+  if (s.skipped_steps > s.step)
+    throw Error(origin + ": " + std::to_string(s.skipped_steps) + " skipped steps of " + std::to_string(s.step) +
+                ": not a checkpoint this tool wrote");
   DatReader r((p / "tensors.dat").string(), DatRules::container_only);
   for (const auto& e : r.entries())
     if (e.key.compare(0, tensor_prefix.size(), tensor_prefix) == 0) s.tensors.emplace_back(e.key, read_tensor(r, e));

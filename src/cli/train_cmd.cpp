@@ -11,6 +11,7 @@
 
 #include "qwen3/base/error.h"
 #include "qwen3/base/file_io.h"
+#include "qwen3/checkpoint/checkpoint.h"
 #include "qwen3/tokenizer/chat_format.h"
 #include "qwen3/model/generate.h"
 #include "qwen3/memory/memory_probe.h"
@@ -26,6 +27,8 @@
 
 namespace qwen3::cli {
 namespace {
+
+static_assert(flag_limit::steps == kMaxCheckpointStep, "a run's steps and a checkpoint's bound are one number");
 
 StopRequest g_stop;
 

@@ -68,13 +68,16 @@ void Qwen3Config::validate(const std::string& origin) const {
       {"hidden_size", hidden_size},          {"num_hidden_layers", num_hidden_layers},
       {"num_attention_heads", num_attention_heads}, {"num_key_value_heads", num_key_value_heads},
       {"head_dim", head_dim},                {"intermediate_size", intermediate_size},
-      {"vocab_size", vocab_size}};
+      {"vocab_size", vocab_size},            {"max_position_embeddings", max_position_embeddings}};
   for (auto [name, v] : positive)
     if (v <= 0) throw fail(std::string(name) + " must be positive, got " + std::to_string(v));
   // Sane upper bounds, so that no product of sizes below can overflow (a head count of 2^60 made synth divide
-  // by zero): 2^24 for widths and the vocabulary (Qwen3 uses 151,936), 2^16 for counts and head_dim.
-  const std::pair<const char*, int64_t> bounded[] = {
-      {"hidden_size", hidden_size}, {"intermediate_size", intermediate_size}, {"vocab_size", vocab_size}};
+  // by zero): 2^24 for widths, the vocabulary (Qwen3 uses 151,936) and positions (262,144), 2^16 for counts and
+  // head_dim.
+  const std::pair<const char*, int64_t> bounded[] = {{"hidden_size", hidden_size},
+                                                     {"intermediate_size", intermediate_size},
+                                                     {"vocab_size", vocab_size},
+                                                     {"max_position_embeddings", max_position_embeddings}};
   for (auto [name, v] : bounded)
     if (v > (int64_t{1} << 24)) throw fail(std::string(name) + " " + std::to_string(v) + " is beyond 2^24");
   const std::pair<const char*, int64_t> counts[] = {{"num_hidden_layers", num_hidden_layers},
@@ -167,8 +170,8 @@ Qwen3Config load_config(const std::string& path) {
   json j;
   try {
     j = json::parse(f, depth_limited(path));
-  } catch (const json::parse_error& e) {
-    throw Error(path + ": invalid JSON: " + e.what());
+  } catch (const json::exception& e) {  // a syntax error, or a number past double's range (1e400)
+    throw Error(path + ": invalid JSON: " + json_error_text(e));
   }
   return config_from_json(j, path);
 }

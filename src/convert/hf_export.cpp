@@ -18,6 +18,7 @@
 
 #include "qwen3/base/error.h"
 #include "qwen3/base/file_io.h"
+#include "qwen3/base/json_limits.h"
 #include "qwen3/checkpoint/checkpoint.h"
 #include "qwen3/config/config.h"
 #include "qwen3/convert/safetensors_writer.h"
@@ -208,7 +209,7 @@ nlohmann::json read_json_file(const std::string& path, const std::string& what) 
   try {
     return nlohmann::json::parse(f);
   } catch (const nlohmann::json::exception& e) {
-    throw Error(path + ": not valid JSON (" + std::string(e.what()) + ")");
+    throw Error(path + ": not valid JSON (" + json_error_text(e) + ")");
   }
 }
 

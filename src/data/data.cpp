@@ -49,6 +49,7 @@ const char* to_string(PackStrategy strategy) { return strategy == PackStrategy::
 
 std::vector<ChatTokens> render_chat_file(const Tokenizer& tokenizer, const std::string& path,
                                          const std::optional<std::string>& system) {
+  tokenizer.check_chat_format();
   std::ifstream in = open_input_file(path, "chat data", std::ios::binary);
   std::ostringstream all;
   all << in.rdbuf();

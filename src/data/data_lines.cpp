@@ -20,14 +20,13 @@ LineSample bad(std::string reason) {
   return s;
 }
 
-// Checked before tokenizing so the reason names the byte of the line, not of the rendered chat text.
+}  // namespace
+
 std::optional<std::string> utf8_problem(std::string_view line) {
   const size_t at = first_invalid_utf8_byte(line);
   if (at == std::string_view::npos) return std::nullopt;
   return fmt::format("invalid UTF-8 at byte {} of the line", at + 1);
 }
-
-}  // namespace
 
 std::string_view trim_ascii_space(std::string_view text) {
   size_t begin = 0, end = text.size();

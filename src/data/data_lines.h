@@ -26,6 +26,9 @@ struct LineSample {
 
 // Strips ASCII whitespace (space, \t, \n, \v, \f, \r) from both ends; other Unicode spaces stay.
 std::string_view trim_ascii_space(std::string_view text);
+// "invalid UTF-8 at byte N of the line" when it is not UTF-8: checked before tokenizing or parsing JSON, so the
+// reason names the byte of the line (nlohmann's, or the rendered chat text's, would be another).
+std::optional<std::string> utf8_problem(std::string_view line);
 
 // Blank: empty after trimming. Comment: the trimmed line starts with `comment_prefix` (never when it is empty).
 // Otherwise a data line (LineKind::sample).

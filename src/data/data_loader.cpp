@@ -16,6 +16,7 @@
 #include "data/training_data_impl.h"
 #include "qwen3/base/error.h"
 #include "qwen3/base/file_io.h"
+#include "qwen3/base/json_limits.h"
 
 namespace qwen3 {
 namespace {
@@ -32,6 +33,11 @@ struct NumberedLine {
 
 bool is_json_format(DataFormat f) {
   return f == DataFormat::chat || f == DataFormat::alpaca || f == DataFormat::text_jsonl;
+}
+
+// Formats whose samples are rendered in the chat format (prompt/target pairs too): they need its marker tokens.
+bool renders_chat(DataFormat f) {
+  return f == DataFormat::tsv || f == DataFormat::chat || f == DataFormat::alpaca;
 }
 
 data::RecordKind record_kind(DataFormat f) {
@@ -73,6 +79,8 @@ std::optional<Layout> detect_layout(const std::vector<NumberedLine>& chunk, cons
       if (!record.is_discarded())
         if (const auto kind = data::record_kind_of(record)) return Layout{format_of_record(*kind), false};
     }
+    if (const auto problem = data::utf8_problem(line.text))  // before JSON's verdict: the reason is the encoding
+      throw Error(fmt::format("{}:{}: {}; data files are UTF-8", opt.path, line.number, *problem));
     if (data::looks_like_json(line.text))
       throw Error(fmt::format("{}:{}: the data looks like JSON but is not {}; or pass --data-format text to train on "
                               "the raw lines",
@@ -107,7 +115,8 @@ data::LineSample line_sample(const Tokenizer& tokenizer, const std::string& line
   }
   if (is_json_format(format)) {
     const nlohmann::json record = nlohmann::json::parse(line, nullptr, false);
-    if (record.is_discarded()) return bad_sample("not a JSON value (one record per line)");
+    if (record.is_discarded())
+      return bad_sample(data::utf8_problem(line).value_or("not a JSON value (one record per line)"));
     return record_or_bad(tokenizer, record, format, opt);
   }
   try {
@@ -199,10 +208,17 @@ std::string read_whole_file(const DataOptions& opt) {
 int64_t load_json_array(const Tokenizer& tokenizer, TrainingData::Impl& d, DataFormat format, ChunkMerge& merge) {
   const DataOptions& opt = d.options;
   nlohmann::json records;
+  const std::string text = read_whole_file(opt);
   try {
-    records = nlohmann::json::parse(read_whole_file(opt));
+    records = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    throw Error(fmt::format("{} '{}': not a valid JSON array of records ({})", opt.role, opt.path, e.what()));
+    // Not UTF-8 is said as such, with its line (nlohmann's text would quote the invalid byte itself).
+    if (const size_t at = first_invalid_utf8_byte(text); at != std::string::npos) {
+      const auto line = 1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(at), '\n');
+      throw Error(fmt::format("{} '{}':{}: invalid UTF-8 at byte {} of the file; data files are UTF-8", opt.role,
+                              opt.path, line, at + 1));
+    }
+    throw Error(fmt::format("{} '{}': not a valid JSON array of records ({})", opt.role, opt.path, json_error_text(e)));
   }
   if (!records.is_array()) throw Error(fmt::format("{} '{}': a JSON file must be an array of records", opt.role, opt.path));
   if (format == DataFormat::auto_detect) {
@@ -211,6 +227,7 @@ int64_t load_json_array(const Tokenizer& tokenizer, TrainingData::Impl& d, DataF
     format = format_of_record(*kind);
   }
   d.format = format;
+  if (renders_chat(format)) tokenizer.check_chat_format();
   const auto n = static_cast<int64_t>(records.size());
   std::vector<data::LineSample> results;
   for (int64_t first = 0; first < n; first += static_cast<int64_t>(kChunkLines)) {
@@ -247,7 +264,10 @@ void load_training_data(const Tokenizer& tokenizer, TrainingData::Impl& d) {
     }
     if (in.bad()) throw Error(fmt::format("error reading {} '{}' after line {}", opt.role, opt.path, line_number));
     if (chunk.empty()) break;
-    if (!layout) layout = detect_layout(chunk, opt);
+    if (!layout) {
+      layout = detect_layout(chunk, opt);
+      if (layout && renders_chat(layout->format)) tokenizer.check_chat_format();  // once, not per line skipped
+    }
     if (layout && layout->json_array) break;
     // Until a data line decides the format every line is blank or a comment, so the fallback is never used.
     const DataFormat chunk_format = layout ? layout->format : DataFormat::text;

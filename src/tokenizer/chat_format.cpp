@@ -9,6 +9,7 @@
 
 #include "qwen3/base/enum_names.h"
 #include "qwen3/base/error.h"
+#include "qwen3/base/json_limits.h"
 #include "qwen3/base/file_io.h"
 
 namespace qwen3 {
@@ -150,7 +151,7 @@ ChatTemplate chat_template_from_config_file(const std::string& path) {
   try {
     config = nlohmann::json::parse(text.str());
   } catch (const nlohmann::json::exception& e) {
-    throw Error(path + ": not valid JSON (" + e.what() + ")");
+    throw Error(path + ": not valid JSON (" + json_error_text(e) + ")");
   }
   const auto it = config.find("chat_template");
   if (it == config.end() || it->is_null()) {
@@ -176,6 +177,7 @@ std::string render_chat_text(const std::vector<ChatMessage>& messages, ChatTempl
 }
 
 ChatTokens render_conversation(const Tokenizer& tokenizer, const std::vector<ChatMessage>& messages) {
+  tokenizer.check_chat_format();
   ChatTokens out;
   for (const Piece& p : render_pieces(messages, tokenizer.chat_template())) {
     const std::vector<TokenId> ids = tokenizer.encode(p.text);
@@ -187,6 +189,7 @@ ChatTokens render_conversation(const Tokenizer& tokenizer, const std::vector<Cha
 
 std::vector<TokenId> chat_generation_prompt(const Tokenizer& tokenizer, const std::optional<std::string>& system,
                                             const std::string& prompt) {
+  tokenizer.check_chat_format();
   std::vector<ChatMessage> messages;
   if (system) messages.push_back({ChatRole::system, *system, std::nullopt});
   messages.push_back({ChatRole::user, prompt, std::nullopt});

@@ -283,6 +283,19 @@ TokenId Tokenizer::added_token_id(std::string_view content) const {
   throw Error("tokenizer " + impl_->source + " has no added token " + std::string(content));
 }
 
+void Tokenizer::check_chat_format() const {
+  (void)chat_template();  // its problem, named with its file
+  for (const char* marker : {"<|im_start|>", "<|im_end|>"}) {
+    const auto it = std::find_if(impl_->added.begin(), impl_->added.end(),
+                                 [&](const AddedToken& a) { return a.content == marker; });
+    if (it == impl_->added.end() || !it->special)
+      throw Error("tokenizer " + impl_->source + " has no special added token " + marker +
+                  ": the chat format (chat records, alpaca, prompt/target pairs, generate's prompt) needs Qwen3's "
+                  "tokenizer.json with its added tokens; without the chat format: --data-format text (train, eval), "
+                  "--no-chat (generate)");
+  }
+}
+
 const std::vector<AddedToken>& Tokenizer::added_tokens() const { return impl_->added; }
 size_t Tokenizer::vocab_size() const { return impl_->token_kind.size(); }
 

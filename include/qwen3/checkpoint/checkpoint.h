@@ -23,6 +23,8 @@ class DatReader;
 
 constexpr const char* kCheckpointMagic = "qwen3-train-checkpoint";
 constexpr int kCheckpointFormatVersion = 1;
+// The most steps a run has (train's --steps range, docs/trainer.md): a checkpoint counting more is damaged.
+constexpr int64_t kMaxCheckpointStep = 1'000'000'000;
 // The tensor names the trainer gives the master weights of the trained tensors: prefix + model key.
 constexpr const char* kMasterWeightPrefix = "master/";
 

@@ -58,6 +58,11 @@ class Tokenizer {
 
   // The template chat_format.h renders with; throws qwen3::Error (naming the file) when it was unsupported.
   ChatTemplate chat_template() const;
+  // Error naming the file when the chat format cannot render with this tokenizer: its template is unsupported
+  // or its tokenizer_config.json unreadable (chat_template()'s reason), or the chat markers <|im_start|> and
+  // <|im_end|> are not special added tokens of it (they would be encoded as text, and a model trained so learns
+  // to spell its stop token). Called once before data is read: per record, each would be skipped as bad.
+  void check_chat_format() const;
   // Where the template came from: "tokenizer_config.json path", "--chat-template", or "default".
   const std::string& chat_template_origin() const { return chat_template_origin_; }
   Tokenizer with_chat_template(ChatTemplate t, std::string origin) const;

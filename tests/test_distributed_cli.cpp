@@ -47,12 +47,22 @@ struct Job {
   }
   // `ranks` processes of `args` (rank r's stdout/stderr in rR.out / rR.err), run together; their exit codes.
   std::vector<int> run(int ranks, const std::string& args, const std::string& name) const {
+    return run_each(std::vector<std::string>(static_cast<size_t>(ranks), args), name);
+  }
+  // One process a rank, rank r with `args[r]` (which may name its own --train-data).
+  std::vector<int> run_each(const std::vector<std::string>& args, const std::string& name) const {
+    const int ranks = static_cast<int>(args.size());
     std::string script = "cd " + dir.path().string() + "\n";
-    for (int r = 0; r < ranks; ++r)
+    for (int r = 0; r < ranks; ++r) {
+      const std::string& a = args[static_cast<size_t>(r)];
+      std::string command = base;
+      const std::string pairs = " --train-data " + dir.file("pairs.tsv");
+      if (a.find("--train-data") != std::string::npos) command.erase(command.find(pairs), pairs.size());
       script += "(RANK=" + std::to_string(r) + " WORLD_SIZE=" + std::to_string(ranks) + " LOCAL_RANK=" +
-                std::to_string(r) + " " + base + " " + args + " --dist-init file://" + dir.file(name + ".store") +
+                std::to_string(r) + " " + command + " " + a + " --dist-init file://" + dir.file(name + ".store") +
                 " > " + name + "-r" + std::to_string(r) + ".out 2> " + name + "-r" + std::to_string(r) +
                 ".err; echo $? > " + name + "-r" + std::to_string(r) + ".rc) &\n";
+    }
     script += "wait\n";
     std::ofstream(dir.file(name + ".sh")) << script;
     test::run_shell("bash " + dir.file(name + ".sh"));
@@ -146,6 +156,29 @@ TEST(DistributedCli, TwoRanksTrainAsOneRankWithTheirCombinedBatch) {
 // --shard-optimizer-state (ZeRO-1): each rank updates its share and sends it; the run is the unshared one to the
 // bit (the same random streams), its checkpoint is the same bytes (the state gathered to rank 0), and it resumes
 // on one rank. With int8 moments and a bf16 master, where the stochastic rounding would show a changed stream.
+// Ranks started with another defining option or other data refuse to start, every one naming what differs (they
+// trained and exited 0, their replicas apart from the first step); paths of the same content are no difference.
+TEST(DistributedCli, RanksThatWouldTrainDifferentRunsRefuseToStart) {
+  const Job job;
+  std::ofstream(job.dir.file("other.tsv")) << "hi\tthere\n";
+  std::filesystem::copy_file(job.dir.file("pairs.tsv"), job.dir.file("same.tsv"));
+  const std::string common = " --steps 1 --dist-timeout 60";
+  const auto codes = job.run_each({common + " --seed 1", common + " --seed 2 --batch-size 2 --train-data " +
+                                                            job.dir.file("other.tsv")},
+                                  "differ");
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(codes[static_cast<size_t>(r)], 1) << job.err("differ", r);
+    EXPECT_NE(job.err("differ", r).find("the ranks were started with different --train-data's content, batch_size, seed"),
+              std::string::npos)
+        << job.err("differ", r);
+  }
+  EXPECT_NE(job.err("differ", 1).find("rank 1: batch_size = 2 differs from rank 0's"), std::string::npos)
+      << job.err("differ", 1);
+  // The same content at another path is the same run.
+  const auto same = job.run_each({common, common + " --train-data " + job.dir.file("same.tsv")}, "same");
+  EXPECT_EQ(same, std::vector<int>({0, 0})) << job.err("same", 0) << job.err("same", 1);
+}
+
 TEST(DistributedCli, ShardedOptimizerStateIsTheUnsharedRunBitForBit) {
   const Job job;
   for (const std::string update : {"plain", "fused"}) {

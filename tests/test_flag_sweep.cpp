@@ -13,7 +13,9 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <fstream>
 #include <regex>
 #include <set>
@@ -22,6 +24,7 @@
 #include <vector>
 
 #include "cli/command_line.h"
+#include "build_paths.h"
 #include "dat_test_util.h"
 
 namespace qwen3 {
@@ -200,6 +203,106 @@ TEST(FlagSweepCli, ConfigFileValuesAreCheckedAsFlagsAre) {
     EXPECT_EQ(r.code, 2) << key << ": " << r.err;
     EXPECT_NE(r.err.find(path + ":2: " + key + ": must be"), std::string::npos) << key << ": " << r.err;
   }
+}
+
+// The input sweep: every file a command reads, given as what a careless user gives (nothing there, a folder, a
+// FIFO, an empty file, binary garbage, truncated JSON). Each is one `error:` line that names the file, exit 1 or
+// 2; never a hang (the probe's alarm), a signal, or a library's own text. The other inputs of each probe are
+// good ones, so the probed file is the one that fails. Children run with --threads 1: ATen enters no OpenMP
+// region after the fork.
+TEST(FlagSweepCli, EveryInputFileIsCheckedBeforeUse) {
+  test::TempDir dir;
+  const auto run = [&](const std::string& line) {
+    std::vector<std::string> args = {"--threads", "1", "--log-level", "warn"};
+    std::istringstream in(line);
+    for (std::string word; in >> word;) args.push_back(word);
+    return probe(args);
+  };
+  const std::string m = dir.file("m"), tok = test::tiny_tokenizer_path(), ck = dir.file("ck");
+  ASSERT_EQ(run("synth --preset tiny --out-dir " + m).code, 0);
+  std::ofstream(dir.file("pairs.tsv")) << "hi\tworld\nname?\tqwen\n";
+  std::ofstream(dir.file("ids.txt")) << "1 2 3 4\n";
+  const std::string weights = m + "/model.dat", config = m + "/config.json";
+  const ProbeResult trained = run("train --weights " + weights + " --config " + config + " --tokenizer " + tok +
+                                  " --train-data " + dir.file("pairs.tsv") + " --steps 1 --seq-len 16 --checkpoint-dir " +
+                                  ck + " --metrics-jsonl " + dir.file("metrics.jsonl"));
+  ASSERT_EQ(trained.code, 0) << trained.err;
+  const ProbeResult dense = run("synth --preset tiny --dense --out-dir " + dir.file("dense"));
+  ASSERT_EQ(dense.code, 0) << dense.err;
+
+  // The hostile files.
+  std::filesystem::create_directories(dir.file("a-folder"));
+  ASSERT_EQ(::mkfifo(dir.file("a-fifo").c_str(), 0600), 0);
+  std::ofstream(dir.file("empty"));
+  std::string garbage;
+  for (int i = 0; i < 256; ++i) garbage += std::string("\xff\xfe\x00\x80garbage\x81\n", 13);
+  std::ofstream(dir.file("garbage"), std::ios::binary) << garbage;
+  std::ofstream(dir.file("truncated")) << "{\"model\": {\"vocab\": [";
+  const std::vector<std::string> hostile = {dir.file("missing"), dir.file("a-folder"), dir.file("a-fifo"),
+                                            dir.file("empty"), dir.file("garbage"), dir.file("truncated")};
+
+  // Each command line with {} where the probed file goes.
+  const std::string model = " --weights " + weights + " --config " + config;
+  const std::string train = "train" + model + " --tokenizer " + tok + " --train-data " + dir.file("pairs.tsv") +
+                            " --steps 1 --seq-len 16";
+  const std::vector<std::string> lines = {
+      "inspect {}",
+      "tokenize --tokenizer {} --text hi",
+      "tokenize --tokenizer " + tok + " --file {}",  // an empty file and a text line are inputs (below)
+      "tokenize --tokenizer " + tok + " --chat {}",
+      "tokenize --tokenizer " + tok + " --tokenizer-config {} --chat " + dir.file("pairs.tsv"),
+      "generate --weights {} --config " + config + " --tokenizer " + tok + " --prompt hi --max-new-tokens 1",
+      "generate --weights " + weights + " --config {} --tokenizer " + tok + " --prompt hi --max-new-tokens 1",
+      "generate" + model + " --tokenizer {} --prompt hi --max-new-tokens 1",
+      "generate" + model + " --tokenizer " + tok + " --tokenizer-config {} --prompt hi --max-new-tokens 1",
+      "eval" + model + " --tokenizer " + tok + " --data {}",
+      "eval" + model + " --token-ids-file {}",
+      "train --weights {} --config " + config + " --tokenizer " + tok + " --train-data " + dir.file("pairs.tsv") +
+          " --steps 1",
+      "train --weights " + weights + " --config {} --tokenizer " + tok + " --train-data " + dir.file("pairs.tsv") +
+          " --steps 1",
+      "train" + model + " --tokenizer {} --train-data " + dir.file("pairs.tsv") + " --steps 1",
+      "train" + model + " --tokenizer " + tok + " --train-data {} --steps 1",
+      train + " --eval-data {}",
+      train + " --tokenizer-config {}",
+      "train --config-file {}",
+      "vram-report --predict-only --config {}",
+      "synth --config {} --out-dir " + dir.file("synth-out"),
+      "quantize --in {} --out " + dir.file("q.dat"),
+      "export --checkpoint {} --weights " + weights + " --out " + dir.file("x.dat"),
+      "export --checkpoint " + ck + " --weights {} --out " + dir.file("x.dat"),
+      "export --format hf --checkpoint " + ck + " --weights " + weights + " --config {} --out " + dir.file("hf") +
+          " --overwrite",
+      "export --format hf --checkpoint " + ck + " --weights " + weights + " --tokenizer {} --out " + dir.file("hf") +
+          " --overwrite",
+      "convert --hf-dir {} --out " + dir.file("c.dat"),
+      "plot {} --out " + dir.file("p.svg"),
+  };
+  // What is no hostile input there: a file of inputs may be empty or hold any line, a chat file may hold no
+  // record, and an empty TOML file gives no flag (the command then asks for its own).
+  const std::set<std::pair<std::string, std::string>> fine = {
+      {lines[2], dir.file("empty")}, {lines[2], dir.file("truncated")}, {lines[3], dir.file("empty")},
+      {"train --config-file {}", dir.file("empty")}};
+  size_t probes = 0;
+  for (const std::string& line : lines)
+    for (const std::string& file : hostile) {
+      if (fine.count({line, file})) continue;
+      std::string command = line;
+      command.replace(command.find("{}"), 2, file);
+      const ProbeResult r = run(command);
+      ++probes;
+      const std::string what = command.substr(0, command.find(' ')) + " with " + file + ": " + r.err;
+      EXPECT_TRUE(r.code == 1 || r.code == 2) << "exit " << r.code << ": " << what;
+      size_t error_lines = 0;
+      std::istringstream err(r.err);
+      for (std::string l; std::getline(err, l);) error_lines += l.rfind("error:", 0) == 0;
+      EXPECT_EQ(error_lines, 1u) << what;
+      const std::string name = std::filesystem::path(file).filename().string();
+      EXPECT_NE(r.err.find(name), std::string::npos) << "the file is not named: " << what;
+      for (const char* raw : {"json.exception", "terminate", "what()", "filesystem error", "std::", "basic_string"})
+        EXPECT_EQ(r.err.find(raw), std::string::npos) << what;
+    }
+  RecordProperty("probes", static_cast<int>(probes));
 }
 
 }  // namespace

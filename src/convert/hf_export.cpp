@@ -28,6 +28,7 @@
 #include "qwen3/export/exporter.h"
 #include "qwen3/model/layout.h"
 #include "qwen3/model/model_loader.h"
+#include "qwen3/tokenizer/tokenizer.h"
 
 namespace qwen3 {
 namespace {
@@ -324,6 +325,10 @@ HfExportReport export_hf(const HfExportOptions& o) {
   else
     throw UsageError("export --format hf: give --config (the model's config.json)");
   const Qwen3Config config = config_from_json(config_json, o.config.empty() ? "the checkpoint's config" : o.config);
+  // The tokenizer is loaded, not only copied: an empty or broken file, or one with ids the model lacks, would make
+  // a folder transformers cannot load; said before any weight is written.
+  if (!tokenizer.empty())
+    Tokenizer::from_file(tokenizer).check_fits_model(config.vocab_size, o.config.empty() ? "the checkpoint's config" : o.config);
   const Inputs in{input, ckpt ? &*ckpt : nullptr, o.scale_mode ? *o.scale_mode : (info ? info->scale_mode : nvfp4::ScaleMode::rne)};
 
   // The tensors, in the layout's order. A tied config writes no lm_head: transformers ties it to the embedding.

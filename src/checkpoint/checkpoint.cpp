@@ -100,8 +100,9 @@ std::string save_checkpoint(const std::string& dir, const CheckpointState& state
                            {"optimizer_steps", state.optimizer_steps},
                            {"skipped_steps", state.skipped_steps},
                            {"model_hash", state.model_hash},
-                           {"flags", state.flags},
-                           {"extra", state.extra}};
+                           // Objects always (a state that set none writes {}): the reader refuses anything else.
+                           {"flags", state.flags.is_null() ? nlohmann::json::object() : state.flags},
+                           {"extra", state.extra.is_null() ? nlohmann::json::object() : state.extra}};
     {
       std::ofstream f(tmp / "checkpoint.json");
       f << meta.dump(2) << "\n";

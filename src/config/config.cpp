@@ -68,9 +68,12 @@ void Qwen3Config::validate(const std::string& origin) const {
       {"hidden_size", hidden_size},          {"num_hidden_layers", num_hidden_layers},
       {"num_attention_heads", num_attention_heads}, {"num_key_value_heads", num_key_value_heads},
       {"head_dim", head_dim},                {"intermediate_size", intermediate_size},
-      {"vocab_size", vocab_size},            {"max_position_embeddings", max_position_embeddings}};
+      {"vocab_size", vocab_size}};
   for (auto [name, v] : positive)
     if (v <= 0) throw fail(std::string(name) + " must be positive, got " + std::to_string(v));
+  // 0: not known (a config made in code); a file's is positive (config_from_json).
+  if (max_position_embeddings < 0)
+    throw fail("max_position_embeddings must be positive, got " + std::to_string(max_position_embeddings));
   // Sane upper bounds, so that no product of sizes below can overflow (a head count of 2^60 made synth divide
   // by zero): 2^24 for widths, the vocabulary (Qwen3 uses 151,936) and positions (262,144), 2^16 for counts and
   // head_dim.
@@ -146,6 +149,8 @@ Qwen3Config config_from_json(const json& j, const std::string& origin) {
   c.rope_theta = get_number(j, "rope_theta", origin, 1e6);
   c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", origin, false);
   c.max_position_embeddings = get_int(j, "max_position_embeddings", origin, false, 32768);
+  if (c.max_position_embeddings <= 0)
+    throw Error(origin + ": max_position_embeddings must be positive, got " + std::to_string(c.max_position_embeddings));
   c.bos_token_id = get_int(j, "bos_token_id", origin, false, -1);
   if (auto it = j.find("eos_token_id"); it != j.end() && !it->is_null()) {
     if (it->is_number_integer())

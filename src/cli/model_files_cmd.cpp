@@ -33,7 +33,8 @@ Command add_synth_command(CLI::App& app) {
   };
   auto o = std::make_shared<Options>();
   auto* sub = app.add_subcommand("synth", "Write a random Qwen3 model (config.json + model.dat) of any shape");
-  auto* preset = sub->add_option("--preset", o->preset, "tiny or qwen3-4b")->check(CLI::IsMember({"tiny", "qwen3-4b"}));
+  auto* preset = sub->add_option("--preset", o->preset, "tiny, qwen3-4b, qwen3-moe-tiny or qwen3-30b-a3b")
+                     ->check(CLI::IsMember({"tiny", "qwen3-4b", "qwen3-moe-tiny", "qwen3-30b-a3b"}));
   auto* config = sub->add_option("--config", o->config, "a config.json giving the shape instead of a preset");
   preset->excludes(config);
   sub->add_option("--out-dir", o->out_dir, "folder for config.json and model.dat")->required();

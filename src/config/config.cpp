@@ -3,6 +3,7 @@
 #include "qwen3/base/json_limits.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 
 #include "qwen3/base/error.h"
@@ -36,6 +37,33 @@ bool get_bool(const json& j, const char* key, const std::string& origin, bool fa
   return it->get<bool>();
 }
 
+// The Qwen3 MoE fields (transformers' Qwen3MoeConfig names and defaults), read when the file is a qwen3_moe
+// config or names experts; what this tool does not compute is refused by name rather than ignored.
+void read_moe_fields(const json& j, const std::string& origin, Qwen3Config& c) {
+  const bool declared = j.value("model_type", json()) == "qwen3_moe" ||
+                        (j.contains("architectures") && j["architectures"].is_array() &&
+                         std::find(j["architectures"].begin(), j["architectures"].end(), "Qwen3MoeForCausalLM") !=
+                             j["architectures"].end());
+  if (!declared && !j.contains("num_experts")) return;
+  c.num_experts = get_int(j, "num_experts", origin, false, 128);
+  if (c.num_experts <= 0) throw Error(origin + ": num_experts must be positive in a qwen3_moe config, got " +
+                                      std::to_string(c.num_experts));
+  c.num_experts_per_tok = get_int(j, "num_experts_per_tok", origin, false, 8);
+  c.moe_intermediate_size = get_int(j, "moe_intermediate_size", origin, false, 768);
+  c.decoder_sparse_step = get_int(j, "decoder_sparse_step", origin, false, 1);
+  c.norm_topk_prob = get_bool(j, "norm_topk_prob", origin, false);
+  c.router_aux_loss_coef = get_number(j, "router_aux_loss_coef", origin, 0.001);
+  c.output_router_logits = get_bool(j, "output_router_logits", origin, false);
+  if (auto it = j.find("mlp_only_layers"); it != j.end() && !it->is_null()) {
+    if (!it->is_array() || !std::all_of(it->begin(), it->end(), [](const json& v) { return v.is_number_integer(); }))
+      throw Error(origin + ": field \"mlp_only_layers\" must be a list of layer indices, got " + json_excerpt(*it));
+    c.mlp_only_layers = it->get<std::vector<int64_t>>();
+  }
+  // Qwen2-MoE's shared expert is another architecture.
+  if (get_int(j, "shared_expert_intermediate_size", origin, false, 0) > 0)
+    throw Error(origin + ": shared_expert_intermediate_size (a shared expert, Qwen2-MoE) is not supported");
+}
+
 }  // namespace
 
 ModelShape qwen3_4b_shape() {
@@ -50,8 +78,18 @@ ModelShape qwen3_4b_shape() {
   return s;
 }
 
+bool ModelShape::moe_layer(int64_t layer) const {
+  // transformers' Qwen3MoeDecoderLayer: sparse unless listed in mlp_only_layers, on every sparse_step-th block.
+  return experts > 0 && sparse_step > 0 && (layer + 1) % sparse_step == 0 &&
+         std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) == mlp_only_layers.end();
+}
+
 ModelShape Qwen3Config::shape() const {
   ModelShape s;
+  s.experts = num_experts;
+  s.expert_intermediate = moe_intermediate_size;
+  s.sparse_step = decoder_sparse_step;
+  s.mlp_only_layers = mlp_only_layers;
   s.hidden = hidden_size;
   s.layers = num_hidden_layers;
   s.heads = num_attention_heads;
@@ -106,6 +144,23 @@ void Qwen3Config::validate(const std::string& origin) const {
   for (int64_t id : eos_token_ids)
     if (id < 0 || id >= vocab_size) throw fail("eos_token_id " + std::to_string(id) + " is outside the vocabulary");
   if (bos_token_id >= vocab_size) throw fail("bos_token_id is outside the vocabulary");
+  if (!is_moe()) return;
+  // Mixture of experts: sizes as above, and routing that picks at least one and at most every expert.
+  if (num_experts > (int64_t{1} << 16)) throw fail("num_experts " + std::to_string(num_experts) + " is beyond 2^16");
+  if (num_experts_per_tok < 1 || num_experts_per_tok > num_experts)
+    throw fail("num_experts_per_tok must be from 1 to num_experts (" + std::to_string(num_experts) + "), got " +
+               std::to_string(num_experts_per_tok));
+  if (moe_intermediate_size <= 0 || moe_intermediate_size > (int64_t{1} << 24) || moe_intermediate_size % 16 != 0)
+    throw fail("moe_intermediate_size must be a positive multiple of 16 (NVFP4 blocks) up to 2^24, got " +
+               std::to_string(moe_intermediate_size));
+  if (decoder_sparse_step < 1 || decoder_sparse_step > num_hidden_layers)
+    throw fail("decoder_sparse_step must be from 1 to num_hidden_layers, got " + std::to_string(decoder_sparse_step));
+  for (int64_t layer : mlp_only_layers)
+    if (layer < 0 || layer >= num_hidden_layers)
+      throw fail("mlp_only_layers names layer " + std::to_string(layer) + ", outside 0.." +
+                 std::to_string(num_hidden_layers - 1));
+  if (!(router_aux_loss_coef >= 0) || !std::isfinite(router_aux_loss_coef))
+    throw fail("router_aux_loss_coef must be a finite number >= 0");
 }
 
 json Qwen3Config::to_json() const {
@@ -126,6 +181,18 @@ json Qwen3Config::to_json() const {
             {"attention_bias", false},
             {"max_position_embeddings", max_position_embeddings},
             {"torch_dtype", torch_dtype}};
+  if (is_moe()) {
+    j["architectures"] = {"Qwen3MoeForCausalLM"};
+    j["model_type"] = "qwen3_moe";
+    j["num_experts"] = num_experts;
+    j["num_experts_per_tok"] = num_experts_per_tok;
+    j["moe_intermediate_size"] = moe_intermediate_size;
+    j["decoder_sparse_step"] = decoder_sparse_step;
+    j["mlp_only_layers"] = mlp_only_layers;
+    j["norm_topk_prob"] = norm_topk_prob;
+    j["router_aux_loss_coef"] = router_aux_loss_coef;
+    j["output_router_logits"] = output_router_logits;
+  }
   if (bos_token_id >= 0) j["bos_token_id"] = bos_token_id;
   if (eos_token_ids.size() == 1)
     j["eos_token_id"] = eos_token_ids[0];
@@ -166,6 +233,7 @@ Qwen3Config config_from_json(const json& j, const std::string& origin) {
   if (auto it = j.find("hidden_act"); it != j.end() && *it != "silu")
     throw Error(origin + ": hidden_act " + json_excerpt(*it) + " is not supported (only \"silu\")");
   if (get_bool(j, "attention_bias", origin, false)) throw Error(origin + ": attention_bias true is not supported");
+  read_moe_fields(j, origin, c);
   c.validate(origin);
   return c;
 }
@@ -214,8 +282,32 @@ Qwen3Config preset_config(const std::string& name) {
     c.head_dim = 32;  // != 96 / 4, as in the real model (2560 / 32 = 80 != 128)
     c.intermediate_size = 256;
     c.max_position_embeddings = 4096;
+  } else if (name == "qwen3-moe-tiny") {
+    // The tiny body with 8 experts of width 64, 2 a token, renormalized; block 1 keeps the dense MLP
+    // (mlp_only_layers), so both kinds of block are exercised.
+    c = preset_config("tiny");
+    c.num_experts = 8;
+    c.num_experts_per_tok = 2;
+    c.moe_intermediate_size = 64;
+    c.norm_topk_prob = true;
+    c.mlp_only_layers = {1};
+  } else if (name == "qwen3-30b-a3b") {
+    // The shapes of Qwen/Qwen3-30B-A3B's config.json (48 blocks, all sparse: 128 experts, 8 a token).
+    c.hidden_size = 2048;
+    c.num_hidden_layers = 48;
+    c.num_attention_heads = 32;
+    c.num_key_value_heads = 4;
+    c.head_dim = 128;
+    c.intermediate_size = 6144;
+    c.num_experts = 128;
+    c.num_experts_per_tok = 8;
+    c.moe_intermediate_size = 768;
+    c.norm_topk_prob = true;
+    c.rope_theta = 1000000;
+    c.tie_word_embeddings = false;
+    c.max_position_embeddings = 40960;
   } else {
-    throw UsageError("unknown preset '" + name + "' (tiny, qwen3-4b)");
+    throw UsageError("unknown preset '" + name + "' (tiny, qwen3-4b, qwen3-moe-tiny, qwen3-30b-a3b)");
   }
   c.validate("preset " + name);
   return c;

@@ -15,9 +15,19 @@ std::vector<TensorSpec> qwen3_tensors(const ModelShape& m, bool with_lm_head) {
     out.push_back({p + "self_attn.o_proj.weight", {m.hidden, q_out}, true});
     out.push_back({p + "self_attn.q_norm.weight", {m.head_dim}, false});
     out.push_back({p + "self_attn.k_norm.weight", {m.head_dim}, false});
-    out.push_back({p + "mlp.gate_proj.weight", {m.intermediate, m.hidden}, true});
-    out.push_back({p + "mlp.up_proj.weight", {m.intermediate, m.hidden}, true});
-    out.push_back({p + "mlp.down_proj.weight", {m.hidden, m.intermediate}, true});
+    if (m.moe_layer(i)) {  // Qwen3MoeSparseMoeBlock: the router, then each expert's SwiGLU
+      out.push_back({p + "mlp.gate.weight", {m.experts, m.hidden}, false});
+      for (int64_t e = 0; e < m.experts; ++e) {
+        const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+        out.push_back({x + "gate_proj.weight", {m.expert_intermediate, m.hidden}, true});
+        out.push_back({x + "up_proj.weight", {m.expert_intermediate, m.hidden}, true});
+        out.push_back({x + "down_proj.weight", {m.hidden, m.expert_intermediate}, true});
+      }
+    } else {
+      out.push_back({p + "mlp.gate_proj.weight", {m.intermediate, m.hidden}, true});
+      out.push_back({p + "mlp.up_proj.weight", {m.intermediate, m.hidden}, true});
+      out.push_back({p + "mlp.down_proj.weight", {m.hidden, m.intermediate}, true});
+    }
     out.push_back({p + "input_layernorm.weight", {m.hidden}, false});
     out.push_back({p + "post_attention_layernorm.weight", {m.hidden}, false});
   }

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <limits>
 #include <vector>
+#include <string>
 #include <string_view>
 
 // SDPA's enable_gqa (PyTorch 2.5+): causal attention hands it grouped k/v heads without copies.
@@ -25,6 +26,56 @@ at::Tensor Projection::operator()(const at::Tensor& x) const {
   if (kernel) return kernel->apply(x, weight);
   return at::linear(x, weight.to(x.scalar_type()));  // the cast is a no-op when the dtypes agree
 }
+
+std::vector<const at::Tensor*> Qwen3Block::tensors() const {
+  std::vector<const at::Tensor*> out = {&q_proj.weight, &k_proj.weight, &v_proj.weight, &o_proj.weight, &q_norm, &k_norm};
+  if (sparse()) {
+    out.push_back(&router);
+    for (const ExpertMlp& e : experts)
+      for (const Projection* p : {&e.gate_proj, &e.up_proj, &e.down_proj}) out.push_back(&p->weight);
+  } else {
+    for (const Projection* p : {&gate_proj, &up_proj, &down_proj}) out.push_back(&p->weight);
+  }
+  out.push_back(&input_layernorm);
+  out.push_back(&post_attention_layernorm);
+  return out;
+}
+
+std::vector<Projection*> Qwen3Block::projections() {
+  std::vector<Projection*> out = {&q_proj, &k_proj, &v_proj, &o_proj};
+  if (sparse()) {
+    for (ExpertMlp& e : experts)
+      for (Projection* p : {&e.gate_proj, &e.up_proj, &e.down_proj}) out.push_back(p);
+  } else {
+    for (Projection* p : {&gate_proj, &up_proj, &down_proj}) out.push_back(p);
+  }
+  return out;
+}
+
+namespace {
+
+// A sparse block's key past "model.layers.N.": mlp.gate.weight, or mlp.experts.E.{gate,up,down}_proj.weight.
+at::Tensor* sparse_field(Qwen3Block& b, std::string_view rest) {
+  if (rest == "mlp.gate.weight") return &b.router;
+  constexpr std::string_view kExperts = "mlp.experts.";
+  if (rest.substr(0, kExperts.size()) != kExperts) return nullptr;
+  rest.remove_prefix(kExperts.size());
+  const size_t dot = rest.find('.');
+  const std::string_view digits = rest.substr(0, dot);
+  if (dot == std::string_view::npos || digits.empty() || digits.size() > 6 ||
+      digits.find_first_not_of("0123456789") != std::string_view::npos)
+    return nullptr;
+  const size_t e = static_cast<size_t>(std::stoul(std::string(digits)));
+  if (e >= b.experts.size()) return nullptr;
+  const std::string_view name = rest.substr(dot + 1);
+  ExpertMlp& x = b.experts[e];
+  if (name == "gate_proj.weight") return &x.gate_proj.weight;
+  if (name == "up_proj.weight") return &x.up_proj.weight;
+  if (name == "down_proj.weight") return &x.down_proj.weight;
+  return nullptr;
+}
+
+}  // namespace
 
 // Which field holds the tensor of a file key. The keys, their shapes and their order are the layout's
 // (qwen3_tensors, include/qwen3/model/layout.h) alone; this only names the field of each.
@@ -46,8 +97,11 @@ at::Tensor* Qwen3Model::field_of(const std::string& key) {
       {"post_attention_layernorm.weight", [](Qwen3Block& b) { return &b.post_attention_layernorm; }}};
   if (const auto layer = layer_of_key(key); layer && *layer < static_cast<int64_t>(blocks.size())) {
     const std::string_view rest = std::string_view(key).substr(key.find('.', std::string("model.layers.").size()) + 1);
+    Qwen3Block& b = blocks[static_cast<size_t>(*layer)];
+    if (b.sparse())
+      if (at::Tensor* field = sparse_field(b, rest)) return field;
     for (const auto& [name, field] : kBlockFields)
-      if (rest == name) return field(blocks[static_cast<size_t>(*layer)]);
+      if (rest == name) return field(b);
   }
   throw Error("model: no field for the layout's key '" + key + "'");
 }
@@ -57,6 +111,9 @@ Qwen3Model::Qwen3Model(const Qwen3Config& config, at::ScalarType dtype, at::Devi
   config_.validate("model config");
   const auto opts = at::TensorOptions().dtype(dtype).device(device);
   blocks.resize(static_cast<size_t>(config.num_hidden_layers));
+  const ModelShape shape = config.shape();
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i)
+    if (shape.moe_layer(i)) blocks[static_cast<size_t>(i)].experts.resize(static_cast<size_t>(config.num_experts));
   for (const TensorSpec& spec : qwen3_tensors(config.shape(), separate_lm_head)) {
     at::Tensor* field = field_of(spec.key);
     *field = at::empty(spec.shape, opts);
@@ -211,8 +268,44 @@ at::Tensor Qwen3Model::block_forward(const Qwen3Block& b, at::Tensor x, const at
   }
   const at::Tensor attn = causal_attention(q, k, v, allowed).transpose(1, 2).reshape({B, T, nh * hd});
   x = x + b.o_proj(attn);
-  const at::Tensor h2 = rmsnorm(x, b.post_attention_layernorm);
-  return x + b.down_proj(swiglu(b.gate_proj(h2), b.up_proj(h2)));
+  return x + mlp(b, rmsnorm(x, b.post_attention_layernorm));
+}
+
+at::Tensor Qwen3Model::mlp(const Qwen3Block& b, const at::Tensor& h) const {
+  if (b.sparse()) return moe_mlp(b, h);
+  return b.down_proj(swiglu(b.gate_proj(h), b.up_proj(h)));
+}
+
+// transformers' Qwen3MoeSparseMoeBlock: router logits in the activations' dtype, softmax in fp32, the top k
+// (renormalized to sum 1 with norm_topk_prob), back in the activations' dtype; every token through each of its
+// k experts, weighted, summed. Computed by expert, not by token: the N·k choices sorted once (stable: within an
+// expert, tokens in order), each expert's tokens gathered into one product, its weighted output added back to
+// their rows (index_add, experts in order, as transformers adds them). Every routed token is computed: no
+// capacity limit, nothing dropped.
+at::Tensor Qwen3Model::moe_mlp(const Qwen3Block& b, const at::Tensor& h) const {
+  const int64_t H = h.size(-1), k = config_.num_experts_per_tok;
+  const auto E = static_cast<int64_t>(b.experts.size());
+  const at::Tensor x = h.reshape({-1, H});
+  const at::Tensor router_logits = at::linear(x, b.router.to(x.scalar_type()));
+  auto [weights, chosen] = at::topk(at::softmax(router_logits, -1, at::kFloat), k, -1);
+  if (config_.norm_topk_prob) weights = weights / weights.sum(-1, /*keepdim=*/true);
+  weights = weights.to(x.scalar_type());
+  const at::Tensor choices = chosen.reshape({-1});
+  const at::Tensor order = std::get<1>(at::sort(choices, /*stable=*/true, 0, false));
+  const at::Tensor token_of = at::floor_divide(order, k);
+  const at::Tensor weight_of = weights.reshape({-1}).index_select(0, order);
+  const at::Tensor counts = at::bincount(choices, {}, E).cpu();
+  const auto count = counts.accessor<int64_t, 1>();
+  at::Tensor out = at::zeros_like(x);
+  for (int64_t e = 0, start = 0; e < E; start += count[e], ++e) {
+    if (count[e] == 0) continue;
+    const ExpertMlp& expert = b.experts[static_cast<size_t>(e)];
+    const at::Tensor tokens = token_of.narrow(0, start, count[e]);
+    const at::Tensor rows = x.index_select(0, tokens);
+    const at::Tensor y = expert.down_proj(swiglu(expert.gate_proj(rows), expert.up_proj(rows)));
+    out = out.index_add(0, tokens, y * weight_of.narrow(0, start, count[e]).unsqueeze(1));
+  }
+  return out.view(h.sizes());
 }
 
 at::Tensor Qwen3Model::embed(const at::Tensor& ids) const {

@@ -19,6 +19,13 @@ struct ModelShape {
   int64_t head_dim = 0;
   int64_t intermediate = 0;
   int64_t vocab = 0;
+  // Mixture of experts (Qwen3MoeForCausalLM; experts == 0: dense). A block whose moe_layer() holds has a router
+  // [experts, hidden] and `experts` SwiGLU experts of width expert_intermediate instead of the dense MLP.
+  int64_t experts = 0;
+  int64_t expert_intermediate = 0;
+  int64_t sparse_step = 1;               // decoder_sparse_step: every sparse_step-th block is sparse
+  std::vector<int64_t> mlp_only_layers;  // blocks that keep the dense MLP
+  bool moe_layer(int64_t layer) const;
 };
 
 ModelShape qwen3_4b_shape();
@@ -38,7 +45,18 @@ struct Qwen3Config {
   int64_t bos_token_id = -1;
   std::vector<int64_t> eos_token_ids;
   std::string torch_dtype = "bfloat16";
+  // Qwen3MoeForCausalLM (model_type "qwen3_moe"; num_experts == 0: the dense Qwen3ForCausalLM). Missing fields
+  // take transformers' Qwen3MoeConfig defaults.
+  int64_t num_experts = 0;
+  int64_t num_experts_per_tok = 0;
+  int64_t moe_intermediate_size = 0;
+  int64_t decoder_sparse_step = 1;
+  std::vector<int64_t> mlp_only_layers;
+  bool norm_topk_prob = false;          // renormalize the top-k routing weights to sum to 1
+  double router_aux_loss_coef = 0.001;  // the load-balancing loss's weight (added when output_router_logits)
+  bool output_router_logits = false;
 
+  bool is_moe() const { return num_experts > 0; }
   ModelShape shape() const;
   // Checks every rule (positive sizes, heads divide, dims multiple of 16, ...); throws Error naming the field
   // and `origin` (a file name or preset).

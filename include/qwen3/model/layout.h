@@ -20,8 +20,9 @@ struct TensorSpec {
   bool quantizable = false;    // one of the seven projections or lm_head: stored as an NVFP4 pair
 };
 
-// Hugging Face state-dict order: embedding; per block q,k,v,o, q_norm, k_norm, gate, up, down, the two
-// layernorms; final norm; lm_head (when with_lm_head).
+// Hugging Face state-dict order: embedding; per block q,k,v,o, q_norm, k_norm, gate, up, down (a sparse block:
+// the router mlp.gate, then mlp.experts.E.gate/up/down for each expert), the two layernorms; final norm;
+// lm_head (when with_lm_head).
 std::vector<TensorSpec> qwen3_tensors(const ModelShape& shape, bool with_lm_head = true);
 
 // The `.dat` entries those tensors become: NVFP4 pairs (qdata [out, in/2] uint8, scale [out, in/16] e4m3)

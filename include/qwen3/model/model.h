@@ -38,20 +38,26 @@ struct KVCache {
   int64_t capacity() const { return keys.empty() ? 0 : keys[0].size(2); }
 };
 
+// One expert of a sparse block: a SwiGLU MLP of width moe_intermediate_size.
+struct ExpertMlp {
+  Projection gate_proj, up_proj, down_proj;
+};
+
 struct Qwen3Block {
   Projection q_proj, k_proj, v_proj, o_proj;
   at::Tensor q_norm, k_norm;
-  Projection gate_proj, up_proj, down_proj;
+  Projection gate_proj, up_proj, down_proj;  // the dense MLP; unused in a sparse block
+  at::Tensor router;                         // a sparse block's mlp.gate.weight [experts, hidden], never quantized
+  std::vector<ExpertMlp> experts;            // a sparse block's experts; empty in a dense block
   at::Tensor input_layernorm, post_attention_layernorm;
-  // The eleven tensors in file order (docs/model.md); the model maps file keys to them by name
-  // (Qwen3Model::field_of). A projection whose kernel holds its weight gives an undefined tensor.
-  std::array<const at::Tensor*, 11> tensors() const {
-    return {&q_proj.weight, &k_proj.weight, &v_proj.weight, &o_proj.weight, &q_norm, &k_norm, &gate_proj.weight,
-            &up_proj.weight, &down_proj.weight, &input_layernorm, &post_attention_layernorm};
-  }
-  std::array<Projection*, 7> projections() {
-    return {&q_proj, &k_proj, &v_proj, &o_proj, &gate_proj, &up_proj, &down_proj};
-  }
+
+  bool sparse() const { return !experts.empty(); }
+  // The block's tensors in file order (docs/model.md): eleven in a dense block, 9 + 3 a expert in a sparse one;
+  // the model maps file keys to them by name (Qwen3Model::field_of). A projection whose kernel holds its
+  // weight gives an undefined tensor.
+  std::vector<const at::Tensor*> tensors() const;
+  // Its projections in file order: 7 in a dense block, 4 + 3 an expert in a sparse one (the router is none).
+  std::vector<Projection*> projections();
 };
 
 class Qwen3Model;
@@ -107,7 +113,8 @@ class Qwen3Model {
   // The LM head's weight: lm_head, or the embedding when tied.
   const at::Tensor& head_weight() const { return lm_head_.defined() ? lm_head_ : embed_tokens; }
 
-  // Every block projection, 7 per block in file order: where the trainer swaps kernels.
+  // Every block projection in file order (7 a dense block, 4 + 3 an expert a sparse one): where the trainer
+  // swaps kernels.
   std::vector<Projection*> projections();
   // Set for training, cleared (nullptr) after; the runner must outlive every backward of a forward it ran.
   void set_block_runner(BlockRunner* runner) { block_runner_ = runner; }
@@ -123,10 +130,15 @@ class Qwen3Model {
     return block_forward(blocks[static_cast<size_t>(layer)], x, cos, sin, nullptr, layer, 0, allowed);
   }
 
+  // A block's MLP over its normed input h [..., H]: the dense SwiGLU, or the sparse block's routed experts
+  // (moe_mlp). Public for the tests' dense re-computation of the routing.
+  at::Tensor mlp(const Qwen3Block& b, const at::Tensor& h) const;
+
   at::Tensor embed_tokens, final_norm;
   std::vector<Qwen3Block> blocks;
 
  private:
+  at::Tensor moe_mlp(const Qwen3Block& b, const at::Tensor& h) const;
   at::Tensor block_forward(const Qwen3Block& b, at::Tensor x, const at::Tensor& cos, const at::Tensor& sin,
                            KVCache* cache, int64_t layer, int64_t offset, const at::Tensor& allowed);
   at::Tensor rmsnorm(const at::Tensor& x, const at::Tensor& weight) const;

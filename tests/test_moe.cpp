@@ -1,0 +1,191 @@
+// Qwen3's mixture-of-experts blocks (Qwen3MoeForCausalLM): the config, the key layout, and the sparse MLP against a
+// dense re-computation of the same routing (every expert on every token, weighted by the routing weights, zero for
+// the experts a token did not choose), forward and gradients, in float64 on the CPU.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <set>
+#include <string>
+
+#include "cli_test_util.h"
+#include "dat_test_util.h"
+#include "qwen3/base/error.h"
+#include "qwen3/config/config.h"
+#include "qwen3/model/layout.h"
+#include "qwen3/model/model.h"
+
+namespace qwen3 {
+namespace {
+
+// The model with every tensor drawn from one seeded stream (float64, projections ~ N(0, 1/in)).
+std::unique_ptr<Qwen3Model> random_moe_model(const Qwen3Config& config) {
+  auto model = std::make_unique<Qwen3Model>(config, at::kDouble, at::Device(at::kCPU), !config.tie_word_embeddings);
+  at::manual_seed(7);
+  for (auto& [key, t] : model->named_weights()) {
+    at::NoGradGuard no_grad;
+    at::Tensor w = t;
+    if (w.dim() == 1)
+      w.copy_(1 + 0.05 * at::randn(w.sizes(), at::kDouble));
+    else
+      w.copy_(at::randn(w.sizes(), at::kDouble) / std::sqrt(static_cast<double>(w.size(1))));
+  }
+  return model;
+}
+
+// transformers' routing written out densely: softmax in fp32, top k, renormalized, scattered into
+// a [tokens, experts] matrix of weights; every expert on every token.
+at::Tensor dense_moe_reference(const Qwen3Config& c, const Qwen3Block& b, const at::Tensor& h, at::Tensor* chosen_out) {
+  const at::Tensor x = h.reshape({-1, h.size(-1)});
+  const at::Tensor probs = at::softmax(at::linear(x, b.router), -1, at::kFloat);  // fp32, as transformers
+  auto [weights, chosen] = at::topk(probs, c.num_experts_per_tok, -1);
+  if (c.norm_topk_prob) weights = weights / weights.sum(-1, true);
+  *chosen_out = chosen;
+  const at::Tensor dense = at::zeros_like(x.new_zeros({x.size(0), c.num_experts})).scatter(1, chosen, weights.to(x.scalar_type()));
+  at::Tensor out = at::zeros_like(x);
+  for (size_t e = 0; e < b.experts.size(); ++e) {
+    const ExpertMlp& ex = b.experts[e];
+    const at::Tensor y = at::linear(at::silu(at::linear(x, ex.gate_proj.weight)) * at::linear(x, ex.up_proj.weight),
+                                    ex.down_proj.weight);
+    out = out + dense.narrow(1, static_cast<int64_t>(e), 1) * y;
+  }
+  return out.view(h.sizes());
+}
+
+TEST(Moe, ConfigReadsTransformersFieldsAndRefusesWhatItDoesNotCompute) {
+  const Qwen3Config tiny = preset_config("qwen3-moe-tiny");
+  const nlohmann::json j = tiny.to_json();
+  EXPECT_EQ(j["architectures"][0], "Qwen3MoeForCausalLM");
+  EXPECT_EQ(j["model_type"], "qwen3_moe");
+  const Qwen3Config back = config_from_json(j, "round trip");
+  EXPECT_EQ(back.num_experts, 8);
+  EXPECT_EQ(back.num_experts_per_tok, 2);
+  EXPECT_EQ(back.moe_intermediate_size, 64);
+  EXPECT_TRUE(back.norm_topk_prob);
+  EXPECT_EQ(back.mlp_only_layers, std::vector<int64_t>({1}));
+  EXPECT_EQ(back.to_json(), j);
+  // A qwen3_moe config without the MoE fields takes transformers' Qwen3MoeConfig defaults.
+  nlohmann::json bare = preset_config("tiny").to_json();
+  bare["model_type"] = "qwen3_moe";
+  bare["moe_intermediate_size"] = 64;
+  const Qwen3Config defaults = config_from_json(bare, "bare");
+  EXPECT_EQ(defaults.num_experts, 128);
+  EXPECT_EQ(defaults.num_experts_per_tok, 8);
+  EXPECT_FALSE(defaults.norm_topk_prob);
+  EXPECT_EQ(defaults.decoder_sparse_step, 1);
+  const std::pair<std::function<void(nlohmann::json&)>, std::string> refused[] = {
+      {[](nlohmann::json& c) { c["num_experts_per_tok"] = 9; }, "num_experts_per_tok must be from 1 to num_experts (8)"},
+      {[](nlohmann::json& c) { c["moe_intermediate_size"] = 40; }, "moe_intermediate_size must be a positive multiple of 16"},
+      {[](nlohmann::json& c) { c["mlp_only_layers"] = {7}; }, "mlp_only_layers names layer 7, outside 0..2"},
+      {[](nlohmann::json& c) { c["mlp_only_layers"] = "all"; }, "field \"mlp_only_layers\" must be a list of layer indices"},
+      {[](nlohmann::json& c) { c["decoder_sparse_step"] = 0; }, "decoder_sparse_step must be from 1"},
+      {[](nlohmann::json& c) { c["num_experts"] = 0; }, "num_experts must be positive"},
+      {[](nlohmann::json& c) { c["shared_expert_intermediate_size"] = 128; }, "shared_expert_intermediate_size"}};
+  for (const auto& [change, message] : refused) {
+    nlohmann::json c = j;
+    change(c);
+    try {
+      config_from_json(c, "cfg.json");
+      ADD_FAILURE() << "accepted: " << message;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("cfg.json: " + message), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(Moe, LayoutHasTheRouterAndEachExpertInHuggingFaceOrder) {
+  const Qwen3Config c = preset_config("qwen3-moe-tiny");
+  std::vector<std::string> keys;
+  for (const TensorSpec& t : qwen3_tensors(c.shape(), false)) keys.push_back(t.key);
+  const auto at = [&](const std::string& key) {
+    return static_cast<size_t>(std::find(keys.begin(), keys.end(), key) - keys.begin());
+  };
+  // Block 0 sparse: router after k_norm, then expert 0's gate, up, down, ..., expert 7's, then the norms.
+  EXPECT_EQ(at("model.layers.0.mlp.gate.weight"), at("model.layers.0.self_attn.k_norm.weight") + 1);
+  EXPECT_EQ(at("model.layers.0.mlp.experts.0.gate_proj.weight"), at("model.layers.0.mlp.gate.weight") + 1);
+  EXPECT_EQ(at("model.layers.0.mlp.experts.7.down_proj.weight") + 1, at("model.layers.0.input_layernorm.weight"));
+  EXPECT_EQ(at("model.layers.0.mlp.gate_proj.weight"), keys.size()) << "a sparse block has no dense MLP";
+  // Block 1 is in mlp_only_layers: dense.
+  EXPECT_LT(at("model.layers.1.mlp.gate_proj.weight"), keys.size());
+  EXPECT_EQ(at("model.layers.1.mlp.gate.weight"), keys.size());
+  for (const TensorSpec& t : qwen3_tensors(c.shape(), false)) {
+    if (t.key == "model.layers.0.mlp.gate.weight") {
+      EXPECT_EQ(t.shape, std::vector<int64_t>({8, 96}));
+      EXPECT_FALSE(t.quantizable) << "the router is never quantized";
+    }
+    if (t.key == "model.layers.2.mlp.experts.3.down_proj.weight") {
+      EXPECT_EQ(t.shape, std::vector<int64_t>({96, 64}));
+      EXPECT_TRUE(t.quantizable);
+    }
+  }
+  // The 30B-A3B preset: 48 sparse blocks of 128 experts; 30.5 B parameters.
+  const ModelShape big = preset_config("qwen3-30b-a3b").shape();
+  int64_t parameters = 0;
+  for (const TensorSpec& t : qwen3_tensors(big, true)) {
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    parameters += n;
+  }
+  EXPECT_NEAR(static_cast<double>(parameters) / 1e9, 30.53, 0.01);
+}
+
+TEST(Moe, SparseBlockEqualsADenseRecomputationOfItsRouting) {
+  for (const bool renormalize : {true, false}) {
+    Qwen3Config c = preset_config("qwen3-moe-tiny");
+    c.norm_topk_prob = renormalize;
+    auto model = random_moe_model(c);
+    Qwen3Block& b = model->blocks[0];
+    ASSERT_TRUE(b.sparse());
+    ASSERT_FALSE(model->blocks[1].sparse());
+    std::vector<at::Tensor> params = {b.router};
+    for (const ExpertMlp& e : b.experts)
+      for (const Projection* p : {&e.gate_proj, &e.up_proj, &e.down_proj}) params.push_back(p->weight);
+    for (at::Tensor& p : params) p.requires_grad_(true);
+    at::manual_seed(11);
+    const at::Tensor h0 = at::randn({3, 7, c.hidden_size}, at::kDouble);
+    const at::Tensor probe = at::randn({3, 7, c.hidden_size}, at::kDouble);
+
+    at::Tensor h = h0.clone().requires_grad_(true);
+    const at::Tensor y = model->mlp(b, h);
+    (y * probe).sum().backward();
+    std::vector<at::Tensor> grads = {h.grad().clone()};
+    for (at::Tensor& p : params) {
+      grads.push_back(p.grad().clone());
+      p.mutable_grad().reset();
+    }
+
+    at::Tensor chosen;
+    at::Tensor href = h0.clone().requires_grad_(true);
+    const at::Tensor yref = dense_moe_reference(c, b, href, &chosen);
+    (yref * probe).sum().backward();
+    EXPECT_TRUE(at::allclose(y, yref, 1e-12, 1e-12)) << (y - yref).abs().max().item<double>();
+    EXPECT_TRUE(at::allclose(grads[0], href.grad(), 1e-12, 1e-12)) << "dL/dh";
+    for (size_t i = 0; i < params.size(); ++i)
+      EXPECT_TRUE(at::allclose(grads[i + 1], params[i].grad(), 1e-12, 1e-12))
+          << (i == 0 ? std::string("router") : "expert " + std::to_string((i - 1) / 3) + " projection " +
+                                                   std::to_string((i - 1) % 3));
+    // The routing is not trivial: most experts serve some token, none serves all.
+    const at::Tensor counts = at::bincount(chosen.reshape({-1}), {}, c.num_experts);
+    EXPECT_GE(counts.gt(0).sum().item<int64_t>(), 6);
+    EXPECT_LT(counts.max().item<int64_t>(), 21);
+  }
+}
+
+// A whole MoE model through the binary: synth writes it (NVFP4 experts, a dense router), inspect lists it, and
+// generate runs it.
+TEST(MoeCli, SynthInspectAndGenerate) {
+  test::TempDir dir;
+  auto r = test::run_cli("synth --preset qwen3-moe-tiny --out-dir " + dir.file("m"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = test::run_cli("inspect " + dir.file("m/model.dat") + " --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("model.layers.2.mlp.experts.7.down_proj.weight.qdata"), std::string::npos);
+  EXPECT_NE(r.out.find("\"model.layers.0.mlp.gate.weight\""), std::string::npos);
+  r = test::run_cli("generate --weights " + dir.file("m/model.dat") + " --config " + dir.file("m/config.json") +
+                    " --prompt-ids '1 2 3 4' --max-new-tokens 3 --print-ids --ignore-eos");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_FALSE(r.out.empty());
+}
+
+}  // namespace
+}  // namespace qwen3

@@ -16,6 +16,7 @@
 #include "qwen3/base/error.h"
 #include "qwen3/config/config.h"
 #include "qwen3/model/layout.h"
+#include "qwen3/model/lm_loss.h"
 #include "qwen3/model/model.h"
 
 namespace qwen3 {
@@ -174,6 +175,58 @@ TEST(Moe, SparseBlockEqualsADenseRecomputationOfItsRouting) {
   }
 }
 
+// transformers' load_balancing_loss_func as it is written there: the one-hot of the top k [L·N, k, E] and the
+// attention mask expanded over the blocks, the slots and the experts.
+at::Tensor transformers_balance_loss(const std::vector<at::Tensor>& logits, int64_t k, const at::Tensor& mask) {
+  const at::Tensor all = at::cat(logits, 0);
+  const int64_t E = all.size(1), L = static_cast<int64_t>(logits.size()), N = logits[0].size(0);
+  const at::Tensor routing = at::softmax(all, -1, at::kFloat);
+  const at::Tensor expert_mask = at::one_hot(std::get<1>(at::topk(routing, k, -1)), E).to(at::kFloat);
+  const at::Tensor m = mask.to(at::kFloat).reshape({1, N}).expand({L, N}).reshape({L * N});
+  const at::Tensor slots = m.view({-1, 1, 1}).expand_as(expert_mask);
+  const at::Tensor tokens_per_expert = (expert_mask * slots).sum(0) / slots.sum(0);
+  const at::Tensor experts = m.view({-1, 1}).expand_as(routing);
+  const at::Tensor router_prob_per_expert = (routing * experts).sum(0) / experts.sum(0);
+  return (tokens_per_expert * router_prob_per_expert.unsqueeze(0)).sum() * static_cast<double>(E);
+}
+
+TEST(Moe, LoadBalancingLossIsTransformersOnesInValueAndGradient) {
+  at::manual_seed(3);
+  std::vector<at::Tensor> logits, reference;
+  for (int b = 0; b < 3; ++b) logits.push_back(at::randn({10, 8}).requires_grad_(true));
+  for (const at::Tensor& l : logits) reference.push_back(l.detach().clone().requires_grad_(true));
+  const at::Tensor mask = at::tensor({1, 1, 1, 0, 1, 1, 0, 0, 1, 1}, at::kLong).to(at::kBool);
+  for (const bool masked : {false, true}) {
+    const at::Tensor m = masked ? mask : at::ones({10}, at::kBool);
+    const at::Tensor ours = load_balancing_loss(logits, 2, masked ? mask : at::Tensor());
+    const at::Tensor theirs = transformers_balance_loss(reference, 2, m);
+    EXPECT_NEAR(ours.item<double>(), theirs.item<double>(), 1e-6) << "masked " << masked;
+    ours.backward();
+    theirs.backward();
+    for (size_t i = 0; i < logits.size(); ++i) {
+      EXPECT_TRUE(at::allclose(logits[i].grad(), reference[i].grad(), 1e-5, 1e-7)) << "block " << i;
+      logits[i].mutable_grad().reset();
+      reference[i].mutable_grad().reset();
+    }
+  }
+  // Uniform routing: f_e = k/E on average, P_e = 1/E: the loss is k.
+  EXPECT_NEAR(load_balancing_loss({at::zeros({16, 8})}, 2).item<double>(), 2.0, 1e-6);
+  EXPECT_THROW(load_balancing_loss({}, 2), Error);
+}
+
+TEST(Moe, RouterLogitsAreRecordedOnlyWhenAsked) {
+  auto model = random_moe_model(preset_config("qwen3-moe-tiny"));
+  const at::Tensor ids = at::randint(0, 1000, {2, 5}, at::kLong);
+  model->hidden_states(ids);
+  EXPECT_TRUE(model->take_router_logits().empty());
+  model->set_router_logits_recording(true);
+  model->hidden_states(ids);
+  const std::vector<at::Tensor> logits = model->take_router_logits();
+  ASSERT_EQ(logits.size(), 2u) << "blocks 0 and 2 are sparse, 1 is dense";
+  EXPECT_EQ(logits[0].sizes(), at::IntArrayRef({10, 8}));
+  EXPECT_TRUE(model->take_router_logits().empty()) << "taken";
+}
+
 // A whole MoE model through the binary: synth writes it (NVFP4 experts, a dense router), inspect lists it, and
 // generate runs it.
 TEST(MoeCli, SynthInspectAndGenerate) {
@@ -218,6 +271,15 @@ TEST(MoeCli, TrainsResumesBitExactlyAndExports) {
   r = test::run_cli("generate --weights " + dir.file("straight/model.dat") + " --config " + dir.file("m/config.json") +
                     " --prompt-ids '1 2 3' --max-new-tokens 2 --print-ids --ignore-eos");
   EXPECT_EQ(r.code, 0) << r.err;
+  // A config that asks for the load-balancing loss is refused by name, not trained without it.
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(dir.file("m/config.json")));
+  config["output_router_logits"] = true;
+  std::ofstream(dir.file("aux.json")) << config.dump();
+  r = test::run_cli(base + " --steps 1 --config " + dir.file("aux.json") + " --output-dir " + dir.file("aux"));
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("aux.json: output_router_logits true (train with the load-balancing loss) is not supported"),
+            std::string::npos)
+      << r.err;
 }
 
 }  // namespace

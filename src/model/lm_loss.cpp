@@ -164,4 +164,21 @@ at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weig
   return LinearCrossEntropy::apply(hidden, weight, targets, slice_elements, false);
 }
 
+at::Tensor load_balancing_loss(const std::vector<at::Tensor>& router_logits, int64_t top_k, const at::Tensor& token_mask) {
+  if (router_logits.empty()) throw Error("load_balancing_loss: no router logits (no sparse block ran)");
+  const at::Tensor probs = at::softmax(at::cat(router_logits, 0), -1, at::kFloat);  // [L·N, E]
+  const int64_t E = probs.size(1);
+  const at::Tensor chosen = std::get<1>(at::topk(probs, top_k, -1));
+  // The k experts of a token are distinct: one 1 each in its row.
+  const at::Tensor routed = at::zeros_like(probs).scatter_(1, chosen, 1.0);
+  const int64_t blocks = static_cast<int64_t>(router_logits.size());
+  const at::Tensor weight = token_mask.defined()
+                                ? token_mask.reshape({-1}).to(probs.device()).to(at::kFloat).repeat({blocks}).unsqueeze(1)
+                                : at::ones({probs.size(0), 1}, probs.options());
+  const at::Tensor counted = weight.sum().clamp_min(1.0);
+  const at::Tensor f = (routed * weight).sum(0) / counted;
+  const at::Tensor p = (probs * weight).sum(0) / counted;
+  return (f * p).sum() * static_cast<double>(E);
+}
+
 }  // namespace qwen3

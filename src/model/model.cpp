@@ -287,6 +287,7 @@ at::Tensor Qwen3Model::moe_mlp(const Qwen3Block& b, const at::Tensor& h) const {
   const auto E = static_cast<int64_t>(b.experts.size());
   const at::Tensor x = h.reshape({-1, H});
   const at::Tensor router_logits = at::linear(x, b.router.to(x.scalar_type()));
+  if (record_router_logits_) router_logits_.push_back(router_logits);
   auto [weights, chosen] = at::topk(at::softmax(router_logits, -1, at::kFloat), k, -1);
   if (config_.norm_topk_prob) weights = weights / weights.sum(-1, /*keepdim=*/true);
   weights = weights.to(x.scalar_type());

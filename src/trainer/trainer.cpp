@@ -137,6 +137,12 @@ class Trainer {
     if (!o.checkpoint_dir.empty() && dp_.is_main()) checkpoint_lock_.emplace(o.checkpoint_dir);
     if (!o.metrics_jsonl.empty() && dp_.is_main()) prepare_output_folder("--metrics-jsonl", o.metrics_jsonl);
     config_ = load_config(o.config);
+    // transformers adds the load-balancing loss when the config asks (output_router_logits); training it needs
+    // the router logits across the block segments' separate graphs, not built yet. Shipped Qwen3 MoE configs
+    // say false: fine-tuning them trains what transformers trains.
+    if (config_.is_moe() && config_.output_router_logits)
+      throw Error(o.config + ": output_router_logits true (train with the load-balancing loss) is not supported "
+                  "yet; set it false (as Qwen3-30B-A3B's config.json has it) to train without that loss");
     tok_.emplace(load_tokenizer(TokenizerSource{o.tokenizer, o.tokenizer_config, o.chat_template}));
     tok_->check_fits_model(config_.vocab_size, o.config);
     if (config_.max_position_embeddings > 0 && o.data.seq_len > config_.max_position_embeddings)

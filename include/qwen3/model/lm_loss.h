@@ -4,6 +4,8 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include <vector>
+
 namespace qwen3 {
 
 // hidden [N, H], weight [V, H] (same dtype), targets int64 [N] with -100 = ignored. Logits are formed in the
@@ -15,5 +17,14 @@ namespace qwen3 {
 // head's and the lookup's gradients out of place). torch::autograd::grad then gets no gradient for the weight.
 at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
                                 int64_t slice_elements = int64_t{1} << 24, bool accumulate_into_weight_grad = false);
+
+// transformers' load_balancing_loss_func (Switch Transformer's auxiliary loss) over the sparse blocks' router
+// logits, each [N, E] for the same N tokens: softmax over the experts (fp32), the top k of each token, then
+// E · Σ_e f_e · P_e with f_e the share of tokens that chose expert e in one of their k slots and P_e the mean
+// routing probability of e, both over every block's tokens where `token_mask` [N] (bool; undefined: all) holds,
+// as transformers weighs them by the attention mask. 0-dim fp32; differentiable in the logits (f_e is a count
+// and carries no gradient). k for perfectly balanced routing.
+at::Tensor load_balancing_loss(const std::vector<at::Tensor>& router_logits, int64_t top_k,
+                               const at::Tensor& token_mask = {});
 
 }  // namespace qwen3

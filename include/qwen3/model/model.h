@@ -130,6 +130,12 @@ class Qwen3Model {
     return block_forward(blocks[static_cast<size_t>(layer)], x, cos, sin, nullptr, layer, 0, allowed);
   }
 
+  // The sparse blocks' router logits [tokens, experts] of each forward while recording (the load-balancing loss
+  // needs them, load_balancing_loss in lm_loss.h), in block order; take_router_logits hands them over and
+  // empties the list. Off by default: inference and evaluation keep nothing.
+  void set_router_logits_recording(bool on) { record_router_logits_ = on; }
+  std::vector<at::Tensor> take_router_logits() { return std::move(router_logits_); }
+
   // A block's MLP over its normed input h [..., H]: the dense SwiGLU, or the sparse block's routed experts
   // (moe_mlp). Public for the tests' dense re-computation of the routing.
   at::Tensor mlp(const Qwen3Block& b, const at::Tensor& h) const;
@@ -150,6 +156,8 @@ class Qwen3Model {
   at::Device device_;
   at::Tensor lm_head_;  // undefined when tied to embed_tokens
   BlockRunner* block_runner_ = nullptr;
+  bool record_router_logits_ = false;
+  mutable std::vector<at::Tensor> router_logits_;  // recorded by moe_mlp (const: a forward changes no weight)
   std::vector<std::pair<std::string, at::Tensor*>> fields_;  // file key -> field, in file order
 };
 

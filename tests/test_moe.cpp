@@ -17,6 +17,10 @@
 #include "qwen3/config/config.h"
 #include "qwen3/model/layout.h"
 #include "qwen3/model/lm_loss.h"
+#include "qwen3/convert/hf_export.h"
+#include "qwen3/convert/safetensors.h"
+#include "qwen3/dat/dat.h"
+#include "qwen3/dat/dat_tensor.h"
 #include "qwen3/model/model.h"
 
 namespace qwen3 {
@@ -280,6 +284,66 @@ TEST(MoeCli, TrainsResumesBitExactlyAndExports) {
   EXPECT_NE(r.err.find("aux.json: output_router_logits true (train with the load-balancing loss) is not supported"),
             std::string::npos)
       << r.err;
+}
+
+TEST(Moe, AnExpertsGateAndUpShareTheirSecondLevelScale) {
+  const std::string e = "model.layers.3.mlp.experts.17.";
+  EXPECT_EQ(nvfp4_scale_group(e + "gate_proj.weight"), nvfp4_scale_group(e + "up_proj.weight"));
+  EXPECT_NE(nvfp4_scale_group(e + "gate_proj.weight"), nvfp4_scale_group(e + "down_proj.weight"));
+  EXPECT_NE(nvfp4_scale_group(e + "gate_proj.weight"), nvfp4_scale_group("model.layers.3.mlp.experts.16.up_proj.weight"));
+  EXPECT_NE(nvfp4_scale_group(e + "gate_proj.weight"), nvfp4_scale_group("model.layers.3.mlp.gate_proj.weight"));
+  EXPECT_EQ(nvfp4_scale_group("model.layers.3.mlp.gate.weight"), "model.layers.3.mlp.gate.weight");
+}
+
+// The Hugging Face layouts of a trained MoE: Qwen3MoeForCausalLM with per-expert keys; nvfp4-hf keeps the routers
+// bf16 and lists them (with lm_head) among ModelOpt's excluded modules, and an expert's gate and up share their
+// second-level scale (vLLM fuses them into one w13); both convert back to the very weights exported as .dat.
+TEST(MoeCli, ExportsHuggingFaceLayoutsThatConvertBack) {
+  test::TempDir dir;
+  ASSERT_EQ(test::run_cli("synth --preset qwen3-moe-tiny --out-dir " + dir.file("m")).code, 0);
+  std::ofstream(dir.file("pairs.tsv")) << "a\tb\nc\td\n";
+  auto r = test::run_cli("train --model-dir " + dir.file("m") + " --tokenizer " + test::tiny_tokenizer_path() +
+                         " --train-data " + dir.file("pairs.tsv") + " --steps 2 --lr 1e-3 --output-dir " + dir.file("run"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string from = " --checkpoint " + dir.file("run/checkpoints") + " --weights " + dir.file("m/model.dat") +
+                           " --no-tokenizer --out ";
+  for (const std::string format : {"hf", "nvfp4-hf"}) {
+    const std::string out = dir.file(format);
+    r = test::run_cli("export --format " + format + from + out);
+    ASSERT_EQ(r.code, 0) << r.err;
+    const nlohmann::json config = nlohmann::json::parse(std::ifstream(out + "/config.json"));
+    EXPECT_EQ(config["architectures"][0], "Qwen3MoeForCausalLM");
+    EXPECT_EQ(config["model_type"], "qwen3_moe");
+    EXPECT_EQ(config["num_experts"], 8);
+    const SafetensorsFile file(out + "/model.safetensors");
+    EXPECT_NE(file.find("model.layers.2.mlp.experts.7.down_proj.weight"), nullptr) << format;
+    ASSERT_NE(file.find("model.layers.0.mlp.gate.weight"), nullptr);
+    EXPECT_EQ(file.find("model.layers.0.mlp.gate.weight")->dtype, "BF16") << "the router stays dense";
+    if (format == "nvfp4-hf") {
+      const std::vector<std::string> excluded = config["quantization_config"]["ignore"];
+      EXPECT_EQ(excluded, std::vector<std::string>({"lm_head", "model.layers.0.mlp.gate", "model.layers.2.mlp.gate"}));
+      for (int e = 0; e < 8; ++e) {
+        const std::string p = "model.layers.2.mlp.experts." + std::to_string(e) + ".";
+        float gate = 0, up = 0;
+        file.read_range(*file.find(p + "gate_proj.weight_scale_2"), 0, &gate, 4);
+        file.read_range(*file.find(p + "up_proj.weight_scale_2"), 0, &up, 4);
+        EXPECT_EQ(gate, up) << p;
+      }
+    }
+    r = test::run_cli("convert --hf-dir " + out + " --out " + dir.file(format + "-back/model.dat") + " --nvfp4");
+    ASSERT_EQ(r.code, 0) << r.err;
+  }
+  r = test::run_cli("export --checkpoint " + dir.file("run/checkpoints") + " --weights " + dir.file("m/model.dat") +
+                    " --out " + dir.file("exported.dat"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const DatReader exported(dir.file("exported.dat")), back(dir.file("nvfp4-hf-back/model.dat"));
+  size_t experts = 0;
+  for (const DatEntry& e : exported.entries()) {
+    if (e.key.find(".mlp.experts.") == std::string::npos) continue;
+    ++experts;
+    EXPECT_TRUE(read_tensor(back, back.at(e.key)).equal(read_tensor(exported, e))) << e.key;
+  }
+  EXPECT_EQ(experts, 2u * 8 * 3 * 2) << "two sparse blocks, 8 experts, 3 projections, codes and scales";
 }
 
 }  // namespace

@@ -195,15 +195,6 @@ struct Output {
   }
 };
 
-// The fused group a projection loads into in vLLM (q/k/v as one qkv_proj, gate/up as one gate_up_proj), which
-// must share weight_scale_2 (vLLM takes one global scale for the fused layer); a key of its own otherwise.
-std::string fused_group(const std::string& key) {
-  for (const char* member : {".self_attn.q_proj.", ".self_attn.k_proj.", ".self_attn.v_proj."})
-    if (key.find(member) != std::string::npos) return key.substr(0, key.find(".self_attn.")) + ".self_attn.qkv";
-  for (const char* member : {".mlp.gate_proj.", ".mlp.up_proj."})
-    if (key.find(member) != std::string::npos) return key.substr(0, key.find(".mlp.")) + ".mlp.gate_up";
-  return key;
-}
 
 nlohmann::json read_json_file(const std::string& path, const std::string& what) {
   std::ifstream f = open_input_file(path, what);
@@ -217,12 +208,13 @@ nlohmann::json read_json_file(const std::string& path, const std::string& what) 
 // config.json for the output: the model's own, its weights now bf16, and for nvfp4-hf ModelOpt's
 // quantization_config (flat form; hf_quant_config.json has the nested one). W4A16_NVFP4 (weight-only, what
 // qwen3-train trains) unless W4A4 is asked for.
-nlohmann::json quantization_section(bool flat, bool w4a4) {
+// `dense_modules`: what stays bf16 (lm_head, and a MoE model's routers, mlp.gate of each sparse block).
+nlohmann::json quantization_section(bool flat, bool w4a4, const std::vector<std::string>& dense_modules) {
   nlohmann::json q = {{"quant_algo", w4a4 ? "NVFP4" : "W4A16_NVFP4"}, {"kv_cache_quant_algo", nullptr},
-                      {"group_size", 16}, {"exclude_modules", {"lm_head"}}};
+                      {"group_size", 16}, {"exclude_modules", dense_modules}};
   if (!flat) return {{"producer", {{"name", "qwen3-train"}, {"version", "1"}}}, {"quantization", q}};
   q["quant_method"] = "modelopt";
-  q["ignore"] = {"lm_head"};
+  q["ignore"] = dense_modules;
   return q;
 }
 
@@ -285,6 +277,19 @@ void check_export_target(const HfExportOptions& o, const std::vector<std::string
 }
 
 }  // namespace
+
+std::string nvfp4_scale_group(const std::string& key) {
+  for (const char* member : {".self_attn.q_proj.", ".self_attn.k_proj.", ".self_attn.v_proj."})
+    if (key.find(member) != std::string::npos) return key.substr(0, key.find(".self_attn.")) + ".self_attn.qkv";
+  for (const char* member : {".mlp.gate_proj.", ".mlp.up_proj."})
+    if (key.find(member) != std::string::npos) return key.substr(0, key.find(".mlp.")) + ".mlp.gate_up";
+  // An expert's gate and up are one w13 in vLLM's fused MoE, which warns and loses accuracy when their second
+  // levels differ.
+  if (key.find(".mlp.experts.") != std::string::npos)
+    for (const char* member : {".gate_proj.", ".up_proj."})
+      if (key.find(member) != std::string::npos) return key.substr(0, key.find(member)) + ".gate_up";
+  return key;
+}
 
 HfExportReport export_hf(const HfExportOptions& o) {
   HfExportReport report;
@@ -363,11 +368,11 @@ HfExportReport export_hf(const HfExportOptions& o) {
   std::map<std::string, float> group_largest;
   for (const Output& out : outputs)
     if (out.as_nvfp4) {
-      float& largest = group_largest[fused_group(out.source->key)];
+      float& largest = group_largest[nvfp4_scale_group(out.source->key)];
       largest = std::max(largest, largest_block_scale(in, *out.source));
     }
   for (Output& out : outputs)
-    if (out.as_nvfp4) out.shift = global_scale_shift(group_largest[fused_group(out.source->key)]);
+    if (out.as_nvfp4) out.shift = global_scale_shift(group_largest[nvfp4_scale_group(out.source->key)]);
 
   // Shards: consecutive tensors up to max_shard_bytes each (a tensor larger than that is a shard alone).
   std::vector<std::vector<const Output*>> shards(1);
@@ -441,16 +446,21 @@ HfExportReport export_hf(const HfExportOptions& o) {
                report);
 
   nlohmann::json out_config = config_json;
-  out_config["architectures"] = {"Qwen3ForCausalLM"};
-  out_config["model_type"] = "qwen3";
+  out_config["architectures"] = {config.is_moe() ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM"};
+  out_config["model_type"] = config.is_moe() ? "qwen3_moe" : "qwen3";
   out_config["torch_dtype"] = "bfloat16";
   out_config.erase("quantization_config");
   // transformers 5.x warns (about a tokenizer regex) on a config without the version that wrote it; Qwen3 came
   // with 4.51.0.
   if (!out_config.contains("transformers_version")) out_config["transformers_version"] = "4.51.0";
   if (o.format == HfFormat::nvfp4_hf) {
-    out_config["quantization_config"] = quantization_section(/*flat=*/true, o.nvfp4_w4a4);
-    write_text(temp, "hf_quant_config.json", quantization_section(/*flat=*/false, o.nvfp4_w4a4).dump(2) + "\n", report);
+    std::vector<std::string> dense_modules = {"lm_head"};
+    const ModelShape shape = config.shape();
+    for (int64_t layer = 0; layer < shape.layers; ++layer)
+      if (shape.moe_layer(layer)) dense_modules.push_back("model.layers." + std::to_string(layer) + ".mlp.gate");
+    out_config["quantization_config"] = quantization_section(/*flat=*/true, o.nvfp4_w4a4, dense_modules);
+    write_text(temp, "hf_quant_config.json",
+               quantization_section(/*flat=*/false, o.nvfp4_w4a4, dense_modules).dump(2) + "\n", report);
   }
   write_text(temp, "config.json", out_config.dump(2) + "\n", report);
   // The base model's generation_config.json (sampling defaults, stop ids) where it sits beside its config.json;

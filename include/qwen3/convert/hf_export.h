@@ -43,4 +43,9 @@ struct HfExportReport {
 
 HfExportReport export_hf(const HfExportOptions& options);
 
+// The projections that share one power-of-two weight_scale_2 in an nvfp4-hf export: each fused layer vLLM loads
+// them into (q/k/v as qkv_proj, gate/up as gate_up_proj, an expert's gate/up as its w13: vLLM takes one global
+// scale for a fused layer, and warns and loses accuracy when an expert's two differ); the key itself otherwise.
+std::string nvfp4_scale_group(const std::string& key);
+
 }  // namespace qwen3

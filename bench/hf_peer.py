@@ -119,31 +119,61 @@ def dat_state_dict(path):
 
 
 # ------------------------------------------------------------------------------------------- the peer model
-def _transformers():
+def _is_moe(config_path):
+    with open(config_path) as f:
+        return json.load(f).get("model_type") == "qwen3_moe"
+
+
+def _transformers(moe=False):
+    """transformers' version, and the config and model classes: Qwen3's, or Qwen3 MoE's."""
     import transformers
+    if moe:
+        from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+        return transformers.__version__, Qwen3MoeConfig, Qwen3MoeForCausalLM
     from transformers import Qwen3Config, Qwen3ForCausalLM
     return transformers.__version__, Qwen3Config, Qwen3ForCausalLM
 
 
 def hf_config(config_path, **overrides):
-    _, Qwen3Config, _ = _transformers()
+    _, config_class, _ = _transformers(_is_moe(config_path))
     with open(config_path) as f:
         d = json.load(f)
     d.pop("torch_dtype", None)
     d.pop("dtype", None)
     d.update(overrides)
-    return Qwen3Config(**d)
+    return config_class(**d)
+
+
+def expert_layout(state, model_keys):
+    """The checkpoint layout keeps one module per expert (mlp.experts.E.gate_proj.weight, ...); transformers 5 holds a
+    block's experts as two stacked parameters (mlp.experts.gate_up_proj [E, 2I, H]: gate then up;
+    mlp.experts.down_proj [E, H, I]). The per-expert tensors are stacked where the model has those."""
+    out = dict(state)
+    for key in model_keys:
+        for fused, members in ((".mlp.experts.gate_up_proj", ("gate_proj", "up_proj")),
+                               (".mlp.experts.down_proj", ("down_proj",))):
+            if not key.endswith(fused):
+                continue
+            prefix = key[: -len(fused)] + ".mlp.experts."
+            experts = []
+            while f"{prefix}{len(experts)}.{members[0]}.weight" in out:
+                e = len(experts)
+                experts.append(torch.cat([out.pop(f"{prefix}{e}.{m}.weight") for m in members], 0))
+            if experts:
+                out[key] = torch.stack(experts)
+    return out
 
 
 def cmd_logits(a):
-    version, _, Qwen3ForCausalLM = _transformers()
+    version, _, model_class = _transformers(_is_moe(a.config))
     from safetensors.torch import load_file
 
     state = dat_state_dict(a.weights)
     # A file with its own lm_head is used as such even when the config ties it (as qwen3-train loads it).
     config = hf_config(a.config, tie_word_embeddings="lm_head.weight" not in state)
     config._attn_implementation = "eager"  # the textbook formula, in float32
-    model = Qwen3ForCausalLM(config).to(torch.float32)
+    model = model_class(config).to(torch.float32)
+    state = expert_layout(state, model.state_dict().keys())
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
     if missing or unexpected:

@@ -51,12 +51,15 @@ rm -rf "$work"
 mkdir -p "$work"
 "$bin" synth --preset tiny --seed 1 --out-dir "$work/m1" >/dev/null
 "$bin" synth --preset tiny --seed 2 --out-dir "$work/m2" >/dev/null
+"$bin" synth --preset qwen3-moe-tiny --seed 1 --out-dir "$work/moe" >/dev/null
 # Three lines of ids, one longer than two windows (the overlap of windows is part of what is compared).
 awk 'BEGIN { srand(7); split("7 33 133", n, " ");
              for (l = 1; l <= 3; ++l) { s = ""; for (i = 0; i < n[l]; ++i) s = s (i ? " " : "") int(rand() * 151936); print s } }' \
   >"$work/ids.txt"
 "$bin" eval --weights "$work/m1/model.dat" --config "$work/m1/config.json" --token-ids-file "$work/ids.txt" \
   --seq-len 64 --dtype float32 --logits-out "$work/ours.safetensors" --json >"$work/eval.json"
+"$bin" eval --weights "$work/moe/model.dat" --config "$work/moe/config.json" --token-ids-file "$work/ids.txt" \
+  --seq-len 64 --dtype float32 --logits-out "$work/ours-moe.safetensors" --json >"$work/eval-moe.json"
 rel=${work#"$root"/}
 
 inner=$(cat <<'INNER'
@@ -73,6 +76,9 @@ if peer logits --weights $w/m2/model.dat --config $w/m2/config.json --ids-file $
   exit 1
 fi
 echo "hf-reference-check: another model's weights are refused: $(cat $w/wrong.json)"
+# The mixture of experts: Qwen3MoeForCausalLM on the tiny MoE (two sparse blocks, one dense).
+peer logits --weights $w/moe/model.dat --config $w/moe/config.json --ids-file $w/ids.txt --seq-len 64 \
+  --ours $w/ours-moe.safetensors
 for gc in on off; do
   peer train --config $w/m1/config.json --seq-len 64 --batch-size 2 --steps 3 --warmup 1 --grad-checkpoint $gc
 done
@@ -90,4 +96,4 @@ unshare --mount --propagation private bash -euo pipefail -c '
   exec chroot "$dir" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 OMP_NUM_THREADS=2 REL="$rel" \
     bash -c "$inner"
 ' hf-reference "$chroot_dir" "$root" "$inner" "$rel"
-echo "hf-reference-check: transformers' Qwen3ForCausalLM agrees with qwen3-train eval (float32 logits)"
+echo "hf-reference-check: transformers' Qwen3ForCausalLM and Qwen3MoeForCausalLM agree with qwen3-train eval (float32 logits)"

@@ -143,6 +143,46 @@ TEST(MemoryReport, PredictionMatchesTheMeasurementWithin15PercentOnCpu) {
   }
 }
 
+// A mixture-of-experts model: the report model's body with 16 experts of width 512, 4 a token (each token's MLP is
+// twice the dense block's width), block 1 dense. The prediction counts a sparse block's MLP at k experts' width
+// with the routing and the gathered rows; at the dense block's width (as before it knew experts) it was 9% under
+// the measurement after forward and backward of the plain step, beyond this test's 5% (10% when checkpointed).
+TEST(MemoryReport, MoePredictionMatchesTheMeasurementOnCpu) {
+  test::TempDir dir;
+  Qwen3Config config = report_config();
+  config.num_experts = 16;
+  config.num_experts_per_tok = 4;
+  config.moe_intermediate_size = 512;
+  config.norm_topk_prob = true;
+  config.mlp_only_layers = {1};
+  const SynthResult m = make_model(dir, config, "moe");
+  const std::string text = write_text(dir);
+  const ReportCase cases[] = {{"plain fp32", "float32", "float32", false, false},
+                              {"checkpointing", "float32", "nvfp4", true, false},
+                              {"fused optimizer", "float32", "float32", false, true}};
+  for (const ReportCase& c : cases) {
+    TrainOptions o = options_for(m, text);
+    o.steps = 1;
+    o.data.seq_len = 256;
+    o.data.batch_size = 4;
+    o.master_dtype = parse_master_dtype(c.master);
+    o.adamw.moments = moment_storage_from_name(c.moments);
+    o.grad_checkpoint = c.checkpoint;
+    o.fused_optimizer = c.fused;
+    o.vram_report = dir.file("moe-report-" + std::to_string(&c - cases) + ".json");
+    run_training(o);
+    const nlohmann::json r = nlohmann::json::parse(test::slurp(o.vram_report));
+    for (const auto& s : r["Samples"]) {
+      const double measured = s["PeakMiB"].get<double>(), predicted = s["PredictedMiB"].get<double>();
+      if (measured < 1.0) continue;
+      // Checkpointed, the recompute's saved tensors are counted whole while a sparse block's backward frees them
+      // expert by expert: 8% over after backward here.
+      const double tolerance = c.checkpoint ? 0.10 : 0.05;
+      EXPECT_NEAR(predicted, measured, tolerance * measured) << c.name << ", phase " << s["Phase"];
+    }
+  }
+}
+
 TEST(MemoryReport, HasTheOriginalShapeAndThisToolsFields) {
   test::TempDir dir;
   const SynthResult m = make_model(dir, test::trainable_tiny_config(), "m");

@@ -22,6 +22,7 @@
 #include "qwen3/dat/dat.h"
 #include "qwen3/dat/dat_tensor.h"
 #include "qwen3/model/model.h"
+#include "qwen3/trainer/step_time_model.h"
 
 namespace qwen3 {
 namespace {
@@ -229,6 +230,16 @@ TEST(Moe, RouterLogitsAreRecordedOnlyWhenAsked) {
   ASSERT_EQ(logits.size(), 2u) << "blocks 0 and 2 are sparse, 1 is dense";
   EXPECT_EQ(logits[0].sizes(), at::IntArrayRef({10, 8}));
   EXPECT_TRUE(model->take_router_logits().empty()) << "taken";
+}
+
+// A token of Qwen3-30B-A3B goes through 8 of each block's 128 experts: the model FLOPs (and so the MFU and the
+// step-time model's products) count its ~3.0 B active parameters without the input embedding (Qwen's "3.3B
+// activated" with it: 0.31 B), not the 30 B it holds.
+TEST(Moe, ModelFlopsCountTheActiveExpertsOnly) {
+  const Qwen3Config c = preset_config("qwen3-30b-a3b");
+  const double attention = 12.0 * 48 * (32 * 128) * 2048;
+  const double active = (model_flops_per_token(c, 2048) - attention) / 6;
+  EXPECT_NEAR(active / 1e9, 3.04, 0.01);
 }
 
 // A whole MoE model through the binary: synth writes it (NVFP4 experts, a dense router), inspect lists it, and

@@ -45,6 +45,9 @@ struct BlockSizes {
   u64 largest_projection = 0;
   u64 parameters = 0;       // every element of the block
   u64 trainable = 0;        // elements that train
+  // Activations (count_activations): what autograd keeps per token, and the MLP's short-lived tensors, which
+  // differ between a dense block and a sparse (mixture-of-experts) one.
+  u64 saved_per_token = 0, mlp_saved = 0, mlp_temp = 0, mlp_forward_temp = 0, backward_activation_temp = 0;
 };
 
 }  // namespace
@@ -77,6 +80,7 @@ struct StepSizes {
   u64 e = 4, a = 4;         // master and activation bytes an element
   bool bf16 = false, abf16 = false;
   u64 B = 0, T = 0, N = 0, H = 0, Q = 0, KV = 0, I = 0, V = 0, nh = 0;
+  int64_t experts_per_token = 0;  // a MoE model's k
   bool grouped = false, kv_copies = false;
   std::vector<BlockSizes> blocks;
   u64 weights = 0, moments = 0, gradients = 0;  // the plan's totals
@@ -88,8 +92,7 @@ struct StepSizes {
   bool scratch_in_forward = false;
   bool kept_operands = false;  // checkpointed CUDA training: each recompute keeps its bf16 product operands
   // What autograd keeps of one block per token, and the short-lived activations (docs/memory.md).
-  u64 block_saved_per_token = 0, mlp_saved = 0, attention_forward_temp = 0, mlp_temp = 0, mlp_forward_temp = 0;
-  u64 block_backward_activation_temp = 0;
+  u64 attention_forward_temp = 0;
   u64 width = 0;  // the cross-entropy's vocabulary slice
 
   static constexpr u64 kCodesPerElementX16 = 9;  // 8 bits of codes + 1 byte of scale per 16 elements: 9/16 byte
@@ -104,6 +107,7 @@ struct StepSizes {
     B = static_cast<u64>(o.data.batch_size), T = static_cast<u64>(o.data.seq_len), N = B * T;
     H = s.hidden, Q = s.heads * s.head_dim, KV = s.kv_heads * s.head_dim, I = s.intermediate, V = s.vocab;
     nh = s.heads;
+    experts_per_token = config.num_experts_per_tok;
     grouped = s.heads != s.kv_heads;
     // causal_attention (model.cpp) hands the grouped k and v as they are to SDPA where it can (libtorch 2.5+, or
     // a CUDA device, whose libtorch is taken to be the GPU machine's 2.x) and rows are not packed (a mask), and to
@@ -173,8 +177,7 @@ struct StepSizes {
     } else {
       attention_saved += (kv_copies ? 2 * a * Q : 2 * a * KV) + 4 * nh * T + (abf16 ? 2 * nh * T : 0);
     }
-    mlp_saved = 4 * a * I;  // gate, silu(gate), up, their product
-    block_saved_per_token = 2 * norm_saved + qk_saved + attention_saved + mlp_saved;
+    const u64 k = static_cast<u64>(std::max<int64_t>(experts_per_token, 1)), E = s.experts, Ie = s.expert_intermediate;
     // Attention scores [B, heads, T, T]: with the explicit softmax two fp32 copies are alive at once in forward
     // (scores and masked, or probabilities and their typed copy) and two gradients in backward; a GPU's fused
     // attention has none (nor PyTorch 2.x's CPU flash kernel, which works in per-thread tiles). The MLP: gate,
@@ -184,13 +187,31 @@ struct StepSizes {
     const u64 scores = B * nh * T * T;
     attention_forward_temp = explicit_scores ? scores * 8 : 0;
     const u64 attention_backward_temp = explicit_scores ? scores * 8 : N * 3 * a * Q;
-    mlp_temp = N * 2 * a * I;
-    // Forward without a graph: the block's residual and normed input, gate and up, then silu(gate) and its
-    // product with up at once on CPU (four [N, I] tensors; the CUDA kernel makes the product directly: three).
-    mlp_forward_temp = N * a * ((cuda ? 3 : 4) * I + 2 * H);
-    // Backward of a block: the MLP's part runs first; by the time attention's runs, its saved tensors are gone.
-    block_backward_activation_temp =
-        std::max(mlp_temp, attention_backward_temp > mlp_saved * N ? attention_backward_temp - mlp_saved * N : 0);
+    for (int64_t l = 0; l < s.layers; ++l) {
+      BlockSizes& b = blocks[static_cast<size_t>(l)];
+      // A sparse block runs each token through k experts of width moe_intermediate_size: the dense block's
+      // tensors at width k·Ie per token, plus the routing (fp32 probabilities [N, E], the top k's indices and
+      // weights) and, per (token, expert), its gathered input row and its output, saved for the weighting.
+      const bool sparse = s.moe_layer(l);
+      const u64 width = sparse ? k * Ie : I;
+      const u64 routing_saved = sparse ? 4 * E + k * (8 + 4 + 4 + a) + 2 * k * a * H : 0;
+      b.mlp_saved = 4 * a * width + routing_saved;  // gate, silu(gate), up, their product (+ the routing)
+      b.saved_per_token = 2 * norm_saved + qk_saved + attention_saved + b.mlp_saved;
+      // Forward without a graph: the block's residual and normed input, gate and up, then silu(gate) and its
+      // product with up at once on CPU (four [N, I] tensors; the CUDA kernel makes the product directly: three).
+      // A sparse block runs its experts one after the other: besides the output it accumulates and the routing,
+      // only one expert's rows and temporaries are alive, the busiest expert's share taken as twice the average
+      // (N·k/E tokens an expert).
+      const u64 busiest = sparse ? std::min<u64>(N, 2 * N * k / std::max<u64>(E, 1)) : 0;
+      b.mlp_forward_temp = sparse ? N * (a * 3 * H + 4 * E) + busiest * a * ((cuda ? 3 : 4) * Ie + 2 * H)
+                                  : N * a * ((cuda ? 3 : 4) * I + 2 * H);
+      // Backward: the gradient from down_proj and the two it makes, less the product saved for down_proj; for a
+      // sparse block, per expert in turn, beside the gradients of the output and of the gathered input.
+      b.mlp_temp = sparse ? N * 2 * a * H + busiest * 2 * a * Ie : N * 2 * a * width;
+      // Backward of a block: the MLP's part runs first; by the time attention's runs, its saved tensors are gone.
+      b.backward_activation_temp = std::max(
+          b.mlp_temp, attention_backward_temp > b.mlp_saved * N ? attention_backward_temp - b.mlp_saved * N : 0);
+    }
     width = std::min<u64>(V, std::max<u64>(256, (u64{1} << 24) / std::max<u64>(N, 1)));
   }
 
@@ -236,14 +257,14 @@ std::vector<u64> forward_phase(const StepSizes& z, Timeline& t, StepMemoryPlan& 
       // All of its projections are frozen codes: only the product's dequantization on CPU.
       const u64 product = z.cuda ? 0 : (4 + (z.abf16 ? 2 : 0)) * b.largest_projection;
       saved[l] = 0;
-      t.spike(std::max(product + z.attention_forward_temp + attention_inputs, product + z.mlp_forward_temp));
+      t.spike(std::max(product + z.attention_forward_temp + attention_inputs, product + b.mlp_forward_temp));
       continue;
     }
     if (checkpoint) {
-      t.spike(std::max(temp + attention_inputs, z.mlp_forward_temp + z.projection_forward_temp(b.largest_projection)));
+      t.spike(std::max(temp + attention_inputs, b.mlp_forward_temp + z.projection_forward_temp(b.largest_projection)));
       saved[l] = a * N * H;  // the block's input alone
     } else {
-      saved[l] = z.block_saved_per_token * N + codes + (z.o.fused_optimizer ? a * N * H : 0);
+      saved[l] = b.saved_per_token * N + codes + (z.o.fused_optimizer ? a * N * H : 0);
       t.spike(saved[l] + temp);
     }
     t.add(saved[l]);
@@ -310,11 +331,11 @@ void backward_phase(const StepSizes& z, const std::vector<u64>& saved, Timeline&
   for (int64_t l = z.s.layers - 1; l >= z.first_graph_block; --l) {
     const BlockSizes& b = z.blocks[l];
     const u64 grads = b.trainable * e;
-    u64 temp = z.projection_backward_temp(b.largest_projection) + z.block_backward_activation_temp + grads + in_flight;
+    u64 temp = z.projection_backward_temp(b.largest_projection) + b.backward_activation_temp + grads + in_flight;
     // Checkpointed: the recompute's saved tensors; each trained projection keeps its bf16 product operand where
     // the CUDA quantize pass makes one (nvfp4::ste_linear's keep_operand), else its codes.
     if (z.o.grad_checkpoint)
-      temp += z.block_saved_per_token * N + (z.kept_operands ? b.trained_projections * 2
+      temp += b.saved_per_token * N + (z.kept_operands ? b.trained_projections * 2
                                                              : b.trained_projections * StepSizes::kCodesPerElementX16 / 16);
     t.spike(temp);
     // Fused: the block's update runs after its graph is gone, with only the gradients and a piece's temporaries.

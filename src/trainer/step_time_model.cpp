@@ -76,6 +76,10 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
 
   // What trains, per block, and outside the blocks.
   std::vector<double> projections(s.layers, 0), trained_projections(s.layers, 0);
+  // A sparse block's products: a token goes through its k experts of E (and the router), so it multiplies by
+  // k/E of the experts' elements; every expert's weights still move once a step (projections above).
+  std::vector<double> active(s.layers, 0), trained_active(s.layers, 0);
+  const double routed_share = s.experts > 0 ? static_cast<double>(config.num_experts_per_tok) / static_cast<double>(s.experts) : 1;
   std::vector<bool> block_trains(s.layers, false);
   double trainable = 0, trainable_in_blocks = 0;
   double state_bytes = 0, state_bytes_in_blocks = 0;  // both moments and their scales (the optimizer's own count)
@@ -90,6 +94,13 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
       const int64_t l = std::stoll(spec.key.substr(13));
       if (trains) trainable_in_blocks += n, state_bytes_in_blocks += state;
       if (spec.quantizable) projections[l] += n, trained_projections[l] += trains ? n : 0;
+      const bool expert = spec.key.find(".mlp.experts.") != std::string::npos;
+      const bool router = spec.key.find(".mlp.gate.weight") != std::string::npos;
+      if (spec.quantizable || router) {
+        const double used = expert ? n * routed_share : n;
+        active[l] += used;
+        trained_active[l] += trains ? used : 0;
+      }
       block_trains[l] = block_trains[l] || trains;
     } else if (trains) {
       embedding_trains = embedding_trains || spec.key == "model.embed_tokens.weight";
@@ -110,9 +121,17 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
   // sums of q/k/v's and of gate/up's dX (6H and 3H), the heads' copy (2Q). On CPU libtorch's unfused ops: an
   // estimate of their passes.
   const double attention_flops = 2 * B * nh * T * T * hd;
-  const double activation_bytes = N * a * (gpu ? 10 * H + 4 * (Q + KV) + 2 * Q + 3 * I : 12 * H + 2 * (Q + 2 * KV) + 6 * I);
-  const double activation_backward_bytes =
-      gpu ? N * a * (25 * H + 7 * (Q + KV) + 2 * Q + 5 * I) : 2 * activation_bytes;
+  // A sparse block's MLP is k experts wide a token, and each routed row is gathered, and added back, once more.
+  const double k = static_cast<double>(std::max<int64_t>(config.num_experts_per_tok, 1));
+  const auto mlp_width = [&](int64_t l) { return s.moe_layer(l) ? k * static_cast<double>(s.expert_intermediate) : I; };
+  const auto routed_rows = [&](int64_t l) { return s.moe_layer(l) ? k * H : 0.0; };
+  const auto activation_bytes = [&](int64_t l) {
+    const double w = mlp_width(l);
+    return N * a * ((gpu ? 10 * H + 4 * (Q + KV) + 2 * Q + 3 * w : 12 * H + 2 * (Q + 2 * KV) + 6 * w) + 4 * routed_rows(l));
+  };
+  const auto activation_backward_bytes = [&](int64_t l) {
+    return gpu ? N * a * (25 * H + 7 * (Q + KV) + 2 * Q + 5 * mlp_width(l) + 6 * routed_rows(l)) : 2 * activation_bytes(l);
+  };
   // Below kNvfp4KernelMaxRows tokens on a GPU the NVFP4 kernel reads the codes (nothing else moves); from there a
   // trained weight's bf16 operand comes from one pass over its master (e + a: decoded from the codes in
   // registers, nvfp4_kernels.md), which writes the codes too only where backward keeps them (no checkpointing;
@@ -132,17 +151,17 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
 
   PhaseTime forward{"forward_done"}, backward{"backward_done"}, optimizer{"optimizer_step_done"};
   for (int64_t l = 0; l < s.layers; ++l) {
-    const double block_forward_flops = 2 * N * projections[l] + attention_flops;
+    const double block_forward_flops = 2 * N * active[l] + attention_flops;
     const double frozen = projections[l] - trained_projections[l];
     const double block_forward_bytes =
-        frozen * frozen_forward_per + trained_projections[l] * trained_forward_per + activation_bytes;
+        frozen * frozen_forward_per + trained_projections[l] * trained_forward_per + activation_bytes(l);
     forward.flops += block_forward_flops;
     forward.bytes += block_forward_bytes;
     if (l < first_graph_block) continue;  // no graph, no backward
-    backward.flops += 2 * N * projections[l] + 2 * N * trained_projections[l] + 2 * attention_flops;
+    backward.flops += 2 * N * active[l] + 2 * N * trained_active[l] + 2 * attention_flops;
     // dX's operands, then dW written in the master's dtype.
     backward.bytes += frozen * dequantize_per + trained_projections[l] * ((kept_operand ? 0 : dequantize_per) + e) +
-                      activation_backward_bytes;
+                      activation_backward_bytes(l);
     if (o.grad_checkpoint) backward.flops += block_forward_flops, backward.bytes += block_forward_bytes;
   }
   // The sliced loss: the head's product in forward; in backward the logits again, dX and (if it trains) dW.
@@ -180,14 +199,16 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
 
 double model_flops_per_token(const Qwen3Config& c, int64_t seq_len) {
   // The parameters a token's products use: the layout's tensors with a head of their own (a tied head is the
-  // embedding, counted once as the head), less the input embedding, whose lookup is no product.
+  // embedding, counted once as the head), less the input embedding, whose lookup is no product; of a sparse
+  // block's experts only the k a token goes through (k/E of them: the "active" parameters).
   const ModelShape s = c.shape();
+  const double routed_share = s.experts > 0 ? static_cast<double>(c.num_experts_per_tok) / static_cast<double>(s.experts) : 1;
   double parameters = 0;
   for (const auto& spec : qwen3_tensors(s, /*with_lm_head=*/true)) {
     if (spec.key == "model.embed_tokens.weight") continue;
     double n = 1;
     for (int64_t d : spec.shape) n *= static_cast<double>(d);
-    parameters += n;
+    parameters += spec.key.find(".mlp.experts.") != std::string::npos ? n * routed_share : n;
   }
   const double attention_width = static_cast<double>(s.heads * s.head_dim);
   return 6 * parameters + 12 * static_cast<double>(s.layers) * attention_width * static_cast<double>(seq_len);

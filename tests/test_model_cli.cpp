@@ -265,6 +265,16 @@ TEST(SmokeCli, PassesWithTheRealTokenizer) {
   EXPECT_NE(r.out.find("-> \"I am Qwen.\" (expected \"I am Qwen.\") ok"), std::string::npos) << r.out;
 }
 
+// The same run on the tiny mixture-of-experts model (smoke --moe): trained, exported, reloaded, it replies.
+TEST(SmokeCli, PassesOnTheMixtureOfExpertsModel) {
+  QWEN3_REQUIRE_REAL_TOKENIZER(tok);
+  test::TempDir dir;
+  const auto r =
+      test::run_cli("smoke --moe --out-dir " + dir.file("smoke") + " --tokenizer " + test::real_tokenizer_path());
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("-> \"I am Qwen.\" (expected \"I am Qwen.\") ok"), std::string::npos) << r.out;
+}
+
 TEST(SmokeCli, PassesWithTheTinyTokenizer) {
   test::TempDir dir;
   const auto r = test::run_cli("smoke --out-dir " + dir.file("smoke") + " --tokenizer " + test::tiny_tokenizer_path());

@@ -33,6 +33,7 @@ struct SmokeFlags {
   int64_t steps = 0;  // 0: 40 with the real Qwen3 tokenizer, 60 with a byte-level tiny one
   double lr = 2e-2;
   uint64_t seed = 0;
+  bool moe = false;  // the tiny mixture-of-experts model (qwen3-moe-tiny) instead of the dense one
 };
 
 std::string find_tokenizer(const std::string& given) {
@@ -64,7 +65,7 @@ int run_smoke(const SmokeFlags& f) {
   fmt::print("smoke: tokenizer {}\n", tok_path.empty() ? "built-in tiny (run scripts/fetch-tokenizer.sh for the real one)" : tok_path);
 
   SynthOptions synth;
-  synth.config = preset_config("tiny");
+  synth.config = preset_config(f.moe ? "qwen3-moe-tiny" : "tiny");
   synth.seed = f.seed;
   synth.out_dir = (fs::path(f.out_dir) / "model").string();
   const SynthResult model_files = write_synthetic_model(synth);
@@ -131,6 +132,7 @@ Command add_smoke_command(CLI::App& app) {
   sub->add_option("--lr", f->lr, "peak learning rate (4 warm-up steps, then cosine decay to 0)")
       ->check(finite_number())->check(positive_number())->capture_default_str();
   sub->add_option("--seed", f->seed, "synth and data seed")->check(seed_integer())->capture_default_str();
+  add_bool_flag(sub, "--moe", f->moe, "the same run on the tiny mixture-of-experts model (8 experts, 2 a token)");
   return {sub, [f]() { return run_smoke(*f); }};
 }
 

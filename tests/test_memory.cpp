@@ -100,6 +100,23 @@ struct ReportCase {
   const char* compute = "auto";
 };
 
+// One step of `c` on the model at seq 256 x 4 rows, its report written to `report`; the report read back.
+nlohmann::json report_step(const SynthResult& m, const std::string& text, const ReportCase& c, const std::string& report) {
+  TrainOptions o = options_for(m, text);
+  o.steps = 1;
+  o.data.seq_len = 256;
+  o.data.batch_size = 4;
+  o.master_dtype = parse_master_dtype(c.master);
+  o.adamw.moments = moment_storage_from_name(c.moments);
+  o.grad_checkpoint = c.checkpoint;
+  o.fused_optimizer = c.fused;
+  o.train_last_layers = c.last_layers;
+  o.compute_dtype = parse_compute_dtype(c.compute);
+  o.vram_report = report;
+  run_training(o);
+  return nlohmann::json::parse(test::slurp(report));
+}
+
 TEST(MemoryReport, PredictionMatchesTheMeasurementWithin15PercentOnCpu) {
   test::TempDir dir;
   const SynthResult m = make_model(dir, report_config(), "m");
@@ -116,19 +133,7 @@ TEST(MemoryReport, PredictionMatchesTheMeasurementWithin15PercentOnCpu) {
   for (const ReportCase& c : cases) {
     // bf16 compute is refused where this CPU's libtorch has no bf16 product.
     if (std::string(c.compute) == "bfloat16" && train_detail::cpu_bf16() == train_detail::CpuBf16::fails) continue;
-    TrainOptions o = options_for(m, text);
-    o.steps = 1;
-    o.data.seq_len = 256;
-    o.data.batch_size = 4;
-    o.master_dtype = parse_master_dtype(c.master);
-    o.adamw.moments = moment_storage_from_name(c.moments);
-    o.grad_checkpoint = c.checkpoint;
-    o.fused_optimizer = c.fused;
-    o.train_last_layers = c.last_layers;
-    o.compute_dtype = parse_compute_dtype(c.compute);
-    o.vram_report = dir.file("report-" + std::to_string(&c - cases) + ".json");
-    run_training(o);
-    const nlohmann::json r = nlohmann::json::parse(test::slurp(o.vram_report));
+    const nlohmann::json r = report_step(m, text, c, dir.file("report-" + std::to_string(&c - cases) + ".json"));
     ASSERT_EQ(r["Samples"].size(), step_phases().size()) << c.name;
     int compared = 0;
     for (size_t i = 0; i < step_phases().size(); ++i) {
@@ -161,17 +166,7 @@ TEST(MemoryReport, MoePredictionMatchesTheMeasurementOnCpu) {
                               {"checkpointing", "float32", "nvfp4", true, false},
                               {"fused optimizer", "float32", "float32", false, true}};
   for (const ReportCase& c : cases) {
-    TrainOptions o = options_for(m, text);
-    o.steps = 1;
-    o.data.seq_len = 256;
-    o.data.batch_size = 4;
-    o.master_dtype = parse_master_dtype(c.master);
-    o.adamw.moments = moment_storage_from_name(c.moments);
-    o.grad_checkpoint = c.checkpoint;
-    o.fused_optimizer = c.fused;
-    o.vram_report = dir.file("moe-report-" + std::to_string(&c - cases) + ".json");
-    run_training(o);
-    const nlohmann::json r = nlohmann::json::parse(test::slurp(o.vram_report));
+    const nlohmann::json r = report_step(m, text, c, dir.file("moe-report-" + std::to_string(&c - cases) + ".json"));
     for (const auto& s : r["Samples"]) {
       const double measured = s["PeakMiB"].get<double>(), predicted = s["PredictedMiB"].get<double>();
       if (measured < 1.0) continue;

@@ -397,7 +397,8 @@ TEST(TrainCli, SignalsAreObeyedDuringSetUpAndInsideAStep) {
                               int sig) -> std::pair<int, double> {
     const pid_t pid = ::fork();
     if (pid == 0) {
-      ::execl("/bin/sh", "sh", "-c", ("exec " + command + " 2>" + err).c_str(), static_cast<char*>(nullptr));
+      const std::string out = err.substr(0, err.rfind('.')) + ".out";  // stdout beside: step.err -> step.out
+      ::execl("/bin/sh", "sh", "-c", ("exec " + command + " 2>" + err + " >" + out).c_str(), static_cast<char*>(nullptr));
       ::_exit(127);
     }
     for (int i = 0; i < 600 && !ready(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -429,6 +430,8 @@ TEST(TrainCli, SignalsAreObeyedDuringSetUpAndInsideAStep) {
   EXPECT_EQ(step_code, 130) << test::slurp(step_err);
   EXPECT_LT(step_s, 10.0) << test::slurp(step_err);
   EXPECT_TRUE(log_has(step_err, "of its 400 micro-batches, before its update")) << test::slurp(step_err);
+  EXPECT_TRUE(log_has(dir.file("step.out"), "stopped by signal 2 before a step completed (still at step 0)"))
+      << test::slurp(dir.file("step.out"));
   const auto latest = latest_checkpoint(dir.file("ckpt"));
   ASSERT_TRUE(latest.has_value());
   EXPECT_EQ(load_checkpoint(*latest).step, 0);

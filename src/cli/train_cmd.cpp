@@ -486,10 +486,15 @@ Command add_train_command(CLI::App& app) {
                              {"config_file", flags.toml}};
             const TrainSummary s = run_training(f->o, &g_stop);
             if (f->test_max_tokens > 0 && !s.exported.empty()) self_test(*f);
-            fmt::print("trained {} steps (now at step {}, {} skipped): loss {:.4f} -> {:.4f}, {:.0f} ms/step, {:.0f} tok/s{}{}\n",
-                       s.steps_done, s.final_step, s.skipped_steps, s.first_loss, s.last_loss, s.mean_step_ms,
-                       s.tokens_per_second, s.last_checkpoint.empty() ? "" : ", checkpoint " + s.last_checkpoint,
-                       s.exported.empty() ? "" : ", exported " + s.exported);
+            if (s.steps_done == 0)  // stopped inside its first step: no loss or speed to report
+              fmt::print("stopped by signal {} before a step completed (still at step {}){}\n", s.stop_signal,
+                         s.final_step, s.last_checkpoint.empty() ? "" : ", checkpoint " + s.last_checkpoint);
+            else
+              fmt::print("trained {} steps (now at step {}, {} skipped): loss {:.4f} -> {:.4f}, {:.0f} ms/step, {:.0f} "
+                         "tok/s{}{}\n",
+                         s.steps_done, s.final_step, s.skipped_steps, s.first_loss, s.last_loss, s.mean_step_ms,
+                         s.tokens_per_second, s.last_checkpoint.empty() ? "" : ", checkpoint " + s.last_checkpoint,
+                         s.exported.empty() ? "" : ", exported " + s.exported);
             return s.stop_signal ? 128 + s.stop_signal : 0;
           }};
 }

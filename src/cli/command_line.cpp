@@ -73,11 +73,7 @@ int parse_and_run(int argc, char** argv) {
 
   try {
     app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForVersion& e) {
+  } catch (const CLI::Success& e) {  // --help, --help-all, --version: CLI11 prints them, exit 0
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     const std::string word = command_word(argc, argv);

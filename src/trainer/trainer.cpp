@@ -24,6 +24,7 @@
 #include "qwen3/dat/durable_file.h"
 #include "qwen3/dist/data_parallel.h"
 #include "qwen3/trainer/evaluate.h"
+#include "rank_agreement.h"
 #include "qwen3/export/output_target.h"
 #include "qwen3/export/exporter.h"
 #include "qwen3/trainer/memory_model.h"
@@ -160,7 +161,7 @@ class Trainer {
     reader_.emplace(o.weights);
     hash_ = model_hash(config_, *reader_);
     run_ = run_record(o);
-    check_ranks_agree(o);
+    check_ranks_agree(o, dp_, hash_, *reader_, run_);
     model_ = setup_model(o, config_, *reader_, device_);
     set_up_mfu(o);
     if (report_) {
@@ -482,48 +483,6 @@ class Trainer {
 
   // run.json: what the caller knows (tool, git hash, command line, every flag), the options by name, the
   // versions, the device, and the data's identity.
-  // Data parallel: every rank runs the same training, or the replicas drift apart from the first step (ranks
-  // started with another --seq-len, --seed or data file trained and exited 0). What defines it: the options by
-  // name, and the content of the model, the data and the tokenizer (their paths may differ between machines).
-  // Rank 0's hashes go to every rank (one broadcast), each marks what differs, and the marks are summed (one
-  // all-reduce), so every rank stops with the same message naming every differing option.
-  void check_ranks_agree(const TrainOptions& o) {
-    if (dp_.world_size() == 1) return;
-    nlohmann::json defining = to_json(o);
-    defining.erase("weights");
-    defining.erase("config");
-    defining["model layout"] = hash_;
-    defining["model weights (a sample of their values)"] = weights_sample_hash(*reader_);
-    defining["tokenizer.json's content"] = file_content_hash(o.tokenizer);
-    defining["--train-data's content"] = run_["data"]["train"]["hash"];
-    defining["--eval-data's content"] = run_["data"].value("eval", nlohmann::json::object()).value("hash", "");
-    std::vector<std::string> names;
-    std::vector<int64_t> hashes;
-    for (const auto& [name, value] : defining.items()) {  // sorted by name: the same order on every rank
-      uint64_t h = 1469598103934665603ull;
-      for (const unsigned char c : value.dump()) h = (h ^ c) * 1099511628211ull;
-      names.push_back(name);
-      hashes.push_back(static_cast<int64_t>(h >> 1));
-    }
-    const at::Tensor mine = at::tensor(hashes, at::kLong);
-    at::Tensor rank0 = mine.clone();
-    dp_.broadcast(rank0, 0, "defining options");
-    std::vector<at::Tensor> differ = {mine.ne(rank0).to(at::kLong)};
-    dp_.all_reduce_sum(differ, "defining options");
-    const at::Tensor counts = differ[0].to(at::kCPU);
-    std::vector<std::string> differing;
-    for (size_t i = 0; i < names.size(); ++i)
-      if (counts[static_cast<int64_t>(i)].item<int64_t>() > 0) {
-        differing.push_back(names[i]);
-        if (hashes[i] != rank0[static_cast<int64_t>(i)].item<int64_t>())
-          spdlog::error("rank {}: {} = {} differs from rank 0's", dp_.rank(), names[i], json_excerpt(defining[names[i]]));
-      }
-    if (!differing.empty())
-      throw Error(fmt::format("data parallel: the ranks were started with different {}: every rank must run the "
-                              "same command (its files may sit at other paths, with the same content)",
-                              fmt::join(differing, ", ")));
-  }
-
   nlohmann::json run_record(const TrainOptions& o) const {
     nlohmann::json r = o.run_info.is_object() ? o.run_info : nlohmann::json::object();
     r["options"] = to_json(o);

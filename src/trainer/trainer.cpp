@@ -1,5 +1,4 @@
 #include "qwen3/base/file_io.h"
-#include "qwen3/base/json_limits.h"
 #include "qwen3/trainer/trainer.h"
 
 #include <ATen/ATen.h>

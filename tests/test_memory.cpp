@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_test_util.h"
+#include "gpu_test.h"
 #include "qwen3/checkpoint/checkpoint.h"
 #include "qwen3/model/layout.h"
 #include "qwen3/model/lm_loss.h"
@@ -408,6 +409,32 @@ TEST(VramReportCli, PredictOnlyAndBadFlags) {
                                                     " --optimizer-state-mode int4");
   EXPECT_EQ(bad_moments.code, 2);
   EXPECT_NE(bad_moments.err.find("int4"), std::string::npos) << bad_moments.err;
+}
+
+// The report's first reading comes before anything has reached the device; in a fresh process the CUDA caching
+// allocator then has no statistics yet and threw "Invalid device argument ...: did you call init?" (the first
+// GPU round: every `train --device cuda --vram-report` stopped there, while smoke, which reports nothing, ran).
+// A child process, so that no earlier test has initialised CUDA.
+TEST(VramReportCli, GpuReportOfAFreshProcessReadsEveryPhase) {
+  QWEN3_GPU_TEST(at::hasCUDA());
+  test::TempDir dir;
+  const SynthResult m = make_model(dir, report_config(), "m");
+  const std::string report = dir.file("report.json");
+  const test::CliResult r = test::run_cli("train --weights " + m.dat_path + " --config " + m.config_path +
+                                          " --tokenizer " + test::tiny_tokenizer_path() + " --train-data " +
+                                          write_text(dir) + " --data-format text --pack --seq-len 128 --steps 1" +
+                                          " --log-every 0 --device cuda --vram-report " + report);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(test::slurp(report));
+  std::vector<std::string> phases;
+  for (const auto& sample : j["Samples"]) {
+    phases.push_back(sample["Phase"].get<std::string>());
+    if (sample["Phase"] == "forward_done") {
+      EXPECT_GT(sample["PeakMiB"].get<double>(), 0.0);
+    }
+  }
+  for (const std::string& phase : step_phases())
+    EXPECT_NE(std::find(phases.begin(), phases.end(), phase), phases.end()) << phase;
 }
 
 }  // namespace

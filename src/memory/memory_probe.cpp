@@ -17,6 +17,7 @@
 #include "qwen3/base/error.h"
 
 #if defined(QWEN3_TORCH_HAS_CUDA)
+#include <ATen/ATen.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
@@ -24,6 +25,17 @@
 
 namespace qwen3 {
 namespace {
+
+#if defined(QWEN3_TORCH_HAS_CUDA)
+// The caching allocator's statistics exist only once CUDA is initialised: before the first tensor reaches the
+// device they throw "Invalid device argument ...: did you call init?" (the first GPU round met this, a report
+// being made before the weights were loaded). One byte allocated on the device initialises it.
+int ready_cuda_index(const c10::Device& device) {
+  const int index = device.index() < 0 ? 0 : device.index();
+  (void)at::empty({1}, at::TensorOptions().dtype(at::kByte).device(c10::Device(c10::kCUDA, index)));
+  return index;
+}
+#endif
 
 std::atomic<uint64_t> g_live{0};
 std::atomic<uint64_t> g_peak{0};
@@ -200,7 +212,7 @@ MemoryReading MemoryProbe::read() const {
 #if defined(QWEN3_TORCH_HAS_CUDA)
   // Index 0 is StatType::AGGREGATE in every version; naming the type would tie this to one (it moved to
   // c10::CachingAllocator in PyTorch 2.5).
-  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index() < 0 ? 0 : device_.index());
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(ready_cuda_index(device_));
   r.allocated = static_cast<uint64_t>(stats.allocated_bytes[0].current);
   r.peak = static_cast<uint64_t>(stats.allocated_bytes[0].peak);
   r.reserved = static_cast<uint64_t>(stats.reserved_bytes[0].current);
@@ -216,7 +228,7 @@ MemoryReading MemoryProbe::read() const {
 std::optional<uint64_t> take_device_peak_bytes(const c10::Device& device) {
 #if defined(QWEN3_TORCH_HAS_CUDA)
   if (device.is_cuda()) {
-    const int index = device.index() < 0 ? 0 : device.index();
+    const int index = ready_cuda_index(device);
     const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);  // [0]: the aggregate (above)
     const auto peak = static_cast<uint64_t>(stats.allocated_bytes[0].peak);
     c10::cuda::CUDACachingAllocator::resetPeakStats(index);
@@ -234,7 +246,7 @@ void MemoryProbe::reset_peaks() {
     return;
   }
 #if defined(QWEN3_TORCH_HAS_CUDA)
-  c10::cuda::CUDACachingAllocator::resetPeakStats(device_.index() < 0 ? 0 : device_.index());
+  c10::cuda::CUDACachingAllocator::resetPeakStats(ready_cuda_index(device_));
 #endif
 }
 

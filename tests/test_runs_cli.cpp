@@ -1,5 +1,6 @@
 // Runs as files (docs/trainer.md "Runs as files"): --config-file, --output-dir, run.json / run.toml, the metrics'
 // time, epoch and MFU, and --resume refusing other training data.
+#include <ATen/Context.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -8,6 +9,7 @@
 #include <map>
 
 #include "cli_test_util.h"
+#include "gpu_test.h"
 #include "qwen3/config/config.h"
 #include "qwen3/model/synth.h"
 #include "qwen3/trainer/step_time_model.h"
@@ -304,6 +306,24 @@ TEST(RunsCli, PackStrategyIsRecordedAndOldPackedRunsAreNotSilentlyChanged) {
   EXPECT_NE(r.err.find("pack_strategy (checkpoint \"stream\", now \"best-fit\")"), std::string::npos) << r.err;
   r = run_cli(s.base + " --steps 3 --pack --pack-strategy stream --checkpoint-dir " + ck + " --resume");
   EXPECT_EQ(r.code, 0) << r.err;
+}
+
+// On CUDA the profiler reports each phase scope twice (the host's range and a device-side annotation): the trace
+// and the table have each phase once, and the table's total is the phases' own time.
+TEST(RunsCli, GpuProfileStepHasEachPhaseOnce) {
+  QWEN3_GPU_TEST(at::hasCUDA());
+  RunSetup s;
+  const std::string trace = s.dir.file("gpu-step2.json");
+  const auto r = run_cli(s.base + " --device cuda --steps 2 --profile-step 2 --profile-out " + trace);
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::map<std::string, int> phases;
+  for (const auto& e : nlohmann::json::parse(test::slurp(trace))["traceEvents"])
+    if (e["ph"] == "X" && e["cat"] == "phase") ++phases[e["name"].get<std::string>()];
+  EXPECT_EQ(phases, (std::map<std::string, int>{{"backward", 1}, {"batch", 1}, {"forward", 1}, {"optimizer", 1}}));
+  size_t table_rows = 0;
+  for (size_t at = r.err.find(" info forward "); at != std::string::npos; at = r.err.find(" info forward ", at + 1))
+    ++table_rows;
+  EXPECT_EQ(table_rows, 1u) << r.err;
 }
 
 // --profile-step: the step runs under libtorch's profiler; its phases are scopes of their own in a Chrome trace

@@ -146,6 +146,9 @@ void StepProfiler::finish(int64_t step) {
     e.start_us = static_cast<double>(start_ns(k, 0)) / 1000.0;
     e.dur_us = static_cast<double>(duration_ns(k, 0)) / 1000.0;
     e.phase = std::string_view(e.name).substr(0, kPhasePrefix.size()) == kPhasePrefix;
+    // On CUDA the profiler also reports each scope as a device-side annotation spanning its kernels: the same
+    // phase a second time (the first GPU round's table listed every phase twice and summed both).
+    if (e.phase && e.on_gpu) continue;
     if (e.phase) e.name = e.name.substr(kPhasePrefix.size());
     if (t0 < 0 || e.start_us < t0) t0 = e.start_us;
     events.push_back(std::move(e));

@@ -98,16 +98,18 @@ TEST(StepTimeModel, RespondsToTheFlagsThatChangeTheWork) {
   EXPECT_LT(phase(in_backward, "optimizer_step_done").bytes, 0.2 * phase(base, "optimizer_step_done").bytes);
   EXPECT_NEAR(phase(in_backward, "backward_done").bytes + phase(in_backward, "optimizer_step_done").bytes,
               phase(base, "backward_done").bytes + phase(base, "optimizer_step_done").bytes, 1.0);
-  // More bandwidth, same work: never slower.
+  // More bandwidth, same work: never slower (an update bound by its element rate, the same SMs, takes as long).
   const StepTimePlan h200 = predict_step_time(c, false, options(512), device_rates("h200"));
   for (size_t i = 0; i < base.phases.size(); ++i) {
     EXPECT_EQ(h200.phases[i].flops, base.phases[i].flops);
-    EXPECT_LT(h200.phases[i].ms, base.phases[i].ms);
+    EXPECT_LE(h200.phases[i].ms, base.phases[i].ms);
   }
+  EXPECT_LT(h200.total_ms(), base.total_ms());
   // fp32 compute on a GPU runs at the fp32 rate: much slower.
   TrainOptions fp32_compute = options(512);
   fp32_compute.compute_dtype = ComputeDtype::float32;
-  EXPECT_GT(predict_step_time(c, false, fp32_compute, h100).total_ms(), 5 * base.total_ms());
+  EXPECT_GT(phase(predict_step_time(c, false, fp32_compute, h100), "forward_done").ms,
+            5 * phase(base, "forward_done").ms);
 }
 
 // The bytes the code moves, term by term, at 2048 tokens on a GPU (bf16 compute, bf16 master, int8 moments):
@@ -151,6 +153,40 @@ TEST(StepTimeModel, CountsTheBytesTheGpuPathMoves) {
   cpu_options.compute_dtype = ComputeDtype::float32;
   const StepTimePlan cpu = predict_step_time(c, false, cpu_options, device_rates("cpu"));
   EXPECT_GT(phase(cpu, "forward_done").bytes - phase(plain, "forward_done").bytes, N * V * 20);
+}
+
+// The rates the first GPU round measured (H200): products at 60% of the bf16 peak, the update at 70% of the
+// bandwidth unless its element rate is slower (the compressed moments' arithmetic: 38.2 G parameters/s for nvfp4
+// moments with a bf16 master), every other pass at 35%.
+TEST(StepTimeModel, TheUpdateRunsAtTheSlowerOfItsBytesAndItsElementRate) {
+  const Qwen3Config c = qwen3_4b();
+  const DeviceRates h200 = device_rates("h200");
+  TrainOptions lean = options(2048);
+  lean.adamw.moments = MomentStorage::nvfp4;
+  lean.grad_checkpoint = true;
+  lean.fused_optimizer = true;
+  const StepTimePlan p = predict_step_time(c, false, lean, h200);
+  const PhaseTime& opt = phase(p, "optimizer_step_done");
+  const PhaseTime& bwd = phase(p, "backward_done");
+  ASSERT_GT(opt.updated, 0);
+  EXPECT_NEAR(opt.updated + bwd.updated, 4022468096.0, 1.0) << "every parameter is stepped once";
+  EXPECT_GT(opt.updated / 38.2e9, opt.update_bytes / (4800e9 * 0.7)) << "nvfp4 moments: bound by arithmetic";
+  EXPECT_NEAR(opt.ms, 1e3 * opt.updated / 38.2e9, 1e-9 * opt.ms);
+  EXPECT_NEAR(bwd.ms,
+              1e3 * (bwd.flops / (989e12 * 0.6) + (bwd.bytes - bwd.update_bytes) / (4800e9 * 0.35) + bwd.updated / 38.2e9),
+              1e-9 * bwd.ms);
+  const PhaseTime& fwd = phase(p, "forward_done");
+  EXPECT_EQ(fwd.update_bytes, 0);
+  EXPECT_NEAR(fwd.ms, 1e3 * (fwd.flops / (989e12 * 0.6) + fwd.bytes / (4800e9 * 0.35)), 1e-9 * fwd.ms);
+  // fp32 master and moments: 32 bytes a parameter at 3.36 TB/s is 105 G/s, below the 119 G/s the plain kernel
+  // reaches: bound by its bytes.
+  TrainOptions fast = options(2048);
+  fast.master_dtype = MasterDtype::float32;
+  fast.adamw.moments = MomentStorage::float32;
+  const PhaseTime& plain = phase(predict_step_time(c, false, fast, h200), "optimizer_step_done");
+  EXPECT_NEAR(plain.ms, 1e3 * plain.update_bytes / (4800e9 * 0.7), 1e-9 * plain.ms);
+  EXPECT_EQ(update_elements_per_s(h200, MomentStorage::int8, MasterDtype::bfloat16), 95.9);
+  EXPECT_EQ(update_elements_per_s(device_rates("cpu"), MomentStorage::nvfp4, MasterDtype::bfloat16), 0.0);
 }
 
 // Without a flag naming it, a run is predicted (and its MFU measured) with the rates of the GPU it runs on: a

@@ -93,10 +93,13 @@ void print_memory_plan(const StepMemoryPlan& plan, const c10::Device& device) {
              plan.saved_codes / kMiB, plan.peak() / kMiB);
 }
 
-void print_time_plan(const StepTimePlan& plan, const DeviceRates& rates) {
-  fmt::print("predicted time of one step on {} ({:g} bf16 / {:g} fp32 TFLOPS at {:.0f}%, {:g} GB/s at {:.0f}%{}):\n",
+void print_time_plan(const StepTimePlan& plan, const DeviceRates& rates, double update_g_per_s) {
+  fmt::print("predicted time of one step on {} ({:g} bf16 / {:g} fp32 TFLOPS at {:.0f}%, {:g} GB/s at {:.0f}% for the "
+             "update and {:.0f}% for the other passes{}{}):\n",
              plan.device, rates.bf16_tflops, rates.fp32_tflops, 100 * rates.matmul_efficiency, rates.memory_gbps,
-             100 * rates.memory_efficiency, rates.unified_memory ? ", memory shared with the CPU" : "");
+             100 * rates.memory_efficiency, 100 * rates.pass_efficiency,
+             update_g_per_s > 0 ? fmt::format(", the update at most {:g} G parameters/s", update_g_per_s) : "",
+             rates.unified_memory ? ", memory shared with the CPU" : "");
   fmt::print("{:<22} {:>12} {:>12} {:>12}\n", "phase", "GFLOP", "GB moved", "ms");
   for (const auto& p : plan.phases)
     fmt::print("{:<22} {:>12.1f} {:>12.2f} {:>12.1f}\n", p.phase, p.flops / 1e9, p.bytes / 1e9, p.ms);
@@ -550,7 +553,8 @@ Command add_vram_report_command(CLI::App& app) {
               const c10::Device device = on_cpu ? c10::Device(c10::kCPU) : c10::Device(c10::kCUDA, 0);
               const StepPrediction prediction = predict(o, config, device);
               print_memory_plan(prediction.memory, device);
-              print_time_plan(prediction.time, prediction.rates);
+              print_time_plan(prediction.time, prediction.rates,
+                              update_elements_per_s(prediction.rates, o.adamw.moments, o.master_dtype));
               print_pool_prediction(prediction.memory, prediction.rates);
               return 0;
             }

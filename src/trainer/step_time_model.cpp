@@ -24,18 +24,40 @@ const std::vector<std::string>& predict_device_names() {
 
 DeviceRates device_rates(std::string_view name) {
   // GPUs: the vendors' dense peaks (H100/H200 SXM; GB10: 1 PFLOP FP4 with sparsity, halved for dense and
-  // quartered for bf16, and ~31 TFLOPS fp32 as presented at Hot Chips 2025). Efficiencies: assumptions until
-  // the GPU round measures a step (issue 12). cpu: the development machine (dev-2c, its two cores), measured
-  // by bench_train_step's BM_ProductRate: a [32, 2560] x [2560, 9728] product at 300 GFLOP/s in bf16 and 107
-  // in fp32; memcpy 23.5 GiB/s; the product rates are already what a training-shaped product reaches, an
-  // elementwise ATen pass about half a memcpy.
-  if (name == "h100") return {"h100", 989.0, 67.0, 3350.0, 0.6, 0.7, false, 80.0};
-  if (name == "h200") return {"h200", 989.0, 67.0, 4800.0, 0.6, 0.7, false, 141.0};
-  if (name == "gb10") return {"gb10", 125.0, 31.0, 273.0, 0.6, 0.7, true, 128.0};
-  if (name == "cpu") return {"cpu", 0.300, 0.107, 25.2, 1.0, 0.5, false, 0.0};
+  // quartered for bf16, and ~31 TFLOPS fp32 as presented at Hot Chips 2025). Efficiencies and update rates:
+  // measured on an H200 on 2026-11-26 (docs/performance.md, "The first GPU round"): the products of a Qwen3-4B
+  // step reached 60% of the bf16 peak, the fp32 update 70% of the bandwidth, the other passes 35% (the step's
+  // quantize, fused-op and elementwise kernels against the bytes this model counts for them); the update's
+  // element rates are bench_kernels' adamw rows. The H100 has the H200's SMs and clocks: the same fractions and
+  // element rates, assumed. GB10: the same fractions, and the element rates scaled by its 48 SMs against 132,
+  // assumed. cpu: the development machine (dev-2c, its two cores), measured by bench_train_step's
+  // BM_ProductRate: a [32, 2560] x [2560, 9728] product at 300 GFLOP/s in bf16 and 107 in fp32; memcpy 23.5
+  // GiB/s; the product rates are already what a training-shaped product reaches, an elementwise ATen pass about
+  // half of it; no element bound on its update (its loops are measured in bytes, docs/optim.md).
+  const UpdateRates hopper{119.0, 70.4, 95.9, 37.7, 38.2};
+  const double gb10_share = 48.0 / 132.0;
+  const UpdateRates gb10{hopper.plain * gb10_share, hopper.int8_fp32_master * gb10_share,
+                         hopper.int8_bf16_master * gb10_share, hopper.nvfp4_fp32_master * gb10_share,
+                         hopper.nvfp4_bf16_master * gb10_share};
+  if (name == "h100") return {"h100", 989.0, 67.0, 3350.0, 0.6, 0.7, false, 80.0, 0.35, hopper};
+  if (name == "h200") return {"h200", 989.0, 67.0, 4800.0, 0.6, 0.7, false, 141.0, 0.35, hopper};
+  if (name == "gb10") return {"gb10", 125.0, 31.0, 273.0, 0.6, 0.7, true, 128.0, 0.35, gb10};
+  if (name == "cpu") return {"cpu", 0.300, 0.107, 25.2, 1.0, 0.5, false, 0.0, 0.5, UpdateRates{}};
   std::string known;
   for (const auto& n : predict_device_names()) known += (known.empty() ? "" : ", ") + n;
   throw UsageError("--predict-device: unknown '" + std::string(name) + "' (" + known + ")");
+}
+
+double update_elements_per_s(const DeviceRates& device, MomentStorage moments, MasterDtype master) {
+  const bool bf16 = master == MasterDtype::bfloat16;
+  switch (moments) {
+    case MomentStorage::int8:
+      return bf16 ? device.update.int8_bf16_master : device.update.int8_fp32_master;
+    case MomentStorage::nvfp4:
+      return bf16 ? device.update.nvfp4_bf16_master : device.update.nvfp4_fp32_master;
+    default:
+      return device.update.plain;
+  }
 }
 
 std::string rates_name_for_gpu(int major, int minor, uint64_t total_memory) {
@@ -186,13 +208,22 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
   const double update_floor_bytes = trainable * (e + 2 * e) + 2 * state_bytes;
   // --fused-optimizer: the blocks' updates run inside backward; the optimizer phase has the rest.
   const double in_backward = o.fused_optimizer ? 1 : 0;
-  backward.bytes += in_backward * update_bytes(trainable_in_blocks, state_bytes_in_blocks);
-  optimizer.bytes = update_bytes(trainable - in_backward * trainable_in_blocks, state_bytes - in_backward * state_bytes_in_blocks);
+  backward.update_bytes = in_backward * update_bytes(trainable_in_blocks, state_bytes_in_blocks);
+  backward.updated = in_backward * trainable_in_blocks;
+  backward.bytes += backward.update_bytes;
+  optimizer.update_bytes = update_bytes(trainable - in_backward * trainable_in_blocks, state_bytes - in_backward * state_bytes_in_blocks);
+  optimizer.updated = trainable - in_backward * trainable_in_blocks;
+  optimizer.bytes = optimizer.update_bytes;
 
   const double matmul_rate = (compute_bf16 ? device.bf16_tflops : device.fp32_tflops) * 1e12 * device.matmul_efficiency;
   const double memory_rate = device.memory_gbps * 1e9 * device.memory_efficiency;
+  const double pass_rate = device.memory_gbps * 1e9 * device.pass_efficiency;
+  const double element_rate = 1e9 * update_elements_per_s(device, o.adamw.moments, o.master_dtype);
   StepTimePlan plan{device.name, {forward, backward, optimizer}, matmul_rate};
-  for (PhaseTime& p : plan.phases) p.ms = 1e3 * (p.flops / matmul_rate + p.bytes / memory_rate);
+  for (PhaseTime& p : plan.phases) {
+    const double update_s = std::max(p.update_bytes / memory_rate, element_rate > 0 ? p.updated / element_rate : 0.0);
+    p.ms = 1e3 * (p.flops / matmul_rate + (p.bytes - p.update_bytes) / pass_rate + update_s);
+  }
   plan.update_floor_ms = 1e3 * update_floor_bytes / memory_rate;
   return plan;
 }

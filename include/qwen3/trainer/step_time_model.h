@@ -16,6 +16,16 @@
 
 namespace qwen3 {
 
+// How many parameters a second the fused AdamW update can step, by moment storage and master dtype, in G
+// elements/s, where the update's arithmetic rather than its bytes bounds it (0: no bound beyond the bytes). The
+// compressed moments' stochastic rounding costs hashes, divisions and square roots an element: measured on an
+// H200 at 38 G/s for nvfp4 moments, a fourteenth of what their bytes allow (docs/performance.md).
+struct UpdateRates {
+  double plain = 0;  // fp32 or bf16 moments, either master
+  double int8_fp32_master = 0, int8_bf16_master = 0;
+  double nvfp4_fp32_master = 0, nvfp4_bf16_master = 0;
+};
+
 // A device as the model sees it. Peak rates are the vendor's dense figures (or, for `cpu`, measured on the
 // development machine); the efficiencies are the fractions of them that training-shaped work reaches.
 struct DeviceRates {
@@ -24,10 +34,17 @@ struct DeviceRates {
   double fp32_tflops = 0;       // fp32 products
   double memory_gbps = 0;       // DRAM (or unified memory) bandwidth, GB/s
   double matmul_efficiency = 0;
-  double memory_efficiency = 0;
+  double memory_efficiency = 0;  // the optimizer's update: long streams of a few dtypes
   bool unified_memory = false;  // GPU memory and process memory are one pool (GB10)
   double memory_gb = 0;         // the device's memory by the vendor (GB); 0 for cpu: the machine's MemTotal
+  // The other passes (quantize and dequantize, norms, RoPE, SwiGLU, residual adds, the loss's slices): short
+  // kernels over activations and weights, which reach a smaller share of the bandwidth than the update.
+  double pass_efficiency = 0;
+  UpdateRates update;
 };
+
+// The update's element rate (G elements/s) for this storage and master; 0 where only bytes bound it.
+double update_elements_per_s(const DeviceRates& device, MomentStorage moments, MasterDtype master);
 
 // h100 | h200 | gb10 | cpu; UsageError naming the known ones otherwise.
 DeviceRates device_rates(std::string_view name);
@@ -41,8 +58,12 @@ std::string default_rates_name(const c10::Device& device);
 struct PhaseTime {
   std::string phase;     // forward_done | backward_done | optimizer_step_done
   double flops = 0;      // products
-  double bytes = 0;      // memory traffic outside the products' operands
-  double ms = 0;         // flops at the matmul rate plus bytes at the memory rate (no overlap assumed)
+  double bytes = 0;      // memory traffic outside the products' operands, the update's included
+  double update_bytes = 0;  // of which the optimizer's update (gradient norm, gradient, master, moments)
+  double updated = 0;       // parameters the update steps in this phase
+  // flops at the matmul rate, plus the passes' bytes at the pass rate, plus the update at the slower of its
+  // bytes at the memory rate and its elements at the update rate (no overlap assumed).
+  double ms = 0;
 };
 
 struct StepTimePlan {

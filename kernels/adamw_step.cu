@@ -37,6 +37,7 @@ __device__ __forceinline__ float grad_of(const ParamView& p, const StepScalars& 
 // fp32 / bf16 moments: one element a thread, grid-stride; every byte read and written once.
 template <bool kBf16Moments>
 __global__ void __launch_bounds__(kThreads) plain_kernel(ParamView p, StepScalars s) {
+  if (!adamw::take_device_grad_scale(s)) return;
   using State = typename std::conditional<kBf16Moments, uint16_t, float>::type;
   auto* exp_avg = static_cast<State*>(p.exp_avg);
   auto* exp_avg_sq = static_cast<State*>(p.exp_avg_sq);
@@ -71,6 +72,7 @@ constexpr int kInt8Lanes = 8;
 constexpr int kInt8PerLane = adamw::kInt8Block / kInt8Lanes;
 
 __global__ void __launch_bounds__(kThreads) int8_kernel(ParamView p, StepScalars s) {
+  if (!adamw::take_device_grad_scale(s)) return;  // the same value for every thread: the whole grid returns
   // v's 256 log levels (the rule's own values, computed once a CTA): a shared-memory load per level instead of
   // pick8's eight compares, masks and ors, three times an element (decode, and the two levels around v).
   __shared__ float levels[256];
@@ -150,6 +152,7 @@ __device__ __forceinline__ void nvfp4_fresh(const ParamView& p, const StepScalar
 }
 
 __global__ void __launch_bounds__(kThreads) nvfp4_kernel(ParamView p, StepScalars s) {
+  if (!adamw::take_device_grad_scale(s)) return;  // uniform: no thread is left at a barrier
   __shared__ float shared[kThreads / 32];
   constexpr int kB = adamw::kNvfp4Block;
   const int64_t blocks = p.stored_cols / kB;

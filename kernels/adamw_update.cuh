@@ -39,7 +39,18 @@ struct StepScalars {
   float decay_factor;           // 1 - lr * weight_decay; exactly 1 where no decay applies (x * 1 is x)
   float grad_scale;             // the clipping factor; exactly 1 leaves the gradient as it is
   uint64_t master_key, exp_avg_key, exp_avg_sq_key;
+  // Where set (CUDA only), the clipping factor is read from this device float instead, by every thread before
+  // anything else, and NaN there means "do not update": the in-backward update computes each block's factor on
+  // the device and launches without waiting for it (kernels/adamw_step.md). The CPU loops never see it set.
+  const float* grad_scale_on_device;
 };
+
+// Resolves grad_scale_on_device into grad_scale; false: the factor is NaN and nothing is to be updated.
+QWEN3_HD bool take_device_grad_scale(StepScalars& s) {
+  if (s.grad_scale_on_device == nullptr) return true;
+  s.grad_scale = *s.grad_scale_on_device;
+  return s.grad_scale == s.grad_scale;
+}
 
 // One parameter viewed as a row-major matrix [rows, cols]; block-scaled moments pad each row to stored_cols.
 struct ParamView {

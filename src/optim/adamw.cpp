@@ -137,6 +137,26 @@ std::optional<size_t> AdamW::find(const at::Tensor& param) const {
 }
 
 void AdamW::update(size_t i, const at::Tensor& grad, double lr, double grad_scale) {
+  update_with(i, grad, lr, grad_scale, nullptr);
+}
+
+void AdamW::update(size_t i, const at::Tensor& grad, double lr, const at::Tensor& grad_scale) {
+  const OptimParam& p = params_.at(i);
+  if (grad_scale.numel() != 1 || grad_scale.scalar_type() != at::kFloat || grad_scale.device() != p.param.device())
+    throw Error("AdamW: the clipping factor of '" + p.name + "' is " + describe(grad_scale) +
+                ", not one fp32 element on the parameter's device");
+  if (!grad_scale.is_cuda()) {  // nothing to wait for on the CPU: read it here
+    const float scale = grad_scale.item<float>();
+    if (std::isnan(scale)) return;
+    return update_with(i, grad, lr, scale, nullptr);
+  }
+  const at::Tensor factor = grad_scale.contiguous();
+  // The factor is freed on the host after the launch; the caching allocator reuses its block only for work queued
+  // after the kernel on the same stream.
+  update_with(i, grad, lr, 1.0, factor.data_ptr<float>());
+}
+
+void AdamW::update_with(size_t i, const at::Tensor& grad, double lr, double grad_scale, const float* grad_scale_on_device) {
   at::NoGradGuard no_grad;
   if (step_count_ == 0) throw Error("AdamW: update() before begin_step()");
   const AdamWOptions& o = options_;
@@ -161,6 +181,7 @@ void AdamW::update(size_t i, const at::Tensor& grad, double lr, double grad_scal
   scalars.neg_step_size = static_cast<float>(-step_size);
   scalars.decay_factor = p.decay && o.weight_decay != 0.0 ? static_cast<float>(1.0 - lr * o.weight_decay) : 1.0f;
   scalars.grad_scale = static_cast<float>(grad_scale);
+  scalars.grad_scale_on_device = grad_scale_on_device;
   scalars.master_key = optim_detail::stream_key(o.seed, step_count_, index, RandomStream::master);
   scalars.exp_avg_key = optim_detail::stream_key(o.seed, step_count_, index, RandomStream::exp_avg);
   scalars.exp_avg_sq_key = optim_detail::stream_key(o.seed, step_count_, index, RandomStream::exp_avg_sq);

@@ -31,6 +31,11 @@ namespace qwen3::train_detail {
 // global norm is known only after the last update, so each group (a block, or a tensor outside the blocks) is
 // clipped to its share of --grad-clip, max_norm * sqrt(group elements / trainable elements); the clipped global
 // norm then never exceeds max_norm, as with global clipping. A group with a non-finite gradient is not applied.
+//
+// Nothing here waits for the device: each group's factor is computed on the device (fp64, the operations of
+// clip_factor, so the bytes are those of the host's computation) and handed to the update kernels, which read it
+// and skip the group where it is NaN. The squared norm accumulates on the device too and is read once, with the
+// step's other results (the first GPU round found the step's 36 per-block reads leaving the device idle).
 class FusedUpdater {
  public:
   FusedUpdater(AdamW& opt, double max_norm, int64_t trainable_elements, double lr)
@@ -47,26 +52,29 @@ class FusedUpdater {
       elements += static_cast<double>(grad.numel());
     }
     if (!square_sum.defined()) return;
-    const double square = square_sum.item<double>();  // one synchronization a group
-    sum_of_squares_ += square;
-    if (!std::isfinite(square)) {
-      nonfinite_ = true;
-      return;
-    }
-    const double norm = std::sqrt(square), limit = max_norm_ * std::sqrt(elements / trainable_);
-    const double scale = clip_factor(norm, limit);  // applied by the update as it reads the gradient
+    const at::Tensor square = square_sum.to(at::kDouble);  // exact, as the host's .item<double>() was
+    sum_of_squares_ = sum_of_squares_.defined() ? sum_of_squares_ + square.to(sum_of_squares_.device()) : square;
+    const double limit = max_norm_ * std::sqrt(elements / trainable_);
+    const at::Tensor norm = square.sqrt();
+    // clip_factor(norm, limit) on the device, NaN for a non-finite group: applied by the update as it reads
+    // the gradient, or not at all.
+    at::Tensor scale = limit > 0 ? at::where(norm > limit, at::full({}, limit, norm.options()).div(norm + 1e-6),
+                                             at::ones({}, norm.options()))
+                                 : at::ones({}, norm.options());
+    scale = at::where(at::isfinite(norm), scale, at::full({}, std::numeric_limits<double>::quiet_NaN(), norm.options()))
+                .to(at::kFloat);
     // With a shared-out state (--shard-optimizer-state) this rank updates the parameters it holds the state of.
     for (const auto& [param, grad] : group)
-      if (const auto index = opt_.find(param); grad.defined() && index) opt_.update(*index, grad, lr_, scale);
+      if (const auto index = opt_.find(param); grad.defined() && index) opt_.update(*index, grad, lr_, scale.to(param.device()));
   }
-  double norm() const { return std::sqrt(sum_of_squares_); }
-  bool nonfinite() const { return nonfinite_; }
+  // The squared global norm (fp64, on the device; undefined before the first group), non-finite when any
+  // group's gradient was.
+  const at::Tensor& square_sum() const { return sum_of_squares_; }
 
  private:
   AdamW& opt_;
   double max_norm_, trainable_, lr_;
-  double sum_of_squares_ = 0;
-  bool nonfinite_ = false;
+  at::Tensor sum_of_squares_;
 };
 
 // Clears the runner's gradient sink however the step ends.
@@ -367,8 +375,15 @@ class FusedUpdate final : public StepUpdate {
     for (const auto& pg : outside) updater.apply({pg});
     send_updated_parameters(outside);
     for (auto& p : set_.params) p.param.mutable_grad() = at::Tensor();
-    out.norm = updater.norm();
-    out.bad = updater.nonfinite() || nvfp4::take_nonfinite_flag(device_);
+    // The step's one read after backward: the squared norm and the codec's non-finite flag together.
+    std::vector<at::Tensor> results;
+    if (updater.square_sum().defined()) results.push_back(updater.square_sum().reshape({1}));
+    const at::Tensor flag = nvfp4::take_nonfinite_flag_async(device_);
+    if (flag.defined()) results.push_back(flag.to(at::kDouble).reshape({1}).to(results.empty() ? flag.device() : results.front().device()));
+    const at::Tensor host = results.empty() ? at::Tensor() : at::cat(results).to(at::kCPU);
+    const bool have_norm = updater.square_sum().defined();
+    out.norm = have_norm ? std::sqrt(host[0].item<double>()) : 0.0;
+    out.bad = !std::isfinite(out.norm) || (flag.defined() && host[have_norm ? 1 : 0].item<double>() != 0);
     return out;
   }
 

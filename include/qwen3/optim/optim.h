@@ -78,11 +78,20 @@ class AdamW {
   // depends only on (seed, step, i).
   void begin_step();
   void update(size_t index, const at::Tensor& grad, double lr, double grad_scale = 1.0);
+  // The same with the clipping factor as a one-element fp32 tensor on the parameter's device, NaN meaning "leave
+  // this parameter as it is" (its group's gradient was not finite): on a GPU the kernel reads it, so the host
+  // never waits for the device to know the factor.
+  void update(size_t index, const at::Tensor& grad, double lr, const at::Tensor& grad_scale);
   // The index of `param` among params(), if it is one (with --shard-optimizer-state, a rank's optimizer holds
   // its share of the parameters only).
   std::optional<size_t> find(const at::Tensor& param) const;
 
   int64_t step_count() const { return step_count_; }
+
+ private:
+  void update_with(size_t index, const at::Tensor& grad, double lr, double grad_scale, const float* grad_scale_on_device);
+
+ public:
   uint64_t state_bytes() const;
   const AdamWOptions& options() const { return options_; }
   const std::vector<OptimParam>& params() const { return params_; }

@@ -1,0 +1,120 @@
+// The in-backward update's clipping (--fused-optimizer, src/trainer/step_update.h): each group's factor is
+// computed on the device and read by the update kernels, a non-finite group is left as it is, and the host never
+// waits for the device while backward runs.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "gpu_test.h"
+#include "optim_test_util.h"
+#include "qwen3/optim/optim.h"
+#include "trainer/step_update.h"
+
+#if defined(QWEN3_TORCH_HAS_CUDA)
+#include <ATen/cuda/Sleep.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#endif
+
+namespace qwen3 {
+namespace {
+
+using optim_test::make_param;
+using optim_test::values_of;
+using train_detail::FusedUpdater;
+
+std::vector<OptimParam> three_params(const at::Device& device) {
+  at::manual_seed(31);
+  return {make_param("a", at::randn({8, 64}).to(device)), make_param("b", at::randn({4, 64}).to(device)),
+          make_param("c", at::randn({16, 64}).to(device))};
+}
+
+AdamWOptions options_for(MomentStorage moments) {
+  AdamWOptions o;
+  o.moments = moments;
+  o.weight_decay = 0.01;
+  return o;
+}
+
+// Group {a, b} is clipped (its norm above its share of the limit), group {c} has a NaN: against an optimizer
+// stepped with the host's clip_factor, the first group's bytes are the same and the second is left untouched.
+void check_groups(const at::Device& device, MomentStorage moments) {
+  std::vector<OptimParam> params = three_params(device), reference = optim_test::copy_params(params);
+  const std::vector<at::Tensor> before = values_of(params);
+  AdamW fused(params, options_for(moments)), host(reference, options_for(moments));
+  at::manual_seed(32);
+  // A small norm (about 0.008) under a smaller limit: clip_factor's 1e-6 in the denominator shows in the bytes.
+  const at::Tensor ga = at::randn({8, 64}).to(device) * 3e-4, gb = at::randn({4, 64}).to(device) * 3e-4;
+  at::Tensor gc = at::randn({16, 64}).to(device);
+  gc.index_put_({3, 5}, std::numeric_limits<float>::quiet_NaN());
+  const double max_norm = 1e-4, trainable = 28 * 64;
+
+  fused.begin_step();
+  FusedUpdater updater(fused, max_norm, static_cast<int64_t>(trainable), 1e-3);
+  updater.apply({{params[0].param, ga}, {params[1].param, gb}});
+  updater.apply({{params[2].param, gc}});
+
+  host.begin_step();
+  const double square = (ga.to(at::kDouble).square().sum() + gb.to(at::kDouble).square().sum()).item<double>();
+  // The fp32 square sums the update's norm uses, summed as the updater sums them.
+  const double square_fp32 =
+      (square_sum_fp32(ga) + square_sum_fp32(gb)).to(at::kDouble).item<double>();
+  ASSERT_NEAR(square_fp32, square, 1e-5 * square);
+  const double limit = max_norm * std::sqrt(12 * 64 / trainable);
+  const double scale = clip_factor(std::sqrt(square_fp32), limit);
+  ASSERT_LT(scale, 0.1) << "the first group is clipped";
+  host.update(0, ga, 1e-3, scale);
+  host.update(1, gb, 1e-3, scale);
+
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(at::equal(params[i].param.cpu(), reference[i].param.cpu())) << i;
+  EXPECT_FALSE(at::equal(params[0].param.cpu(), before[0].cpu())) << "the first group was updated";
+  EXPECT_TRUE(at::equal(params[2].param.cpu(), before[2].cpu())) << "the non-finite group is left as it is";
+  const auto fused_state = fused.state_tensors(), host_state = host.state_tensors();
+  ASSERT_EQ(fused_state.size(), host_state.size());
+  // The reference never updated c: its state is c's initial one, which the fused optimizer must still hold.
+  for (size_t i = 0; i < fused_state.size(); ++i)
+    EXPECT_TRUE(at::equal(fused_state[i].second.cpu(), host_state[i].second.cpu())) << fused_state[i].first;
+  ASSERT_TRUE(updater.square_sum().defined());
+  EXPECT_FALSE(std::isfinite(updater.square_sum().item<double>())) << "the step's norm says it was not finite";
+}
+
+TEST(FusedUpdater, ClipsOnTheDeviceAsTheHostWouldAndSkipsANonFiniteGroup) {
+  for (MomentStorage m : {MomentStorage::float32, MomentStorage::int8, MomentStorage::nvfp4}) {
+    SCOPED_TRACE(static_cast<int>(m));
+    check_groups(at::kCPU, m);
+  }
+}
+
+TEST(FusedUpdater, GpuClipsOnTheDeviceAsTheHostWouldAndSkipsANonFiniteGroup) {
+  QWEN3_GPU_TEST(at::hasCUDA());
+  for (MomentStorage m : {MomentStorage::float32, MomentStorage::bfloat16, MomentStorage::int8, MomentStorage::nvfp4}) {
+    SCOPED_TRACE(static_cast<int>(m));
+    check_groups(at::Device(at::kCUDA, 0), m);
+  }
+}
+
+// The point of the device-side factor: apply() returns while the device is still busy with earlier work (a
+// kernel that spins for about a second), which a read of the factor on the host would have waited for.
+TEST(FusedUpdater, GpuApplyDoesNotWaitForTheDevice) {
+  QWEN3_GPU_TEST(at::hasCUDA());
+#if defined(QWEN3_TORCH_HAS_CUDA)
+  const at::Device cuda(at::kCUDA, 0);
+  std::vector<OptimParam> params = three_params(cuda);
+  AdamW opt(params, options_for(MomentStorage::int8));
+  const at::Tensor ga = at::randn({8, 64}, at::TensorOptions().device(cuda));
+  opt.begin_step();
+  FusedUpdater updater(opt, 1.0, 28 * 64, 1e-3);
+  at::cuda::sleep(int64_t{2} * 1000 * 1000 * 1000);  // ~1 s of spinning at ~2 GHz
+  updater.apply({{params[0].param, ga}});
+  EXPECT_EQ(cudaStreamQuery(c10::cuda::getCurrentCUDAStream().stream()), cudaErrorNotReady)
+      << "apply() waited for the device";
+  c10::cuda::getCurrentCUDAStream().synchronize();
+  EXPECT_TRUE(std::isfinite(updater.square_sum().item<double>()));
+#endif
+}
+
+}  // namespace
+}  // namespace qwen3

@@ -23,6 +23,8 @@
 #include "qwen3/dat/dat_tensor.h"
 #include "qwen3/model/model.h"
 #include "qwen3/trainer/step_time_model.h"
+#include "trainer/block_runner.h"
+#include "trainer/router_balance.h"
 
 namespace qwen3 {
 namespace {
@@ -219,6 +221,60 @@ TEST(Moe, LoadBalancingLossIsTransformersOnesInValueAndGradient) {
   EXPECT_THROW(load_balancing_loss({}, 2), Error);
 }
 
+// The trained load-balancing loss (trainer/router_balance.h): language-model loss plus coefficient × the
+// load-balancing loss of all sparse blocks, differentiated as one graph, against the observer's way — the
+// language-model loss alone, its gradient completed by the observer inside each block's router node — with the
+// blocks as plain graph nodes and as recomputed segments (--grad-checkpoint). Padding positions (mask 0) count
+// for neither. A large coefficient, so that the loss's share of the router gradients is far above the tolerance.
+TEST(Moe, TheLoadBalancingLossTrainsAcrossBlockSegments) {
+  const Qwen3Config c = preset_config("qwen3-moe-tiny");
+  const double coefficient = 0.5;
+  at::manual_seed(11);
+  const at::Tensor ids = at::randint(0, 1000, {2, 9}, at::kLong), targets = at::randint(0, 1000, {18}, at::kLong);
+  at::Tensor mask = at::ones({2, 9}, at::kBool);
+  mask.narrow(1, 6, 3)[1].fill_(false);
+  const auto lm_loss = [&](Qwen3Model& m) { return at::cross_entropy_loss(m.forward(ids).reshape({18, -1}), targets); };
+  const auto gradients = [](Qwen3Model& m) {
+    std::vector<at::Tensor> g;
+    for (auto& [key, t] : m.named_weights()) {
+      g.push_back(t.grad().defined() ? t.grad().clone() : at::zeros_like(t));
+      t.mutable_grad().reset();
+    }
+    return g;
+  };
+  auto reference = random_moe_model(c);
+  for (auto& [key, t] : reference->named_weights()) t.requires_grad_(true);
+  reference->set_router_logits_recording(true);
+  const at::Tensor lm = lm_loss(*reference);
+  const at::Tensor balance = load_balancing_loss(reference->take_router_logits(), c.num_experts_per_tok, mask);
+  (lm + coefficient * balance).backward();
+  const std::vector<at::Tensor> want = gradients(*reference);
+  for (const bool recompute : {false, true}) {
+    auto model = random_moe_model(c);
+    for (auto& [key, t] : model->named_weights()) t.requires_grad_(true);
+    train_detail::TrainingBlockRunner runner(recompute);
+    train_detail::RouterBalanceLoss observer(c.num_hidden_layers, c.num_experts, c.num_experts_per_tok, coefficient);
+    model->set_block_runner(&runner);
+    observer.begin(mask, 1.0);
+    model->set_router_observer(&observer);
+    lm_loss(*model).backward();
+    model->set_router_observer(nullptr);
+    model->set_block_runner(nullptr);
+    EXPECT_EQ(runner.recomputed_blocks(), recompute ? 3 : 0);
+    const at::Tensor value = observer.finish();
+    ASSERT_TRUE(value.defined());
+    EXPECT_NEAR(value.item<double>(), balance.item<double>(), 1e-6) << "recompute " << recompute;
+    const std::vector<at::Tensor> got = gradients(*model);
+    size_t i = 0;
+    for (auto& [key, t] : model->named_weights()) {
+      // fp32 softmax in both (transformers computes the probabilities in fp32): agreement to fp32 precision.
+      EXPECT_TRUE(at::allclose(got[i], want[i], 1e-5, 1e-6 * want[i].abs().max().item<double>()))
+          << key << " recompute " << recompute << ": max |diff| " << (got[i] - want[i]).abs().max().item<double>() << " of " << want[i].abs().max().item<double>();
+      ++i;
+    }
+  }
+}
+
 TEST(Moe, RouterLogitsAreRecordedOnlyWhenAsked) {
   auto model = random_moe_model(preset_config("qwen3-moe-tiny"));
   const at::Tensor ids = at::randint(0, 1000, {2, 5}, at::kLong);
@@ -286,15 +342,47 @@ TEST(MoeCli, TrainsResumesBitExactlyAndExports) {
   r = test::run_cli("generate --weights " + dir.file("straight/model.dat") + " --config " + dir.file("m/config.json") +
                     " --prompt-ids '1 2 3' --max-new-tokens 2 --print-ids --ignore-eos");
   EXPECT_EQ(r.code, 0) << r.err;
-  // A config that asks for the load-balancing loss is refused by name, not trained without it.
+  // A config that asks for the load-balancing loss (output_router_logits, as transformers reads it) trains with
+  // it: its value in every metrics line and the progress line, a different model than without it, and resuming
+  // repeats it bit for bit.
   nlohmann::json config = nlohmann::json::parse(std::ifstream(dir.file("m/config.json")));
   config["output_router_logits"] = true;
+  config["router_aux_loss_coef"] = 0.5;
   std::ofstream(dir.file("aux.json")) << config.dump();
-  r = test::run_cli(base + " --steps 1 --config " + dir.file("aux.json") + " --output-dir " + dir.file("aux"));
-  EXPECT_EQ(r.code, 1) << r.err;
-  EXPECT_NE(r.err.find("aux.json: output_router_logits true (train with the load-balancing loss) is not supported"),
-            std::string::npos)
-      << r.err;
+  const std::string aux = base + " --config " + dir.file("aux.json") + " --log-every 1";
+  r = test::run_cli(aux + " --steps 4 --output-dir " + dir.file("aux"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("load-balancing loss: trained with coefficient 0.5"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(" | aux "), std::string::npos) << r.err;
+  std::ifstream metrics(dir.file("aux/metrics.jsonl"));
+  int lines = 0;
+  for (std::string line; std::getline(metrics, line); ++lines) {
+    const nlohmann::json m = nlohmann::json::parse(line);
+    ASSERT_TRUE(m.contains("router_aux_loss")) << line;
+    // Two of eight experts a token: 2 when perfectly balanced, more otherwise, never below 2 by much.
+    EXPECT_GT(m["router_aux_loss"].get<double>(), 1.5) << line;
+  }
+  EXPECT_EQ(lines, 4);
+  EXPECT_EQ(losses("aux").front(), losses("straight").front()) << "the same language-model loss before any update";
+  EXPECT_NE(test::slurp(dir.file("aux/model.dat")), test::slurp(dir.file("straight/model.dat")));
+  ASSERT_EQ(test::run_cli(aux + " --steps 2 --output-dir " + dir.file("aux-resumed")).code, 0);
+  r = test::run_cli(aux + " --steps 4 --output-dir " + dir.file("aux-resumed") + " --resume --overwrite");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(losses("aux"), losses("aux-resumed"));
+  EXPECT_EQ(test::slurp(dir.file("aux/model.dat")), test::slurp(dir.file("aux-resumed/model.dat")));
+  // The in-backward update with checkpointing: the blocks recomputed and applied one by one, the loss still trained.
+  r = test::run_cli(aux + " --steps 2 --fused-optimizer --grad-checkpoint --output-dir " + dir.file("aux-fused"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto first_record = [&](const std::string& run) {
+    std::ifstream in(dir.file(run + "/metrics.jsonl"));
+    std::string line;
+    std::getline(in, line);
+    return nlohmann::json::parse(line);
+  };
+  EXPECT_NEAR(first_record("aux-fused")["router_aux_loss"].get<double>(),
+              first_record("aux")["router_aux_loss"].get<double>(), 1e-6)
+      << "the first step's value does not depend on how the update runs";
+  EXPECT_FALSE(first_record("straight").contains("router_aux_loss")) << "not asked for: not trained";
 }
 
 TEST(Moe, AnExpertsGateAndUpShareTheirSecondLevelScale) {

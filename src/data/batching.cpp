@@ -37,8 +37,10 @@ Batch to_batch(const std::vector<Row>& rows, TokenId pad_id, bool packed) {
   Batch b;
   b.input_ids = at::full({count, width}, static_cast<int64_t>(pad_id), at::kLong);
   b.target_ids = at::full({count, width}, kNoLoss, at::kLong);
+  b.token_mask = at::zeros({count, width}, at::kBool);
   auto input = b.input_ids.accessor<int64_t, 2>();
   auto target = b.target_ids.accessor<int64_t, 2>();
+  auto real = b.token_mask.accessor<bool, 2>();
   if (packed) {
     b.position_ids = at::arange(width, at::kLong).unsqueeze(0).repeat({count, 1});
     b.document_ids = at::full({count, width}, int64_t{-1}, at::kLong);  // padding: a document of its own
@@ -52,6 +54,7 @@ Batch to_batch(const std::vector<Row>& rows, TokenId pad_id, bool packed) {
     const auto positions = static_cast<int64_t>(row.ids.size()) - 1;
     for (int64_t j = 0; j < positions; ++j) {
       input[r][j] = row.ids[static_cast<size_t>(j)];
+      real[r][j] = true;
       if (packed) {
         position[r][j] = row.position[static_cast<size_t>(j)];
         document[r][j] = row.document[static_cast<size_t>(j)];

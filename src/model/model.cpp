@@ -286,8 +286,13 @@ at::Tensor Qwen3Model::moe_mlp(const Qwen3Block& b, const at::Tensor& h) const {
   const int64_t H = h.size(-1), k = config_.num_experts_per_tok;
   const auto E = static_cast<int64_t>(b.experts.size());
   const at::Tensor x = h.reshape({-1, H});
-  const at::Tensor router_logits = at::linear(x, b.router.to(x.scalar_type()));
+  at::Tensor router_logits = at::linear(x, b.router.to(x.scalar_type()));
   if (record_router_logits_) router_logits_.push_back(router_logits);
+  if (router_observer_ != nullptr) {
+    const auto layer = static_cast<int64_t>(&b - blocks.data());
+    if (layer < 0 || layer >= static_cast<int64_t>(blocks.size())) throw Error("moe_mlp: a block of another model");
+    router_logits = router_observer_->observe(layer, router_logits);
+  }
   auto [weights, chosen] = at::topk(at::softmax(router_logits, -1, at::kFloat), k, -1);
   if (config_.norm_topk_prob) weights = weights / weights.sum(-1, /*keepdim=*/true);
   weights = weights.to(x.scalar_type());

@@ -28,8 +28,10 @@ std::string utc_timestamp() {
 }
 
 void log_progress(const StepRecord& r, double eta_seconds) {
-  spdlog::info("step {}/{} | loss {:.4f} | norm {:.2f} | lr {:.1e} | {:.0f} ms | {} tok/s | {} | eta {}{}", r.step,
-               r.steps, r.outcome.loss, r.outcome.norm, r.lr, r.ms, format_count(r.tokens_per_second()),
+  spdlog::info("step {}/{} | loss {:.4f}{} | norm {:.2f} | lr {:.1e} | {:.0f} ms | {} tok/s | {} | eta {}{}", r.step,
+               r.steps, r.outcome.loss,
+               r.outcome.router_aux_loss ? fmt::format(" | aux {:.4f}", *r.outcome.router_aux_loss) : "",
+               r.outcome.norm, r.lr, r.ms, format_count(r.tokens_per_second()),
                r.mfu ? fmt::format("MFU {:.1f}% ({:.1f} TFLOP/s)", 100 * *r.mfu, r.tflops)
                      : fmt::format("{:.2f} TFLOP/s", r.tflops),
                format_duration(eta_seconds), r.eval_loss ? fmt::format(" | eval {:.4f}", *r.eval_loss) : "");
@@ -45,6 +47,7 @@ void write_metrics(const StepRecord& r, std::ofstream& metrics, const std::strin
   if (r.comm_wait_ms) m["comm_wait_ms"] = *r.comm_wait_ms;
   if (r.eval_loss) m["eval_loss"] = *r.eval_loss;
   if (r.peak_mem_mib) m["peak_mem_mib"] = *r.peak_mem_mib;
+  if (r.outcome.router_aux_loss) m["router_aux_loss"] = *r.outcome.router_aux_loss;
   m["rss_mib"] = r.rss_mib;
   metrics << m.dump() << "\n" << std::flush;
   if (!metrics) throw Error(path + ": write failed (metrics; the device may be full)");
@@ -61,6 +64,7 @@ void write_tensorboard(const StepRecord& r, TensorBoardWriter& tb) {
   if (r.mfu) s.emplace_back("train/mfu", *r.mfu);
   if (r.peak_mem_mib) s.emplace_back("train/peak_mem_mib", *r.peak_mem_mib);
   if (r.eval_loss) s.emplace_back("eval/loss", *r.eval_loss);
+  if (r.outcome.router_aux_loss) s.emplace_back("train/router_aux_loss", *r.outcome.router_aux_loss);
   const double now =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   tb.add_scalars(r.step, now, s);

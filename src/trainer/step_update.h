@@ -22,6 +22,7 @@
 #include "qwen3/optim/optim.h"
 #include "qwen3/data/data.h"
 #include "block_runner.h"
+#include "router_balance.h"
 #include "qwen3/dist/data_parallel.h"
 #include "train_setup.h"
 
@@ -90,6 +91,9 @@ struct SinkGuard {
 struct StepOutcome {
   double loss = 0, norm = 0;
   bool bad = false;  // non-finite loss or gradients: the plain update was skipped (fused: the bad groups were)
+  // With the load-balancing loss: its value (transformers' aux_loss, before the coefficient), the mean over the
+  // step's micro-batches weighted by their shares. Trained through its gradient, not part of `loss`.
+  std::optional<double> router_aux_loss;
 };
 using PhaseMark = std::function<void(const char*)>;
 
@@ -113,6 +117,8 @@ class StepUpdate {
   // Polled before each micro-batch after the first; true throws StepAbandoned (one process only: ranks must
   // leave a step together, so the trainer gives a data-parallel run a check that stays false).
   void set_stop_check(std::function<bool()> stop) { stop_requested_ = std::move(stop); }
+  // The load-balancing loss to train with every micro-batch (router_balance.h), or none.
+  void set_router_balance(RouterBalanceLoss* balance) { balance_ = balance; }
 
  protected:
   const TrainOptions& o_;
@@ -123,6 +129,40 @@ class StepUpdate {
   DataParallel& dp_;
   const std::vector<int>& owners_;  // --shard-optimizer-state: which rank updates each parameter; else empty
   std::function<bool()> stop_requested_;
+  RouterBalanceLoss* balance_ = nullptr;
+  at::Tensor router_aux_;     // Σ share × the micro-batches' load-balancing loss, on the device
+  double router_aux_shares_ = 0;
+
+  // Around one micro-batch's forward and backward: the model shows the observer its router logits. The guard
+  // clears it however the step ends.
+  struct ObserverGuard {
+    Qwen3Model& model;
+    ~ObserverGuard() { model.set_router_observer(nullptr); }
+  };
+  void begin_balance(Qwen3Model& model, const Batch& batch, double share) {
+    if (balance_ == nullptr) return;
+    balance_->begin(batch.token_mask, share);
+    model.set_router_observer(balance_);
+  }
+  void end_balance(Qwen3Model& model, double share) {
+    if (balance_ == nullptr) return;
+    model.set_router_observer(nullptr);
+    const at::Tensor value = balance_->finish();
+    if (!value.defined()) return;
+    const at::Tensor weighted = value.to(at::kDouble).reshape({1}) * share;
+    router_aux_ = router_aux_.defined() ? router_aux_ + weighted : weighted;
+    router_aux_shares_ += share;
+  }
+  // The step's value, appended to the tensors of its one read to the host, taken back from it by read_router_aux.
+  void append_router_aux(std::vector<at::Tensor>& results) const {
+    if (router_aux_.defined()) results.push_back(router_aux_.to(results.empty() ? router_aux_.device() : results.front().device()));
+  }
+  void read_router_aux(const at::Tensor& host, StepOutcome& out) {
+    if (router_aux_.defined() && router_aux_shares_ > 0)
+      out.router_aux_loss = host[host.size(0) - 1].item<double>() / router_aux_shares_;
+    router_aux_ = at::Tensor();
+    router_aux_shares_ = 0;
+  }
 
   // After a shared-out update of `params` (all of them when empty): each from the rank that updated it (its
   // position in the trainable set names the owner), to every rank.
@@ -195,14 +235,19 @@ class PlainUpdate final : public StepUpdate {
         previous_block = std::move(current);
       });
     at::Tensor loss;
+    ObserverGuard observer{model};
+    router_aux_ = at::Tensor();
+    router_aux_shares_ = 0;
     for (size_t i = 0; i < batches.size(); ++i) {
       if (i > 0 && stop_requested_ && stop_requested_())
         throw StepAbandoned{static_cast<int64_t>(i), static_cast<int64_t>(batches.size())};
       last_micro_batch = i + 1 == batches.size();
+      begin_balance(model, batches[i], share[i]);
       at::Tensor micro = compute_loss(model, batches[i], o_.loss);
       if (share[i] != 1.0) micro = micro * share[i];
       mark("forward_done");
       micro.backward();
+      end_balance(model, share[i]);
       loss = loss.defined() ? loss + micro.detach() : micro.detach();
     }
     if (!owners_.empty()) return sharded_outcome(loss, lr, mark, previous_block, reduced);
@@ -299,8 +344,10 @@ class PlainUpdate final : public StepUpdate {
     std::vector<at::Tensor> results = {loss_value, square};
     const at::Tensor flag = nvfp4::take_nonfinite_flag_async(device_);
     if (flag.defined()) results.push_back(flag.to(at::kDouble));
+    append_router_aux(results);
     const at::Tensor host = at::cat(results).to(at::kCPU);
     StepOutcome out;
+    read_router_aux(host, out);
     out.loss = host[0].item<double>();
     out.norm = std::sqrt(host[1].item<double>());
     mark("backward_done");
@@ -350,6 +397,10 @@ class FusedUpdate final : public StepUpdate {
       if (in_flight) finish(*in_flight);
       in_flight = std::move(next);
     });
+    ObserverGuard observer{model};
+    router_aux_ = at::Tensor();
+    router_aux_shares_ = 0;
+    begin_balance(model, batch, share);
     at::Tensor loss = compute_loss(model, batch, o_.loss);
     if (share != 1.0) loss = loss * share;
     mark("forward_done");
@@ -364,6 +415,7 @@ class FusedUpdate final : public StepUpdate {
     }
     opt_.begin_step();
     loss.backward();
+    end_balance(model, share);
     loss = at::Tensor();
     if (in_flight) finish(*in_flight);  // the last block's sum
     in_flight.reset();
@@ -380,7 +432,9 @@ class FusedUpdate final : public StepUpdate {
     if (updater.square_sum().defined()) results.push_back(updater.square_sum().reshape({1}));
     const at::Tensor flag = nvfp4::take_nonfinite_flag_async(device_);
     if (flag.defined()) results.push_back(flag.to(at::kDouble).reshape({1}).to(results.empty() ? flag.device() : results.front().device()));
+    append_router_aux(results);
     const at::Tensor host = results.empty() ? at::Tensor() : at::cat(results).to(at::kCPU);
+    if (host.defined()) read_router_aux(host, out);
     const bool have_norm = updater.square_sum().defined();
     out.norm = have_norm ? std::sqrt(host[0].item<double>()) : 0.0;
     out.bad = !std::isfinite(out.norm) || (flag.defined() && host[have_norm ? 1 : 0].item<double>() != 0);

@@ -137,12 +137,6 @@ class Trainer {
     if (!o.checkpoint_dir.empty() && dp_.is_main()) checkpoint_lock_.emplace(o.checkpoint_dir);
     if (!o.metrics_jsonl.empty() && dp_.is_main()) prepare_output_folder("--metrics-jsonl", o.metrics_jsonl);
     config_ = load_config(o.config);
-    // transformers adds the load-balancing loss when the config asks (output_router_logits); training it needs
-    // the router logits across the block segments' separate graphs, not built yet. Shipped Qwen3 MoE configs
-    // say false: fine-tuning them trains what transformers trains.
-    if (config_.is_moe() && config_.output_router_logits)
-      throw Error(o.config + ": output_router_logits true (train with the load-balancing loss) is not supported "
-                  "yet; set it false (as Qwen3-30B-A3B's config.json has it) to train without that loss");
     tok_.emplace(load_tokenizer(TokenizerSource{o.tokenizer, o.tokenizer_config, o.chat_template}));
     tok_->check_fits_model(config_.vocab_size, o.config);
     if (config_.max_position_embeddings > 0 && o.data.seq_len > config_.max_position_embeddings)
@@ -179,6 +173,13 @@ class Trainer {
       update_ = std::make_unique<FusedUpdate>(o, model_.set, *opt_, device_, *model_.runner, dp_, owners_);
     else
       update_ = std::make_unique<PlainUpdate>(o, model_.set, *opt_, device_, *model_.runner, dp_, owners_);
+    if (config_.is_moe() && config_.output_router_logits && config_.router_aux_loss_coef > 0) {
+      router_balance_.emplace(config_.num_hidden_layers, config_.num_experts, config_.num_experts_per_tok,
+                              config_.router_aux_loss_coef);
+      update_->set_router_balance(&*router_balance_);
+      spdlog::info("load-balancing loss: trained with coefficient {} (the config's output_router_logits)",
+                   config_.router_aux_loss_coef);
+    }
     phase("optimizer_state_ready");
 
     steps_ = total_steps(o, *data_, dp_.world_size());
@@ -557,6 +558,9 @@ class Trainer {
   TrainModel model_;
   std::optional<AdamW> opt_;
   std::unique_ptr<StepUpdate> update_;
+  // transformers' load-balancing loss, trained when the config asks for it as transformers does
+  // (output_router_logits with a coefficient above 0; Qwen3-30B-A3B's config.json says false): router_balance.h.
+  std::optional<RouterBalanceLoss> router_balance_;
   int64_t steps_ = 0, per_epoch_ = 1, step_ = 0, skipped_ = 0;
   DataParallel dp_;
   std::vector<int> owners_;  // --shard-optimizer-state: the rank holding each parameter's state; else empty

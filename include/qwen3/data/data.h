@@ -74,6 +74,7 @@ struct Batch {
   at::Tensor target_ids;  // int64 [B, T]: the next token of each input position, -100 where no loss
   int64_t loss_tokens = 0;  // targets != -100
   int64_t tokens = 0;       // input positions that are not padding
+  at::Tensor token_mask;    // bool [B, T]: the input positions that are not padding (transformers' attention_mask)
   std::vector<int64_t> lines;  // per row, the file line of its (padded) or its first (packed) sample
   // Packed batches only (undefined when padded), int64 [B, T]: each input position's offset in its sample (the
   // positions restart with every sample), and which sample of the row it belongs to (padding is a sample of its

@@ -80,6 +80,16 @@ class BlockRunner {
                          const at::Tensor& sin, const at::Tensor& allowed) = 0;
 };
 
+// Sees each sparse block's router logits [tokens, experts] as a forward computes them and returns what the block
+// routes with: the same values, possibly wrapped in an autograd node (the trainer's load-balancing loss adds its
+// gradient that way, trainer/router_balance.h). Called again for a block that a runner recomputes. The model
+// knows nothing of what the observer does.
+class RouterObserver {
+ public:
+  virtual ~RouterObserver() = default;
+  virtual at::Tensor observe(int64_t layer, const at::Tensor& router_logits) = 0;
+};
+
 class Qwen3Model {
  public:
   // Weights are allocated uninitialized in `dtype` on `device`; load_weights fills them.
@@ -135,6 +145,8 @@ class Qwen3Model {
   // empties the list. Off by default: inference and evaluation keep nothing.
   void set_router_logits_recording(bool on) { record_router_logits_ = on; }
   std::vector<at::Tensor> take_router_logits() { return std::move(router_logits_); }
+  // Set for a training forward, cleared (nullptr) after; must outlive every backward of a forward it saw.
+  void set_router_observer(RouterObserver* observer) { router_observer_ = observer; }
 
   // A block's MLP over its normed input h [..., H]: the dense SwiGLU, or the sparse block's routed experts
   // (moe_mlp). Public for the tests' dense re-computation of the routing.
@@ -157,6 +169,7 @@ class Qwen3Model {
   at::Tensor lm_head_;  // undefined when tied to embed_tokens
   BlockRunner* block_runner_ = nullptr;
   bool record_router_logits_ = false;
+  RouterObserver* router_observer_ = nullptr;
   mutable std::vector<at::Tensor> router_logits_;  // recorded by moe_mlp (const: a forward changes no weight)
   std::vector<std::pair<std::string, at::Tensor*>> fields_;  // file key -> field, in file order
 };

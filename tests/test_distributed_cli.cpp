@@ -1,5 +1,6 @@
 // Data parallel through the real binary (docs/distributed.md): two processes with torchrun's RANK / WORLD_SIZE,
 // joined through a FileStore in a temporary folder (no port to fight over), Gloo over loopback.
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -31,9 +32,9 @@ struct Job {
   test::TempDir dir;
   SynthResult model;
   std::string base;
-  Job() {
+  explicit Job(const Qwen3Config& config = test::trainable_tiny_config()) {
     SynthOptions s;
-    s.config = test::trainable_tiny_config();
+    s.config = config;
     s.out_dir = dir.file("m");
     model = write_synthetic_model(s);
     std::ofstream pairs(dir.file("pairs.tsv"));
@@ -150,6 +151,42 @@ TEST(DistributedCli, TwoRanksTrainAsOneRankWithTheirCombinedBatch) {
     }
     EXPECT_EQ(job.losses(two).size(), 4u);
     EXPECT_EQ(fs::exists(job.dir.file(name + "-ck")), true);
+  }
+}
+
+// A mixture-of-experts model goes through data parallel and ZeRO-1 as the dense one does (no expert parallelism:
+// docs/distributed.md): each rank routes its own tokens, and 2 ranks x batch 2 take the step of 1 rank x batch 4.
+// With 64 experts and one a token, most experts get no token on either rank: in one process such an expert has no
+// gradient and AdamW leaves it alone; the ranks sum zeros for it, and without the summed "had a gradient" flags
+// they would step it (weight decay moving it by lr x 0.5 of itself, up to 2e-4 here). One step, so that no routing
+// can flip between the runs; a first Adam step is about lr x sign(g), so the summed gradients' rounding moves an
+// element whose gradient is near 0 by up to ~1e-5: the tolerance.
+TEST(DistributedCli, AMixtureOfExpertsTakesTheOneRankStep) {
+  Qwen3Config moe = test::trainable_tiny_config();
+  moe.num_experts = 64;
+  moe.num_experts_per_tok = 1;
+  moe.moe_intermediate_size = 16;
+  moe.mlp_only_layers = {1};
+  const Job job(moe);
+  for (const auto& [name, flags] : std::vector<std::pair<std::string, std::string>>{
+           {"moe-plain", ""}, {"moe-fused", "--fused-optimizer --grad-checkpoint"}, {"moe-shard", "--shard-optimizer-state"}}) {
+    const std::string common = " --steps 1 --weight-decay 0.5 " + flags + " --checkpoint-dir ";
+    ASSERT_EQ(test::run_shell(job.base + " --batch-size 4" + common + job.dir.file(name + "-one")).code, 0) << name;
+    const std::vector<int> codes = job.run(2, "--batch-size 2" + common + job.dir.file(name + "-two"), name);
+    ASSERT_EQ(codes, std::vector<int>({0, 0})) << name << "\n" << job.err(name, 0) << job.err(name, 1);
+    const auto one = load_checkpoint(*latest_checkpoint(job.dir.file(name + "-one")));
+    const auto two = load_checkpoint(*latest_checkpoint(job.dir.file(name + "-two")));
+    ASSERT_EQ(one.tensors.size(), two.tensors.size());
+    int experts = 0;
+    for (size_t i = 0; i < one.tensors.size(); ++i) {
+      const auto& [key, a] = one.tensors[i];
+      const at::Tensor& b = two.tensors[i].second;
+      ASSERT_EQ(key, two.tensors[i].first);
+      experts += key.find(".mlp.experts.") != std::string::npos;
+      EXPECT_TRUE(at::allclose(a.to(at::kDouble), b.to(at::kDouble), 1e-5, 2e-5))
+          << name << " " << key << ": max |diff| " << (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+    }
+    EXPECT_GT(experts, 64) << "the experts' tensors are in the checkpoint";
   }
 }
 

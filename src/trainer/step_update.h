@@ -42,11 +42,16 @@ class FusedUpdater {
   FusedUpdater(AdamW& opt, double max_norm, int64_t trainable_elements, double lr)
       : opt_(opt), max_norm_(max_norm), trainable_(static_cast<double>(trainable_elements)), lr_(lr) {}
 
-  void apply(const std::vector<std::pair<at::Tensor, at::Tensor>>& group) {
+  // `ranks_with_gradient` (data parallel): per parameter of the group, fp32 on the device, how many ranks had a
+  // gradient for it; a parameter none had (zeros from every rank) is neither counted nor updated, as in one
+  // process. Undefined: every defined gradient counts.
+  void apply(const std::vector<std::pair<at::Tensor, at::Tensor>>& group, const at::Tensor& ranks_with_gradient = {}) {
     torch::NoGradGuard no_grad;
     at::Tensor square_sum;
     double elements = 0;
+    std::vector<double> numels;
     for (const auto& [param, grad] : group) {
+      numels.push_back(grad.defined() ? static_cast<double>(grad.numel()) : 0.0);
       if (!grad.defined()) continue;
       const at::Tensor sq = square_sum_fp32(grad);
       square_sum = square_sum.defined() ? square_sum + sq : sq;
@@ -55,18 +60,31 @@ class FusedUpdater {
     if (!square_sum.defined()) return;
     const at::Tensor square = square_sum.to(at::kDouble);  // exact, as the host's .item<double>() was
     sum_of_squares_ = sum_of_squares_.defined() ? sum_of_squares_ + square.to(sum_of_squares_.device()) : square;
-    const double limit = max_norm_ * std::sqrt(elements / trainable_);
     const at::Tensor norm = square.sqrt();
+    const at::TensorOptions options = norm.options();
+    const at::Tensor nan = at::full({}, std::numeric_limits<double>::quiet_NaN(), options);
+    // The group's share of the limit, max_norm * sqrt(elements / trainable): on the host, or on the device when
+    // which elements count is known there only.
+    at::Tensor limit = at::full({}, max_norm_ * std::sqrt(elements / trainable_), options);
+    at::Tensor used;
+    if (ranks_with_gradient.defined()) {
+      used = ranks_with_gradient.to(norm.device()).gt(0);
+      limit = (at::tensor(numels, options) * used).sum().div(trainable_).sqrt().mul(max_norm_);
+    }
     // clip_factor(norm, limit) on the device, NaN for a non-finite group: applied by the update as it reads
     // the gradient, or not at all.
-    at::Tensor scale = limit > 0 ? at::where(norm > limit, at::full({}, limit, norm.options()).div(norm + 1e-6),
-                                             at::ones({}, norm.options()))
-                                 : at::ones({}, norm.options());
-    scale = at::where(at::isfinite(norm), scale, at::full({}, std::numeric_limits<double>::quiet_NaN(), norm.options()))
-                .to(at::kFloat);
+    at::Tensor scale = max_norm_ > 0 ? at::where(limit.gt(0).logical_and(norm > limit), limit.div(norm + 1e-6),
+                                                 at::ones({}, options))
+                                     : at::ones({}, options);
+    scale = at::where(at::isfinite(norm), scale, nan);
     // With a shared-out state (--shard-optimizer-state) this rank updates the parameters it holds the state of.
-    for (const auto& [param, grad] : group)
-      if (const auto index = opt_.find(param); grad.defined() && index) opt_.update(*index, grad, lr_, scale.to(param.device()));
+    for (size_t i = 0; i < group.size(); ++i) {
+      const auto& [param, grad] = group[i];
+      const auto index = opt_.find(param);
+      if (!grad.defined() || !index) continue;
+      const at::Tensor factor = used.defined() ? at::where(used[static_cast<int64_t>(i)], scale, nan) : scale;
+      opt_.update(*index, grad, lr_, factor.to(at::kFloat).to(param.device()));
+    }
   }
   // The squared global norm (fp64, on the device; undefined before the first group), non-finite when any
   // group's gradient was.
@@ -130,6 +148,30 @@ class StepUpdate {
   const std::vector<int>& owners_;  // --shard-optimizer-state: which rank updates each parameter; else empty
   std::function<bool()> stop_requested_;
   RouterBalanceLoss* balance_ = nullptr;
+
+  // Data parallel: a parameter with a gradient on no rank (an expert no rank routed a token to) gets no update,
+  // as in one process, where it has no gradient at all (and as DDP leaves such a parameter's .grad None), while
+  // the ranks sum zeros for it. Each rank adds to a block's sum a 1 for every parameter it had a gradient for;
+  // where the summed flag is 0 the update kernel skips the parameter (a NaN factor on the device: the host never
+  // reads the flags).
+  std::unordered_set<const c10::TensorImpl*> had_gradient_;  // this rank, this step's micro-batches so far
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> ranks_with_gradient_;  // 0-dim views of the summed flags
+  void note_gradient(const at::Tensor& param, const at::Tensor& grad) {
+    if (grad.defined()) had_gradient_.insert(param.unsafeGetTensorImpl());
+  }
+  // The flags of `params` (fp32, on their device), to be summed with their gradients; their views are recorded.
+  at::Tensor gradient_flags(const std::vector<at::Tensor>& params) {
+    std::vector<float> flags;
+    for (const at::Tensor& p : params) flags.push_back(had_gradient_.count(p.unsafeGetTensorImpl()) ? 1.0f : 0.0f);
+    const at::Tensor t = at::tensor(flags, at::kFloat).to(params.front().device());
+    for (size_t i = 0; i < params.size(); ++i) ranks_with_gradient_[params[i].unsafeGetTensorImpl()] = t[static_cast<int64_t>(i)];
+    return t;
+  }
+  void forget_gradient_flags() {
+    had_gradient_.clear();
+    ranks_with_gradient_.clear();
+  }
+
   at::Tensor router_aux_;     // Σ share × the micro-batches' load-balancing loss, on the device
   double router_aux_shares_ = 0;
 
@@ -213,7 +255,9 @@ class PlainUpdate final : public StepUpdate {
       runner_.set_gradient_sink([&](int64_t, const std::vector<std::pair<at::Tensor, at::Tensor>>& grads) {
         torch::NoGradGuard no_grad;
         std::vector<at::Tensor> block;
+        std::vector<at::Tensor> params;
         for (const auto& [param, grad] : grads) {
+          note_gradient(param, grad);
           at::Tensor& g = at::Tensor(param).mutable_grad();
           if (!grad.defined()) {
             if (!g.defined()) g = at::zeros_like(param);
@@ -221,20 +265,21 @@ class PlainUpdate final : public StepUpdate {
             g = g.defined() ? g + grad : grad;
           }
           block.push_back(g);
+          params.push_back(param);
           if (last_micro_batch) reduced.insert(param.unsafeGetTensorImpl());
         }
         if (!last_micro_batch) return;
         if (owners_.empty()) {
+          block.push_back(gradient_flags(params));
           pending.push_back(dp_.all_reduce_sum_async(std::move(block), "block gradients"));
           return;
         }
-        std::vector<at::Tensor> params;
-        for (const auto& pg : grads) params.push_back(pg.first);
-        std::vector<OwnerSums> current = sum_onto_owners(params, "block gradients");
+        std::vector<OwnerSums> current = sum_onto_owners(params, "block gradients", /*with_flags=*/true);
         finish(previous_block);
         previous_block = std::move(current);
       });
     at::Tensor loss;
+    forget_gradient_flags();
     ObserverGuard observer{model};
     router_aux_ = at::Tensor();
     router_aux_shares_ = 0;
@@ -284,17 +329,21 @@ class PlainUpdate final : public StepUpdate {
     return owner_index_.at(param.unsafeGetTensorImpl());
   }
 
-  // Launches the sums of `params`' gradients (all defined), one reduce per owning rank, in rank order.
-  std::vector<OwnerSums> sum_onto_owners(const std::vector<at::Tensor>& params, const char* what) {
+  // Launches the sums of `params`' gradients (all defined), one reduce per owning rank, in rank order; with their
+  // gradient flags (a block's parameters, some of which may have had no gradient anywhere).
+  std::vector<OwnerSums> sum_onto_owners(const std::vector<at::Tensor>& params, const char* what, bool with_flags = false) {
     std::vector<OwnerSums> out;
     for (int r = 0; r < dp_.world_size(); ++r) {
-      std::vector<at::Tensor> grads, dropped;
+      std::vector<at::Tensor> grads, dropped, owned;
       for (const at::Tensor& p : params)
         if (owner_of(p) == r) {
           grads.push_back(p.grad());
+          owned.push_back(p);
           if (r != dp_.rank()) dropped.push_back(p);
         }
-      if (!grads.empty()) out.push_back({dp_.reduce_sum_async(std::move(grads), r, what), std::move(dropped)});
+      if (grads.empty()) continue;
+      if (with_flags) grads.push_back(gradient_flags(owned));
+      out.push_back({dp_.reduce_sum_async(std::move(grads), r, what), std::move(dropped)});
     }
     return out;
   }
@@ -353,9 +402,29 @@ class PlainUpdate final : public StepUpdate {
     mark("backward_done");
     out.bad = !std::isfinite(out.loss) || !std::isfinite(out.norm) || (flag.defined() && host[2].item<double>() != 0);
     if (!out.bad) {
-      opt_.step(lr, clip_factor(out.norm, o_.grad_clip));
+      const double clip = clip_factor(out.norm, o_.grad_clip);
+      if (ranks_with_gradient_.empty()) {
+        opt_.step(lr, clip);
+      } else {  // AdamW::step's order, a parameter no rank had a gradient for skipped on the device
+        opt_.begin_step();
+        for (size_t i = 0; i < opt_.params().size(); ++i) {
+          const at::Tensor& param = opt_.params()[i].param;
+          const at::Tensor& grad = param.grad();
+          if (!grad.defined()) continue;
+          const auto flag = ranks_with_gradient_.find(param.unsafeGetTensorImpl());
+          if (flag == ranks_with_gradient_.end()) {
+            opt_.update(i, grad, lr, clip);
+            continue;
+          }
+          const at::TensorOptions fp32 = at::TensorOptions().dtype(at::kFloat).device(param.device());
+          opt_.update(i, grad, lr,
+                      at::where(flag->second.to(param.device()).gt(0), at::full({}, static_cast<float>(clip), fp32),
+                                at::full({}, std::numeric_limits<float>::quiet_NaN(), fp32)));
+        }
+      }
       send_updated_parameters();
     }
+    forget_gradient_flags();
     for (auto& p : set_.params) p.param.mutable_grad() = at::Tensor();  // free the gradients between steps
     return out;
   }
@@ -380,19 +449,27 @@ class FusedUpdate final : public StepUpdate {
     // the reduction runs during the next block's backward (two blocks' gradients alive instead of one).
     struct InFlight {
       std::vector<std::pair<at::Tensor, at::Tensor>> grads;
+      at::Tensor flags;  // how many ranks had each gradient (summed with them)
       std::unique_ptr<DataParallel::Pending> sum;
     };
     std::optional<InFlight> in_flight;
     const auto finish = [&](InFlight& f) {
       f.sum->wait();
-      updater.apply(f.grads);
+      updater.apply(f.grads, f.flags);
       send_updated_parameters(f.grads);
     };
+    forget_gradient_flags();
     runner_.set_gradient_sink([&](int64_t, const std::vector<std::pair<at::Tensor, at::Tensor>>& grads) {
       if (dp_.world_size() == 1) return updater.apply(grads);
-      InFlight next{launched(grads), nullptr};
+      std::vector<at::Tensor> params;
+      for (const auto& [param, grad] : grads) {
+        note_gradient(param, grad);
+        params.push_back(param);
+      }
+      InFlight next{launched(grads), gradient_flags(params), nullptr};
       std::vector<at::Tensor> tensors;
       for (const auto& pg : next.grads) tensors.push_back(pg.second);
+      tensors.push_back(next.flags);
       next.sum = dp_.all_reduce_sum_async(std::move(tensors), "block gradients");
       if (in_flight) finish(*in_flight);
       in_flight = std::move(next);

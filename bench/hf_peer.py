@@ -200,11 +200,31 @@ def cmd_logits(a):
         sys.exit(f"hf_peer: {ours_path} holds no logits")
 
     worst, worst_rel, largest, loss_diff, tokens = 0.0, 0.0, 0.0, 0.0, 0
+    # A mixture of experts: each sparse block's chosen experts at each position against ours (experts.K). Where the
+    # k-th and (k+1)-th probabilities are within 1e-5 of each other a different choice is a tie, not a difference.
+    routed, mismatched, ties = 0, 0, 0
     with torch.no_grad():
         for k in range(windows):
             ids = ours[f"ids.{k}"].to(a.device)
             mine = ours[f"logits.{k}"].to(a.device)
-            theirs = model(input_ids=ids[:-1].unsqueeze(0)).logits[0].float()
+            moe = f"experts.{k}" in ours
+            out = model(input_ids=ids[:-1].unsqueeze(0), **({"output_router_logits": True} if moe else {}))
+            theirs = out.logits[0].float()
+            if moe:
+                mine_experts = ours[f"experts.{k}"].to(a.device)
+                if len(out.router_logits) != mine_experts.shape[0]:
+                    sys.exit(f"hf_peer: window {k}: {len(out.router_logits)} sparse blocks (transformers), "
+                             f"{mine_experts.shape[0]} (ours)")
+                for block, router in enumerate(out.router_logits):
+                    probs = torch.softmax(router.float(), dim=-1)
+                    top = torch.topk(probs, mine_experts.shape[2] + 1, dim=-1)
+                    their_set = top.indices[:, :-1].sort(dim=-1).values
+                    our_set = mine_experts[block].sort(dim=-1).values
+                    differs = (their_set != our_set).any(dim=-1)
+                    tie = (top.values[:, -2] - top.values[:, -1]) < 1e-5
+                    routed += differs.numel()
+                    ties += int((differs & tie).sum())
+                    mismatched += int((differs & ~tie).sum())
             if theirs.shape != mine.shape:
                 sys.exit(f"hf_peer: window {k}: shapes {tuple(theirs.shape)} (transformers) and {tuple(mine.shape)}")
             diff = (theirs - mine).abs().max().item()
@@ -214,10 +234,13 @@ def cmd_logits(a):
             ce = torch.nn.functional.cross_entropy
             loss_diff = max(loss_diff, abs(ce(theirs, ids[1:]).item() - ce(mine, ids[1:]).item()))
             tokens += ids.numel() - 1
-    ok = worst_rel <= a.tolerance
-    print(json.dumps({"check": "logits", "transformers": version, "torch": torch.__version__, "device": a.device,
-                      "windows": windows, "tokens": tokens, "max_abs_diff": worst, "max_rel_diff": worst_rel,
-                      "max_abs_logit": largest, "max_loss_diff": loss_diff, "tolerance": a.tolerance, "ok": ok}))
+    ok = worst_rel <= a.tolerance and mismatched == 0
+    result = {"check": "logits", "transformers": version, "torch": torch.__version__, "device": a.device,
+              "windows": windows, "tokens": tokens, "max_abs_diff": worst, "max_rel_diff": worst_rel,
+              "max_abs_logit": largest, "max_loss_diff": loss_diff, "tolerance": a.tolerance, "ok": ok}
+    if routed:
+        result.update({"routed_positions": routed, "router_mismatches": mismatched, "router_ties": ties})
+    print(json.dumps(result))
     return 0 if ok else 1
 
 

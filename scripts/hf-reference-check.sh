@@ -76,9 +76,19 @@ if peer logits --weights $w/m2/model.dat --config $w/m2/config.json --ids-file $
   exit 1
 fi
 echo "hf-reference-check: another model's weights are refused: $(cat $w/wrong.json)"
-# The mixture of experts: Qwen3MoeForCausalLM on the tiny MoE (two sparse blocks, one dense).
-peer logits --weights $w/moe/model.dat --config $w/moe/config.json --ids-file $w/ids.txt --seq-len 64 \
-  --ours $w/ours-moe.safetensors
+# The mixture of experts: Qwen3MoeForCausalLM on the tiny MoE (two sparse blocks, one dense): the logits, and
+# each sparse block's chosen experts at every position (eval --logits-out's experts.K), ties apart.
+if ! peer logits --weights $w/moe/model.dat --config $w/moe/config.json --ids-file $w/ids.txt --seq-len 64 \
+     --ours $w/ours-moe.safetensors >$w/moe.json; then
+  cat $w/moe.json >&2
+  echo "hf-reference-check: the MoE's logits or router choices differ from transformers'" >&2
+  exit 1
+fi
+cat $w/moe.json
+if ! grep -q '"router_mismatches": 0' $w/moe.json; then
+  echo "hf-reference-check: the MoE's router choices were not compared (no experts.K in eval --logits-out?)" >&2
+  exit 1
+fi
 for gc in on off; do
   peer train --config $w/m1/config.json --seq-len 64 --batch-size 2 --steps 3 --warmup 1 --grad-checkpoint $gc
 done

@@ -312,6 +312,23 @@ TEST(MoeCli, SynthInspectAndGenerate) {
                     " --prompt-ids '1 2 3 4' --max-new-tokens 3 --print-ids --ignore-eos");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_FALSE(r.out.empty());
+  // eval --logits-out writes each sparse block's chosen experts beside the logits (experts.K, [blocks, positions,
+  // k]): what the transformers lane compares with transformers' router. Two distinct experts of 8 a position.
+  std::ofstream(dir.file("ids.txt")) << "5 6 7 8 9 10\n";
+  r = test::run_cli("eval --weights " + dir.file("m/model.dat") + " --config " + dir.file("m/config.json") +
+                    " --token-ids-file " + dir.file("ids.txt") + " --logits-out " + dir.file("out.safetensors"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const SafetensorsFile file(dir.file("out.safetensors"));
+  const SafetensorsTensor* experts = file.find("experts.0");
+  ASSERT_NE(experts, nullptr);
+  EXPECT_EQ(experts->dtype, "I64");
+  EXPECT_EQ(experts->shape, std::vector<int64_t>({2, 5, 2})) << "blocks 0 and 2 are sparse; 5 scored positions";
+  std::vector<int64_t> chosen(20);
+  file.read_range(*experts, 0, chosen.data(), chosen.size() * sizeof(int64_t));
+  for (size_t i = 0; i < chosen.size(); i += 2) {
+    EXPECT_TRUE(chosen[i] >= 0 && chosen[i] < 8 && chosen[i + 1] >= 0 && chosen[i + 1] < 8) << i;
+    EXPECT_NE(chosen[i], chosen[i + 1]) << i;
+  }
 }
 
 // The tiny MoE trains as the dense model does (every expert an NVFP4 straight-through linear, the router dense),

@@ -62,28 +62,48 @@ std::vector<IdWindow> read_id_windows(const EvalFlags& f) {
 }
 
 // `logits.K` [ids - 1, vocab] F32: the logits at every position of window K but the last (the ones its loss
-// scores), and `ids.K` [ids] I64; the metadata's "windows" lists each K's file line and start.
+// scores), and `ids.K` [ids] I64; the metadata's "windows" lists each K's file line and start. A mixture-of-
+// experts model adds `experts.K` [sparse blocks, ids - 1, k] I64: each sparse block's chosen experts at each of
+// those positions, most probable first (what an independent implementation's routing is compared with).
 class LogitsFile {
  public:
-  LogitsFile(const std::string& path, const std::vector<IdWindow>& windows, int64_t vocab) {
+  LogitsFile(const std::string& path, const std::vector<IdWindow>& windows, const Qwen3Config& config)
+      : sparse_blocks_(sparse_blocks(config.shape())), top_k_(config.num_experts_per_tok) {
     std::vector<SafetensorsSpec> specs;
     nlohmann::json where = nlohmann::json::array();
     for (size_t k = 0; k < windows.size(); ++k) {
       const auto n = static_cast<int64_t>(windows[k].ids.size());
       specs.push_back({fmt::format("ids.{}", k), "I64", {n}});
-      specs.push_back({fmt::format("logits.{}", k), "F32", {n - 1, vocab}});
+      specs.push_back({fmt::format("logits.{}", k), "F32", {n - 1, config.vocab_size}});
+      if (sparse_blocks_ > 0) specs.push_back({fmt::format("experts.{}", k), "I64", {sparse_blocks_, n - 1, top_k_}});
       where.push_back({{"line", windows[k].line}, {"start", windows[k].start}});
     }
     writer_.emplace(path, std::move(specs), nlohmann::json{{"format", "pt"}, {"windows", where.dump()}});
   }
-  void add(const IdWindow& w, const at::Tensor& logits) {
+  bool wants_routing() const { return sparse_blocks_ > 0; }
+  // `router_logits`: the sparse blocks' [positions, experts] of this window's forward, in block order.
+  void add(const IdWindow& w, const at::Tensor& logits, const std::vector<at::Tensor>& router_logits) {
     writer_->write(w.ids.data(), w.ids.size() * sizeof(int64_t));
     const at::Tensor host = logits.to(at::kCPU, at::kFloat).contiguous();
     writer_->write(host.data_ptr<float>(), static_cast<uint64_t>(host.numel()) * sizeof(float));
+    if (sparse_blocks_ == 0) return;
+    if (static_cast<int64_t>(router_logits.size()) != sparse_blocks_)
+      throw Error(fmt::format("eval: {} sparse blocks routed, {} expected", router_logits.size(), sparse_blocks_));
+    std::vector<at::Tensor> chosen;
+    for (const at::Tensor& r : router_logits)  // the block's own rule: fp32 softmax, its top k
+      chosen.push_back(std::get<1>(at::topk(at::softmax(r, -1, at::kFloat), top_k_, -1)).cpu());
+    const at::Tensor experts = at::stack(chosen).to(at::kLong).contiguous();
+    writer_->write(experts.data_ptr<int64_t>(), static_cast<uint64_t>(experts.numel()) * sizeof(int64_t));
   }
   void commit() { writer_->commit(); }
 
  private:
+  static int64_t sparse_blocks(const ModelShape& s) {
+    int64_t n = 0;
+    for (int64_t l = 0; l < s.layers; ++l) n += s.moe_layer(l) ? 1 : 0;
+    return n;
+  }
+  int64_t sparse_blocks_, top_k_;
   std::optional<SafetensorsWriter> writer_;
 };
 
@@ -95,7 +115,10 @@ Evaluation evaluate_id_windows(Qwen3Model& model, const std::vector<IdWindow>& w
     if (logits) {
       at::NoGradGuard no_grad;
       const auto inputs = static_cast<int64_t>(w.ids.size()) - 1;
-      logits->add(w, model.forward(at::tensor(w.ids, at::kLong).narrow(0, 0, inputs).unsqueeze(0))[0]);
+      model.set_router_logits_recording(logits->wants_routing());
+      const at::Tensor window_logits = model.forward(at::tensor(w.ids, at::kLong).narrow(0, 0, inputs).unsqueeze(0))[0];
+      model.set_router_logits_recording(false);
+      logits->add(w, window_logits, model.take_router_logits());
     }
     out.samples.push_back(SampleLoss{w.line, l.tokens, l.loss});
     weighted += l.loss * static_cast<double>(l.tokens);
@@ -138,7 +161,7 @@ int run_eval(EvalFlags& f) {
   DatReader reader(f.weights);
   auto model = load_model(reader, config, resolve_dtype(f.runtime.dtype, device), device);
   std::optional<LogitsFile> logits;
-  if (!f.logits_out.empty()) logits.emplace(f.logits_out, windows, config.vocab_size);
+  if (!f.logits_out.empty()) logits.emplace(f.logits_out, windows, config);
   const Evaluation e = data ? evaluate(*model, *data) : evaluate_id_windows(*model, windows, logits ? &*logits : nullptr);
   if (logits) logits->commit();
   if (e.samples.empty()) throw Error(f.data + ": no target carries loss");

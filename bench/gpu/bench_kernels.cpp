@@ -160,6 +160,7 @@ void BM_Matmul(benchmark::State& state, int64_t M, int64_t N, int64_t K) {
   const int nvfp4_copies = rotation_copies(code_bytes + scale_bytes), dense_copies = rotation_copies(dense_bytes);
   DeviceMemory x(M * K * 2), y(M * N * 2), w_fp32(N * K * 4), flag(sizeof(int));
   DeviceMemory codes(code_bytes * nvfp4_copies), scales(scale_bytes * nvfp4_copies), dense(dense_bytes * dense_copies);
+  DeviceMemory scratch(dense_bytes);  // the one buffer the dequantize-then-cuBLAS path reuses
   {
     const std::vector<float> w = host_uniform(N * K, 0.03f, 5);
     check(cudaMemcpy(w_fp32.ptr, w.data(), N * K * 4, cudaMemcpyHostToDevice), "upload W");
@@ -176,7 +177,7 @@ void BM_Matmul(benchmark::State& state, int64_t M, int64_t N, int64_t K) {
           "dequantize W");
   check(cudaDeviceSynchronize(), "setup");
 
-  double ours_s = 0.0, cublas_s = 0.0;
+  double ours_s = 0.0, cublas_s = 0.0, path_s = 0.0;
   const float alpha = 1.0f, beta = 0.0f;
   for (auto _ : state) {
     ours_s = seconds_per_call([&](int i) {
@@ -197,6 +198,21 @@ void BM_Matmul(benchmark::State& state, int64_t M, int64_t N, int64_t K) {
         std::exit(1);
       }
     });
+    // What the kernel replaces below kNvfp4KernelMaxRows (nvfp4_linear.cpp): deq(W) into the scratch, then cuBLAS.
+    path_s = seconds_per_call([&](int i) {
+      const int c = i % nvfp4_copies;
+      check(qwen3::kernels::launch_nvfp4_dequantize(codes.as() + c * code_bytes, scales.as() + c * scale_bytes, N, K,
+                                                    scratch.as(), KernelDType::bf16, nullptr),
+            "dequantize W");
+      const cublasStatus_t status = cublasGemmEx(
+          cublas(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &alpha,
+          scratch.as(), CUDA_R_16BF, static_cast<int>(K), x.ptr, CUDA_R_16BF, static_cast<int>(K), &beta, y.ptr,
+          CUDA_R_16BF, static_cast<int>(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+      if (status != CUBLAS_STATUS_SUCCESS) {
+        std::fprintf(stderr, "cublasGemmEx failed: %d\n", static_cast<int>(status));
+        std::exit(1);
+      }
+    });
     state.SetIterationTime(ours_s);
   }
   const double flops = 2.0 * M * N * K;
@@ -206,6 +222,9 @@ void BM_Matmul(benchmark::State& state, int64_t M, int64_t N, int64_t K) {
   state.counters["weight_GB/s"] = (code_bytes + scale_bytes) / ours_s * 1e-9;
   state.counters["us"] = ours_s * 1e6;
   state.counters["cublas_us"] = cublas_s * 1e6;
+  // Against the path the kernel stands in for (dequantize, then cuBLAS): > 1 where the kernel should run.
+  state.counters["path_us"] = path_s * 1e6;
+  state.counters["speedup_vs_path"] = path_s / ours_s;
 }
 
 const char* type_name(KernelDType type) { return type == KernelDType::f32 ? "f32" : type == KernelDType::bf16 ? "bf16" : "f16"; }

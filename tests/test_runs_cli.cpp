@@ -349,9 +349,12 @@ TEST(RunsCli, ProfileStepWritesATraceOfItsPhases) {
     ASSERT_TRUE(phases.count(name)) << name;
     EXPECT_NE(r.err.find(std::string(name) + " "), std::string::npos) << name << "\n" << r.err;
   }
-  EXPECT_LE(phases["batch"].second, phases["forward"].first);
-  EXPECT_LE(phases["forward"].second, phases["backward"].first);
-  EXPECT_LE(phases["backward"].second, phases["optimizer"].first);
+  // In order; the trace's start and duration are each rounded (to a quarter microsecond, as the profiler reports
+  // them), so one phase's end may pass the next one's start by that much (a clean-clone CI run saw 60 vs 59.75).
+  const double rounding = 1.0;
+  EXPECT_LE(phases["batch"].second, phases["forward"].first + rounding);
+  EXPECT_LE(phases["forward"].second, phases["backward"].first + rounding);
+  EXPECT_LE(phases["backward"].second, phases["optimizer"].first + rounding);
   // Products run in forward and in backward, never outside the phases.
   int in_forward = 0, in_backward = 0;
   for (double ts : products) {

@@ -66,6 +66,9 @@ int run_smoke(const SmokeFlags& f) {
 
   SynthOptions synth;
   synth.config = preset_config(f.moe ? "qwen3-moe-tiny" : "tiny");
+  // The mixture of experts trains with its load-balancing loss (what output_router_logits asks transformers for):
+  // the smoke then runs that path too.
+  synth.config.output_router_logits = f.moe;
   synth.seed = f.seed;
   synth.out_dir = (fs::path(f.out_dir) / "model").string();
   const SynthResult model_files = write_synthetic_model(synth);
@@ -132,7 +135,7 @@ Command add_smoke_command(CLI::App& app) {
   sub->add_option("--lr", f->lr, "peak learning rate (4 warm-up steps, then cosine decay to 0)")
       ->check(finite_number())->check(positive_number())->capture_default_str();
   sub->add_option("--seed", f->seed, "synth and data seed")->check(seed_integer())->capture_default_str();
-  add_bool_flag(sub, "--moe", f->moe, "the same run on the tiny mixture-of-experts model (8 experts, 2 a token)");
+  add_bool_flag(sub, "--moe", f->moe, "the same run on the tiny mixture-of-experts model (8 experts, 2 a token), with its load-balancing loss");
   return {sub, [f]() { return run_smoke(*f); }};
 }
 

@@ -29,10 +29,14 @@ namespace {
 #if defined(QWEN3_TORCH_HAS_CUDA)
 // The caching allocator's statistics exist only once CUDA is initialised: before the first tensor reaches the
 // device they throw "Invalid device argument ...: did you call init?" (the first GPU round met this, a report
-// being made before the weights were loaded). One byte allocated on the device initialises it.
+// being made before the weights were loaded). One byte allocated on the device initialises it, for every device,
+// once a process (take_device_peak_bytes runs every step).
 int ready_cuda_index(const c10::Device& device) {
   const int index = device.index() < 0 ? 0 : device.index();
-  (void)at::empty({1}, at::TensorOptions().dtype(at::kByte).device(c10::Device(c10::kCUDA, index)));
+  static std::once_flag initialised;
+  std::call_once(initialised, [index] {
+    (void)at::empty({1}, at::TensorOptions().dtype(at::kByte).device(c10::Device(c10::kCUDA, index)));
+  });
   return index;
 }
 #endif

@@ -76,14 +76,16 @@ class FusedUpdater {
     at::Tensor scale = max_norm_ > 0 ? at::where(limit.gt(0).logical_and(norm > limit), limit.div(norm + 1e-6),
                                                  at::ones({}, options))
                                      : at::ones({}, options);
-    scale = at::where(at::isfinite(norm), scale, nan);
+    scale = at::where(at::isfinite(norm), scale, nan).to(at::kFloat);
+    // Per parameter where the flags say which count: NaN (skip) where no rank had a gradient.
+    const at::Tensor factors = used.defined() ? at::where(used, scale, nan.to(at::kFloat)) : at::Tensor();
     // With a shared-out state (--shard-optimizer-state) this rank updates the parameters it holds the state of.
     for (size_t i = 0; i < group.size(); ++i) {
       const auto& [param, grad] = group[i];
       const auto index = opt_.find(param);
       if (!grad.defined() || !index) continue;
-      const at::Tensor factor = used.defined() ? at::where(used[static_cast<int64_t>(i)], scale, nan) : scale;
-      opt_.update(*index, grad, lr_, factor.to(at::kFloat).to(param.device()));
+      const at::Tensor factor = factors.defined() ? factors[static_cast<int64_t>(i)] : scale;
+      opt_.update(*index, grad, lr_, factor.device() == param.device() ? factor : factor.to(param.device()));
     }
   }
   // The squared global norm (fp64, on the device; undefined before the first group), non-finite when any
@@ -151,25 +153,18 @@ class StepUpdate {
 
   // Data parallel: a parameter with a gradient on no rank (an expert no rank routed a token to) gets no update,
   // as in one process, where it has no gradient at all (and as DDP leaves such a parameter's .grad None), while
-  // the ranks sum zeros for it. Each rank adds to a block's sum a 1 for every parameter it had a gradient for;
-  // where the summed flag is 0 the update kernel skips the parameter (a NaN factor on the device: the host never
-  // reads the flags).
+  // the ranks sum zeros for it. Each rank adds to a block's sum a 1 for every parameter it had a gradient for.
+  // The plain update reads the summed flags with the step's one read and drops the gradients no rank had, so
+  // AdamW skips them as it skips any parameter without one; the in-backward update hands them to FusedUpdater.
   std::unordered_set<const c10::TensorImpl*> had_gradient_;  // this rank, this step's micro-batches so far
-  std::unordered_map<const c10::TensorImpl*, at::Tensor> ranks_with_gradient_;  // 0-dim views of the summed flags
   void note_gradient(const at::Tensor& param, const at::Tensor& grad) {
     if (grad.defined()) had_gradient_.insert(param.unsafeGetTensorImpl());
   }
-  // The flags of `params` (fp32, on their device), to be summed with their gradients; their views are recorded.
-  at::Tensor gradient_flags(const std::vector<at::Tensor>& params) {
+  // The flags of `params` (fp32, on their device), to be summed with their gradients.
+  at::Tensor gradient_flags(const std::vector<at::Tensor>& params) const {
     std::vector<float> flags;
     for (const at::Tensor& p : params) flags.push_back(had_gradient_.count(p.unsafeGetTensorImpl()) ? 1.0f : 0.0f);
-    const at::Tensor t = at::tensor(flags, at::kFloat).to(params.front().device());
-    for (size_t i = 0; i < params.size(); ++i) ranks_with_gradient_[params[i].unsafeGetTensorImpl()] = t[static_cast<int64_t>(i)];
-    return t;
-  }
-  void forget_gradient_flags() {
-    had_gradient_.clear();
-    ranks_with_gradient_.clear();
+    return at::tensor(flags, at::kFloat).to(params.front().device());
   }
 
   at::Tensor router_aux_;     // Σ share × the micro-batches' load-balancing loss, on the device
@@ -271,6 +266,7 @@ class PlainUpdate final : public StepUpdate {
         if (!last_micro_batch) return;
         if (owners_.empty()) {
           block.push_back(gradient_flags(params));
+          flagged_.push_back({params, block.back()});
           pending.push_back(dp_.all_reduce_sum_async(std::move(block), "block gradients"));
           return;
         }
@@ -279,7 +275,8 @@ class PlainUpdate final : public StepUpdate {
         previous_block = std::move(current);
       });
     at::Tensor loss;
-    forget_gradient_flags();
+    had_gradient_.clear();
+    flagged_.clear();
     ObserverGuard observer{model};
     router_aux_ = at::Tensor();
     router_aux_shares_ = 0;
@@ -342,7 +339,10 @@ class PlainUpdate final : public StepUpdate {
           if (r != dp_.rank()) dropped.push_back(p);
         }
       if (grads.empty()) continue;
-      if (with_flags) grads.push_back(gradient_flags(owned));
+      if (with_flags) {
+        grads.push_back(gradient_flags(owned));
+        if (r == dp_.rank()) flagged_.push_back({owned, grads.back()});  // the sum lands on the owner only
+      }
       out.push_back({dp_.reduce_sum_async(std::move(grads), r, what), std::move(dropped)});
     }
     return out;
@@ -393,6 +393,8 @@ class PlainUpdate final : public StepUpdate {
     std::vector<at::Tensor> results = {loss_value, square};
     const at::Tensor flag = nvfp4::take_nonfinite_flag_async(device_);
     if (flag.defined()) results.push_back(flag.to(at::kDouble));
+    const int64_t flags_at = static_cast<int64_t>(results.size());
+    for (const auto& block : flagged_) results.push_back(block.second.to(results.front().device(), at::kDouble));
     append_router_aux(results);
     const at::Tensor host = at::cat(results).to(at::kCPU);
     StepOutcome out;
@@ -401,35 +403,25 @@ class PlainUpdate final : public StepUpdate {
     out.norm = std::sqrt(host[1].item<double>());
     mark("backward_done");
     out.bad = !std::isfinite(out.loss) || !std::isfinite(out.norm) || (flag.defined() && host[2].item<double>() != 0);
+    // A gradient no rank had (zeros summed) is dropped: AdamW leaves its parameter alone, as in one process.
+    const auto summed = host.accessor<double, 1>();
+    int64_t at_flag = flags_at;
+    for (const auto& [params, flags] : flagged_)
+      for (const at::Tensor& param : params)
+        if (summed[at_flag++] == 0) at::Tensor(param).mutable_grad() = at::Tensor();
+    flagged_.clear();
+    had_gradient_.clear();
     if (!out.bad) {
-      const double clip = clip_factor(out.norm, o_.grad_clip);
-      if (ranks_with_gradient_.empty()) {
-        opt_.step(lr, clip);
-      } else {  // AdamW::step's order, a parameter no rank had a gradient for skipped on the device
-        opt_.begin_step();
-        for (size_t i = 0; i < opt_.params().size(); ++i) {
-          const at::Tensor& param = opt_.params()[i].param;
-          const at::Tensor& grad = param.grad();
-          if (!grad.defined()) continue;
-          const auto flag = ranks_with_gradient_.find(param.unsafeGetTensorImpl());
-          if (flag == ranks_with_gradient_.end()) {
-            opt_.update(i, grad, lr, clip);
-            continue;
-          }
-          const at::TensorOptions fp32 = at::TensorOptions().dtype(at::kFloat).device(param.device());
-          opt_.update(i, grad, lr,
-                      at::where(flag->second.to(param.device()).gt(0), at::full({}, static_cast<float>(clip), fp32),
-                                at::full({}, std::numeric_limits<float>::quiet_NaN(), fp32)));
-        }
-      }
+      opt_.step(lr, clip_factor(out.norm, o_.grad_clip));
       send_updated_parameters();
     }
-    forget_gradient_flags();
     for (auto& p : set_.params) p.param.mutable_grad() = at::Tensor();  // free the gradients between steps
     return out;
   }
 
   std::unordered_map<const c10::TensorImpl*, int> owner_index_;
+  // The blocks' parameters and their gradient flags as launched into the sums (this rank's share when shared out).
+  std::vector<std::pair<std::vector<at::Tensor>, at::Tensor>> flagged_;
 };
 
 class FusedUpdate final : public StepUpdate {
@@ -458,7 +450,7 @@ class FusedUpdate final : public StepUpdate {
       updater.apply(f.grads, f.flags);
       send_updated_parameters(f.grads);
     };
-    forget_gradient_flags();
+    had_gradient_.clear();
     runner_.set_gradient_sink([&](int64_t, const std::vector<std::pair<at::Tensor, at::Tensor>>& grads) {
       if (dp_.world_size() == 1) return updater.apply(grads);
       std::vector<at::Tensor> params;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "adamw_nvfp4_lanes.cuh"
 #include "adamw_update.cuh"
 #include "qwen3_kernels.h"
 
@@ -17,24 +18,32 @@ using adamw::StepScalars;
 
 constexpr int kThreads = 256;
 
-__device__ __forceinline__ void master_step(const ParamView& p, const StepScalars& s, int64_t index, float m, float v,
-                                            bool bf16_master) {
-  if (bf16_master) {
-    const float updated = adamw::updated_master(adamw::master_at<true>(p.master, index), m, v, s);
-    adamw::store_master_at<true>(p.master, index, updated, s.master_key);
-  } else {
-    const float updated = adamw::updated_master(adamw::master_at<false>(p.master, index), m, v, s);
-    adamw::store_master_at<false>(p.master, index, updated, s.master_key);
-  }
-}
-
 __device__ __forceinline__ float grad_of(const ParamView& p, const StepScalars& s, int64_t row, int64_t col) {
   if (col >= p.cols) return 0.0f;  // row padding of the block-scaled storages
   const int64_t index = row * p.cols + col;
   return p.grad_bf16 ? adamw::grad_at<true>(p.grad, index, s.grad_scale) : adamw::grad_at<false>(p.grad, index, s.grad_scale);
 }
 
-// fp32 / bf16 moments: one element a thread, grid-stride; every byte read and written once.
+__device__ __forceinline__ float load_master(const ParamView& p, int64_t index) {
+  return p.master_bf16 ? adamw::master_at<true>(p.master, index) : adamw::master_at<false>(p.master, index);
+}
+
+__device__ __forceinline__ void store_master(const ParamView& p, const StepScalars& s, int64_t index, float master,
+                                             float m, float v) {
+  const float updated = adamw::updated_master(master, m, v, s);
+  if (p.master_bf16)
+    adamw::store_master_at<true>(p.master, index, updated, s.master_key);
+  else
+    adamw::store_master_at<false>(p.master, index, updated, s.master_key);
+}
+
+// fp32 / bf16 moments: four elements a thread (a warp's loads contiguous: element k of a thread is kThreads
+// after its element k - 1), grid-stride; every byte read and written once. All four elements' loads are issued
+// before the first store: as far as the compiler knows a store may alias a later load, so loads left after a
+// store wait a memory round trip each (one element a thread with its master loaded after the moments' stores
+// ran at ~88 µs for 10.5 M parameters whatever the bytes: kernels/adamw_step.md).
+constexpr int kPlainPerThread = 4;
+
 template <bool kBf16Moments>
 __global__ void __launch_bounds__(kThreads) plain_kernel(ParamView p, StepScalars s) {
   if (!adamw::take_device_grad_scale(s)) return;
@@ -42,27 +51,38 @@ __global__ void __launch_bounds__(kThreads) plain_kernel(ParamView p, StepScalar
   auto* exp_avg = static_cast<State*>(p.exp_avg);
   auto* exp_avg_sq = static_cast<State*>(p.exp_avg_sq);
   const int64_t total = p.rows * p.cols;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    float m, v;
-    if (kBf16Moments) {
-      m = adamw::bf16_to_float(exp_avg[i]);
-      v = adamw::bf16_to_float(exp_avg_sq[i]);
-    } else {
-      m = exp_avg[i];
-      v = exp_avg_sq[i];
+  constexpr int64_t kTile = static_cast<int64_t>(kThreads) * kPlainPerThread;
+  for (int64_t tile = blockIdx.x * kTile; tile < total; tile += static_cast<int64_t>(gridDim.x) * kTile) {
+    float g[kPlainPerThread], m[kPlainPerThread], v[kPlainPerThread], master[kPlainPerThread];
+#pragma unroll
+    for (int k = 0; k < kPlainPerThread; ++k) {
+      const int64_t i = tile + k * kThreads + threadIdx.x;
+      if (i >= total) continue;
+      if (kBf16Moments) {
+        m[k] = adamw::bf16_to_float(exp_avg[i]);
+        v[k] = adamw::bf16_to_float(exp_avg_sq[i]);
+      } else {
+        m[k] = exp_avg[i];
+        v[k] = exp_avg_sq[i];
+      }
+      // Unpadded storage: the element index is the gradient's.
+      g[k] = p.grad_bf16 ? adamw::grad_at<true>(p.grad, i, s.grad_scale) : adamw::grad_at<false>(p.grad, i, s.grad_scale);
+      master[k] = load_master(p, i);
     }
-    // Unpadded storage: the element index is the gradient's.
-    const float g = p.grad_bf16 ? adamw::grad_at<true>(p.grad, i, s.grad_scale) : adamw::grad_at<false>(p.grad, i, s.grad_scale);
-    adamw::update_moments(g, m, v, s);
-    if (kBf16Moments) {
-      exp_avg[i] = adamw::bf16_stochastic(m, adamw::random_bits(s.exp_avg_key, static_cast<uint64_t>(i)));
-      exp_avg_sq[i] = adamw::bf16_stochastic(v, adamw::random_bits(s.exp_avg_sq_key, static_cast<uint64_t>(i)));
-    } else {
-      exp_avg[i] = m;
-      exp_avg_sq[i] = v;
+#pragma unroll
+    for (int k = 0; k < kPlainPerThread; ++k) {
+      const int64_t i = tile + k * kThreads + threadIdx.x;
+      if (i >= total) continue;
+      adamw::update_moments(g[k], m[k], v[k], s);
+      if (kBf16Moments) {
+        exp_avg[i] = adamw::bf16_stochastic(m[k], adamw::random_bits(s.exp_avg_key, static_cast<uint64_t>(i)));
+        exp_avg_sq[i] = adamw::bf16_stochastic(v[k], adamw::random_bits(s.exp_avg_sq_key, static_cast<uint64_t>(i)));
+      } else {
+        exp_avg[i] = m[k];
+        exp_avg_sq[i] = v[k];
+      }
+      store_master(p, s, i, master[k], m[k], v[k]);
     }
-    master_step(p, s, i, m, v, p.master_bf16 != 0);
   }
 }
 
@@ -94,9 +114,13 @@ __global__ void __launch_bounds__(kThreads) int8_kernel(ParamView p, StepScalars
     const int64_t row = active ? block / blocks_per_row : 0;
     const int64_t col0 = active ? (block % blocks_per_row) * adamw::kInt8Block + lane * kInt8PerLane : 0;
     const int64_t base = row * p.stored_cols + col0;
-    float m[kInt8PerLane], v[kInt8PerLane], m_amax = 0.0f, v_max = 0.0f;
+    float m[kInt8PerLane], v[kInt8PerLane], master[kInt8PerLane], m_amax = 0.0f, v_max = 0.0f;
     if (active) {
       const float m_step = m_steps[block], v_block_max = v_maxes[block];
+      // The masters are loaded with the rest, before any store (see plain_kernel).
+#pragma unroll
+      for (int i = 0; i < kInt8PerLane; ++i) master[i] = col0 + i < p.cols ? load_master(p, row * p.cols + col0 + i) : 0.0f;
+#pragma unroll
       for (int i = 0; i < kInt8PerLane; ++i) {
         m[i] = adamw::int8_linear_decode(m_codes[base + i], m_step);
         v[i] = adamw::int8_log_decode(v_codes[base + i], v_block_max, level);
@@ -111,11 +135,12 @@ __global__ void __launch_bounds__(kThreads) int8_kernel(ParamView p, StepScalars
     }
     if (!active) continue;
     const float step = adamw::div_rn(m_amax, adamw::kInt8LinearMax);
+#pragma unroll
     for (int i = 0; i < kInt8PerLane; ++i) {
       const uint64_t index = static_cast<uint64_t>(base + i);
       m_codes[base + i] = adamw::int8_linear_encode(m[i], step, adamw::uniform_from_bits(adamw::random_bits(s.exp_avg_key, index)));
       v_codes[base + i] = adamw::int8_log_encode(v[i], v_max, adamw::uniform_from_bits(adamw::random_bits(s.exp_avg_sq_key, index)), level);
-      if (col0 + i < p.cols) master_step(p, s, row * p.cols + col0 + i, m[i], v[i], p.master_bf16 != 0);
+      if (col0 + i < p.cols) store_master(p, s, row * p.cols + col0 + i, master[i], m[i], v[i]);
     }
     if (lane == 0) {
       m_steps[block] = step;
@@ -137,69 +162,49 @@ __device__ float block_max(float x, float* shared) {
   return shared[0];
 }
 
-// nvfp4: one CTA a row. The row's fp32 scales need the row's largest |m| and sqrt(v) before any element is
-// encoded: a first pass computes the fresh moments for the maxima only, the second recomputes them (the same
-// bytes) and encodes a 16-block per thread. The gradient and the packed state are read twice.
-__device__ __forceinline__ void nvfp4_fresh(const ParamView& p, const StepScalars& s, int64_t row, int64_t col,
-                                            float m_row, float v_row, float& m, float& v) {
-  const int64_t blocks = p.stored_cols / adamw::kNvfp4Block;
-  m = adamw::nvfp4_decode(static_cast<const uint8_t*>(p.exp_avg) + row * p.stored_cols / 2,
-                          static_cast<const uint8_t*>(p.exp_avg_scale) + row * blocks, col, m_row);
-  const float root = adamw::nvfp4_decode(static_cast<const uint8_t*>(p.exp_avg_sq) + row * p.stored_cols / 2,
-                                         static_cast<const uint8_t*>(p.exp_avg_sq_scale) + row * blocks, col, v_row);
-  v = adamw::mul_rn(root, root);
-  adamw::update_moments(grad_of(p, s, row, col), m, v, s);
-}
+// nvfp4: one CTA a row, four lanes a 16-block (adamw_nvfp4_lanes.cuh). The row's fp32 scales need the row's
+// largest |m| and sqrt(v) before any element is encoded: a first pass computes the fresh moments for the maxima
+// only, the second recomputes them (the same bytes) and encodes. The gradient and the packed state are read
+// twice (the second time mostly from L2: a row is at most a few tens of KB).
+constexpr int kNvfp4Threads = 128;
+constexpr int kNvfp4Groups = kNvfp4Threads / adamw::nvfp4_lanes::kLanesPerBlock;
 
-__global__ void __launch_bounds__(kThreads) nvfp4_kernel(ParamView p, StepScalars s) {
-  if (!adamw::take_device_grad_scale(s)) return;  // uniform: no thread is left at a barrier
-  __shared__ float shared[kThreads / 32];
-  constexpr int kB = adamw::kNvfp4Block;
-  const int64_t blocks = p.stored_cols / kB;
+__global__ void __launch_bounds__(kNvfp4Threads) nvfp4_kernel(ParamView p, StepScalars s) {
+  namespace lanes = adamw::nvfp4_lanes;
+  if (!adamw::take_device_grad_scale(s)) return;  // uniform: no thread is left at a barrier or a shuffle
+  __shared__ float shared[kNvfp4Threads / 32];
+  const int64_t blocks = p.stored_cols / adamw::kNvfp4Block;
+  const int lane = threadIdx.x % lanes::kLanesPerBlock;
+  const int group = threadIdx.x / lanes::kLanesPerBlock;
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const float old_m_row = p.exp_avg_row_scale[row], old_v_row = p.exp_avg_sq_row_scale[row];
     float m_max = 0.0f, root_max = 0.0f;
-    for (int64_t col = threadIdx.x; col < p.stored_cols; col += blockDim.x) {
-      float m, v;
-      nvfp4_fresh(p, s, row, col, old_m_row, old_v_row, m, v);
-      m_max = fmaxf(m_max, fabsf(m));
-      root_max = fmaxf(root_max, sqrtf(v));
-    }
+    for (int64_t b = group; b < blocks; b += kNvfp4Groups)
+      lanes::row_maxima(lanes::fresh(p, s, row, b, lane, old_m_row, old_v_row), m_max, root_max);
     m_max = block_max(m_max, shared);
     root_max = block_max(root_max, shared);
     const float m_row = adamw::nvfp4_row_scale(m_max), v_row = adamw::nvfp4_row_scale(root_max);
-    auto* m_codes = static_cast<uint8_t*>(p.exp_avg) + row * p.stored_cols / 2;
-    auto* v_codes = static_cast<uint8_t*>(p.exp_avg_sq) + row * p.stored_cols / 2;
-    for (int64_t b = threadIdx.x; b < blocks; b += blockDim.x) {
-      float m[kB], v[kB], m_norm[kB], v_norm[kB], m_amax = 0.0f, v_amax = 0.0f;
-      for (int i = 0; i < kB; ++i) {
-        nvfp4_fresh(p, s, row, b * kB + i, old_m_row, old_v_row, m[i], v[i]);
-        m_norm[i] = adamw::div_rn(fabsf(m[i]), m_row);
-        v_norm[i] = adamw::div_rn(sqrtf(v[i]), v_row);
-        m_amax = fmaxf(m_amax, m_norm[i]);
-        v_amax = fmaxf(v_amax, v_norm[i]);
+    // Whole warps iterate together (the trip count depends on the row length only) so that every lane takes
+    // part in the shuffles.
+    for (int64_t first = 0; first < blocks; first += kNvfp4Groups) {
+      const int64_t b = first + group;
+      const bool active = b < blocks;
+      lanes::LaneMoments moments{};
+      lanes::LaneMasters masters{};
+      lanes::LaneNormalized normalized{};
+      if (active) {
+        moments = lanes::fresh(p, s, row, b, lane, old_m_row, old_v_row);
+        masters = lanes::load_masters(p, row, b, lane);
+        normalized = lanes::normalize(moments, m_row, v_row);
       }
-      const uint8_t m_code = adamw::nvfp4_unclipped_scale_code(m_amax), v_code = adamw::nvfp4_unclipped_scale_code(v_amax);
-      const float m_scale = codec::e4m3_to_float(m_code), v_scale = codec::e4m3_to_float(v_code);
-      for (int i = 0; i < kB; i += 2) {
-        uint32_t m_pair = 0, v_pair = 0;
-        for (int j = 0; j < 2; ++j) {
-          const int64_t col = b * kB + i + j;
-          const uint64_t index = static_cast<uint64_t>(row * p.stored_cols + col);
-          uint32_t mc = adamw::nvfp4_stochastic_magnitude<false>(
-              m_norm[i + j], m_scale, adamw::uniform_from_bits(adamw::random_bits(s.exp_avg_key, index)));
-          if (mc != 0 && m[i + j] < 0.0f) mc |= 8u;
-          const uint32_t vc = adamw::nvfp4_stochastic_magnitude<true>(
-              v_norm[i + j], v_scale, adamw::uniform_from_bits(adamw::random_bits(s.exp_avg_sq_key, index)));
-          m_pair |= mc << (4 * j);
-          v_pair |= vc << (4 * j);
-          if (col < p.cols) master_step(p, s, row * p.cols + col, m[i + j], v[i + j], p.master_bf16 != 0);
-        }
-        m_codes[(b * kB + i) / 2] = static_cast<uint8_t>(m_pair);
-        v_codes[(b * kB + i) / 2] = static_cast<uint8_t>(v_pair);
+      float m_amax = normalized.m_amax, root_amax = normalized.root_amax;
+      for (int offset = 1; offset < lanes::kLanesPerBlock; offset *= 2) {
+        m_amax = fmaxf(m_amax, __shfl_xor_sync(0xFFFFFFFFu, m_amax, offset));
+        root_amax = fmaxf(root_amax, __shfl_xor_sync(0xFFFFFFFFu, root_amax, offset));
       }
-      static_cast<uint8_t*>(p.exp_avg_scale)[row * blocks + b] = m_code;
-      static_cast<uint8_t*>(p.exp_avg_sq_scale)[row * blocks + b] = v_code;
+      if (active)
+        lanes::store(p, s, row, b, lane, moments, masters, normalized, adamw::nvfp4_unclipped_scale_code(m_amax),
+                     adamw::nvfp4_unclipped_scale_code(root_amax));
     }
     if (threadIdx.x == 0) {  // every thread read the old row scales before block_max's barriers
       p.exp_avg_row_scale[row] = m_row;
@@ -224,10 +229,10 @@ int launch_adamw_step(const adamw::ParamView& p, const adamw::StepScalars& s, vo
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
   switch (p.moments) {
     case Moments::f32:
-      plain_kernel<false><<<grid_for(p.rows * p.cols, kThreads), kThreads, 0, cuda_stream>>>(p, s);
+      plain_kernel<false><<<grid_for(p.rows * p.cols, kThreads * kPlainPerThread), kThreads, 0, cuda_stream>>>(p, s);
       break;
     case Moments::bf16:
-      plain_kernel<true><<<grid_for(p.rows * p.cols, kThreads), kThreads, 0, cuda_stream>>>(p, s);
+      plain_kernel<true><<<grid_for(p.rows * p.cols, kThreads * kPlainPerThread), kThreads, 0, cuda_stream>>>(p, s);
       break;
     case Moments::int8:
       if (p.stored_cols % adamw::kInt8Block != 0 || !p.exp_avg_scale || !p.exp_avg_sq_scale)
@@ -239,7 +244,7 @@ int launch_adamw_step(const adamw::ParamView& p, const adamw::StepScalars& s, vo
       if (p.stored_cols % adamw::kNvfp4Block != 0 || !p.exp_avg_scale || !p.exp_avg_sq_scale || !p.exp_avg_row_scale ||
           !p.exp_avg_sq_row_scale)
         return static_cast<int>(cudaErrorInvalidValue);
-      nvfp4_kernel<<<grid_for(p.rows, 1), kThreads, 0, cuda_stream>>>(p, s);
+      nvfp4_kernel<<<grid_for(p.rows, 1), kNvfp4Threads, 0, cuda_stream>>>(p, s);
       break;
     default:
       return static_cast<int>(cudaErrorInvalidValue);

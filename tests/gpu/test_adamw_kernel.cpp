@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "adamw_test_buffers.h"
 #include "gpu/gpu_test_util.h"
 #include "optim/adamw_step.h"
 #include "qwen3_kernels.h"
@@ -21,74 +22,8 @@ namespace {
 namespace ka = kernels::adamw;
 using gpu_test::DeviceBuffer;
 
-uint32_t hash32(uint64_t x) { return ka::random_bits(0x5EED5EED12345678ULL, x); }
-
-// Host copies of one parameter's buffers, in the layout the launcher expects.
-struct HostParam {
-  int64_t rows, cols, stored;
-  ka::Moments moments;
-  bool bf16_master, bf16_grad;
-  std::vector<uint8_t> master, grad, exp_avg, exp_avg_sq, exp_avg_scale, exp_avg_sq_scale, m_row, v_row;
-
-  HostParam(int64_t r, int64_t c, ka::Moments kind, bool bf16m, bool bf16g)
-      : rows(r), cols(c), moments(kind), bf16_master(bf16m), bf16_grad(bf16g) {
-    const int64_t block = kind == ka::Moments::int8 ? ka::kInt8Block : (kind == ka::Moments::nvfp4 ? ka::kNvfp4Block : 1);
-    stored = (cols + block - 1) / block * block;
-    master.resize(rows * cols * (bf16m ? 2 : 4));
-    grad.resize(rows * cols * (bf16g ? 2 : 4));
-    const int64_t state_bytes = kind == ka::Moments::f32 ? 4 * rows * cols
-                                : kind == ka::Moments::bf16 ? 2 * rows * cols
-                                : kind == ka::Moments::int8 ? rows * stored
-                                                            : rows * stored / 2;
-    exp_avg.assign(state_bytes, 0);
-    exp_avg_sq.assign(state_bytes, 0);
-    const int64_t scale_bytes = kind == ka::Moments::int8 ? 4 * rows * stored / block : rows * stored / block;
-    if (kind == ka::Moments::int8 || kind == ka::Moments::nvfp4) exp_avg_scale.assign(scale_bytes, 0), exp_avg_sq_scale.assign(scale_bytes, 0);
-    if (kind == ka::Moments::nvfp4) {
-      m_row.resize(4 * rows), v_row.resize(4 * rows);
-      for (int64_t i = 0; i < rows; ++i) {
-        const float one = 1.0f;
-        std::memcpy(&m_row[4 * i], &one, 4), std::memcpy(&v_row[4 * i], &one, 4);
-      }
-    }
-    for (int64_t i = 0; i < rows * cols; ++i) write(master, bf16m, i, (static_cast<int32_t>(hash32(i)) * 0x1p-31f));
-  }
-  static void write(std::vector<uint8_t>& buffer, bool bf16, int64_t i, float x) {
-    if (bf16) {
-      const uint16_t b = ka::bf16_nearest(x);
-      std::memcpy(&buffer[2 * i], &b, 2);
-    } else {
-      std::memcpy(&buffer[4 * i], &x, 4);
-    }
-  }
-  void set_grad(uint64_t step) {
-    for (int64_t i = 0; i < rows * cols; ++i) {
-      const uint32_t h = hash32(step * 1000003 + i);
-      const float scale = static_cast<float>(1u << 20 >> (h % 20)) * 0x1p-20f;
-      write(grad, bf16_grad, i, h % 13 == 0 ? 0.0f : static_cast<int32_t>(h) * 0x1p-31f * scale);
-    }
-  }
-  ka::ParamView view(uint8_t* m, uint8_t* g, uint8_t* ea, uint8_t* eas, uint8_t* eas_scale, uint8_t* eass, uint8_t* mr,
-                     uint8_t* vr) const {
-    ka::ParamView p{};
-    p.master = m, p.master_bf16 = bf16_master, p.grad = g, p.grad_bf16 = bf16_grad;
-    p.exp_avg = ea, p.exp_avg_sq = eas, p.exp_avg_scale = eas_scale, p.exp_avg_sq_scale = eass;
-    p.exp_avg_row_scale = reinterpret_cast<float*>(mr), p.exp_avg_sq_row_scale = reinterpret_cast<float*>(vr);
-    p.rows = rows, p.cols = cols, p.stored_cols = stored, p.moments = moments;
-    return p;
-  }
-};
-
-ka::StepScalars scalars_for(int step, bool clip) {
-  ka::StepScalars s{};
-  s.beta1 = 0.9f, s.one_minus_beta1 = static_cast<float>(1 - 0.9), s.beta2 = 0.999f;
-  s.one_minus_beta2 = static_cast<float>(1 - 0.999);
-  s.bias_correction2_sqrt = static_cast<float>(std::sqrt(1 - std::pow(0.999, step)));
-  s.eps = 1e-8f, s.neg_step_size = static_cast<float>(-1e-2 / (1 - std::pow(0.9, step)));
-  s.decay_factor = static_cast<float>(1 - 1e-2 * 0.05), s.grad_scale = clip ? 0.37f : 1.0f;
-  s.master_key = 11 + step, s.exp_avg_key = 22 + step, s.exp_avg_sq_key = 33 + step;
-  return s;
-}
+using adamw_test::HostParam;
+using adamw_test::scalars_for;
 
 struct KernelCase {
   ka::Moments moments;

@@ -1,0 +1,155 @@
+// How the GPU's nvfp4-moment AdamW step divides a row among threads, as __host__ __device__ functions: four
+// lanes a 16-block, four consecutive elements a lane. The kernel (adamw_step.cu) runs them with shuffles and
+// barriers between; a CPU test (tests/test_adamw_nvfp4_lanes.cpp) runs them in host loops in the kernel's order
+// and demands the CPU step's bytes, so the indexing is checked on every CI run, GPU or not.
+//
+// Why this shape (kernels/adamw_step.md): a warp's loads and stores are contiguous (a lane's four elements
+// follow the previous lane's), a lane's values fit in registers (sixteen elements a thread spilled 256 bytes a
+// thread to local memory), and a block's two scale codes are decoded once a lane instead of once an element.
+#pragma once
+#include <cstdint>
+
+#include "adamw_update.cuh"
+
+#if defined(__CUDACC__)
+#define QWEN3_UNROLL _Pragma("unroll")
+#else
+#define QWEN3_UNROLL
+#endif
+
+namespace qwen3::kernels::adamw::nvfp4_lanes {
+
+constexpr int kLanesPerBlock = 4;
+constexpr int kPerLane = kNvfp4Block / kLanesPerBlock;  // 4: two bytes of packed codes a lane
+
+// A lane's four elements of one 16-block after this step's moment update (fp32; padding columns see a zero
+// gradient, as the CPU step's padded rows do).
+struct LaneMoments {
+  float m[kPerLane], v[kPerLane];
+};
+
+QWEN3_HD int64_t first_column(int64_t block, int lane) { return block * kNvfp4Block + lane * kPerLane; }
+
+// Decodes the lane's m and sqrt(v) under the row scales the state was written with, and updates them with
+// the gradient.
+QWEN3_HD LaneMoments fresh(const ParamView& p, const StepScalars& s, int64_t row, int64_t block, int lane,
+                           float old_m_row, float old_v_row) {
+  const int64_t col0 = first_column(block, lane);
+  const int64_t code_byte = row * (p.stored_cols / 2) + col0 / 2;
+  const int64_t scale_index = row * (p.stored_cols / kNvfp4Block) + block;
+  const auto* m_packed = static_cast<const uint8_t*>(p.exp_avg) + code_byte;
+  const auto* v_packed = static_cast<const uint8_t*>(p.exp_avg_sq) + code_byte;
+  // Element k's code is nibble k: even columns are the low nibble of their byte.
+  const uint32_t m_codes = m_packed[0] | static_cast<uint32_t>(m_packed[1]) << 8;
+  const uint32_t v_codes = v_packed[0] | static_cast<uint32_t>(v_packed[1]) << 8;
+  const float m_scale = codec::e4m3_to_float(static_cast<const uint8_t*>(p.exp_avg_scale)[scale_index]);
+  const float v_scale = codec::e4m3_to_float(static_cast<const uint8_t*>(p.exp_avg_sq_scale)[scale_index]);
+  LaneMoments out;
+  QWEN3_UNROLL
+  for (int k = 0; k < kPerLane; ++k) {
+    const int64_t col = col0 + k;
+    out.m[k] = nvfp4_decode_value((m_codes >> (4 * k)) & 0xFu, m_scale, old_m_row);
+    const float root = nvfp4_decode_value((v_codes >> (4 * k)) & 0xFu, v_scale, old_v_row);
+    out.v[k] = mul_rn(root, root);
+    float g = 0.0f;
+    if (col < p.cols) {
+      const int64_t index = row * p.cols + col;
+      g = p.grad_bf16 ? grad_at<true>(p.grad, index, s.grad_scale) : grad_at<false>(p.grad, index, s.grad_scale);
+    }
+    update_moments(g, out.m[k], out.v[k], s);
+  }
+  return out;
+}
+
+// The lane's largest |m| and sqrt(v): what the row's fp32 scales are made from.
+QWEN3_HD void row_maxima(const LaneMoments& lane, float& m_max, float& root_max) {
+  QWEN3_UNROLL
+  for (int k = 0; k < kPerLane; ++k) {
+    m_max = fmaxf(m_max, fabsf(lane.m[k]));
+    root_max = fmaxf(root_max, sqrtf(lane.v[k]));
+  }
+}
+
+// The lane's masters (0 on padding), loaded by the second pass before anything is stored: a store may alias a
+// later load as far as the compiler knows, so a load left between the stores would wait for the one before it,
+// a memory round trip each.
+struct LaneMasters {
+  float value[kPerLane];
+};
+
+QWEN3_HD LaneMasters load_masters(const ParamView& p, int64_t row, int64_t block, int lane) {
+  const int64_t col0 = first_column(block, lane);
+  LaneMasters out;
+  QWEN3_UNROLL
+  for (int k = 0; k < kPerLane; ++k) {
+    const int64_t col = col0 + k;
+    out.value[k] = col >= p.cols ? 0.0f
+                   : p.master_bf16 ? master_at<true>(p.master, row * p.cols + col)
+                                   : master_at<false>(p.master, row * p.cols + col);
+  }
+  return out;
+}
+
+// |m| and sqrt(v) over the new row scales, and the lane's largest of each (the block's scale codes come from
+// the largest over its four lanes: maxima are exact in any order).
+struct LaneNormalized {
+  float m[kPerLane], root[kPerLane];
+  float m_amax, root_amax;
+};
+
+QWEN3_HD LaneNormalized normalize(const LaneMoments& lane, float m_row, float v_row) {
+  LaneNormalized out;
+  out.m_amax = 0.0f, out.root_amax = 0.0f;
+  QWEN3_UNROLL
+  for (int k = 0; k < kPerLane; ++k) {
+    out.m[k] = div_rn(fabsf(lane.m[k]), m_row);
+    out.root[k] = div_rn(sqrtf(lane.v[k]), v_row);
+    out.m_amax = fmaxf(out.m_amax, out.m[k]);
+    out.root_amax = fmaxf(out.root_amax, out.root[k]);
+  }
+  return out;
+}
+
+// Encodes the lane's four elements under the block's scale codes (stochastic rounding from the element's own
+// stream bits), writes its two code bytes of each moment and, lane 0, the block's scale codes, and steps the
+// master. Every lane must have read the block's old scale codes before any lane calls this (the kernel's
+// shuffles of the block maxima come between).
+QWEN3_HD void store(const ParamView& p, const StepScalars& s, int64_t row, int64_t block, int lane,
+                    const LaneMoments& moments, const LaneMasters& masters, const LaneNormalized& normalized,
+                    uint8_t m_code, uint8_t v_code) {
+  const int64_t col0 = first_column(block, lane);
+  const float m_scale = codec::e4m3_to_float(m_code), v_scale = codec::e4m3_to_float(v_code);
+  uint32_t m_codes = 0, v_codes = 0;
+  QWEN3_UNROLL
+  for (int k = 0; k < kPerLane; ++k) {
+    const int64_t col = col0 + k;
+    const uint64_t state_index = static_cast<uint64_t>(row * p.stored_cols + col);
+    uint32_t mc = nvfp4_stochastic_magnitude<false>(normalized.m[k], m_scale,
+                                                     uniform_from_bits(random_bits(s.exp_avg_key, state_index)));
+    if (mc != 0 && moments.m[k] < 0.0f) mc |= 8u;
+    const uint32_t vc = nvfp4_stochastic_magnitude<true>(normalized.root[k], v_scale,
+                                                          uniform_from_bits(random_bits(s.exp_avg_sq_key, state_index)));
+    m_codes |= mc << (4 * k);
+    v_codes |= vc << (4 * k);
+    if (col < p.cols) {
+      const int64_t index = row * p.cols + col;
+      const float updated = updated_master(masters.value[k], moments.m[k], moments.v[k], s);
+      if (p.master_bf16)
+        store_master_at<true>(p.master, index, updated, s.master_key);
+      else
+        store_master_at<false>(p.master, index, updated, s.master_key);
+    }
+  }
+  const int64_t code_byte = row * (p.stored_cols / 2) + col0 / 2;
+  auto* m_packed = static_cast<uint8_t*>(p.exp_avg) + code_byte;
+  auto* v_packed = static_cast<uint8_t*>(p.exp_avg_sq) + code_byte;
+  m_packed[0] = static_cast<uint8_t>(m_codes), m_packed[1] = static_cast<uint8_t>(m_codes >> 8);
+  v_packed[0] = static_cast<uint8_t>(v_codes), v_packed[1] = static_cast<uint8_t>(v_codes >> 8);
+  if (lane == 0) {
+    const int64_t scale_index = row * (p.stored_cols / kNvfp4Block) + block;
+    static_cast<uint8_t*>(p.exp_avg_scale)[scale_index] = m_code;
+    static_cast<uint8_t*>(p.exp_avg_sq_scale)[scale_index] = v_code;
+  }
+}
+
+}  // namespace qwen3::kernels::adamw::nvfp4_lanes

@@ -2,17 +2,21 @@
 // dense re-computation of the same routing (every expert on every token, weighted by the routing weights, zero for
 // the experts a token did not choose), forward and gradients, in float64 on the CPU.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>  // at::NoGradGuard: ATen.h stopped including it in PyTorch 2.x
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include <fstream>
 #include <functional>
+#include <iostream>
+#include <memory>
 #include <set>
 #include <string>
 
 #include "build_paths.h"
 #include "cli_test_util.h"
 #include "dat_test_util.h"
+#include "gpu_test.h"
 #include "qwen3/base/error.h"
 #include "qwen3/config/config.h"
 #include "qwen3/model/layout.h"
@@ -22,6 +26,7 @@
 #include "qwen3/dat/dat.h"
 #include "qwen3/dat/dat_tensor.h"
 #include "qwen3/model/model.h"
+#include "qwen3/nvfp4/nvfp4_linear.h"
 #include "qwen3/trainer/step_time_model.h"
 #include "trainer/block_runner.h"
 #include "trainer/router_balance.h"
@@ -180,6 +185,149 @@ TEST(Moe, SparseBlockEqualsADenseRecomputationOfItsRouting) {
     EXPECT_GE(counts.gt(0).sum().item<int64_t>(), 6);
     EXPECT_LT(counts.max().item<int64_t>(), 21);
   }
+}
+
+// Expert kernels that offer a grouped product (switchable), by the STE linear (nvfp4) or by the dense weight: what
+// the trainer installs on CUDA (SteProjection), usable on the CPU, where grouped_product is one product a group.
+class GroupedTestKernel final : public ProjectionKernel {
+ public:
+  GroupedTestKernel(bool ste, const bool* offer) : ste_(ste), offer_(offer) {}
+  at::Tensor apply(const at::Tensor& x, const at::Tensor& w) const override {
+    return ste_ ? nvfp4::ste_linear(x, w) : x.mm(w.to(x.scalar_type()).t());
+  }
+  bool offers_grouped(const at::Tensor&) const override { return *offer_; }
+  at::Tensor apply_grouped(const std::vector<const Projection*>& group, const at::Tensor& rows,
+                           const RowGroups& groups) const override {
+    std::vector<at::Tensor> weights;
+    for (const Projection* p : group) weights.push_back(ste_ ? p->weight : p->weight.to(rows.scalar_type()));
+    if (ste_) return nvfp4::ste_grouped_linear(rows, weights, groups.ends, groups.counts);
+    return nvfp4::grouped_product(rows, at::stack(weights), groups.ends, groups.counts);
+  }
+
+ private:
+  bool ste_;
+  const bool* offer_;
+};
+
+void install_grouped_test_kernels(Qwen3Model& model, bool ste, const bool* offer) {
+  const auto kernel = std::make_shared<GroupedTestKernel>(ste, offer);
+  for (Qwen3Block& b : model.blocks)
+    for (ExpertMlp& e : b.experts)
+      for (Projection* p : {&e.gate_proj, &e.up_proj, &e.down_proj}) p->kernel = kernel;
+}
+
+// One sparse block's output and the gradients of its input, router and expert weights (undefined where a
+// weight got none) for the routing of h0.
+struct BlockRun {
+  at::Tensor y, dh;
+  std::vector<at::Tensor> grads;
+};
+
+BlockRun run_sparse_block(Qwen3Model& model, const at::Tensor& h0, const at::Tensor& probe) {
+  Qwen3Block& b = model.blocks[0];
+  std::vector<at::Tensor> params = {b.router};
+  for (const ExpertMlp& e : b.experts)
+    for (const Projection* p : {&e.gate_proj, &e.up_proj, &e.down_proj}) params.push_back(p->weight);
+  for (at::Tensor& p : params) p.requires_grad_(true), p.mutable_grad().reset();
+  at::Tensor h = h0.clone().requires_grad_(true);
+  BlockRun run;
+  run.y = model.mlp(b, h);
+  (run.y.to(at::kDouble) * probe).sum().backward();
+  run.dh = h.grad();
+  for (at::Tensor& p : params) run.grads.push_back(p.grad().defined() ? p.grad().clone() : at::Tensor());
+  return run;
+}
+
+// The grouped form of a sparse block (three grouped products over the tokens sorted by expert: one launch a
+// projection kind on CUDA) against one expert after another: in float64 with dense kernels, and with the NVFP4
+// straight-through kernels in bf16 activations over fp32 weights, where the forward and every weight gradient
+// must be the same bytes (each token's outputs summed in the order of its experts, each expert's product and
+// weight gradient the same operation on the same rows); the input's gradient sums a token's k copies in another
+// order (expand's sum, not autograd's accumulation), so it agrees to bf16 rounding. Sixteen experts and three tokens
+// leave some experts unrouted: no gradient for them in either form.
+TEST(Moe, GroupedExpertsAreTheExpertLoop) {
+  for (const bool ste : {false, true}) {
+    Qwen3Config c = preset_config("qwen3-moe-tiny");
+    c.num_experts = 16, c.num_experts_per_tok = 4;  // 4: the order of a token's sums shows in its bytes
+    auto model = random_moe_model(c);
+    if (ste) {
+      at::NoGradGuard no_grad;
+      for (auto& [key, t] : model->named_weights()) t.set_data(t.to(at::kFloat));
+      model->set_compute_dtype(at::kBFloat16);
+    }
+    bool offer = false;
+    install_grouped_test_kernels(*model, ste, &offer);
+    at::manual_seed(5);
+    const at::ScalarType dtype = ste ? at::kBFloat16 : at::kDouble;
+    const at::Tensor h0 = at::randn({1, 3, c.hidden_size}, at::kDouble).to(dtype);
+    const at::Tensor probe = at::randn({1, 3, c.hidden_size}, at::kDouble);
+    const BlockRun loop = run_sparse_block(*model, h0, probe);
+    offer = true;
+    const BlockRun grouped = run_sparse_block(*model, h0, probe);
+    const std::string kind = ste ? "nvfp4 bf16" : "dense fp64";
+    if (ste)
+      EXPECT_TRUE(at::equal(grouped.y, loop.y)) << kind << ": max |diff| " << (grouped.y - loop.y).abs().max().item<double>();
+    EXPECT_TRUE(at::allclose(grouped.y, loop.y, 1e-12, 1e-12)) << kind;
+    const double dh_scale = loop.dh.abs().max().item<double>();
+    EXPECT_TRUE(at::allclose(grouped.dh.to(at::kDouble), loop.dh.to(at::kDouble), 0, (ste ? 1e-2 : 1e-12) * dh_scale)) << kind;
+    int unrouted = 0;
+    for (size_t i = 0; i < loop.grads.size(); ++i) {
+      const std::string what = kind + (i == 0 ? std::string(" router") : " expert " + std::to_string((i - 1) / 3) + " projection " + std::to_string((i - 1) % 3));
+      if (!loop.grads[i].defined()) {
+        ++unrouted;
+        // The dense test kernel stacks its weights (at::stack's backward gives every one a gradient, zero where
+        // unrouted); the nvfp4 node leaves an unrouted weight without one, as the loop does.
+        if (ste)
+          EXPECT_FALSE(grouped.grads[i].defined()) << what;
+        else
+          EXPECT_TRUE(grouped.grads[i].defined() && grouped.grads[i].abs().max().item<double>() == 0) << what;
+        continue;
+      }
+      ASSERT_TRUE(grouped.grads[i].defined()) << what;
+      if (ste)
+        EXPECT_TRUE(at::equal(grouped.grads[i], loop.grads[i])) << what;
+      else
+        EXPECT_TRUE(at::allclose(grouped.grads[i], loop.grads[i], 1e-12, 1e-12)) << what;
+    }
+    EXPECT_GT(unrouted, 0) << kind << ": 3 tokens, 4 of 16 experts each";
+  }
+}
+
+// On a GPU: the grouped form as the trainer runs it there (one at::_grouped_mm a projection kind where the
+// libtorch has it, PyTorch 2.8+; else a product a group) against the expert loop, bf16 activations over fp32
+// weights with the NVFP4 straight-through kernels, at a width where the grouped GEMM's alignment rules hold.
+// cuBLAS and the grouped GEMM may sum in other orders: agreement to bf16 rounding.
+TEST(Moe, GpuGroupedExpertsFollowTheExpertLoop) {
+  QWEN3_GPU_TEST(at::hasCUDA());
+  Qwen3Config c = preset_config("qwen3-moe-tiny");
+  c.num_experts = 32, c.num_experts_per_tok = 4, c.moe_intermediate_size = 128;
+  auto model = std::make_unique<Qwen3Model>(c, at::kFloat, at::Device(at::kCUDA), !c.tie_word_embeddings);
+  at::manual_seed(7);
+  for (auto& [key, t] : model->named_weights()) {
+    at::NoGradGuard no_grad;
+    at::Tensor w = t;
+    w.copy_(w.dim() == 1 ? 1 + 0.05 * at::randn(w.sizes()) : at::randn(w.sizes()) / std::sqrt(static_cast<double>(w.size(1))));
+  }
+  model->set_compute_dtype(at::kBFloat16);
+  bool offer = false;
+  install_grouped_test_kernels(*model, /*ste=*/true, &offer);
+  const at::Tensor h0 = at::randn({2, 300, c.hidden_size}).to(at::kBFloat16).to(at::kCUDA);
+  const at::Tensor probe = at::randn({2, 300, c.hidden_size}, at::kDouble).to(at::kCUDA);
+  const BlockRun loop = run_sparse_block(*model, h0, probe);
+  offer = true;
+  const BlockRun grouped = run_sparse_block(*model, h0, probe);
+  const auto close = [](const at::Tensor& got, const at::Tensor& want) {
+    const at::Tensor g = got.to(at::kDouble), w = want.to(at::kDouble);
+    return ((g - w).norm() / w.norm()).item<double>();
+  };
+  EXPECT_LT(close(grouped.y, loop.y), 1e-2);
+  EXPECT_LT(close(grouped.dh, loop.dh), 1e-2);
+  for (size_t i = 0; i < loop.grads.size(); ++i) {
+    ASSERT_EQ(grouped.grads[i].defined(), loop.grads[i].defined()) << i;
+    if (loop.grads[i].defined()) EXPECT_LT(close(grouped.grads[i], loop.grads[i]), 1e-2) << "gradient " << i;
+  }
+  std::cout << "grouped products on CUDA: " << (nvfp4::native_grouped_product(h0) ? "at::_grouped_mm" : "a product a group")
+            << "\n";
 }
 
 // transformers' load_balancing_loss_func as it is written there: the one-hot of the top k [L·N, k, E] and the

@@ -13,6 +13,11 @@
 #include "qwen3/base/message_text.h"
 #include "qwen3/nvfp4/nvfp4_ops.h"
 
+// at::_grouped_mm (PyTorch 2.8+): one grouped GEMM for all the groups of a grouped product.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 8)
+#define QWEN3_NATIVE_GROUPED_MM 1
+#endif
+
 namespace qwen3::nvfp4 {
 namespace {
 
@@ -111,6 +116,81 @@ class FrozenLinearFunction : public torch::autograd::Function<FrozenLinearFuncti
   }
 };
 
+// Group g's rows of `rows` [M, K] (the counts[g] rows before ends[g]).
+at::Tensor group_rows(const at::Tensor& rows, const std::vector<int64_t>& counts, size_t g, int64_t start) {
+  return rows.narrow(0, start, counts[g]);
+}
+
+// ste_grouped_linear's node: rows, the weights (one input each), ends; counts and the mode are not inputs.
+class SteGroupedFunction : public torch::autograd::Function<SteGroupedFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& rows, at::TensorList weights, const at::Tensor& ends,
+                            const std::vector<int64_t>& counts, ScaleMode mode, bool recorded) {
+    const auto groups = static_cast<int64_t>(weights.size());
+    const int64_t out = weights[0].size(0), in = weights[0].size(1);
+    const at::ScalarType dtype = rows.scalar_type();
+    const auto bytes = rows.options().dtype(at::kByte);
+    // Codes are written only where a backward will read them.
+    const at::Tensor codes = recorded ? at::empty({groups, out, in / 2}, bytes) : at::Tensor();
+    const at::Tensor scales = recorded ? at::empty({groups, out, in / kBlock}, bytes) : at::Tensor();
+    const at::Tensor operands = at::empty({groups, out, in}, rows.options());
+    std::vector<int64_t> weight_dtypes;
+    for (int64_t g = 0; g < groups; ++g) {
+      const at::Tensor w = weights[static_cast<size_t>(g)].detach().contiguous();
+      weight_dtypes.push_back(static_cast<int64_t>(w.scalar_type()));
+      if (w.is_cuda() && dtype == at::kBFloat16 && (w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16)) {
+        quantize_with_operand_cuda(w, mode, recorded ? codes[g] : at::Tensor(), recorded ? scales[g] : at::Tensor(),
+                                   operands[g]);
+      } else {
+        const Quantized q = quantize(w, mode);
+        if (recorded) codes[g].copy_(q.codes), scales[g].copy_(q.scales);
+        operands[g].copy_(dequantize(q.codes, q.scales, dtype));  // what quantized_product multiplies by here
+      }
+    }
+    if (recorded) ctx->save_for_backward({rows, codes, scales, ends});
+    ctx->saved_data["counts"] = counts;
+    ctx->saved_data["weight_dtypes"] = weight_dtypes;
+    return grouped_product(rows, operands, ends, counts);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &rows = saved[0], &codes = saved[1], &scales = saved[2], &ends = saved[3];
+    const std::vector<int64_t> counts = ctx->saved_data["counts"].toIntVector();
+    const std::vector<int64_t> weight_dtypes = ctx->saved_data["weight_dtypes"].toIntVector();
+    const int64_t groups = codes.size(0), out = codes.size(1), in = codes.size(2) * 2;
+    const at::Tensor grad_y = grad_outputs[0].contiguous();
+    variable_list grads(static_cast<size_t>(groups) + 5);  // rows, the weights, ends, counts, mode, recorded
+    if (ctx->needs_input_grad(0)) {
+      // Every group's deq(Q(W)) in one call (one launch on CUDA).
+      const at::Tensor operands = dequantize(codes.view({groups * out, in / 2}), scales.view({groups * out, in / kBlock}),
+                                             grad_y.scalar_type())
+                                      .view({groups, out, in});
+      grads[0] = grouped_product(grad_y, operands.transpose(1, 2), ends, counts);
+    }
+    at::Tensor stacked;  // dW of every group from one grouped GEMM, where that is how products run
+    if (native_grouped_product(rows)) {
+      bool any = false;
+      for (int64_t g = 0; g < groups; ++g) any = any || ctx->needs_input_grad(static_cast<size_t>(g) + 1);
+#ifdef QWEN3_NATIVE_GROUPED_MM
+      if (any) stacked = at::_grouped_mm(grad_y.t(), rows, ends);
+#endif
+    }
+    int64_t start = 0;
+    for (int64_t g = 0; g < groups; ++g) {
+      const auto i = static_cast<size_t>(g);
+      if (counts[i] > 0 && ctx->needs_input_grad(i + 1)) {
+        const auto weight_dtype = static_cast<at::ScalarType>(weight_dtypes[i]);
+        grads[i + 1] = stacked.defined() ? stacked[g].to(weight_dtype)
+                                         : product_in_dtype(group_rows(grad_y, counts, i, start).t(),
+                                                            group_rows(rows, counts, i, start), weight_dtype);
+      }
+      start += counts[i];
+    }
+    return grads;
+  }
+};
+
 }  // namespace
 
 at::Tensor quantized_product(const at::Tensor& x2d, const at::Tensor& codes, const at::Tensor& scales) {
@@ -144,6 +224,52 @@ at::Tensor ste_linear(const at::Tensor& x, const at::Tensor& weight, ScaleMode m
   // are written.
   const bool recorded = at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad());
   return SteLinearFunction::apply(x, weight, mode, keep_operand, recorded);
+}
+
+bool native_grouped_product(const at::Tensor& rows) {
+#ifdef QWEN3_NATIVE_GROUPED_MM
+  return rows.is_cuda();
+#else
+  (void)rows;
+  return false;
+#endif
+}
+
+at::Tensor grouped_product(const at::Tensor& rows, const at::Tensor& mats, const at::Tensor& ends,
+                           const std::vector<int64_t>& counts) {
+  int64_t total = 0;
+  for (const int64_t c : counts) total += c;
+  if (rows.dim() != 2 || mats.dim() != 3 || mats.size(2) != rows.size(1) || mats.size(0) != static_cast<int64_t>(counts.size()) ||
+      ends.numel() != mats.size(0) || total != rows.size(0))
+    throw Error("grouped product: rows " + shape_text(rows.sizes()) + " and matrices " + shape_text(mats.sizes()) +
+                " do not match " + std::to_string(counts.size()) + " groups of " + std::to_string(total) + " rows");
+#ifdef QWEN3_NATIVE_GROUPED_MM
+  if (native_grouped_product(rows)) return at::_grouped_mm(rows, mats.transpose(1, 2), ends);
+#endif
+  std::vector<at::Tensor> pieces;
+  int64_t start = 0;
+  for (size_t g = 0; g < counts.size(); ++g) {
+    if (counts[g] > 0) pieces.push_back(group_rows(rows, counts, g, start).mm(mats[static_cast<int64_t>(g)].t()));
+    start += counts[g];
+  }
+  return pieces.empty() ? rows.new_empty({0, mats.size(1)}) : at::cat(pieces, 0);
+}
+
+at::Tensor ste_grouped_linear(const at::Tensor& rows, const std::vector<at::Tensor>& weights, const at::Tensor& ends,
+                              const std::vector<int64_t>& counts, ScaleMode mode) {
+  if (weights.empty() || weights.size() != counts.size())
+    throw Error("nvfp4 grouped linear: " + std::to_string(weights.size()) + " weights for " +
+                std::to_string(counts.size()) + " groups");
+  for (const at::Tensor& w : weights)
+    if (w.dim() != 2 || !w.sizes().equals(weights[0].sizes()) || w.size(1) % kBlock != 0 || rows.dim() != 2 ||
+        rows.size(1) != w.size(1) || w.device() != rows.device())
+      throw Error("nvfp4 grouped linear: rows " + shape_text(rows.sizes()) + " on " + rows.device().str() +
+                  " do not match a weight " + shape_text(w.sizes()) + " on " + w.device().str() +
+                  " (all weights [out, in] alike, in a multiple of 16)");
+  bool any_grad = rows.requires_grad();
+  for (const at::Tensor& w : weights) any_grad = any_grad || w.requires_grad();
+  const bool recorded = at::GradMode::is_enabled() && any_grad;
+  return SteGroupedFunction::apply(rows, at::TensorList(weights), ends, counts, mode, recorded);
 }
 
 }  // namespace qwen3::nvfp4

@@ -212,6 +212,15 @@ class SteProjection final : public ProjectionKernel {
   at::Tensor apply(const at::Tensor& x, const at::Tensor& weight) const override {
     return nvfp4::ste_linear(x, weight, mode_, keep_operand_);
   }
+  // A sparse block's experts as one grouped GEMM a projection kind where libtorch has one (CUDA, PyTorch 2.8+);
+  // on the CPU one product an expert is as fast and stays the reference.
+  bool offers_grouped(const at::Tensor& rows) const override { return nvfp4::native_grouped_product(rows); }
+  at::Tensor apply_grouped(const std::vector<const Projection*>& group, const at::Tensor& rows,
+                           const RowGroups& groups) const override {
+    std::vector<at::Tensor> weights;
+    for (const Projection* p : group) weights.push_back(p->weight);
+    return nvfp4::ste_grouped_linear(rows, weights, groups.ends, groups.counts, mode_);
+  }
 
  private:
   nvfp4::ScaleMode mode_;

@@ -15,12 +15,29 @@
 
 namespace qwen3 {
 
+struct Projection;
+
+// Rows sorted by group for a grouped product (a mixture-of-experts block's tokens by expert): group g owns the
+// counts[g] rows ending at ends[g]. `ends` int32 [G] on the rows' device (what a grouped GEMM reads), `counts`
+// the same sizes on the host.
+struct RowGroups {
+  at::Tensor ends;
+  std::vector<int64_t> counts;
+};
+
 // How a projection multiplies: y = x · wᵀ for x [..., in]. `weight` is the projection's dense weight [out, in],
 // undefined when the kernel holds the weight in a form of its own.
 class ProjectionKernel {
  public:
   virtual ~ProjectionKernel() = default;
   virtual at::Tensor apply(const at::Tensor& x, const at::Tensor& weight) const = 0;
+  // Several projections at once over rows sorted by projection (a sparse block's experts; every kernel of
+  // `group` is of this kernel's type): the rows of group g times projection g's matrix, [rows, out], one node.
+  // Offered where it is the faster form (one grouped GEMM for all experts on CUDA); where not, the model runs
+  // one product per projection.
+  virtual bool offers_grouped(const at::Tensor& rows) const { return false; }
+  virtual at::Tensor apply_grouped(const std::vector<const Projection*>& group, const at::Tensor& rows,
+                                   const RowGroups& groups) const;
 };
 
 // One projection: its dense weight (what loading fills and the optimizer trains; undefined once a kernel
@@ -157,6 +174,10 @@ class Qwen3Model {
 
  private:
   at::Tensor moe_mlp(const Qwen3Block& b, const at::Tensor& h) const;
+  at::Tensor experts_one_by_one(const Qwen3Block& b, const at::Tensor& x, const at::Tensor& chosen,
+                                const at::Tensor& weights) const;
+  at::Tensor experts_grouped(const Qwen3Block& b, const at::Tensor& x, const at::Tensor& chosen,
+                             const at::Tensor& weights) const;
   at::Tensor block_forward(const Qwen3Block& b, at::Tensor x, const at::Tensor& cos, const at::Tensor& sin,
                            KVCache* cache, int64_t layer, int64_t offset, const at::Tensor& allowed);
   at::Tensor rmsnorm(const at::Tensor& x, const at::Tensor& weight) const;

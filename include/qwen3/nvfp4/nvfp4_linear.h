@@ -5,6 +5,8 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include <vector>
+
 #include "qwen3/nvfp4/nvfp4.h"
 #include "qwen3/nvfp4/nvfp4_ops.h"
 
@@ -36,6 +38,30 @@ at::Tensor ste_linear(const at::Tensor& x, const at::Tensor& weight, ScaleMode m
 // the product in the operands' dtype, converted. What dW of a trained projection and the sliced loss's head
 // gradient use.
 at::Tensor product_in_dtype(const at::Tensor& a, const at::Tensor& b, at::ScalarType dtype);
+
+// Grouped products (a mixture-of-experts block's experts over its tokens sorted by expert): group g owns the
+// counts[g] rows ending at ends[g]; `ends` int32 [G] on the rows' device, `counts` on the host.
+//
+// Whether grouped_product runs as one native grouped GEMM here: a libtorch with at::_grouped_mm (PyTorch 2.8+)
+// and rows on CUDA (bf16 on sm_90 is one CUTLASS kernel; libtorch itself falls back to a product per group
+// elsewhere). Otherwise grouped_product is one product per non-empty group.
+bool native_grouped_product(const at::Tensor& rows);
+
+// rows [M, K] sorted by group, mats [G, N, K] in rows' dtype -> [M, N]: group g's rows times mats[g]ᵀ.
+// Differentiable in both.
+at::Tensor grouped_product(const at::Tensor& rows, const at::Tensor& mats, const at::Tensor& ends,
+                           const std::vector<int64_t>& counts);
+
+// The straight-through linear of G weights [out, in] (one shape) over grouped rows [M, in]: group g's rows times
+// deq(Q(W_g))ᵀ, [M, out] in the rows' dtype. One autograd node: every weight is quantized into one stacked operand
+// [G, out, in] (on CUDA with bf16 rows by the kernel that writes codes and operand together), multiplied by
+// grouped_product and freed; the node saves the rows and the codes (0.5625 B a weight, as ste_linear), and
+// backward dequantizes all of them in one call. dX = dY · deq(Q(W)) by group; dW_g = dY_gᵀ X_g in W_g's dtype
+// (one product per group on the CPU, as ste_linear computes it; one grouped GEMM on CUDA, in the rows' dtype
+// and then widened: libtorch's grouped GEMM writes its input dtype only). A group without rows leaves its
+// weight without a gradient, as a projection that never ran.
+at::Tensor ste_grouped_linear(const at::Tensor& rows, const std::vector<at::Tensor>& weights, const at::Tensor& ends,
+                              const std::vector<int64_t>& counts, ScaleMode mode = ScaleMode::rne);
 
 // The same forward for a frozen weight held only as its NVFP4 codes and scales (what ste_linear would quantize
 // it to): no master weight, no weight gradient; backward gives dX = dY · deq(codes, scales).

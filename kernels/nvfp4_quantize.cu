@@ -29,6 +29,30 @@ constexpr int kRneUnroll = 4;
 constexpr int kSearchThreads = 128;
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
 
+// The inputs of one launch (kernel parameter space holds the table: 1 KB of pointers): blockIdx.y picks input g,
+// whose outputs are the g-th of the stacked codes, scales and operand (g times one input's sizes further on).
+template <typename T>
+struct Sources {
+  const T* inputs[kNvfp4QuantizeMaxBatch];
+};
+
+// Input g of a launch and its outputs: every kernel starts here.
+template <typename T>
+struct Source {
+  const T* x;
+  uint8_t* codes;
+  uint8_t* scales;
+  __nv_bfloat16* operand;
+  __device__ __forceinline__ Source(const Sources<T>& table, int64_t n_elements, uint8_t* all_codes,
+                                    uint8_t* all_scales, __nv_bfloat16* all_operand) {
+    const int64_t g = blockIdx.y;
+    x = table.inputs[g];
+    codes = all_codes != nullptr ? all_codes + g * (n_elements / 2) : nullptr;
+    scales = all_scales != nullptr ? all_scales + g * (n_elements / codec::kBlock) : nullptr;
+    operand = all_operand != nullptr ? all_operand + g * n_elements : nullptr;
+  }
+};
+
 // n values of one block decoded from their packed nibbles (element i = nibble i) into bf16 at out: 16-byte
 // stores when kVectorized (n = 8 or 16, out 16-byte aligned), else one at a time.
 template <bool kVectorized>
@@ -49,11 +73,15 @@ __device__ __forceinline__ void store_operand(uint64_t nibbles, int n, uint8_t s
 
 template <typename T, bool kVectorized, bool kOperand>
 __global__ void __launch_bounds__(kRneThreads)
-    nvfp4_quantize_rne_kernel(const T* __restrict__ x, int64_t n_vectors, uint8_t* __restrict__ codes,
-                              uint8_t* __restrict__ scales, int* __restrict__ nonfinite_flag,
-                              __nv_bfloat16* __restrict__ operand) {
+    nvfp4_quantize_rne_kernel(const __grid_constant__ Sources<T> sources, int64_t n_vectors, uint8_t* all_codes,
+                              uint8_t* all_scales, int* __restrict__ nonfinite_flag, __nv_bfloat16* all_operand) {
   constexpr int kPerThread = 16 / sizeof(T);             // elements in one 16-byte vector
   constexpr int kGroup = codec::kBlock / kPerThread;     // lanes sharing one block: 4 (fp32) or 2
+  const Source<T> source(sources, n_vectors * kPerThread, all_codes, all_scales, all_operand);
+  const T* __restrict__ x = source.x;
+  uint8_t* __restrict__ codes = source.codes;
+  uint8_t* __restrict__ scales = source.scales;
+  __nv_bfloat16* __restrict__ operand = source.operand;
   const int64_t first_vector = static_cast<int64_t>(blockIdx.x) * kRneThreads * kRneUnroll + threadIdx.x;
 
   float values[kRneUnroll][kPerThread];
@@ -125,9 +153,13 @@ __global__ void __launch_bounds__(kRneThreads)
 
 template <typename T, bool kVectorized, bool kOperand>
 __global__ void __launch_bounds__(kSearchThreads)
-    nvfp4_quantize_search_kernel(const T* __restrict__ x, int64_t n_blocks, uint8_t* __restrict__ codes,
-                                 uint8_t* __restrict__ scales, int* __restrict__ nonfinite_flag,
-                                 __nv_bfloat16* __restrict__ operand) {
+    nvfp4_quantize_search_kernel(const __grid_constant__ Sources<T> sources, int64_t n_blocks, uint8_t* all_codes,
+                                 uint8_t* all_scales, int* __restrict__ nonfinite_flag, __nv_bfloat16* all_operand) {
+  const Source<T> source(sources, n_blocks * codec::kBlock, all_codes, all_scales, all_operand);
+  const T* __restrict__ x = source.x;
+  uint8_t* __restrict__ codes = source.codes;
+  uint8_t* __restrict__ scales = source.scales;
+  __nv_bfloat16* __restrict__ operand = source.operand;
   const int64_t block = static_cast<int64_t>(blockIdx.x) * kSearchThreads + threadIdx.x;
   if (block >= n_blocks) return;
   float values[codec::kBlock];
@@ -164,41 +196,44 @@ __global__ void __launch_bounds__(kSearchThreads)
 }
 
 template <typename T, bool kOperand>
-cudaError_t launch_typed(const T* x, int64_t n_elements, uint8_t* codes, uint8_t* scales, bool search,
-                         int* nonfinite_flag, __nv_bfloat16* operand, cudaStream_t stream) {
-  // The vectorized kernels load 16 bytes at a time and store 2, 4 or 8 code bytes (and 16 operand bytes) at once.
-  const bool vectorized = device::is_aligned(x, 16) && device::is_aligned(codes, 8) &&
-                          (!kOperand || device::is_aligned(operand, 16));
+cudaError_t launch_typed(const Sources<T>& sources, int count, int64_t n_elements, uint8_t* codes, uint8_t* scales,
+                         bool search, int* nonfinite_flag, __nv_bfloat16* operand, cudaStream_t stream) {
+  // The vectorized kernels load 16 bytes at a time and store 2, 4 or 8 code bytes (and 16 operand bytes) at once:
+  // every input and the first outputs aligned (the g-th outputs are then too: n_elements is a multiple of 16).
+  bool vectorized = device::is_aligned(codes, 8) && (!kOperand || device::is_aligned(operand, 16));
+  for (int g = 0; g < count; ++g) vectorized = vectorized && device::is_aligned(sources.inputs[g], 16);
   if (search) {
     const int64_t n_blocks = n_elements / codec::kBlock;
-    const dim3 grid(static_cast<unsigned>((n_blocks + kSearchThreads - 1) / kSearchThreads));
+    const dim3 grid(static_cast<unsigned>((n_blocks + kSearchThreads - 1) / kSearchThreads), static_cast<unsigned>(count));
     if (vectorized)
-      nvfp4_quantize_search_kernel<T, true, kOperand><<<grid, kSearchThreads, 0, stream>>>(x, n_blocks, codes, scales,
-                                                                                           nonfinite_flag, operand);
+      nvfp4_quantize_search_kernel<T, true, kOperand><<<grid, kSearchThreads, 0, stream>>>(sources, n_blocks, codes,
+                                                                                           scales, nonfinite_flag, operand);
     else
-      nvfp4_quantize_search_kernel<T, false, kOperand><<<grid, kSearchThreads, 0, stream>>>(x, n_blocks, codes, scales,
-                                                                                            nonfinite_flag, operand);
+      nvfp4_quantize_search_kernel<T, false, kOperand><<<grid, kSearchThreads, 0, stream>>>(sources, n_blocks, codes,
+                                                                                            scales, nonfinite_flag, operand);
   } else {
     const int64_t n_vectors = n_elements / (16 / sizeof(T));
     const int64_t per_cta = static_cast<int64_t>(kRneThreads) * kRneUnroll;
-    const dim3 grid(static_cast<unsigned>((n_vectors + per_cta - 1) / per_cta));
+    const dim3 grid(static_cast<unsigned>((n_vectors + per_cta - 1) / per_cta), static_cast<unsigned>(count));
     if (vectorized)
-      nvfp4_quantize_rne_kernel<T, true, kOperand><<<grid, kRneThreads, 0, stream>>>(x, n_vectors, codes, scales,
+      nvfp4_quantize_rne_kernel<T, true, kOperand><<<grid, kRneThreads, 0, stream>>>(sources, n_vectors, codes, scales,
                                                                                      nonfinite_flag, operand);
     else
-      nvfp4_quantize_rne_kernel<T, false, kOperand><<<grid, kRneThreads, 0, stream>>>(x, n_vectors, codes, scales,
+      nvfp4_quantize_rne_kernel<T, false, kOperand><<<grid, kRneThreads, 0, stream>>>(sources, n_vectors, codes, scales,
                                                                                       nonfinite_flag, operand);
   }
   return cudaGetLastError();
 }
 
 template <typename T>
-cudaError_t launch_with_operand(const T* x, int64_t n_elements, uint8_t* codes, uint8_t* scales, bool search,
-                                int* nonfinite_flag, void* operand, cudaStream_t stream) {
+cudaError_t launch_sources(const void* const* inputs, int count, int64_t n_elements, uint8_t* codes, uint8_t* scales,
+                           bool search, int* nonfinite_flag, void* operand, cudaStream_t stream) {
+  Sources<T> sources{};
+  for (int g = 0; g < count; ++g) sources.inputs[g] = static_cast<const T*>(inputs[g]);
   if (operand != nullptr)
-    return launch_typed<T, true>(x, n_elements, codes, scales, search, nonfinite_flag,
+    return launch_typed<T, true>(sources, count, n_elements, codes, scales, search, nonfinite_flag,
                                  static_cast<__nv_bfloat16*>(operand), stream);
-  return launch_typed<T, false>(x, n_elements, codes, scales, search, nonfinite_flag, nullptr, stream);
+  return launch_typed<T, false>(sources, count, n_elements, codes, scales, search, nonfinite_flag, nullptr, stream);
 }
 
 }  // namespace
@@ -212,13 +247,23 @@ int launch_nvfp4_quantize(const void* x, KernelDType x_type, int64_t rows, int64
 int launch_nvfp4_quantize_with_operand(const void* x, KernelDType x_type, int64_t rows, int64_t cols, uint8_t* codes,
                                        uint8_t* scales, int search_mode, int* nonfinite_flag_device,
                                        void* bf16_operand, void* stream) {
+  const void* inputs[1] = {x};
+  return launch_nvfp4_quantize_batch(inputs, 1, x_type, rows, cols, codes, scales, search_mode, nonfinite_flag_device,
+                                     bf16_operand, stream);
+}
+
+int launch_nvfp4_quantize_batch(const void* const* inputs, int count, KernelDType x_type, int64_t rows, int64_t cols,
+                                uint8_t* codes, uint8_t* scales, int search_mode, int* nonfinite_flag_device,
+                                void* bf16_operand, void* stream) {
   if (rows < 0 || cols < 0 || cols % codec::kBlock != 0 || !device::valid_dtype(x_type) ||
-      (search_mode != 0 && search_mode != 1))
+      (search_mode != 0 && search_mode != 1) || inputs == nullptr || count < 1 || count > kNvfp4QuantizeMaxBatch)
     return cudaErrorInvalidValue;
   const int64_t n_elements = rows * cols;
   if (n_elements == 0) return cudaSuccess;
   // Codes and scales may be left out (both null) when the operand is all that is wanted.
-  if (x == nullptr || (codes == nullptr) != (scales == nullptr) || (codes == nullptr && bf16_operand == nullptr))
+  for (int g = 0; g < count; ++g)
+    if (inputs[g] == nullptr) return cudaErrorInvalidValue;
+  if ((codes == nullptr) != (scales == nullptr) || (codes == nullptr && bf16_operand == nullptr))
     return cudaErrorInvalidValue;
   // The operand's stores take its element alignment.
   if (bf16_operand != nullptr && !device::is_aligned(bf16_operand, 2)) return cudaErrorInvalidValue;
@@ -229,14 +274,14 @@ int launch_nvfp4_quantize_with_operand(const void* x, KernelDType x_type, int64_
   cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
   switch (x_type) {
     case KernelDType::f32:
-      return launch_with_operand(static_cast<const float*>(x), n_elements, codes, scales, search,
-                                 nonfinite_flag_device, bf16_operand, cuda_stream);
+      return launch_sources<float>(inputs, count, n_elements, codes, scales, search, nonfinite_flag_device,
+                                   bf16_operand, cuda_stream);
     case KernelDType::bf16:
-      return launch_with_operand(static_cast<const __nv_bfloat16*>(x), n_elements, codes, scales, search,
-                                 nonfinite_flag_device, bf16_operand, cuda_stream);
+      return launch_sources<__nv_bfloat16>(inputs, count, n_elements, codes, scales, search, nonfinite_flag_device,
+                                           bf16_operand, cuda_stream);
     case KernelDType::f16:
-      return launch_with_operand(static_cast<const __half*>(x), n_elements, codes, scales, search,
-                                 nonfinite_flag_device, bf16_operand, cuda_stream);
+      return launch_sources<__half>(inputs, count, n_elements, codes, scales, search, nonfinite_flag_device,
+                                    bf16_operand, cuda_stream);
   }
   return cudaErrorInvalidValue;
 }

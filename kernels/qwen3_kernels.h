@@ -31,6 +31,14 @@ int launch_nvfp4_quantize_with_operand(const void* x, KernelDType x_type, int64_
                                        uint8_t* scales, int search_mode, int* nonfinite_flag_device,
                                        void* bf16_operand, void* stream);
 
+// The same for `count` inputs of one dtype and shape in one launch (1 <= count <= kNvfp4QuantizeMaxBatch): input
+// g's codes, scales and operand are the g-th of stacked outputs [count, rows, cols/2], [count, rows, cols/16] and
+// [count, rows, cols] (the experts of a mixture-of-experts block, quantized for one grouped product).
+constexpr int kNvfp4QuantizeMaxBatch = 128;
+int launch_nvfp4_quantize_batch(const void* const* inputs, int count, KernelDType x_type, int64_t rows, int64_t cols,
+                                uint8_t* codes, uint8_t* scales, int search_mode, int* nonfinite_flag_device,
+                                void* bf16_operand, void* stream);
+
 // codes [rows, cols/2] + scales [rows, cols/16] -> out [rows, cols] in f32/bf16/f16, exact (every E2M1 x E4M3
 // product is representable in all three). Scale codes 0x7F/0xFF give NaN. `out` needs only its element
 // alignment (16-byte-aligned out and 8-byte-aligned codes take the vectorized path).

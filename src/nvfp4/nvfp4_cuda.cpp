@@ -12,6 +12,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -99,6 +100,31 @@ void quantize_with_operand_cuda(const at::Tensor& x, ScaleMode mode, const at::T
                    scales.defined() ? scales.data_ptr<uint8_t>() : nullptr, mode == ScaleMode::search ? 1 : 0,
                    flag.data_ptr<int>(), operand.data_ptr(), current_stream(x.device())),
                "quantize");
+}
+
+void quantize_batch_with_operand_cuda(const std::vector<at::Tensor>& xs, ScaleMode mode, const at::Tensor& codes,
+                                      const at::Tensor& scales, const at::Tensor& operands) {
+  const at::Tensor& first = xs.front();
+  const c10::cuda::CUDAGuard device_guard(first.device());
+  at::Tensor flag = nonfinite_flag(first.device());
+  const int64_t rows = first.size(0), cols = first.size(1);
+  for (size_t start = 0; start < xs.size(); start += kernels::kNvfp4QuantizeMaxBatch) {
+    const auto count = static_cast<int>(std::min<size_t>(kernels::kNvfp4QuantizeMaxBatch, xs.size() - start));
+    std::vector<const void*> inputs;
+    for (int g = 0; g < count; ++g) {
+      const at::Tensor& x = xs[start + static_cast<size_t>(g)];
+      if (!x.is_contiguous() || x.scalar_type() != first.scalar_type() || !x.sizes().equals(first.sizes()))
+        throw Error("nvfp4 CUDA: a batch quantize needs contiguous inputs of one dtype and shape");
+      inputs.push_back(x.data_ptr());
+    }
+    const auto g0 = static_cast<int64_t>(start);
+    check_launch(kernels::launch_nvfp4_quantize_batch(
+                     inputs.data(), count, kernel_dtype(first.scalar_type()), rows, cols,
+                     codes.defined() ? codes[g0].data_ptr<uint8_t>() : nullptr,
+                     scales.defined() ? scales[g0].data_ptr<uint8_t>() : nullptr, mode == ScaleMode::search ? 1 : 0,
+                     flag.data_ptr<int>(), operands[g0].data_ptr(), current_stream(first.device())),
+                 "batch quantize");
+  }
 }
 
 at::Tensor dequantize_cuda(const at::Tensor& codes, const at::Tensor& scales, at::ScalarType dtype) {
@@ -191,6 +217,10 @@ namespace {
 
 void quantize_cuda(const at::Tensor&, ScaleMode, bool, const at::Tensor&, const at::Tensor&) { no_cuda(); }
 void quantize_with_operand_cuda(const at::Tensor&, ScaleMode, const at::Tensor&, const at::Tensor&, const at::Tensor&) {
+  no_cuda();
+}
+void quantize_batch_with_operand_cuda(const std::vector<at::Tensor>&, ScaleMode, const at::Tensor&, const at::Tensor&,
+                                      const at::Tensor&) {
   no_cuda();
 }
 at::Tensor scratch_operand_cuda(const at::Device&, int64_t, int64_t) { no_cuda(); }

@@ -4,6 +4,8 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include <vector>
+
 #include "qwen3/nvfp4/nvfp4.h"
 
 namespace qwen3::nvfp4 {
@@ -19,6 +21,12 @@ void quantize_cuda(const at::Tensor& x, ScaleMode mode, bool check_finite, const
 // codes and scales may both be undefined tensors: then only the operand is written.
 void quantize_with_operand_cuda(const at::Tensor& x, ScaleMode mode, const at::Tensor& codes, const at::Tensor& scales,
                                 const at::Tensor& operand);
+
+// quantize_with_operand_cuda of several inputs of one dtype and shape [rows, cols] into stacked outputs
+// (codes [G, rows, cols/2] and scales [G, rows, cols/16], both undefined or both defined; operands [G, rows,
+// cols] bf16): one launch for every 128 inputs (a mixture-of-experts block's experts).
+void quantize_batch_with_operand_cuda(const std::vector<at::Tensor>& xs, ScaleMode mode, const at::Tensor& codes,
+                                      const at::Tensor& scales, const at::Tensor& operands);
 
 // A bf16 [rows, cols] view of the reused scratch buffer dequantize_into_scratch_cuda writes (same rules).
 at::Tensor scratch_operand_cuda(const at::Device& device, int64_t rows, int64_t cols);

@@ -135,14 +135,21 @@ class SteGroupedFunction : public torch::autograd::Function<SteGroupedFunction> 
     const at::Tensor scales = recorded ? at::empty({groups, out, in / kBlock}, bytes) : at::Tensor();
     const at::Tensor operands = at::empty({groups, out, in}, rows.options());
     std::vector<int64_t> weight_dtypes;
-    for (int64_t g = 0; g < groups; ++g) {
-      const at::Tensor w = weights[static_cast<size_t>(g)].detach().contiguous();
+    std::vector<at::Tensor> masters;
+    for (const at::Tensor& w : weights) {
       weight_dtypes.push_back(static_cast<int64_t>(w.scalar_type()));
-      if (w.is_cuda() && dtype == at::kBFloat16 && (w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16)) {
-        quantize_with_operand_cuda(w, mode, recorded ? codes[g] : at::Tensor(), recorded ? scales[g] : at::Tensor(),
-                                   operands[g]);
-      } else {
-        const Quantized q = quantize(w, mode);
+      masters.push_back(w.detach().contiguous());
+    }
+    const at::ScalarType master_dtype = masters.front().scalar_type();
+    bool one_dtype = true;
+    for (const at::Tensor& w : masters) one_dtype = one_dtype && w.scalar_type() == master_dtype;
+    if (rows.is_cuda() && dtype == at::kBFloat16 && one_dtype &&
+        (master_dtype == at::kFloat || master_dtype == at::kBFloat16)) {
+      // Every expert's codes and operand from one launch (each 128 experts).
+      quantize_batch_with_operand_cuda(masters, mode, codes, scales, operands);
+    } else {
+      for (int64_t g = 0; g < groups; ++g) {
+        const Quantized q = quantize(masters[static_cast<size_t>(g)], mode);
         if (recorded) codes[g].copy_(q.codes), scales[g].copy_(q.scales);
         operands[g].copy_(dequantize(q.codes, q.scales, dtype));  // what quantized_product multiplies by here
       }

@@ -4,6 +4,9 @@
 // skip cleanly without a device.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <memory>
+
 #include <cfloat>
 #include <cmath>
 #include <cstring>
@@ -131,6 +134,16 @@ TEST(Nvfp4KernelLaunch, RejectsBadArgumentsWithoutLaunching) {
   EXPECT_EQ(kernels::launch_nvfp4_quantize_with_operand(dummy, KernelDType::f32, 1, 16, dummy, dummy, 0, nullptr,
                                                         dummy + 1, nullptr),
             static_cast<int>(cudaErrorInvalidValue));  // the operand's bf16 elements misaligned
+  const void* inputs[2] = {dummy, nullptr};
+  EXPECT_EQ(kernels::launch_nvfp4_quantize_batch(inputs, 0, KernelDType::f32, 1, 16, dummy, dummy, 0, nullptr, nullptr,
+                                                 nullptr),
+            static_cast<int>(cudaErrorInvalidValue));  // no input
+  EXPECT_EQ(kernels::launch_nvfp4_quantize_batch(inputs, 2, KernelDType::f32, 1, 16, dummy, dummy, 0, nullptr, nullptr,
+                                                 nullptr),
+            static_cast<int>(cudaErrorInvalidValue));  // a null input
+  EXPECT_EQ(kernels::launch_nvfp4_quantize_batch(inputs, kernels::kNvfp4QuantizeMaxBatch + 1, KernelDType::f32, 1, 16,
+                                                 dummy, dummy, 0, nullptr, nullptr, nullptr),
+            static_cast<int>(cudaErrorInvalidValue));  // more than one launch's table
   EXPECT_EQ(kernels::launch_nvfp4_dequantize(dummy, dummy, 2, 40, dummy, KernelDType::bf16, nullptr),
             static_cast<int>(cudaErrorInvalidValue));
   EXPECT_EQ(kernels::launch_nvfp4_matmul(dummy, KernelDType::bf16, 1, 40, dummy, dummy, 8, dummy, KernelDType::f32,
@@ -246,6 +259,56 @@ TEST_P(GpuQuantizeKernel, RandomMatricesMatchCpuBytes) {
       const std::vector<float> values = gpu_test::gaussian(rows * cols, stddev, seed++);
       expect_quantize_matches_cpu(values, rows, cols, type, search, /*misaligned=*/false);
       if (rows * cols <= 8192) expect_quantize_matches_cpu(values, rows, cols, type, search, /*misaligned=*/true);
+    }
+  }
+}
+
+// Several inputs in one launch (launch_nvfp4_quantize_batch: a mixture-of-experts block's experts): input g's
+// codes, scales and bf16 operand are the g-th of the stacked outputs, each what the CPU codec writes for it.
+// Misaligned: one input starts an element off, which sends the whole batch down the scalar kernels.
+TEST_P(GpuQuantizeKernel, BatchOfInputsMatchesCpuBytes) {
+  QWEN3_REQUIRE_GPU();
+  const auto [type, search] = GetParam();
+  const int64_t rows = 5, cols = 1040, n = rows * cols, n_blocks = n / 16, count = 3;
+  const size_t element = type == KernelDType::f32 ? 4 : 2;
+  for (const bool misaligned : {false, true}) {
+    std::vector<std::unique_ptr<DeviceBuffer>> inputs;
+    std::vector<const void*> pointers;
+    std::vector<std::vector<uint8_t>> cpu_codes(count, std::vector<uint8_t>(n / 2)), cpu_scales(count, std::vector<uint8_t>(n_blocks));
+    std::vector<std::vector<float>> cpu_operands(count, std::vector<float>(n));
+    for (int64_t g = 0; g < count; ++g) {
+      std::vector<float> view = gpu_test::gaussian(n, g == 1 ? 0.005f : 1.0f, static_cast<uint32_t>(40 + g));
+      std::vector<uint16_t> bits16;
+      if (type != KernelDType::f32) bits16 = gpu_test::to_16bit(type, view, view);
+      nvfp4::quantize_rows_cpu(view.data(), rows, cols, cpu_codes[g].data(), cpu_scales[g].data(),
+                               search ? nvfp4::ScaleMode::search : nvfp4::ScaleMode::rne);
+      nvfp4::dequantize_rows_cpu(cpu_codes[g].data(), cpu_scales[g].data(), rows, cols, cpu_operands[g].data());
+      const size_t offset = misaligned && g == 2 ? element : 0;
+      inputs.push_back(std::make_unique<DeviceBuffer>(n * element));
+      ASSERT_TRUE(inputs.back()->ok());
+      if (type == KernelDType::f32) gpu_test::upload(view, inputs.back()->at(offset));
+      else gpu_test::upload(bits16, inputs.back()->at(offset));
+      pointers.push_back(inputs.back()->at(offset));
+    }
+    DeviceBuffer codes(count * n / 2), scales(count * n_blocks), operand(count * n * 2);
+    ASSERT_TRUE(codes.ok() && scales.ok() && operand.ok());
+    QWEN3_CUDA_OK(cudaMemset(codes.at(), 0xAB, count * n / 2 + DeviceBuffer::kSlack));
+    QWEN3_CUDA_OK(cudaMemset(operand.at(), 0xAB, count * n * 2 + DeviceBuffer::kSlack));
+    ASSERT_EQ(kernels::launch_nvfp4_quantize_batch(pointers.data(), static_cast<int>(count), type, rows, cols, codes.at(),
+                                                   scales.at(), search ? 1 : 0, nullptr, operand.at(), nullptr),
+              0);
+    std::vector<uint8_t> gpu_codes(count * n / 2), gpu_scales(count * n_blocks);
+    std::vector<uint16_t> gpu_operand(count * n);
+    gpu_test::download(codes.at(), gpu_codes);
+    gpu_test::download(scales.at(), gpu_scales);
+    gpu_test::download(operand.at(), gpu_operand);
+    for (int64_t g = 0; g < count; ++g) {
+      const std::string where = std::string(gpu_test::dtype_name(type)) + (search ? " search" : " rne") +
+                                (misaligned ? " misaligned" : "") + ", input " + std::to_string(g);
+      EXPECT_TRUE(std::equal(cpu_codes[g].begin(), cpu_codes[g].end(), gpu_codes.begin() + g * n / 2)) << where;
+      EXPECT_TRUE(std::equal(cpu_scales[g].begin(), cpu_scales[g].end(), gpu_scales.begin() + g * n_blocks)) << where;
+      for (int64_t i = 0; i < n; ++i)
+        ASSERT_EQ(gpu_operand[g * n + i], gpu_test::to_bits(KernelDType::bf16, cpu_operands[g][i])) << where << ": operand " << i;
     }
   }
 }

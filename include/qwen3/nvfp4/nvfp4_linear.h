@@ -54,7 +54,8 @@ at::Tensor grouped_product(const at::Tensor& rows, const at::Tensor& mats, const
 
 // The straight-through linear of G weights [out, in] (one shape) over grouped rows [M, in]: group g's rows times
 // deq(Q(W_g))ᵀ, [M, out] in the rows' dtype. One autograd node: every weight is quantized into one stacked operand
-// [G, out, in] (on CUDA with bf16 rows by the kernel that writes codes and operand together), multiplied by
+// [G, out, in] (on CUDA with bf16 rows by one launch for every 128 weights of the kernel that writes codes and
+// operand together), multiplied by
 // grouped_product and freed; the node saves the rows and the codes (0.5625 B a weight, as ste_linear), and
 // backward dequantizes all of them in one call. dX = dY · deq(Q(W)) by group; dW_g = dY_gᵀ X_g in W_g's dtype
 // (one product per group on the CPU, as ste_linear computes it; one grouped GEMM on CUDA, in the rows' dtype

@@ -2,6 +2,7 @@
 """Hugging Face transformers' Qwen3ForCausalLM beside qwen3-train (docs/performance.md, "The peer").
 
   hf_peer.py logits --weights M.dat --config C.json [--ids-file IDS] [--qwen3 BIN | --ours LOGITS.safetensors]
+  hf_peer.py logits --hf-dir EXPORT --config C.json --ours LOGITS.safetensors [--ids-file IDS] [--tolerance T]
   hf_peer.py train  --config C.json --seq-len T --batch-size B [--steps 20] [--grad-checkpoint on|off]
                     [--param-dtype bfloat16|float32] [--moments param|int8|4bit]
 
@@ -9,7 +10,9 @@ logits: the independent reference for the model. Decodes the .dat here (its own 
 from the format's definition, sharing nothing with qwen3-train), loads the values into Qwen3ForCausalLM built from
 the same config.json in float32, and compares its logits on every window with `qwen3-train eval --logits-out`
 (run here with --qwen3, or read from --ours where the binary cannot run beside this Python). Exit 1 when the largest
-|difference| of a logit exceeds --tolerance times the largest |logit|.
+|difference| of a logit exceeds --tolerance times the largest |logit|. With --hf-dir the model is instead what
+transformers loads from an `export --format hf` folder (bf16 values of the trained NVFP4 weights: a looser
+tolerance), against the logits of the .dat it was exported from.
 
 train: the peer's training step on the same shape and with the same dtypes as a `qwen3-train train`
 configuration: random weights from config.json in --param-dtype (bfloat16: a bf16 master; float32: an fp32 master
@@ -168,16 +171,26 @@ def cmd_logits(a):
     version, _, model_class = _transformers(_is_moe(a.config))
     from safetensors.torch import load_file
 
-    state = dat_state_dict(a.weights)
-    # A file with its own lm_head is used as such even when the config ties it (as qwen3-train loads it).
-    config = hf_config(a.config, tie_word_embeddings="lm_head.weight" not in state)
-    config._attn_implementation = "eager"  # the textbook formula, in float32
-    model = model_class(config).to(torch.float32)
-    state = expert_layout(state, model.state_dict().keys())
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
-    if missing or unexpected:
-        sys.exit(f"hf_peer: {a.weights}: missing {missing}, unexpected {unexpected}")
+    if not a.hf_dir and not a.weights:
+        sys.exit("hf_peer: logits needs --weights (the .dat) or --hf-dir (an export)")
+    if a.hf_dir and a.ours is None and not a.weights:
+        sys.exit("hf_peer: logits --hf-dir needs --ours, or --weights for qwen3-train eval to run here")
+    if a.hf_dir:
+        # The export's folder as a user loads it: transformers reads its config.json and safetensors itself.
+        from transformers import AutoModelForCausalLM
+        model = AutoModelForCausalLM.from_pretrained(a.hf_dir, dtype=torch.float32, attn_implementation="eager")
+        config = model.config
+    else:
+        state = dat_state_dict(a.weights)
+        # A file with its own lm_head is used as such even when the config ties it (as qwen3-train loads it).
+        config = hf_config(a.config, tie_word_embeddings="lm_head.weight" not in state)
+        config._attn_implementation = "eager"  # the textbook formula, in float32
+        model = model_class(config).to(torch.float32)
+        state = expert_layout(state, model.state_dict().keys())
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
+        if missing or unexpected:
+            sys.exit(f"hf_peer: {a.weights}: missing {missing}, unexpected {unexpected}")
     model = model.to(a.device).eval()
 
     tmp = tempfile.TemporaryDirectory()
@@ -341,7 +354,8 @@ def main():
     default_device = "cuda" if torch.cuda.is_available() else "cpu"
 
     lg = sub.add_parser("logits", help="logits of the .dat's model: transformers against qwen3-train eval")
-    lg.add_argument("--weights", required=True)
+    lg.add_argument("--weights", help="the .dat (decoded here), unless --hf-dir")
+    lg.add_argument("--hf-dir", help="an `export --format hf` folder, loaded with AutoModelForCausalLM instead")
     lg.add_argument("--config", required=True)
     lg.add_argument("--ids-file", help="lines of space-separated ids (default: three random lines)")
     lg.add_argument("--seq-len", type=int, default=64, help="window length, as eval's --seq-len")

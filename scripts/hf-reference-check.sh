@@ -2,7 +2,9 @@
 # The model against Hugging Face transformers, on a CPU (docs/model.md, "The independent reference"):
 # bench/hf_peer.py builds transformers' Qwen3ForCausalLM from a synth model's config.json, loads the .dat's values
 # through its own reader and NVFP4 decoder, and compares its float32 logits with `qwen3-train eval --logits-out`
-# on the same ids; then it runs the peer's training step (the GPU round's side-by-side benchmark) for a few tiny
+# on the same ids (the dense tiny model and the tiny mixture of experts, with its router choices); it loads the
+# MoE's `export --format hf` folder with AutoModelForCausalLM, as a user would, and compares that model's logits
+# with qwen3-train's eval of the same folder converted back; then it runs the peer's training step (the GPU round's side-by-side benchmark) for a few tiny
 # steps, gradient checkpointing on and off, so the script is known to run before a GPU session depends on it.
 #
 #   scripts/hf-reference-check.sh            # needs root (chroot); uses BUILD_DIR/qwen3-train (default build/)
@@ -60,6 +62,16 @@ awk 'BEGIN { srand(7); split("7 33 133", n, " ");
   --seq-len 64 --dtype float32 --logits-out "$work/ours.safetensors" --json >"$work/eval.json"
 "$bin" eval --weights "$work/moe/model.dat" --config "$work/moe/config.json" --token-ids-file "$work/ids.txt" \
   --seq-len 64 --dtype float32 --logits-out "$work/ours-moe.safetensors" --json >"$work/eval-moe.json"
+# The MoE's Hugging Face export (bf16 safetensors, per-expert keys) as transformers loads it, against qwen3-train's
+# eval of the same folder converted back (dense bf16: the very values); another MoE's export must fail.
+"$bin" synth --preset qwen3-moe-tiny --seed 2 --out-dir "$work/moe2" >/dev/null
+for m in moe moe2; do
+  "$bin" export --weights "$work/$m/model.dat" --config "$work/$m/config.json" --format hf --no-tokenizer \
+    --out "$work/$m-hf" >/dev/null
+done
+"$bin" convert --hf-dir "$work/moe-hf" --out "$work/moe-back/model.dat" --dtype bfloat16 >/dev/null
+"$bin" eval --weights "$work/moe-back/model.dat" --config "$work/moe-back/config.json" --token-ids-file "$work/ids.txt" \
+  --seq-len 64 --dtype float32 --logits-out "$work/ours-moe-hf.safetensors" --json >/dev/null
 rel=${work#"$root"/}
 
 inner=$(cat <<'INNER'
@@ -89,6 +101,14 @@ if ! grep -q '"router_mismatches": 0' $w/moe.json; then
   echo "hf-reference-check: the MoE's router choices were not compared (no experts.K in eval --logits-out?)" >&2
   exit 1
 fi
+# transformers loads the MoE's hf export (AutoModelForCausalLM): the logits and router choices of what it loaded.
+peer logits --hf-dir $w/moe-hf --config $w/moe/config.json --ids-file $w/ids.txt --seq-len 64 \
+  --ours $w/ours-moe-hf.safetensors
+if peer logits --hf-dir $w/moe2-hf --config $w/moe2/config.json --ids-file $w/ids.txt --seq-len 64 \
+     --ours $w/ours-moe-hf.safetensors >$w/wrong-moe.json; then
+  echo "hf-reference-check: another MoE's export passed against this one's logits" >&2
+  exit 1
+fi
 for gc in on off; do
   peer train --config $w/m1/config.json --seq-len 64 --batch-size 2 --steps 3 --warmup 1 --grad-checkpoint $gc
 done
@@ -106,4 +126,4 @@ unshare --mount --propagation private bash -euo pipefail -c '
   exec chroot "$dir" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 OMP_NUM_THREADS=2 REL="$rel" \
     bash -c "$inner"
 ' hf-reference "$chroot_dir" "$root" "$inner" "$rel"
-echo "hf-reference-check: transformers' Qwen3ForCausalLM and Qwen3MoeForCausalLM agree with qwen3-train eval (float32 logits)"
+echo "hf-reference-check: transformers' Qwen3ForCausalLM and Qwen3MoeForCausalLM agree with qwen3-train eval (float32 logits); transformers loads the MoE's hf export"

@@ -240,10 +240,11 @@ BlockRun run_sparse_block(Qwen3Model& model, const at::Tensor& h0, const at::Ten
 
 // The grouped form of a sparse block (three grouped products over the tokens sorted by expert: one launch a
 // projection kind on CUDA) against one expert after another: in float64 with dense kernels, and with the NVFP4
-// straight-through kernels in bf16 activations over fp32 weights, where the forward and every weight gradient
-// must be the same bytes (each token's outputs summed in the order of its experts, each expert's product and
-// weight gradient the same operation on the same rows); the input's gradient sums a token's k copies in another
-// order (expand's sum, not autograd's accumulation), so it agrees to bf16 rounding. Sixteen experts and three tokens
+// straight-through kernels in float32 (bf16 products throw in oneDNN in the arm64 lane's libtorch under qemu,
+// for the loop as for the grouped form), where the forward and every weight gradient must be the same bytes
+// (each token's outputs summed in the order of its experts, each expert's product and weight gradient the same
+// operation on the same rows); the input's gradient sums a token's k copies in another order (expand's sum, not
+// autograd's accumulation), so it agrees to float32 rounding. Sixteen experts and three tokens
 // leave some experts unrouted: no gradient for them in either form.
 TEST(Moe, GroupedExpertsAreTheExpertLoop) {
   for (const bool ste : {false, true}) {
@@ -253,23 +254,22 @@ TEST(Moe, GroupedExpertsAreTheExpertLoop) {
     if (ste) {
       at::NoGradGuard no_grad;
       for (auto& [key, t] : model->named_weights()) t.set_data(t.to(at::kFloat));
-      model->set_compute_dtype(at::kBFloat16);
     }
     bool offer = false;
     install_grouped_test_kernels(*model, ste, &offer);
     at::manual_seed(5);
-    const at::ScalarType dtype = ste ? at::kBFloat16 : at::kDouble;
+    const at::ScalarType dtype = ste ? at::kFloat : at::kDouble;
     const at::Tensor h0 = at::randn({1, 3, c.hidden_size}, at::kDouble).to(dtype);
     const at::Tensor probe = at::randn({1, 3, c.hidden_size}, at::kDouble);
     const BlockRun loop = run_sparse_block(*model, h0, probe);
     offer = true;
     const BlockRun grouped = run_sparse_block(*model, h0, probe);
-    const std::string kind = ste ? "nvfp4 bf16" : "dense fp64";
+    const std::string kind = ste ? "nvfp4 fp32" : "dense fp64";
     if (ste)
       EXPECT_TRUE(at::equal(grouped.y, loop.y)) << kind << ": max |diff| " << (grouped.y - loop.y).abs().max().item<double>();
     EXPECT_TRUE(at::allclose(grouped.y, loop.y, 1e-12, 1e-12)) << kind;
     const double dh_scale = loop.dh.abs().max().item<double>();
-    EXPECT_TRUE(at::allclose(grouped.dh.to(at::kDouble), loop.dh.to(at::kDouble), 0, (ste ? 1e-2 : 1e-12) * dh_scale)) << kind;
+    EXPECT_TRUE(at::allclose(grouped.dh.to(at::kDouble), loop.dh.to(at::kDouble), 0, (ste ? 1e-5 : 1e-12) * dh_scale)) << kind;
     int unrouted = 0;
     for (size_t i = 0; i < loop.grads.size(); ++i) {
       const std::string what = kind + (i == 0 ? std::string(" router") : " expert " + std::to_string((i - 1) / 3) + " projection " + std::to_string((i - 1) % 3));

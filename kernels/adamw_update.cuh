@@ -235,14 +235,9 @@ QWEN3_HD uint8_t int8_log_encode(float v, float block_max, float uniform, Levels
 
 // ---- nvfp4: E2M1 codes under an E4M3 scale per 16 elements, over an fp32 scale per row --------------------------
 
-// The E2M1 value of a 4-bit code (the same as codec::e2m1_to_float), built as float bits: from code 2 up the
-// magnitude code is 2 * (exponent + 1) + mantissa bit, so its bits are (126 << 23) + (code << 22); code 1 is 0.5
-// and 0 is 0. Integer operations only, no table, so the host loops vectorize (a table becomes a gather).
-QWEN3_HD float e2m1_value(uint32_t code) {
-  const uint32_t m = code & 7u;
-  const uint32_t magnitude = m >= 2u ? (126u << 23) + (m << 22) : (m == 1u ? 126u << 23 : 0u);
-  return bits_to_float(magnitude | ((code & 8u) << 28));
-}
+// The E2M1 value of a 4-bit code: codec::e2m1_to_float, integer operations only, so the host loops vectorize (a
+// table becomes a gather).
+QWEN3_HD float e2m1_value(uint32_t code) { return codec::e2m1_to_float(code); }
 
 // e2m1 x E4M3 is exact; the row scale rounds once.
 QWEN3_HD float nvfp4_decode_value(uint32_t code, float block_scale, float row_scale) {

@@ -105,9 +105,15 @@ QWEN3_HD float e2m1_magnitude(uint32_t magnitude_code) {
   }
 }
 
+// The same values built as float bits, integer operations only: from magnitude code 2 up the code is
+// 2 * (exponent + 1) + mantissa bit, so its bits are (126 << 23) + (code << 22); code 1 is 0.5 and 0 is 0. The
+// kernels decode with this (a switch compiles to a chain of compares and selects an element: the quantize pass
+// that also writes the bf16 operand, and dequantize); tests/test_optim_golden.cpp checks it against
+// e2m1_magnitude for all 16 codes.
 QWEN3_HD float e2m1_to_float(uint32_t code) {
-  const float magnitude = e2m1_magnitude(code);
-  return (code & 8u) ? -magnitude : magnitude;
+  const uint32_t m = code & 7u;
+  const uint32_t magnitude = m >= 2u ? (126u << 23) + (m << 22) : (m == 1u ? 126u << 23 : 0u);
+  return bits_to_float(magnitude | ((code & 8u) << 28));
 }
 
 // |v| (already clamped or not: anything above 5 is code 7) to the E2M1 magnitude code, ties to the even code:

@@ -97,13 +97,17 @@ TEST_P(AdamWGolden, GpuStepGivesTheSameBytes) {
   EXPECT_EQ(three_steps_hash(c.storage, c.master, 0, at::Device(at::kCUDA, 0)), c.expected);
 }
 
-// The element rules' own forms of two tables (written for vectorizing host loops) equal the originals: the
-// E2M1 values of the codec, and int8's log levels float(2^(-c/8)).
+// The element rules' own forms of two tables (written for vectorizing host loops and for the kernels) equal the
+// originals: the E2M1 values built as float bits (codec::e2m1_to_float, which adamw::e2m1_value is) against the
+// codec's table of magnitudes with the sign bit applied (-0 for code 8 included), and int8's log levels
+// float(2^(-c/8)).
 TEST(AdamWRules, TablesEqualTheirDefinitions) {
-  for (uint32_t code = 0; code < 16; ++code)
+  for (uint32_t code = 0; code < 16; ++code) {
+    const float magnitude = kernels::codec::e2m1_magnitude(code);
     EXPECT_EQ(kernels::codec::float_bits(kernels::adamw::e2m1_value(code)),
-              kernels::codec::float_bits(kernels::codec::e2m1_to_float(code)))
+              kernels::codec::float_bits((code & 8u) ? -magnitude : magnitude))
         << code;
+  }
   for (uint32_t code = 0; code < 256; ++code)
     EXPECT_EQ(kernels::adamw::int8_log_level(code), static_cast<float>(std::exp2(-static_cast<double>(code) / 8.0)))
         << code;

@@ -2,6 +2,7 @@
 // element rules of fused_ops.cuh. Layout of work and why: kernels/fused_ops.md.
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cstdint>
 
 #include "fused_ops.cuh"
@@ -43,6 +44,8 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_forward_kernel(const void* x
     const int64_t base = row * cols;
     float squares = 0.0f;
     if (vectorized) {
+      // Unrolled: several 16-byte loads of the row in flight a lane, not one round trip an iteration.
+#pragma unroll 4
       for (int64_t c = lane * kVec; c < cols; c += 32 * kVec) {
         float v[kVec];
         vec::load<kBf16, kVec>(x, base + c, v);
@@ -56,6 +59,8 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_forward_kernel(const void* x
     }
     const float r = f::rmsnorm_rstd(warp_sum(squares), cols, eps);
     if (vectorized) {
+      // Unrolled: several 16-byte loads of the row in flight a lane, not one round trip an iteration.
+#pragma unroll 4
       for (int64_t c = lane * kVec; c < cols; c += 32 * kVec) {
         float v[kVec], wv[kVec];
         vec::load<kBf16, kVec>(x, base + c, v);
@@ -88,6 +93,8 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_dx_kernel(const void* dy, co
       vec::load<kBf16Weight, kVec>(w, c, wv);
     };
     if (vectorized) {
+      // Unrolled: several 16-byte loads of the row in flight a lane, not one round trip an iteration.
+#pragma unroll 4
       for (int64_t c = lane * kVec; c < cols; c += 32 * kVec) {
         float xv[kVec], dyv[kVec], wv[kVec];
         load_piece(c, xv, dyv, wv);
@@ -101,6 +108,8 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_dx_kernel(const void* dy, co
     }
     const float mean = warp_sum(dot) / static_cast<float>(cols);
     if (vectorized) {
+      // Unrolled: several 16-byte loads of the row in flight a lane, not one round trip an iteration.
+#pragma unroll 4
       for (int64_t c = lane * kVec; c < cols; c += 32 * kVec) {
         float xv[kVec], dyv[kVec], wv[kVec];
         load_piece(c, xv, dyv, wv);
@@ -167,20 +176,24 @@ __global__ void __launch_bounds__(kThreads) sum_chunks_kernel(const float* parti
 
 constexpr int kRopePairs = 4;
 
-template <bool kBf16>
+// Index: uint32_t where every element offset of x and of the tables fits (the launcher checks), else int64_t:
+// the item's three divisions (pair in its head, head row, table row) in 32 bits take a fraction of the
+// instructions of 64-bit ones, which the GPU emulates.
+template <bool kBf16, typename Index>
 __global__ void __launch_bounds__(kThreads) rope_kernel(const void* x, void* out, int64_t batch, int64_t seq, int64_t heads,
                                                         int64_t head_dim, const float* cos, const float* sin,
                                                         int64_t table_rows, int backward, int vectorized) {
-  const int64_t half = head_dim / 2;
-  const int64_t per_item = vectorized ? kRopePairs : 1;
-  const int64_t items = batch * seq * heads * half / per_item;
-  for (int64_t item = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; item < items;
-       item += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t p = item * per_item;
-    const int64_t i = p % half, head_row = p / half;  // head_row = (b, t, h) flattened
-    const int64_t t = (head_row / heads) % table_rows;  // the token's position (b, t): its table row
-    const int64_t a = head_row * head_dim + i, b = a + half;
-    const int64_t ta = t * head_dim + i, tb = ta + half;
+  const auto half = static_cast<Index>(head_dim / 2), heads_i = static_cast<Index>(heads);
+  const auto table_rows_i = static_cast<Index>(table_rows), head_dim_i = static_cast<Index>(head_dim);
+  const Index per_item = vectorized ? kRopePairs : 1;
+  const auto items = static_cast<Index>(batch * seq * heads * (head_dim / 2) / per_item);
+  for (Index item = blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x; item < items;
+       item += static_cast<Index>(gridDim.x) * blockDim.x) {
+    const Index p = item * per_item;
+    const Index i = p % half, head_row = p / half;  // head_row = (b, t, h) flattened
+    const Index t = (head_row / heads_i) % table_rows_i;  // the token's position (b, t): its table row
+    const int64_t a = static_cast<int64_t>(head_row) * head_dim_i + i, b = a + half;
+    const int64_t ta = static_cast<int64_t>(t) * head_dim_i + i, tb = ta + half;
     if (vectorized) {
       float x1[kRopePairs], x2[kRopePairs], c1[kRopePairs], s1[kRopePairs], c2[kRopePairs], s2[kRopePairs];
       vec::load<kBf16, kRopePairs>(x, a, x1);
@@ -329,12 +342,17 @@ int launch_rope(const void* x, void* out, KernelDType type, int64_t batch, int64
   const int v = half % kRopePairs == 0 && aligned<kRopePairs>(x, type) && aligned<kRopePairs>(out, type) &&
                 aligned<kRopePairs>(cos, KernelDType::f32) && aligned<kRopePairs>(sin, KernelDType::f32);
   const int64_t items = pairs / (v ? kRopePairs : 1);
-  if (type == KernelDType::bf16)
-    rope_kernel<true><<<grid_for(items, kThreads), kThreads, 0, s>>>(x, out, batch, seq, heads, head_dim, cos, sin,
-                                                                       table_rows, backward, v);
+  // 32-bit indices where the elements (and the grid-stride loop's last step past them) fit.
+  const bool narrow = 2 * pairs <= INT32_MAX && table_rows * head_dim <= INT32_MAX;
+  const int grid = grid_for(items, kThreads);
+  if (type == KernelDType::bf16 && narrow)
+    rope_kernel<true, uint32_t><<<grid, kThreads, 0, s>>>(x, out, batch, seq, heads, head_dim, cos, sin, table_rows, backward, v);
+  else if (type == KernelDType::bf16)
+    rope_kernel<true, int64_t><<<grid, kThreads, 0, s>>>(x, out, batch, seq, heads, head_dim, cos, sin, table_rows, backward, v);
+  else if (narrow)
+    rope_kernel<false, uint32_t><<<grid, kThreads, 0, s>>>(x, out, batch, seq, heads, head_dim, cos, sin, table_rows, backward, v);
   else
-    rope_kernel<false><<<grid_for(items, kThreads), kThreads, 0, s>>>(x, out, batch, seq, heads, head_dim, cos, sin,
-                                                                        table_rows, backward, v);
+    rope_kernel<false, int64_t><<<grid, kThreads, 0, s>>>(x, out, batch, seq, heads, head_dim, cos, sin, table_rows, backward, v);
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -324,8 +324,17 @@ TEST(TrainCli, FlagsAliasesAndSignals) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("pairs.tsv:5"), std::string::npos) << "the bad line is reported: " << r.err;
   EXPECT_NE(r.err.find("step 2/2 | loss "), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("a step asks for"), std::string::npos) << r.err;
   r = test::run_cli("inspect " + dir.file("out.dat"));
   EXPECT_EQ(r.code, 0) << r.err;
+  // A step asking for more batches than an epoch has (4 samples in batches of 2, 3 a step) takes the epoch's 2,
+  // and says so.
+  r = test::run_cli(base + " --steps 1 --batch-size 2 --grad-accum-steps 3");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("--grad-accum-steps 3: a step asks for 3 batches but an epoch has 2; each step takes the "
+                       "epoch's 2 (a global batch of 4 rows, not 6)"),
+            std::string::npos)
+      << r.err;
 
   // SIGTERM: the current step finishes, a checkpoint is written, exit code 143.
   const std::string metrics = dir.file("m.jsonl");

@@ -543,6 +543,15 @@ class Trainer {
     spdlog::info("data: {} samples, {} tokens ({} with loss), {} skipped lines, {} comment lines; {} batches/epoch; "
                  "{} steps",
                  ds.samples, ds.tokens, ds.loss_tokens, ds.skipped, ds.comments, data_->batches_per_epoch(), steps_);
+    // A step takes what is left of its epoch (steps_per_pass): with fewer batches in an epoch than one step
+    // asks for, every step is smaller than the flags say, which the user should not have to infer.
+    const int64_t asked = o_.grad_accum_steps * dp_.world_size();
+    if (dp_.is_main() && asked > data_->batches_per_epoch())
+      spdlog::warn("--grad-accum-steps {}{}: a step asks for {} batches but an epoch has {}; each step takes the "
+                   "epoch's {} (a global batch of {} rows, not {})",
+                   o_.grad_accum_steps, dp_.world_size() > 1 ? fmt::format(" over {} ranks", dp_.world_size()) : "",
+                   asked, data_->batches_per_epoch(), data_->batches_per_epoch(),
+                   data_->batches_per_epoch() * o_.data.batch_size, asked * o_.data.batch_size);
   }
 
   const TrainOptions& o_;

@@ -201,6 +201,30 @@ TEST(SteLinear, MismatchedShapesAreErrors) {
   EXPECT_THROW(ste_linear(at::randn({2, 24}), at::randn({8, 24})), Error);  // 24 is not a multiple of 16
 }
 
+// The grouped straight-through linear (a sparse block's experts): each group's rows times its weight as
+// ste_linear computes them, bit for bit on the CPU, with an empty group among them; the same without a graph (no
+// codes kept: a checkpointed block's first forward); and its refusals.
+TEST(SteGroupedLinear, EachGroupIsSteLinearAndNoGraphChangesNothing) {
+  at::manual_seed(3);
+  const std::vector<int64_t> counts = {3, 0, 5};
+  const at::Tensor rows = at::randn({8, 32});
+  const at::Tensor ends = at::tensor({3, 3, 8}, at::kInt);
+  std::vector<at::Tensor> weights;
+  for (int g = 0; g < 3; ++g) weights.push_back(at::randn({16, 32}));
+  const at::Tensor grouped = ste_grouped_linear(rows, weights, ends, counts);
+  ASSERT_EQ(grouped.sizes(), at::IntArrayRef({8, 16}));
+  EXPECT_TRUE(at::equal(grouped.narrow(0, 0, 3), ste_linear(rows.narrow(0, 0, 3), weights[0])));
+  EXPECT_TRUE(at::equal(grouped.narrow(0, 3, 5), ste_linear(rows.narrow(0, 3, 5), weights[2])));
+  {
+    at::NoGradGuard no_grad;
+    EXPECT_TRUE(at::equal(ste_grouped_linear(rows, weights, ends, counts), grouped));
+  }
+  EXPECT_THROW(ste_grouped_linear(rows, {weights[0], weights[1]}, ends, counts), Error);  // 2 weights, 3 groups
+  EXPECT_THROW(ste_grouped_linear(rows, {weights[0], at::randn({16, 48}), weights[2]}, ends, counts), Error);
+  EXPECT_THROW(grouped_product(rows, at::randn({3, 16, 32}), ends, {3, 0, 4}), Error);  // 7 rows counted, 8 given
+  EXPECT_THROW(grouped_product(rows, at::randn({2, 16, 32}), ends, counts), Error);     // 2 matrices, 3 groups
+}
+
 }  // namespace
 }  // namespace qwen3::nvfp4
 

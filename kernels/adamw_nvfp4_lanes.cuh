@@ -51,12 +51,7 @@ QWEN3_HD LaneMoments fresh(const ParamView& p, const StepScalars& s, int64_t row
     out.m[k] = nvfp4_decode_value((m_codes >> (4 * k)) & 0xFu, m_scale, old_m_row);
     const float root = nvfp4_decode_value((v_codes >> (4 * k)) & 0xFu, v_scale, old_v_row);
     out.v[k] = mul_rn(root, root);
-    float g = 0.0f;
-    if (col < p.cols) {
-      const int64_t index = row * p.cols + col;
-      g = p.grad_bf16 ? grad_at<true>(p.grad, index, s.grad_scale) : grad_at<false>(p.grad, index, s.grad_scale);
-    }
-    update_moments(g, out.m[k], out.v[k], s);
+    update_moments(grad_of(p, s, row, col), out.m[k], out.v[k], s);
   }
   return out;
 }
@@ -83,9 +78,7 @@ QWEN3_HD LaneMasters load_masters(const ParamView& p, int64_t row, int64_t block
   QWEN3_UNROLL
   for (int k = 0; k < kPerLane; ++k) {
     const int64_t col = col0 + k;
-    out.value[k] = col >= p.cols ? 0.0f
-                   : p.master_bf16 ? master_at<true>(p.master, row * p.cols + col)
-                                   : master_at<false>(p.master, row * p.cols + col);
+    out.value[k] = col < p.cols ? master_of(p, row * p.cols + col) : 0.0f;
   }
   return out;
 }
@@ -131,14 +124,7 @@ QWEN3_HD void store(const ParamView& p, const StepScalars& s, int64_t row, int64
                                                           uniform_from_bits(random_bits(s.exp_avg_sq_key, state_index)));
     m_codes |= mc << (4 * k);
     v_codes |= vc << (4 * k);
-    if (col < p.cols) {
-      const int64_t index = row * p.cols + col;
-      const float updated = updated_master(masters.value[k], moments.m[k], moments.v[k], s);
-      if (p.master_bf16)
-        store_master_at<true>(p.master, index, updated, s.master_key);
-      else
-        store_master_at<false>(p.master, index, updated, s.master_key);
-    }
+    if (col < p.cols) step_master(p, s, row * p.cols + col, masters.value[k], moments.m[k], moments.v[k]);
   }
   const int64_t code_byte = row * (p.stored_cols / 2) + col0 / 2;
   auto* m_packed = static_cast<uint8_t*>(p.exp_avg) + code_byte;

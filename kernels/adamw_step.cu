@@ -18,25 +18,6 @@ using adamw::StepScalars;
 
 constexpr int kThreads = 256;
 
-__device__ __forceinline__ float grad_of(const ParamView& p, const StepScalars& s, int64_t row, int64_t col) {
-  if (col >= p.cols) return 0.0f;  // row padding of the block-scaled storages
-  const int64_t index = row * p.cols + col;
-  return p.grad_bf16 ? adamw::grad_at<true>(p.grad, index, s.grad_scale) : adamw::grad_at<false>(p.grad, index, s.grad_scale);
-}
-
-__device__ __forceinline__ float load_master(const ParamView& p, int64_t index) {
-  return p.master_bf16 ? adamw::master_at<true>(p.master, index) : adamw::master_at<false>(p.master, index);
-}
-
-__device__ __forceinline__ void store_master(const ParamView& p, const StepScalars& s, int64_t index, float master,
-                                             float m, float v) {
-  const float updated = adamw::updated_master(master, m, v, s);
-  if (p.master_bf16)
-    adamw::store_master_at<true>(p.master, index, updated, s.master_key);
-  else
-    adamw::store_master_at<false>(p.master, index, updated, s.master_key);
-}
-
 // fp32 / bf16 moments: four elements a thread (a warp's loads contiguous: element k of a thread is kThreads
 // after its element k - 1), grid-stride; every byte read and written once. All four elements' loads are issued
 // before the first store: as far as the compiler knows a store may alias a later load, so loads left after a
@@ -67,7 +48,7 @@ __global__ void __launch_bounds__(kThreads) plain_kernel(ParamView p, StepScalar
       }
       // Unpadded storage: the element index is the gradient's.
       g[k] = p.grad_bf16 ? adamw::grad_at<true>(p.grad, i, s.grad_scale) : adamw::grad_at<false>(p.grad, i, s.grad_scale);
-      master[k] = load_master(p, i);
+      master[k] = adamw::master_of(p, i);
     }
 #pragma unroll
     for (int k = 0; k < kPlainPerThread; ++k) {
@@ -81,7 +62,7 @@ __global__ void __launch_bounds__(kThreads) plain_kernel(ParamView p, StepScalar
         exp_avg[i] = m[k];
         exp_avg_sq[i] = v[k];
       }
-      store_master(p, s, i, master[k], m[k], v[k]);
+      adamw::step_master(p, s, i, master[k], m[k], v[k]);
     }
   }
 }
@@ -119,12 +100,12 @@ __global__ void __launch_bounds__(kThreads) int8_kernel(ParamView p, StepScalars
       const float m_step = m_steps[block], v_block_max = v_maxes[block];
       // The masters are loaded with the rest, before any store (see plain_kernel).
 #pragma unroll
-      for (int i = 0; i < kInt8PerLane; ++i) master[i] = col0 + i < p.cols ? load_master(p, row * p.cols + col0 + i) : 0.0f;
+      for (int i = 0; i < kInt8PerLane; ++i) master[i] = col0 + i < p.cols ? adamw::master_of(p, row * p.cols + col0 + i) : 0.0f;
 #pragma unroll
       for (int i = 0; i < kInt8PerLane; ++i) {
         m[i] = adamw::int8_linear_decode(m_codes[base + i], m_step);
         v[i] = adamw::int8_log_decode(v_codes[base + i], v_block_max, level);
-        adamw::update_moments(grad_of(p, s, row, col0 + i), m[i], v[i], s);
+        adamw::update_moments(adamw::grad_of(p, s, row, col0 + i), m[i], v[i], s);
         m_amax = fmaxf(m_amax, fabsf(m[i]));
         v_max = fmaxf(v_max, v[i]);
       }
@@ -140,7 +121,7 @@ __global__ void __launch_bounds__(kThreads) int8_kernel(ParamView p, StepScalars
       const uint64_t index = static_cast<uint64_t>(base + i);
       m_codes[base + i] = adamw::int8_linear_encode(m[i], step, adamw::uniform_from_bits(adamw::random_bits(s.exp_avg_key, index)));
       v_codes[base + i] = adamw::int8_log_encode(v[i], v_max, adamw::uniform_from_bits(adamw::random_bits(s.exp_avg_sq_key, index)), level);
-      if (col0 + i < p.cols) store_master(p, s, row * p.cols + col0 + i, master[i], m[i], v[i]);
+      if (col0 + i < p.cols) adamw::step_master(p, s, row * p.cols + col0 + i, master[i], m[i], v[i]);
     }
     if (lane == 0) {
       m_steps[block] = step;

@@ -154,6 +154,27 @@ QWEN3_HD void store_master_at(void* master, int64_t index, float value, uint64_t
     static_cast<float*>(master)[index] = value;
 }
 
+// The gradient of element (row, col) of a row-major [rows, cols] parameter as the update sees it (grad_at), 0 in
+// the row padding of the block-scaled storages (col >= cols).
+QWEN3_HD float grad_of(const ParamView& p, const StepScalars& s, int64_t row, int64_t col) {
+  if (col >= p.cols) return 0.0f;
+  const int64_t index = row * p.cols + col;
+  return p.grad_bf16 ? grad_at<true>(p.grad, index, s.grad_scale) : grad_at<false>(p.grad, index, s.grad_scale);
+}
+
+// The master of a parameter at `index` in its stored dtype (fp32 or bf16, as the view says), and its update
+// stored back: what every GPU kernel does per element (the host loops specialize on the dtype instead).
+QWEN3_HD float master_of(const ParamView& p, int64_t index) {
+  return p.master_bf16 ? master_at<true>(p.master, index) : master_at<false>(p.master, index);
+}
+QWEN3_HD void step_master(const ParamView& p, const StepScalars& s, int64_t index, float master, float m, float v) {
+  const float updated = updated_master(master, m, v, s);
+  if (p.master_bf16)
+    store_master_at<true>(p.master, index, updated, s.master_key);
+  else
+    store_master_at<false>(p.master, index, updated, s.master_key);
+}
+
 // ---- int8: m linear with a step per 64-block, v on a log2 grid under the block maximum ---------------------------
 
 // 2^(-c/8) for c = 0..255, each exactly float(exp2(-c / 8.0)): the fractional octave's eight values rounded

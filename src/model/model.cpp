@@ -298,12 +298,75 @@ bool experts_run_grouped(const Qwen3Block& b, const at::Tensor& x) {
   return true;
 }
 
+// The N·k (token, expert) choices sorted by expert once (stable: within an expert, tokens in order): slot
+// order[p] = n·k + i is row p; its routing weight; how many rows each expert has, on the device and (one read a
+// block: which experts are empty, where each one's rows start) on the host.
+struct ByExpert {
+  at::Tensor order, weight_of, counts;
+  std::vector<int64_t> host_counts;
+};
+
+ByExpert sort_by_expert(const at::Tensor& chosen, const at::Tensor& weights, int64_t experts) {
+  const at::Tensor choices = chosen.reshape({-1});
+  ByExpert r;
+  r.order = std::get<1>(at::sort(choices, /*stable=*/true, 0, false));
+  r.weight_of = weights.reshape({-1}).index_select(0, r.order);
+  r.counts = at::bincount(choices, {}, experts);
+  const at::Tensor host = r.counts.cpu();
+  r.host_counts.assign(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + experts);
+  return r;
+}
+
+// Each expert's tokens gathered into one product, its weighted output added back to their rows (index_add,
+// experts in order).
+at::Tensor experts_one_by_one(const Qwen3Block& b, const at::Tensor& x, int64_t k, const ByExpert& s) {
+  const at::Tensor token_of = at::floor_divide(s.order, k);
+  at::Tensor out = at::zeros_like(x);
+  int64_t start = 0;
+  for (size_t e = 0; e < b.experts.size(); start += s.host_counts[e], ++e) {
+    const int64_t count = s.host_counts[e];
+    if (count == 0) continue;
+    const ExpertMlp& expert = b.experts[e];
+    const at::Tensor tokens = token_of.narrow(0, start, count);
+    const at::Tensor rows = x.index_select(0, tokens);
+    const at::Tensor y = expert.down_proj(swiglu(expert.gate_proj(rows), expert.up_proj(rows)));
+    out = out.index_add(0, tokens, y * s.weight_of.narrow(0, start, count).unsqueeze(1));
+  }
+  return out;
+}
+
+// The same sums from three grouped products over all N·k rows sorted by expert: one launch a projection kind
+// instead of one an expert (one expert at a time a forward launches about ten kernels an expert: docs/model.md).
+// The gathers are by permutations only (each token's row repeated k times, then ordered), so no backward adds
+// two rows into one (index_add on CUDA would do it with atomics, in no fixed order): the k copies' gradients meet
+// in expand's sum. Each token's k weighted outputs are then added to zero in the order of their experts, as
+// above.
+at::Tensor experts_grouped(const Qwen3Block& b, const at::Tensor& x, const at::Tensor& chosen, const ByExpert& s) {
+  const int64_t N = x.size(0), H = x.size(1), k = chosen.size(1);
+  const RowGroups groups{s.counts.cumsum(0).to(at::kInt), s.host_counts};
+  const at::Tensor rows = x.unsqueeze(1).expand({N, k, H}).reshape({N * k, H}).index_select(0, s.order);
+  const auto product = [&](Projection ExpertMlp::*member, const at::Tensor& in) {
+    std::vector<const Projection*> group;
+    for (const ExpertMlp& e : b.experts) group.push_back(&(e.*member));
+    return group.front()->kernel->apply_grouped(group, in, groups);
+  };
+  const at::Tensor act = swiglu(product(&ExpertMlp::gate_proj, rows), product(&ExpertMlp::up_proj, rows));
+  const at::Tensor y = product(&ExpertMlp::down_proj, act) * s.weight_of.unsqueeze(1);
+  // Row p of y is the slot order[p] = n·k + i; position[slot] = p. A token's slots ranked by their experts.
+  const at::Tensor position = at::empty_like(s.order).index_put_({s.order}, at::arange(N * k, s.order.options()));
+  const at::Tensor by_expert = std::get<1>(at::sort(chosen, /*stable=*/true, 1, false));
+  const at::Tensor ranked = y.index_select(0, position.view({N, k}).gather(1, by_expert).reshape({-1})).view({N, k, H});
+  at::Tensor out = at::zeros_like(x);
+  for (int64_t j = 0; j < k; ++j) out = out + ranked.select(1, j);
+  return out;
+}
+
 }  // namespace
 
 // transformers' Qwen3MoeSparseMoeBlock: router logits in the activations' dtype, softmax in fp32, the top k
 // (renormalized to sum 1 with norm_topk_prob), back in the activations' dtype; every token through each of its
-// k experts, weighted, summed in the order of the experts (as transformers adds them). Every routed token is
-// computed: no capacity limit, nothing dropped.
+// k experts, weighted, summed in the order of the experts (as transformers adds them). Computed by expert, not
+// by token. Every routed token is computed: no capacity limit, nothing dropped.
 at::Tensor Qwen3Model::moe_mlp(const Qwen3Block& b, const at::Tensor& h) const {
   const int64_t H = h.size(-1), k = config_.num_experts_per_tok;
   const at::Tensor x = h.reshape({-1, H});
@@ -316,67 +379,10 @@ at::Tensor Qwen3Model::moe_mlp(const Qwen3Block& b, const at::Tensor& h) const {
   }
   auto [weights, chosen] = at::topk(at::softmax(router_logits, -1, at::kFloat), k, -1);
   if (config_.norm_topk_prob) weights = weights / weights.sum(-1, /*keepdim=*/true);
-  weights = weights.to(x.scalar_type());
-  const at::Tensor out = experts_run_grouped(b, x) ? experts_grouped(b, x, chosen, weights)
-                                                   : experts_one_by_one(b, x, chosen, weights);
+  const ByExpert sorted = sort_by_expert(chosen, weights.to(x.scalar_type()), static_cast<int64_t>(b.experts.size()));
+  const at::Tensor out = experts_run_grouped(b, x) ? experts_grouped(b, x, chosen, sorted)
+                                                   : experts_one_by_one(b, x, k, sorted);
   return out.view(h.sizes());
-}
-
-// By expert, not by token: the N·k choices sorted once (stable: within an expert, tokens in order), each
-// expert's tokens gathered into one product, its weighted output added back to their rows (index_add, experts
-// in order).
-at::Tensor Qwen3Model::experts_one_by_one(const Qwen3Block& b, const at::Tensor& x, const at::Tensor& chosen,
-                                          const at::Tensor& weights) const {
-  const int64_t k = chosen.size(1);
-  const auto E = static_cast<int64_t>(b.experts.size());
-  const at::Tensor choices = chosen.reshape({-1});
-  const at::Tensor order = std::get<1>(at::sort(choices, /*stable=*/true, 0, false));
-  const at::Tensor token_of = at::floor_divide(order, k);
-  const at::Tensor weight_of = weights.reshape({-1}).index_select(0, order);
-  const at::Tensor counts = at::bincount(choices, {}, E).cpu();
-  const auto count = counts.accessor<int64_t, 1>();
-  at::Tensor out = at::zeros_like(x);
-  for (int64_t e = 0, start = 0; e < E; start += count[e], ++e) {
-    if (count[e] == 0) continue;
-    const ExpertMlp& expert = b.experts[static_cast<size_t>(e)];
-    const at::Tensor tokens = token_of.narrow(0, start, count[e]);
-    const at::Tensor rows = x.index_select(0, tokens);
-    const at::Tensor y = expert.down_proj(swiglu(expert.gate_proj(rows), expert.up_proj(rows)));
-    out = out.index_add(0, tokens, y * weight_of.narrow(0, start, count[e]).unsqueeze(1));
-  }
-  return out;
-}
-
-// The same sums from three grouped products over all N·k (token, expert) rows sorted by expert: one launch a
-// projection kind instead of one an expert (a 128-expert block on CUDA ran ~1,500 launches). The gathers are by
-// permutations only (each token's row repeated k times, then ordered), so no backward adds two rows into one
-// (index_add on CUDA would do it with atomics, in no fixed order): the k copies' gradients meet in expand's
-// sum. Each token's k weighted outputs are then added to zero in the order of their experts, as above.
-at::Tensor Qwen3Model::experts_grouped(const Qwen3Block& b, const at::Tensor& x, const at::Tensor& chosen,
-                                       const at::Tensor& weights) const {
-  const int64_t N = x.size(0), H = x.size(1), k = chosen.size(1);
-  const auto E = static_cast<int64_t>(b.experts.size());
-  const at::Tensor choices = chosen.reshape({-1});
-  const at::Tensor order = std::get<1>(at::sort(choices, /*stable=*/true, 0, false));
-  const at::Tensor counts = at::bincount(choices, {}, E);
-  RowGroups groups{counts.cumsum(0).to(at::kInt), {}};
-  const at::Tensor host_counts = counts.cpu();  // one read a block, as one_by_one's (which groups are empty)
-  groups.counts.assign(host_counts.data_ptr<int64_t>(), host_counts.data_ptr<int64_t>() + E);
-  const at::Tensor rows = x.unsqueeze(1).expand({N, k, H}).reshape({N * k, H}).index_select(0, order);
-  const auto product = [&](Projection ExpertMlp::*member, const at::Tensor& in) {
-    std::vector<const Projection*> group;
-    for (const ExpertMlp& e : b.experts) group.push_back(&(e.*member));
-    return group.front()->kernel->apply_grouped(group, in, groups);
-  };
-  const at::Tensor act = swiglu(product(&ExpertMlp::gate_proj, rows), product(&ExpertMlp::up_proj, rows));
-  const at::Tensor y = product(&ExpertMlp::down_proj, act) * weights.reshape({-1}).index_select(0, order).unsqueeze(1);
-  // Row p of y is the slot order[p] = n·k + i; position[slot] = p. A token's slots ranked by their experts.
-  const at::Tensor position = at::empty_like(order).index_put_({order}, at::arange(N * k, order.options()));
-  const at::Tensor by_expert = std::get<1>(at::sort(chosen, /*stable=*/true, 1, false));
-  const at::Tensor ranked = y.index_select(0, position.view({N, k}).gather(1, by_expert).reshape({-1})).view({N, k, H});
-  at::Tensor out = at::zeros_like(x);
-  for (int64_t j = 0; j < k; ++j) out = out + ranked.select(1, j);
-  return out;
 }
 
 at::Tensor Qwen3Model::embed(const at::Tensor& ids) const {

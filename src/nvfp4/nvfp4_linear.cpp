@@ -141,11 +141,9 @@ class SteGroupedFunction : public torch::autograd::Function<SteGroupedFunction> 
       masters.push_back(w.detach().contiguous());
     }
     const at::ScalarType master_dtype = masters.front().scalar_type();
-    bool one_dtype = true;
-    for (const at::Tensor& w : masters) one_dtype = one_dtype && w.scalar_type() == master_dtype;
-    if (rows.is_cuda() && dtype == at::kBFloat16 && one_dtype &&
-        (master_dtype == at::kFloat || master_dtype == at::kBFloat16)) {
-      // Every expert's codes and operand from one launch (each 128 experts).
+    if (rows.is_cuda() && dtype == at::kBFloat16 && (master_dtype == at::kFloat || master_dtype == at::kBFloat16)) {
+      // Every expert's codes and operand from one launch (each 128 experts); the experts' masters share one dtype
+      // (a run has one master dtype), which the launch checks.
       quantize_batch_with_operand_cuda(masters, mode, codes, scales, operands);
     } else {
       for (int64_t g = 0; g < groups; ++g) {

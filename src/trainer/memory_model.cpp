@@ -82,9 +82,6 @@ struct StepSizes {
   u64 B = 0, T = 0, N = 0, H = 0, Q = 0, KV = 0, I = 0, V = 0, nh = 0;
   int64_t experts_per_token = 0;  // a MoE model's k
   bool grouped = false, kv_copies = false;
-  // A sparse block's experts as grouped products (model.cpp, experts_grouped): on CUDA, taken to run the GPU
-  // machine's PyTorch wheel (2.8+, at::_grouped_mm); elsewhere one expert after another.
-  bool grouped_experts = false;
   std::vector<BlockSizes> blocks;
   u64 weights = 0, moments = 0, gradients = 0;  // the plan's totals
   u64 largest_dense = 0, largest_quantized = 0, nonblock_grad = 0, dense_weights = 0, largest_frozen = 0;
@@ -112,7 +109,6 @@ struct StepSizes {
     nh = s.heads;
     experts_per_token = config.num_experts_per_tok;
     grouped = s.heads != s.kv_heads;
-    grouped_experts = cuda;
     // causal_attention (model.cpp) hands the grouped k and v as they are to SDPA where it can (libtorch 2.5+, or
     // a CUDA device, whose libtorch is taken to be the GPU machine's 2.x) and rows are not packed (a mask), and to
     // the variable-length flash kernel for packed rows on CUDA in bf16 (packed_attention_layout); else each query
@@ -211,23 +207,28 @@ struct StepSizes {
       b.saved_per_token = 2 * norm_saved + qk_saved + attention_saved + b.mlp_saved;
       // Forward without a graph: the block's residual and normed input, gate and up, then silu(gate) and its
       // product with up at once on CPU (four [N, I] tensors; the CUDA kernel makes the product directly: three).
-      // A sparse block runs its experts one after the other: besides the output it accumulates and the routing,
-      // only one expert's rows and temporaries are alive, the busiest expert's share taken as twice the average
-      // (N·k/E tokens an expert).
-      const u64 busiest = sparse ? std::min<u64>(N, 2 * N * k / std::max<u64>(E, 1)) : 0;
-      b.mlp_forward_temp = sparse ? N * (a * 3 * H + 4 * E) + busiest * a * ((cuda ? 3 : 4) * Ie + 2 * H)
-                                  : N * a * ((cuda ? 3 : 4) * I + 2 * H);
       // Backward: the gradient from down_proj and the two it makes, less the product saved for down_proj; for a
-      // sparse block, per expert in turn, beside the gradients of the output and of the gathered input.
-      b.mlp_temp = sparse ? N * 2 * a * H + busiest * 2 * a * Ie : N * 2 * a * width;
-      if (sparse && grouped_experts) {
-        // Grouped: all N·k rows at once — the input repeated k times and gathered (2 H), gate, up and their
-        // product (3 Ie), the weighted output and its ranked copy (2 H) — and one projection kind's operands of
-        // all E experts [E, Ie, H] for its product. Backward: the gradients of those rows, all experts' operands
-        // dequantized at once and the stacked weight gradient [E, Ie, H] before each expert's is cast.
+      // sparse block, beside the gradients of the output and of the gathered input.
+      if (!sparse) {
+        b.mlp_forward_temp = N * a * ((cuda ? 3 : 4) * I + 2 * H);
+        b.mlp_temp = N * 2 * a * width;
+      } else if (cuda) {
+        // The experts as grouped products (model.cpp, experts_grouped; a CUDA run is taken to have the GPU
+        // machine's PyTorch wheel, 2.8+): all N·k rows at once — the input repeated k times and gathered (2 H),
+        // gate, up and their product (3 Ie), the weighted output and its ranked copy (2 H) — and one projection
+        // kind's operands of all E experts [E, Ie, H] for its product. Backward: the gradients of those rows, all
+        // experts' operands dequantized at once and the stacked weight gradient [E, Ie, H] before each expert's
+        // is cast.
         const u64 operands = E * Ie * H * a;
         b.mlp_forward_temp = N * (a * 3 * H + 4 * E) + N * k * a * (4 * H + 3 * Ie) + operands;
         b.mlp_temp = N * 2 * a * H + N * k * a * (2 * Ie + 2 * H) + 2 * operands;
+      } else {
+        // One expert after another: besides the output it accumulates and the routing, only one expert's rows and
+        // temporaries alive at a time, the busiest expert's share taken as twice the average (N·k/E tokens an
+        // expert).
+        const u64 busiest = std::min<u64>(N, 2 * N * k / std::max<u64>(E, 1));
+        b.mlp_forward_temp = N * (a * 3 * H + 4 * E) + busiest * a * (4 * Ie + 2 * H);
+        b.mlp_temp = N * 2 * a * H + busiest * 2 * a * Ie;
       }
       // Backward of a block: the MLP's part runs first; by the time attention's runs, its saved tensors are gone.
       b.backward_activation_temp = std::max(

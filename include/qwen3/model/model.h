@@ -174,10 +174,6 @@ class Qwen3Model {
 
  private:
   at::Tensor moe_mlp(const Qwen3Block& b, const at::Tensor& h) const;
-  at::Tensor experts_one_by_one(const Qwen3Block& b, const at::Tensor& x, const at::Tensor& chosen,
-                                const at::Tensor& weights) const;
-  at::Tensor experts_grouped(const Qwen3Block& b, const at::Tensor& x, const at::Tensor& chosen,
-                             const at::Tensor& weights) const;
   at::Tensor block_forward(const Qwen3Block& b, at::Tensor x, const at::Tensor& cos, const at::Tensor& sin,
                            KVCache* cache, int64_t layer, int64_t offset, const at::Tensor& allowed);
   at::Tensor rmsnorm(const at::Tensor& x, const at::Tensor& weight) const;

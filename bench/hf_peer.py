@@ -11,8 +11,8 @@ from the format's definition, sharing nothing with qwen3-train), loads the value
 the same config.json in float32, and compares its logits on every window with `qwen3-train eval --logits-out`
 (run here with --qwen3, or read from --ours where the binary cannot run beside this Python). Exit 1 when the largest
 |difference| of a logit exceeds --tolerance times the largest |logit|. With --hf-dir the model is instead what
-transformers loads from an `export --format hf` folder (bf16 values of the trained NVFP4 weights: a looser
-tolerance), against the logits of the .dat it was exported from.
+transformers loads from an `export --format hf` folder, against --ours: `qwen3-train eval --logits-out` of that
+folder converted back (`convert --dtype bfloat16`: the export's very values), at the same tolerance.
 
 train: the peer's training step on the same shape and with the same dtypes as a `qwen3-train train`
 configuration: random weights from config.json in --param-dtype (bfloat16: a bf16 master; float32: an fp32 master
@@ -171,10 +171,10 @@ def cmd_logits(a):
     version, _, model_class = _transformers(_is_moe(a.config))
     from safetensors.torch import load_file
 
-    if not a.hf_dir and not a.weights:
-        sys.exit("hf_peer: logits needs --weights (the .dat) or --hf-dir (an export)")
-    if a.hf_dir and a.ours is None and not a.weights:
-        sys.exit("hf_peer: logits --hf-dir needs --ours, or --weights for qwen3-train eval to run here")
+    if bool(a.hf_dir) == bool(a.weights):
+        sys.exit("hf_peer: logits takes --weights (the .dat) or --hf-dir (an export), one of them")
+    if a.hf_dir and a.ours is None:
+        sys.exit("hf_peer: logits --hf-dir needs --ours (eval of the folder converted back)")
     if a.hf_dir:
         # The export's folder as a user loads it: transformers reads its config.json and safetensors itself.
         from transformers import AutoModelForCausalLM
@@ -355,7 +355,7 @@ def main():
 
     lg = sub.add_parser("logits", help="logits of the .dat's model: transformers against qwen3-train eval")
     lg.add_argument("--weights", help="the .dat (decoded here), unless --hf-dir")
-    lg.add_argument("--hf-dir", help="an `export --format hf` folder, loaded with AutoModelForCausalLM instead")
+    lg.add_argument("--hf-dir", help="an `export --format hf` folder, loaded with AutoModelForCausalLM instead (with --ours)")
     lg.add_argument("--config", required=True)
     lg.add_argument("--ids-file", help="lines of space-separated ids (default: three random lines)")
     lg.add_argument("--seq-len", type=int, default=64, help="window length, as eval's --seq-len")

@@ -43,6 +43,23 @@ QWEN3_HD float bits_to_float(uint32_t u) {
 
 QWEN3_HD bool is_finite(float x) { return (float_bits(x) & 0x7F800000u) != 0x7F800000u; }
 
+// max(m, |x|), NaN when either is NaN: a block's largest magnitude and, in the same one instruction an element
+// on the device (max.NaN, sm_80 on), whether the block is finite: the result is then not <= FLT_MAX. fmaxf
+// would drop a NaN, so the kernels tested each element's exponent besides (three instructions an element).
+QWEN3_HD float max_abs_nan(float m, float x) {
+#if defined(__CUDA_ARCH__)
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(m), "f"(fabsf(x)));
+  return r;
+#else
+  const float a = std::fabs(x);
+  return (std::isnan(m) || std::isnan(a)) ? bits_to_float(0x7FC00000u) : std::fmax(m, a);
+#endif
+}
+
+// A block maximum from max_abs_nan: false when an element was infinite or NaN.
+QWEN3_HD bool finite_maximum(float amax) { return amax <= 3.40282347e38f; }
+
 // Correctly rounded fp32 quotient a / b (IEEE division, never the fast approximate one).
 QWEN3_HD float div_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
@@ -124,6 +141,24 @@ QWEN3_HD uint32_t e2m1_magnitude_code(float a) {
          static_cast<uint32_t>(a > 2.5f) + static_cast<uint32_t>(a >= 3.5f) + static_cast<uint32_t>(a > 5.0f);
 }
 
+// The same code from the bits of a finite or infinite v (its sign ignored), about half the instructions of the
+// seven compares: below 1 the grid 0, 0.5, 1 is 2|v| rounded to an integer, ties to even, which adding
+// 1.5 * 2^23 does (its ulp is 1; the integer lands in the low bits); from 1 on, E2M1 keeps one mantissa bit, so
+// fp32's exponent and top mantissa bit rounded to nearest even (a carry moves the exponent) are the code
+// plus 252, and everything past 6 is code 7. Equal to e2m1_magnitude_code(|v|) for every non-negative and
+// finite fp32 and both infinities (checked exhaustively when written; the tests sweep a stride of them and every
+// threshold's neighbours). A NaN gives 7, not 0: callers pass finite quotients.
+QWEN3_HD uint32_t e2m1_magnitude_code_from_bits(float v) {
+  // Both forms, then a select: a branch would split a warp's lanes an element.
+  const uint32_t magnitude = float_bits(v) & 0x7FFFFFFFu;
+  const uint32_t below_one = float_bits(fmaf(fabsf(v), 2.0f, 12582912.0f)) & 3u;
+  // (exponent << 1 | mantissa bit) - 252 in one add: 0xC11FFFFF is 0x1FFFFF (round half up, the lsb making
+  // ties even) minus 252 << 22; below 1 it wraps to a large value, clamped and not taken.
+  const uint32_t code_from_one = (magnitude + ((magnitude >> 22) & 1u) + 0xC11FFFFFu) >> 22;
+  const uint32_t from_one = code_from_one < 7u ? code_from_one : 7u;
+  return magnitude < 0x3F800000u ? below_one : from_one;
+}
+
 // RN(x / s) for an E4M3 scale s > 0, given reciprocal = RN(1 / s). One reciprocal per block instead of one
 // IEEE division per element: q = RN(x * r) is off by at most a few ulps, and one Markstein correction step
 // with the exact remainder fma(-q, s, x) lands on the correctly rounded quotient. Checked exhaustively on
@@ -140,19 +175,35 @@ QWEN3_HD float divide_by_scale(float x, float scale, float reciprocal) {
   return fmaf(remainder, reciprocal, q);
 }
 
+// RN(a / 6) for a finite a >= 2^-125, by Markstein's step with RN(1/6) (q = RN(a * r), then one correction with
+// the exact remainder) instead of an IEEE division, which the device runs as a subroutine of about ten
+// instructions and a branch. Checked exhaustively when written: equal to a / 6 for every fp32 from 2^-125 up;
+// below it (subnormal quotients) it may differ in the last place, which no E4M3 scale code sees (every a
+// there gives code 0, raised to 1): rne_scale_code gives the same code for all 2^31 non-negative finite
+// inputs either way (a stride of them in the tests, and the neighbourhood of 2^-125).
+QWEN3_HD float divide_by_6(float a) {
+  constexpr float kSixth = 0x1.555556p-3f;  // RN(1/6)
+#if defined(__CUDA_ARCH__)
+  const float q = __fmul_rn(a, kSixth);  // never contracted into the fma below
+#else
+  const float q = a * kSixth;
+#endif
+  return fmaf(fmaf(-q, 6.0f, a), kSixth, q);
+}
+
 // One element's E2M1 code for scale s > 0: sign bit only when the magnitude is non-zero (no -0 is written).
 QWEN3_HD uint32_t e2m1_encode(float x, float scale, float reciprocal) {
   const float v = divide_by_scale(x, scale, reciprocal);
-  const uint32_t magnitude = e2m1_magnitude_code(fabsf(v));
-  const uint32_t sign = (float_bits(v) >> 31) & (magnitude != 0u ? 1u : 0u);
-  return magnitude | (sign << 3);
+  const uint32_t magnitude = e2m1_magnitude_code_from_bits(v);
+  const uint32_t sign = magnitude != 0u ? (float_bits(v) >> 28) & 8u : 0u;
+  return magnitude | sign;
 }
 
 // The default scale: e4m3_rne(amax / 6) with a correctly rounded fp32 division, raised to code 1 (2^-9, the
 // bottom of E4M3's range) when it rounds to 0 but the block is not all zero (include/qwen3/nvfp4/nvfp4.h: only an
 // all-zero block gets scale 0).
 QWEN3_HD uint8_t rne_scale_code(float amax) {
-  const uint8_t code = e4m3_from_float_rne(div_rn(amax, 6.0f));
+  const uint8_t code = e4m3_from_float_rne(divide_by_6(amax));
   return (code == 0 && amax > 0.0f) ? uint8_t{1} : code;
 }
 
@@ -190,7 +241,7 @@ QWEN3_HD float block_squared_error(const float* x, uint8_t scale_code) {
   for (int i = 0; i < kBlock; ++i) {
     const float magnitude = fabsf(x[i]);
     const float quantized =
-        scale > 0.0f ? e2m1_magnitude(e2m1_magnitude_code(divide_by_scale(magnitude, scale, reciprocal))) * scale
+        scale > 0.0f ? e2m1_magnitude(e2m1_magnitude_code_from_bits(divide_by_scale(magnitude, scale, reciprocal))) * scale
                      : 0.0f;
     const float difference = sub_rn(magnitude, quantized);
     squared[i] = mul_rn(difference, difference);
@@ -224,13 +275,9 @@ QWEN3_HD uint8_t search_scale_code(const float* x, float amax) {
 // (the kernels raise their non-finite flag; the CPU codec refuses such input).
 QWEN3_HD uint8_t quantize_block(const float* x, bool search, uint8_t* codes) {
   float amax = 0.0f;
-  bool finite = true;
-  for (int i = 0; i < kBlock; ++i) {
-    finite = finite && is_finite(x[i]);
-    amax = fmaxf(amax, fabsf(x[i]));
-  }
+  for (int i = 0; i < kBlock; ++i) amax = max_abs_nan(amax, x[i]);
   for (int j = 0; j < kBlock / 2; ++j) codes[j] = 0;
-  if (!finite) return kNonFiniteBlockScale;
+  if (!finite_maximum(amax)) return kNonFiniteBlockScale;
   const uint8_t scale_code = search ? search_scale_code(x, amax) : rne_scale_code(amax);
   const float scale = e4m3_to_float(scale_code);
   if (scale == 0.0f) return scale_code;

@@ -53,12 +53,14 @@ struct Source {
   }
 };
 
-// n values of one block decoded from their packed nibbles (element i = nibble i) into bf16 at out: 16-byte
-// stores when kVectorized (n = 8 or 16, out 16-byte aligned), else one at a time.
+// n values of one block decoded from their packed nibbles (element i = nibble i) into bf16 at out. kVectorized:
+// out is aligned to the n values' bytes, which go out as 16-byte stores (n = 8 or 16: 16-bit inputs, search)
+// or one 8-byte store (n = 4: an fp32 input's vector; four 2-byte stores a lane before, a warp's store then
+// covering 64 of its 256 bytes at a time); else one value at a time.
 template <bool kVectorized>
 __device__ __forceinline__ void store_operand(uint64_t nibbles, int n, uint8_t scale_code, __nv_bfloat16* out) {
   const float scale = codec::e4m3_to_float(scale_code);
-  __nv_bfloat16 values[codec::kBlock];
+  alignas(16) __nv_bfloat16 values[codec::kBlock];
 #pragma unroll
   for (int i = 0; i < codec::kBlock; ++i)
     if (i < n) values[i] = device::from_float<__nv_bfloat16>(codec::e2m1_to_float((nibbles >> (4 * i)) & 0xFu) * scale);
@@ -66,6 +68,8 @@ __device__ __forceinline__ void store_operand(uint64_t nibbles, int n, uint8_t s
 #pragma unroll
     for (int i = 0; i < codec::kBlock; i += 8)
       if (i < n) *reinterpret_cast<uint4*>(out + i) = *reinterpret_cast<const uint4*>(values + i);
+  } else if (kVectorized && n == 4) {
+    *reinterpret_cast<uint2*>(out) = *reinterpret_cast<const uint2*>(values);
   } else {
     for (int i = 0; i < n; ++i) out[i] = values[i];
   }
@@ -103,21 +107,17 @@ __global__ void __launch_bounds__(kRneThreads)
 #pragma unroll
   for (int u = 0; u < kRneUnroll; ++u) {
     const int64_t v = first_vector + static_cast<int64_t>(u) * kRneThreads;
+    // The block's largest magnitude, NaN or infinite when an element is not finite (one instruction an element).
     float amax = 0.0f;
-    int nonfinite = 0;
 #pragma unroll
-    for (int i = 0; i < kPerThread; ++i) {
-      nonfinite |= codec::is_finite(values[u][i]) ? 0 : 1;
-      amax = fmaxf(amax, fabsf(values[u][i]));
-    }
+    for (int i = 0; i < kPerThread; ++i) amax = codec::max_abs_nan(amax, values[u][i]);
     // n_vectors is a multiple of kGroup and kGroup divides 32, so a group is wholly in range or wholly out;
     // every lane still takes part in the shuffles.
 #pragma unroll
-    for (int offset = 1; offset < kGroup; offset <<= 1) {
-      amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, offset));
-      nonfinite |= __shfl_xor_sync(kFullMask, nonfinite, offset);
-    }
+    for (int offset = 1; offset < kGroup; offset <<= 1)
+      amax = codec::max_abs_nan(amax, __shfl_xor_sync(kFullMask, amax, offset));
     if (v >= n_vectors) continue;
+    const bool nonfinite = !codec::finite_maximum(amax);
 
     uint32_t packed = 0;
     uint8_t scale_code = codec::kNonFiniteBlockScale;
@@ -142,8 +142,8 @@ __global__ void __launch_bounds__(kRneThreads)
         for (int j = 0; j < kPerThread / 2; ++j) out[j] = static_cast<uint8_t>(packed >> (8 * j));
       }
     }
-    if constexpr (kOperand)  // 4 (fp32 input) or 8 values: 8 or 16 bytes, vector-stored when 16
-      store_operand<kVectorized && kPerThread == 8>(packed, kPerThread, scale_code, operand + v * kPerThread);
+    if constexpr (kOperand)  // 4 (fp32 input) or 8 values: one 8- or 16-byte store when vectorized
+      store_operand<kVectorized>(packed, kPerThread, scale_code, operand + v * kPerThread);
     if (v % kGroup == 0) {
       if (scales != nullptr) scales[v / kGroup] = scale_code;
       if (nonfinite && nonfinite_flag != nullptr) *nonfinite_flag = 1;
@@ -198,7 +198,7 @@ __global__ void __launch_bounds__(kSearchThreads)
 template <typename T, bool kOperand>
 cudaError_t launch_typed(const Sources<T>& sources, int count, int64_t n_elements, uint8_t* codes, uint8_t* scales,
                          bool search, int* nonfinite_flag, __nv_bfloat16* operand, cudaStream_t stream) {
-  // The vectorized kernels load 16 bytes at a time and store 2, 4 or 8 code bytes (and 16 operand bytes) at once:
+  // The vectorized kernels load 16 bytes at a time and store 2, 4 or 8 code bytes (and 8 or 16 operand bytes) at once:
   // every input and the first outputs aligned (the g-th outputs are then too: n_elements is a multiple of 16).
   bool vectorized = device::is_aligned(codes, 8) && (!kOperand || device::is_aligned(operand, 16));
   for (int g = 0; g < count; ++g) vectorized = vectorized && device::is_aligned(sources.inputs[g], 16);

@@ -588,13 +588,15 @@ try:
     data = json.load(open(sys.argv[1]))
 except Exception:
     print("no JSON output"); sys.exit(0)
-q, qo, m, adamw, fused = [], [], {}, [], []
+q, qo, dq, m, adamw, fused = [], [], [], {}, [], []
 for b in data.get("benchmarks", []):
     n = b.get("name", "")
     if n.startswith("quantize/") and "/rne/" in n and "of_copy" in b:
         q.append((n.split("/")[1], b["of_copy"]))
     if n.startswith("quantize_operand/") and "of_copy" in b:
         qo.append(("/".join(n.split("/")[1:3]), b["of_copy"]))
+    if n.startswith("dequantize/") and "of_copy" in b:
+        dq.append(b["of_copy"])
     if n.startswith("matmul") and "speedup" in b:
         # "matmul_bf16/M16/N9728/K2560/iterations:3/manual_time": the name goes on past the arguments
         M, N, K = n.split("/")[1:4]
@@ -612,6 +614,8 @@ for t in ("f32", "bf16"):
 for kind in sorted(set(k for k, _ in qo)):
     v = [x for k, x in qo if k == kind]
     parts.append(f"quantize {kind} {min(v):.0%}-{max(v):.0%} of copy")
+if dq:
+    parts.append(f"dequantize bf16 {min(dq):.0%}-{max(dq):.0%} of copy")
 # Where the kernel stops beating the path it replaces (dequantize, then cuBLAS), per shape: the data
 # kNvfp4KernelMaxRows is set from.
 for shape, rows in sorted(m.items()):
@@ -631,14 +635,15 @@ EOF
   else
     record bench kernels failed "$step_s" "$(fail_note "$d/bench_kernels.log"); $figures"
   fi
-  grep -E '^(quantize|matmul|adamw|fused)' "$d/bench_kernels.log" | head -n 90
+  grep -E '^(quantize|dequantize|matmul|adamw|fused)' "$d/bench_kernels.log" | head -n 100
 
   # ncu on the kernels a training step runs, each at a training shape: quantize (every trained weight, every
   # forward), dequantize (into the product's scratch from 256 rows on), the product at the rows where small
   # batches and generation take it, the AdamW update of the fast and of the lean configuration, the fused ops.
   local spec name kernel filter nf
   for spec in "quantize|nvfp4_quantize_rne_kernel|quantize/bf16/rne/9728x2560" \
-              "dequantize|nvfp4_dequantize_kernel|matmul_bf16/M512/N9728/K2560" \
+              "quantize-operand-f32|nvfp4_quantize_rne_kernel|quantize_operand/f32/codes_and_operand/9728x2560" \
+              "dequantize|nvfp4_dequantize_vector_kernel|dequantize/bf16/9728x2560" \
               "matmul-M16|nvfp4_matmul_kernel|matmul_bf16/M16/N9728/K2560" \
               "matmul-M256|nvfp4_matmul_kernel|matmul_bf16/M256/N9728/K2560" \
               "adamw-fp32|plain_kernel|adamw/f32_moments/fp32_master" \
@@ -656,13 +661,14 @@ EOF
     fi
     if ! run_step "$d/ncu-$name.log" 90 ncu --target-processes all --kernel-name-base function -k "regex:^${kernel}\$" \
         --launch-count 1 --section SpeedOfLight --section LaunchStats --section Occupancy \
-        --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum \
+        --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum \
         -o "$d/ncu-$name" -f "$b" "--benchmark_filter=^${filter}/"; then
       no_time bench "ncu-$name"; continue
     fi
     ncu --import "$d/ncu-$name.ncu-rep" --print-summary none >>"$d/ncu-$name.log" 2>&1
-    nf=$(grep -E '^\s+(Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per Thread|sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active)\s' "$d/ncu-$name.log" |
-         sed -E 's/^ +//; s/ {2,}/ /g' | head -n 8 | tr '\n' ';')
+    # Issue slots busy and instructions executed say whether a memory-bound kernel is held back by its arithmetic.
+    nf=$(grep -E '^\s+(Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per Thread|sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active|smsp__issue_active.avg.pct_of_peak_sustained_active|smsp__inst_executed.sum)\s' "$d/ncu-$name.log" |
+         sed -E 's/^ +//; s/ {2,}/ /g' | head -n 10 | tr '\n' ';')
     if [ "$step_rc" = 0 ] && [ -n "$nf" ] && ! grep -q 'ERR_NVGPUCTRPERM\|==ERROR==' "$d/ncu-$name.log"; then
       record bench "ncu-$name" ok "$step_s" "$filter: $nf"
     else

@@ -2,6 +2,7 @@
 //  - quantize: effective bandwidth (input bytes read + codes and scales written) against a device-to-device
 //    cudaMemcpy of the input bytes on the same device (a copy moves 2x its size); quantize_operand: the same pass
 //    also writing the bf16 product operand (or that alone), the training forward's form;
+//  - dequantize: codes and scales to the bf16 operand, against the copy of its bytes;
 //  - the NVFP4-weight product against cuBLAS bf16 (cublasGemmEx, fp32 compute: what torch::matmul runs) on the
 //    Qwen3-4B projection shapes, M in {1, 16, 64, 128, 256, 512, 1024, 2048} (the rows below which training and
 //    generation take the kernel, kNvfp4KernelMaxRows, are set from where it stops beating cuBLAS): TFLOP/s of
@@ -141,6 +142,32 @@ void BM_Quantize(benchmark::State& state, KernelDType type, int mode, int64_t ro
   state.counters["GB/s"] = quantize_rate * 1e-9;
   state.counters["copy_GB/s"] = copy_rate * 1e-9;
   state.counters["of_copy"] = quantize_rate / copy_rate;
+}
+
+// Codes and scales to bf16 (the product's operand from 256 rows on, and the backward's without checkpointing):
+// bytes read and written per second against the copy of the output's bytes.
+void BM_Dequantize(benchmark::State& state, int64_t rows, int64_t cols) {
+  const int64_t n = rows * cols;
+  DeviceMemory w(n * 4), codes(n / 2), scales(n / 16), out(n * 2), copy(n * 2), flag(sizeof(int));
+  const std::vector<float> values = host_uniform(n, 0.05f, 4);
+  check(cudaMemcpy(w.ptr, values.data(), n * 4, cudaMemcpyHostToDevice), "upload");
+  check(qwen3::kernels::launch_nvfp4_quantize(w.ptr, KernelDType::f32, rows, cols, codes.as(), scales.as(), 0,
+                                              flag.as<int>(), nullptr),
+        "quantize");
+  double dequantize_s = 0.0, copy_s = 0.0;
+  for (auto _ : state) {
+    dequantize_s = seconds_per_call([&](int) {
+      check(qwen3::kernels::launch_nvfp4_dequantize(codes.as(), scales.as(), rows, cols, out.ptr, KernelDType::bf16,
+                                                    nullptr),
+            "dequantize");
+    });
+    copy_s = seconds_per_call([&](int) { check(cudaMemcpyAsync(copy.ptr, out.ptr, n * 2, cudaMemcpyDeviceToDevice), "copy"); });
+    state.SetIterationTime(dequantize_s);
+  }
+  const double rate = (n / 2 + n / 16 + n * 2) / dequantize_s, copy_rate = 2.0 * n * 2 / copy_s;
+  state.counters["GB/s"] = rate * 1e-9;
+  state.counters["copy_GB/s"] = copy_rate * 1e-9;
+  state.counters["of_copy"] = rate / copy_rate;
 }
 
 cublasHandle_t cublas() {
@@ -369,6 +396,12 @@ int main(int argc, char** argv) {
             ->Iterations(3)
             ->Unit(benchmark::kMicrosecond);
       }
+  for (const auto& nk : shapes)
+    benchmark::RegisterBenchmark(("dequantize/bf16/" + std::to_string(nk[0]) + "x" + std::to_string(nk[1])).c_str(),
+                                 BM_Dequantize, nk[0], nk[1])
+        ->UseManualTime()
+        ->Iterations(3)
+        ->Unit(benchmark::kMicrosecond);
   for (int64_t M : {1, 16, 64, 128, 256, 512, 1024, 2048})
     for (const auto& nk : shapes) {
       const std::string name = "matmul_bf16/M" + std::to_string(M) + "/N" + std::to_string(nk[0]) + "/K" +

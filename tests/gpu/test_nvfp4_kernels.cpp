@@ -87,6 +87,84 @@ TEST(Nvfp4KernelCodec, DivideByScaleIsCorrectlyRoundedOverTheCodeRange) {
   EXPECT_GT(checked, 4000000);
 }
 
+// The quantize kernels' E2M1 code from the quotient's bits (about half the instructions of the seven compares)
+// against the compares, which are the definition: a stride through every non-negative fp32 and infinity, each
+// with both signs, and a few ulps either side of every threshold and of 1 (where the two forms meet). The whole
+// 2^32 was compared once when it was written (0 differences). Fails with ties rounded up instead of to even.
+TEST(Nvfp4KernelCodec, MagnitudeCodeFromBitsEqualsTheComparisons) {
+  std::vector<float> probes{0.0f, 1e-45f, FLT_MIN, FLT_MAX, INFINITY};
+  for (float edge : {0.25f, 0.75f, 1.0f, 1.25f, 1.75f, 2.0f, 2.5f, 3.5f, 4.0f, 5.0f, 6.0f, 7.0f}) {
+    float below = edge, above = edge;
+    for (int k = 0; k < 4; ++k) {
+      probes.insert(probes.end(), {below, above});
+      below = std::nextafter(below, 0.0f);
+      above = std::nextafter(above, INFINITY);
+    }
+  }
+  int64_t checked = 0;
+  for (uint64_t bits = 0; bits < 0x7F800000u; bits += 193) {
+    float v;
+    const uint32_t b = static_cast<uint32_t>(bits);
+    std::memcpy(&v, &b, 4);
+    probes.push_back(v);
+  }
+  for (float v : probes)
+    for (float sign : {1.0f, -1.0f}) {
+      ASSERT_EQ(codec::e2m1_magnitude_code_from_bits(sign * v), codec::e2m1_magnitude_code(v)) << sign * v;
+      ++checked;
+    }
+  EXPECT_GT(checked, 20000000);
+}
+
+// The scale code's RN(amax / 6) by a Markstein step instead of a division: the quotient is exact from 2^-125 up
+// and the scale code equal for every input (the whole 2^31 compared once when written: 0 differences; here a
+// stride, and every seventh input below 2^-124, where the quotient becomes subnormal). Fails with the
+// correction step dropped (q = RN(amax * RN(1/6)) alone).
+TEST(Nvfp4KernelCodec, ScaleCodeWithoutADivisionEqualsTheDivision) {
+  const auto by_division = [](float amax) {
+    const uint8_t code = codec::e4m3_from_float_rne(codec::div_rn(amax, 6.0f));
+    return (code == 0 && amax > 0.0f) ? uint8_t{1} : code;
+  };
+  int64_t checked = 0;
+  const auto same = [&](uint32_t bits) {  // false (and the test failed) at the first difference
+    float amax;
+    std::memcpy(&amax, &bits, 4);
+    ++checked;
+    if (codec::rne_scale_code(amax) != by_division(amax)) {
+      ADD_FAILURE() << "scale code of " << amax << ": " << int(codec::rne_scale_code(amax)) << " vs "
+                    << int(by_division(amax));
+      return false;
+    }
+    if (amax >= 0x1p-125f && gpu_test::float_bits(codec::divide_by_6(amax)) != gpu_test::float_bits(amax / 6.0f)) {
+      ADD_FAILURE() << amax << " / 6: " << codec::divide_by_6(amax) << " vs " << amax / 6.0f;
+      return false;
+    }
+    return true;
+  };
+  for (uint64_t bits = 0; bits < 0x7F800000u; bits += 211)
+    if (!same(static_cast<uint32_t>(bits))) return;
+  for (uint32_t bits = 0x00000000u; bits < 0x01800000u; bits += 7)  // up to 2^-124
+    if (!same(bits)) return;
+  if (!same(0x7F7FFFFFu)) return;  // FLT_MAX
+  EXPECT_GT(checked, 13000000);
+}
+
+// A block's maximum that is NaN when any element is NaN and infinite when one is infinite (and none NaN),
+// whichever position: what tells the kernels a block is not finite, in place of a test an element.
+TEST(Nvfp4KernelCodec, BlockMaximumCarriesNonFiniteElements) {
+  for (float bad : {NAN, -NAN, INFINITY, -INFINITY})
+    for (int at = 0; at < 16; ++at) {
+      float amax = 0.0f;
+      for (int i = 0; i < 16; ++i) amax = codec::max_abs_nan(amax, i == at ? bad : 0.5f * static_cast<float>(i) - 3.0f);
+      EXPECT_FALSE(codec::finite_maximum(amax)) << bad << " at " << at;
+      EXPECT_EQ(std::isnan(amax), std::isnan(bad)) << bad << " at " << at;
+    }
+  float amax = 0.0f;
+  for (float x : {-0.0f, 1e-45f, -3.5f, FLT_MAX, -FLT_MAX, 2.0f}) amax = codec::max_abs_nan(amax, x);
+  EXPECT_TRUE(codec::finite_maximum(amax));
+  EXPECT_EQ(amax, FLT_MAX);
+}
+
 // The whole block algorithm the kernels run, against the CPU codec, on the fp32, bf16 and f16 views.
 TEST(Nvfp4KernelCodec, HostRunOfKernelBlockCodeMatchesCpuCodec) {
   int64_t rows = 0;
@@ -365,10 +443,10 @@ TEST(GpuQuantizeKernelNonFinite, RaisesFlagAndMarksOnlyTheBadBlocks) {
 
 // ---- Dequantize on the device ----
 
-TEST(GpuDequantizeKernel, MatchesCpuExactlyForEveryScaleCodeAndOutputType) {
-  QWEN3_REQUIRE_GPU();
-  const int64_t rows = 8, cols = 640;  // 320 blocks: every one of the 256 scale codes, NaN codes included
-  std::mt19937 rng(5);
+// Every output type at one shape's codes and scales, on the vector kernel (aligned) and on the scalar one.
+// codes_offset 2 keeps the f32 kernel's 2-byte code words aligned but not the bf16/f16 kernel's 4-byte ones.
+void expect_dequantize_matches_cpu(int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
   std::vector<uint8_t> codes(rows * cols / 2), scales(rows * cols / 16);
   for (uint8_t& c : codes) c = static_cast<uint8_t>(rng());
   for (size_t b = 0; b < scales.size(); ++b) scales[b] = static_cast<uint8_t>(b < 256 ? b : rng());
@@ -377,31 +455,50 @@ TEST(GpuDequantizeKernel, MatchesCpuExactlyForEveryScaleCodeAndOutputType) {
 
   DeviceBuffer codes_d(codes.size()), scales_d(scales.size()), out(rows * cols * 4);
   ASSERT_TRUE(codes_d.ok() && scales_d.ok() && out.ok());
-  for (bool misaligned : {false, true}) {
-    const size_t codes_offset = misaligned ? 1 : 0;
+  for (size_t codes_offset : {0, 1, 2}) {
     gpu_test::upload(codes, codes_d.at(codes_offset));
     gpu_test::upload(scales, scales_d.at());
     for (KernelDType type : {KernelDType::f32, KernelDType::bf16, KernelDType::f16}) {
-      const size_t out_offset = misaligned ? (type == KernelDType::f32 ? 4 : 2) : 0;  // element-aligned only
-      ASSERT_EQ(kernels::launch_nvfp4_dequantize(codes_d.at(codes_offset), scales_d.at(), rows, cols,
-                                                 out.at(out_offset), type, nullptr),
-                0);
-      if (type == KernelDType::f32) {
-        std::vector<float> gpu(rows * cols);
-        gpu_test::download(out.at(out_offset), gpu);
-        for (int64_t i = 0; i < rows * cols; ++i)
-          ASSERT_TRUE(gpu_test::same_float(gpu[i], cpu[i])) << "f32 element " << i << ": " << gpu[i] << " vs " << cpu[i];
-      } else {
-        std::vector<uint16_t> gpu(rows * cols);
-        gpu_test::download(out.at(out_offset), gpu);
-        for (int64_t i = 0; i < rows * cols; ++i) {
-          const float got = gpu_test::from_bits(type, gpu[i]);
-          ASSERT_TRUE(gpu_test::same_float(got, cpu[i]))  // exact: the conversion must lose nothing
-              << gpu_test::dtype_name(type) << " element " << i << ": " << got << " vs " << cpu[i];
+      for (bool misaligned_out : {false, true}) {
+        const size_t out_offset = misaligned_out ? (type == KernelDType::f32 ? 4 : 2) : 0;  // element-aligned only
+        const std::string where = std::string(gpu_test::dtype_name(type)) + " [" + std::to_string(rows) + "x" +
+                                  std::to_string(cols) + "] codes +" + std::to_string(codes_offset) + " out +" +
+                                  std::to_string(out_offset);
+        QWEN3_CUDA_OK(cudaMemset(out.at(), 0xAB, rows * cols * 4 + DeviceBuffer::kSlack));  // catch unwritten
+        ASSERT_EQ(kernels::launch_nvfp4_dequantize(codes_d.at(codes_offset), scales_d.at(), rows, cols,
+                                                   out.at(out_offset), type, nullptr),
+                  0);
+        if (type == KernelDType::f32) {
+          std::vector<float> gpu(rows * cols);
+          gpu_test::download(out.at(out_offset), gpu);
+          for (int64_t i = 0; i < rows * cols; ++i)
+            ASSERT_TRUE(gpu_test::same_float(gpu[i], cpu[i])) << where << " element " << i << ": " << gpu[i] << " vs " << cpu[i];
+        } else {
+          std::vector<uint16_t> gpu(rows * cols);
+          gpu_test::download(out.at(out_offset), gpu);
+          for (int64_t i = 0; i < rows * cols; ++i) {
+            const float got = gpu_test::from_bits(type, gpu[i]);
+            ASSERT_TRUE(gpu_test::same_float(got, cpu[i]))  // exact: the conversion must lose nothing
+                << where << " element " << i << ": " << got << " vs " << cpu[i];
+          }
         }
       }
     }
   }
+}
+
+TEST(GpuDequantizeKernel, MatchesCpuExactlyForEveryScaleCodeAndOutputType) {
+  QWEN3_REQUIRE_GPU();
+  expect_dequantize_matches_cpu(8, 640, 5);  // 320 blocks: every one of the 256 scale codes, NaN codes included
+}
+
+TEST(GpuDequantizeKernel, PartialCtasAndUnrollStepsMatchCpu) {
+  QWEN3_REQUIRE_GPU();
+  // Vector counts that end inside a thread's unroll steps and inside a CTA; one Qwen3-sized row block.
+  std::vector<std::pair<int64_t, int64_t>> shapes{{1, 16}, {3, 48}, {7, 2560}, {129, 1040}, {256, 9728}};
+  if (test::small_gpu_shapes()) shapes.resize(4);
+  uint32_t seed = 11;
+  for (const auto& [rows, cols] : shapes) expect_dequantize_matches_cpu(rows, cols, seed++);
 }
 
 }  // namespace

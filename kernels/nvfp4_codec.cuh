@@ -77,6 +77,29 @@ QWEN3_HD float recip_rn(float b) {
 #endif
 }
 
+// fp32 a + b and a * b, each rounded on its own (the device compiler would otherwise contract them).
+QWEN3_HD float add_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+QWEN3_HD float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+QWEN3_HD float sub_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+
 // E4M3FN decode: exponent 0 is subnormal (m/8 * 2^-6), only 0x7F/0xFF are NaN, max finite 448.
 QWEN3_HD float e4m3_to_float(uint8_t code) {
   const uint32_t exponent = (code >> 3) & 0xF;
@@ -122,15 +145,29 @@ QWEN3_HD float e2m1_magnitude(uint32_t magnitude_code) {
   }
 }
 
+// The same value with no case split: the code's bits where an fp32 subnormal's are (the two exponent bits in
+// fp32's exponent field, the mantissa bit at its top, the sign at the sign) make exactly e2m1 x 2^-126 (code 1:
+// 0.5 x 2^-126, a subnormal; from code 2 on normal numbers), and the multiply by 2^126 is exact. Two shifts, two
+// masks and a multiply where the integer form below selects among three cases. It needs subnormals kept, which
+// the kernels have (nvcc's default -ftz=false; the codec relies on it throughout) but a host process may not
+// (denormals-are-zero is a CPU mode some libraries set): the device decodes this way, the host the integer way,
+// and Nvfp4KernelCodec.E2m1DecodeByScalingEqualsTheIntegerForm compares them for all 16 codes.
+QWEN3_HD float e2m1_to_float_by_scaling(uint32_t code) {
+  return mul_rn(bits_to_float(((code & 7u) << 22) | ((code & 8u) << 28)), 0x1p126f);
+}
+
 // The same values built as float bits, integer operations only: from magnitude code 2 up the code is
-// 2 * (exponent + 1) + mantissa bit, so its bits are (126 << 23) + (code << 22); code 1 is 0.5 and 0 is 0. The
-// kernels decode with this (a switch compiles to a chain of compares and selects an element: the quantize pass
-// that also writes the bf16 operand, and dequantize); tests/test_optim_golden.cpp checks it against
-// e2m1_magnitude for all 16 codes.
+// 2 * (exponent + 1) + mantissa bit, so its bits are (126 << 23) + (code << 22); code 1 is 0.5 and 0 is 0 (a
+// switch compiled to a chain of compares and selects an element). On the device, the form above.
+// tests/test_optim_golden.cpp checks it against e2m1_magnitude for all 16 codes.
 QWEN3_HD float e2m1_to_float(uint32_t code) {
+#if defined(__CUDA_ARCH__)
+  return e2m1_to_float_by_scaling(code);
+#else
   const uint32_t m = code & 7u;
   const uint32_t magnitude = m >= 2u ? (126u << 23) + (m << 22) : (m == 1u ? 126u << 23 : 0u);
   return bits_to_float(magnitude | ((code & 8u) << 28));
+#endif
 }
 
 // |v| (already clamped or not: anything above 5 is code 7) to the E2M1 magnitude code, ties to the even code:
@@ -205,29 +242,6 @@ QWEN3_HD uint32_t e2m1_encode(float x, float scale, float reciprocal) {
 QWEN3_HD uint8_t rne_scale_code(float amax) {
   const uint8_t code = e4m3_from_float_rne(divide_by_6(amax));
   return (code == 0 && amax > 0.0f) ? uint8_t{1} : code;
-}
-
-// fp32 a + b and a * b, each rounded on its own (the device compiler would otherwise contract them).
-QWEN3_HD float add_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-QWEN3_HD float mul_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-QWEN3_HD float sub_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fsub_rn(a, b);
-#else
-  return a - b;
-#endif
 }
 
 // Squared reconstruction error of one 16-element block under scale code `scale_code`, in fp32 exactly as the

@@ -24,11 +24,9 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { re
 template <>
 __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
 
-// The 16 bytes at p (16-byte aligned) as 16 / sizeof(T) fp32 values; a streaming load, since every input
-// element is read exactly once.
+// 16 loaded bytes of T as 16 / sizeof(T) fp32 values.
 template <typename T>
-__device__ __forceinline__ void load16_as_float(const T* p, float* out) {
-  const uint4 raw = __ldcs(reinterpret_cast<const uint4*>(p));
+__device__ __forceinline__ void vector_as_float(const uint4& raw, float* out) {
   const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
   if constexpr (sizeof(T) == 4) {
 #pragma unroll
@@ -47,6 +45,19 @@ __device__ __forceinline__ void load16_as_float(const T* p, float* out) {
       }
     }
   }
+}
+
+// The 16 bytes at p (16-byte aligned) as 16 / sizeof(T) fp32 values; a streaming load, since every input
+// element is read exactly once.
+template <typename T>
+__device__ __forceinline__ void load16_as_float(const T* p, float* out) {
+  vector_as_float<T>(__ldcs(reinterpret_cast<const uint4*>(p)), out);
+}
+
+// The same through the read-only cache, for data many threads read again (the GEMV's x).
+template <typename T>
+__device__ __forceinline__ void load16_as_float_cached(const T* p, float* out) {
+  vector_as_float<T>(__ldg(reinterpret_cast<const uint4*>(p)), out);
 }
 
 // n elements starting at p, any alignment.

@@ -24,6 +24,7 @@
 
 #include "nvfp4_codec.cuh"
 #include "nvfp4_device.cuh"
+#include "nvfp4_gemv.cuh"
 #include "qwen3_kernels.h"
 
 namespace qwen3::kernels {
@@ -405,6 +406,9 @@ int launch_nvfp4_matmul(const void* x, KernelDType x_type, int64_t M, int64_t K,
   if (y == nullptr || (K > 0 && (x == nullptr || codes == nullptr || scales == nullptr)))
     return cudaErrorInvalidValue;
   if (!device::is_aligned(x, 16) || !device::is_aligned(codes, 8)) return cudaErrorInvalidValue;
+  // A few rows (generation): the tensor-core tile would be mostly empty; the GEMV streams the codes instead.
+  if (gemv::takes(M, K) && device::is_aligned(codes, 16))
+    return launch_nvfp4_gemv(x, x_type, M, K, codes, scales, N, y, y_type, stream);
   cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
   const int m = static_cast<int>(M), n = static_cast<int>(N), k = static_cast<int>(K);
   if (x_type == KernelDType::bf16)

@@ -49,8 +49,15 @@ int launch_nvfp4_dequantize(const uint8_t* codes, const uint8_t* scales, int64_t
 // y f32/bf16/f16, fp32 accumulation on the tensor cores; deq(W) is decoded in registers, never stored.
 // K % 16 == 0; any M >= 0, N >= 0. Needs x 16-byte aligned and codes 8-byte aligned (cudaErrorInvalidValue
 // otherwise; a fresh or row-sliced contiguous tensor always is). Needs a device of compute capability >= 9.0.
+// (Products with 1 <= M <= 4 rows and K % 32 == 0 go to launch_nvfp4_gemv when x and codes are 16-byte aligned.)
 int launch_nvfp4_matmul(const void* x, KernelDType x_type, int64_t M, int64_t K, const uint8_t* codes,
                         const uint8_t* scales, int64_t N, void* y, KernelDType y_type, void* stream);
+
+// The same product for 1 <= M <= 4 (gemv::kMaxRows) with fp32 FMAs instead of tensor cores, a warp per two rows of
+// W, every code byte read once (nvfp4_gemv.cu). K % 32 == 0, x and codes 16-byte aligned (cudaErrorInvalidValue
+// otherwise). Within the same error bound as launch_nvfp4_matmul (kernels/nvfp4_kernels.md), not the same bits.
+int launch_nvfp4_gemv(const void* x, KernelDType x_type, int64_t M, int64_t K, const uint8_t* codes,
+                      const uint8_t* scales, int64_t N, void* y, KernelDType y_type, void* stream);
 
 // One fused AdamW step of one parameter (adamw_update.cuh's rules, the CPU step's bytes): every gradient,
 // master and moment byte read once and written once (nvfp4 moments: the gradient and the packed state twice,

@@ -644,6 +644,7 @@ EOF
   for spec in "quantize|nvfp4_quantize_rne_kernel|quantize/bf16/rne/9728x2560" \
               "quantize-operand-f32|nvfp4_quantize_rne_kernel|quantize_operand/f32/codes_and_operand/9728x2560" \
               "dequantize|nvfp4_dequantize_vector_kernel|dequantize/bf16/9728x2560" \
+              "gemv-M1|nvfp4_gemv_kernel|matmul_bf16/M1/N9728/K2560" \
               "matmul-M16|nvfp4_matmul_kernel|matmul_bf16/M16/N9728/K2560" \
               "matmul-M256|nvfp4_matmul_kernel|matmul_bf16/M256/N9728/K2560" \
               "adamw-fp32|plain_kernel|adamw/f32_moments/fp32_master" \

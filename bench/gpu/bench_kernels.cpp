@@ -4,7 +4,7 @@
 //    also writing the bf16 product operand (or that alone), the training forward's form;
 //  - dequantize: codes and scales to the bf16 operand, against the copy of its bytes;
 //  - the NVFP4-weight product against cuBLAS bf16 (cublasGemmEx, fp32 compute: what torch::matmul runs) on the
-//    Qwen3-4B projection shapes, M in {1, 16, 64, 128, 256, 512, 1024, 2048} (the rows below which training and
+//    Qwen3-4B projection shapes, M in {1, 4, 16, 64, 128, 256, 512, 1024, 2048} (M <= 4: the GEMV; the rows below which training and
 //    generation take the kernel, kNvfp4KernelMaxRows, are set from where it stops beating cuBLAS): TFLOP/s of
 //    both and the speedup.
 //  - the fused AdamW step (every moment storage, fp32 and bf16 masters) on a 4096 x 2560 parameter holding a
@@ -402,7 +402,7 @@ int main(int argc, char** argv) {
         ->UseManualTime()
         ->Iterations(3)
         ->Unit(benchmark::kMicrosecond);
-  for (int64_t M : {1, 16, 64, 128, 256, 512, 1024, 2048})
+  for (int64_t M : {1, 4, 16, 64, 128, 256, 512, 1024, 2048})
     for (const auto& nk : shapes) {
       const std::string name = "matmul_bf16/M" + std::to_string(M) + "/N" + std::to_string(nk[0]) + "/K" +
                                std::to_string(nk[1]);

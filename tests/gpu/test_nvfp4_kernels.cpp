@@ -87,6 +87,16 @@ TEST(Nvfp4KernelCodec, DivideByScaleIsCorrectlyRoundedOverTheCodeRange) {
   EXPECT_GT(checked, 4000000);
 }
 
+// The device's E2M1 decode (the code's bits as an fp32 subnormal, times 2^126) against the host's integer form,
+// all 16 codes, bit for bit (-0 for code 8 included). Fails with the sign or the exponent bits misplaced.
+TEST(Nvfp4KernelCodec, E2m1DecodeByScalingEqualsTheIntegerForm) {
+  for (uint32_t code = 0; code < 16; ++code) {
+    EXPECT_EQ(gpu_test::float_bits(codec::e2m1_to_float_by_scaling(code)), gpu_test::float_bits(codec::e2m1_to_float(code)))
+        << "code " << code;
+    EXPECT_EQ(codec::e2m1_to_float(code), (code & 8u ? -1.0f : 1.0f) * codec::e2m1_magnitude(code)) << "code " << code;
+  }
+}
+
 // The quantize kernels' E2M1 code from the quotient's bits (about half the instructions of the seven compares)
 // against the compares, which are the definition: a stride through every non-negative fp32 and infinity, each
 // with both signs, and a few ulps either side of every threshold and of 1 (where the two forms meet). The whole

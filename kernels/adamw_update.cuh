@@ -9,6 +9,10 @@
 #pragma once
 #include <cstdint>
 
+#if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#endif
+
 #include "nvfp4_codec.cuh"
 
 namespace qwen3::kernels::adamw {
@@ -109,11 +113,19 @@ QWEN3_HD uint16_t bf16_stochastic(float x, uint32_t bits) {
   return static_cast<uint16_t>((float_bits(x) + (bits & 0xFFFFu)) >> 16);
 }
 
-// Round to nearest even, NaN to the canonical quiet NaN (c10::BFloat16's conversion).
+// Round to nearest even, NaN to the canonical quiet NaN (c10::BFloat16's conversion). On the device one
+// conversion instruction (cvt.rn.bf16.f32, the same rounding: IEEE round to nearest even, overflow to infinity,
+// subnormals kept) and a NaN test, where the integer form takes six or seven; the hardware's own NaN is 0x7FFF,
+// so a NaN still becomes 0x7FC0. The fused kernels round every intermediate this way (RoPE: ten times a pair).
 QWEN3_HD uint16_t bf16_nearest(float x) {
+#if defined(__CUDA_ARCH__)
+  const uint32_t converted = __bfloat16_as_ushort(__float2bfloat16_rn(x));  // both, then a select: no branch
+  return static_cast<uint16_t>(x != x ? 0x7FC0u : converted);
+#else
   const uint32_t u = float_bits(x);
   const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
   return static_cast<uint16_t>((u & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC0u : rounded);
+#endif
 }
 
 // ---- the element update ----------------------------------------------------------------------------------------

@@ -17,10 +17,16 @@ using codec::add_rn;
 using codec::mul_rn;
 using codec::sub_rn;
 
-// Rounds an fp32 value to the activation dtype and back (identity for fp32).
+// Rounds an fp32 value to the activation dtype and back (identity for fp32). On the device one conversion
+// each way and no NaN test: an intermediate NaN stays a NaN, and its payload is not the host's either way (the
+// GPU's arithmetic returns its own canonical NaN; a bf16 store, bf16_nearest, writes 0x7FC0 on both).
 template <bool kBf16>
 QWEN3_HD float round_to(float x) {
+#if defined(__CUDA_ARCH__)
+  return kBf16 ? __bfloat162float(__float2bfloat16_rn(x)) : x;
+#else
   return kBf16 ? bf16_to_float(bf16_nearest(x)) : x;
+#endif
 }
 
 template <bool kBf16>

@@ -100,8 +100,22 @@ QWEN3_HD float sub_rn(float a, float b) {
 #endif
 }
 
-// E4M3FN decode: exponent 0 is subnormal (m/8 * 2^-6), only 0x7F/0xFF are NaN, max finite 448.
+// E4M3FN decode with no case split but NaN's: the code's exponent and mantissa bits where an fp32's lowest
+// exponent and top mantissa bits are make exactly the value x 2^-120 (exponent 0: an fp32 subnormal, as E4M3's
+// m/8 x 2^-6), and the multiply by 2^120 is exact. The device's form (subnormals kept: nvcc's -ftz=false), as
+// e2m1_to_float_by_scaling below; Nvfp4KernelCodec.E4m3DecodeByScalingEqualsTheCaseForm compares all 256 codes.
+QWEN3_HD float e4m3_to_float_by_scaling(uint8_t code) {
+  const uint32_t sign = static_cast<uint32_t>(code & 0x80u) << 24;
+  const float value = mul_rn(bits_to_float((static_cast<uint32_t>(code & 0x7Fu) << 20) | sign), 0x1p120f);
+  return (code & 0x7Fu) == 0x7Fu ? bits_to_float(0x7FC00000u | sign) : value;
+}
+
+// E4M3FN decode: exponent 0 is subnormal (m/8 * 2^-6), only 0x7F/0xFF are NaN, max finite 448. On the device
+// the form above (branches here: the scale of every block a kernel reads).
 QWEN3_HD float e4m3_to_float(uint8_t code) {
+#if defined(__CUDA_ARCH__)
+  return e4m3_to_float_by_scaling(code);
+#else
   const uint32_t exponent = (code >> 3) & 0xF;
   const uint32_t mantissa = code & 0x7;
   float magnitude;
@@ -113,6 +127,7 @@ QWEN3_HD float e4m3_to_float(uint8_t code) {
     magnitude = bits_to_float(((exponent + 120u) << 23) | (mantissa << 20));  // rebias 7 -> 127
   }
   return (code & 0x80) ? -magnitude : magnitude;
+#endif
 }
 
 // E4M3 round-to-nearest-even of a finite x >= 0, saturating at 448, subnormals kept (no lower clamp).

@@ -87,6 +87,15 @@ TEST(Nvfp4KernelCodec, DivideByScaleIsCorrectlyRoundedOverTheCodeRange) {
   EXPECT_GT(checked, 4000000);
 }
 
+// The device's E4M3 decode (the code's bits as a scaled-down fp32, times 2^120; NaN by a test) against the case
+// form, all 256 codes bit for bit (NaN's sign and bits, -0). Fails with the rebias off by one (checked).
+TEST(Nvfp4KernelCodec, E4m3DecodeByScalingEqualsTheCaseForm) {
+  for (int code = 0; code < 256; ++code)
+    EXPECT_EQ(gpu_test::float_bits(codec::e4m3_to_float_by_scaling(static_cast<uint8_t>(code))),
+              gpu_test::float_bits(codec::e4m3_to_float(static_cast<uint8_t>(code))))
+        << "code " << code;
+}
+
 // The device's E2M1 decode (the code's bits as an fp32 subnormal, times 2^126) against the host's integer form,
 // all 16 codes, bit for bit (-0 for code 8 included). Fails with the sign or the exponent bits misplaced.
 TEST(Nvfp4KernelCodec, E2m1DecodeByScalingEqualsTheIntegerForm) {

@@ -10,12 +10,14 @@
 // (8 bf16/f16 or 4 f32 values: 4 or 2 code bytes and the block's scale byte in), kUnroll vectors a thread, all
 // their loads issued before the first is decoded, so a warp writes 512 contiguous bytes a store and reads 128
 // (or 64) contiguous code bytes a load. Misaligned pointers take a thread-a-block scalar kernel (tests only).
+// bf16/f16 values come two at a time from packed multiplies (nvfp4_pairs.cuh, the tensor-core product's decode).
 #include <cuda_runtime.h>
 
 #include <climits>
 
 #include "nvfp4_codec.cuh"
 #include "nvfp4_device.cuh"
+#include "nvfp4_pairs.cuh"
 #include "qwen3_kernels.h"
 
 namespace qwen3::kernels {
@@ -54,13 +56,23 @@ __global__ void __launch_bounds__(kThreads)
   for (int u = 0; u < kUnroll; ++u) {
     const int64_t v = first + static_cast<int64_t>(u) * kThreads;
     if (v >= n_vectors) break;
-    const float scale = codec::e4m3_to_float(scale_codes[u]);
-    alignas(16) Out values[kPerVector];
+    uint4 packed;
+    if constexpr (sizeof(Out) == 2) {
+      // Eight values as four packed pairs: shifts, two exact packed multiplies a pair and two byte permutes
+      // (nvfp4_pairs.cuh), where the fp32 form decodes, multiplies and converts each value on its own.
+      uint32_t pairs_out[4];
+      pairs::decode_word<Out>(words[u], pairs::scale_pair<Out>(scale_codes[u]), pairs_out);
+      packed = make_uint4(pairs_out[0], pairs_out[1], pairs_out[2], pairs_out[3]);
+    } else {
+      const float scale = codec::e4m3_to_float(scale_codes[u]);
+      alignas(16) Out values[kPerVector];
 #pragma unroll
-    for (int i = 0; i < kPerVector; ++i)
-      values[i] = device::from_float<Out>(codec::e2m1_to_float((words[u] >> (4 * i)) & 0xFu) * scale);
+      for (int i = 0; i < kPerVector; ++i)
+        values[i] = device::from_float<Out>(codec::e2m1_to_float((words[u] >> (4 * i)) & 0xFu) * scale);
+      packed = *reinterpret_cast<const uint4*>(values);
+    }
     // A plain store: cuBLAS reads the operand next, and an evict-first store would give up what of it L2 holds.
-    *reinterpret_cast<uint4*>(out + v * kPerVector) = *reinterpret_cast<const uint4*>(values);
+    *reinterpret_cast<uint4*>(out + v * kPerVector) = packed;
   }
 }
 

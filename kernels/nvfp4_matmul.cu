@@ -25,6 +25,7 @@
 #include "nvfp4_codec.cuh"
 #include "nvfp4_device.cuh"
 #include "nvfp4_gemv.cuh"
+#include "nvfp4_pairs.cuh"
 #include "qwen3_kernels.h"
 
 namespace qwen3::kernels {
@@ -62,23 +63,12 @@ struct Tiling {
   static_assert(kSLoads * kThreads == kTileN * kScalesPerRow, "scales must divide evenly");
 };
 
-// The MMA operand type: how an E2M1 nibble becomes a raw value by shifting its 3 magnitude bits into the low
-// exponent bits and the top mantissa bit (raw = fp4 * 2^-126 for bf16, * 2^-14 for f16; code 1 = 0.5 lands
-// on a subnormal), the constant that undoes the bias (both multiplications are exact, subnormal inputs
-// included: mul.bf16x2/f16x2 without .ftz keep subnormals), and the MMA instruction.
+// The MMA operand type: the packed-pair decode of nvfp4_pairs.cuh (an E2M1 nibble's magnitude bits shifted into
+// the low exponent bits and the top mantissa bit, two exact multiplies) and the MMA instruction.
 template <typename T>
 struct Operand;
 template <>
-struct Operand<__nv_bfloat16> {
-  static constexpr int kShift = 6;
-  static constexpr uint32_t kMagnitudeMask = 0x01C001C0u;
-  static constexpr uint32_t kUnbias = 0x7E807E80u;  // 2^126 twice
-  __device__ static uint32_t mul2(uint32_t a, uint32_t b) {
-    uint32_t d;
-    asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-  }
-  __device__ static uint16_t from_float_bits(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
+struct Operand<__nv_bfloat16> : pairs::PairFormat<__nv_bfloat16> {
   __device__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -88,16 +78,7 @@ struct Operand<__nv_bfloat16> {
   }
 };
 template <>
-struct Operand<__half> {
-  static constexpr int kShift = 3;
-  static constexpr uint32_t kMagnitudeMask = 0x0E000E00u;
-  static constexpr uint32_t kUnbias = 0x74007400u;  // 2^14 twice
-  __device__ static uint32_t mul2(uint32_t a, uint32_t b) {
-    uint32_t d;
-    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-  }
-  __device__ static uint16_t from_float_bits(float v) { return __half_as_ushort(__float2half_rn(v)); }
+struct Operand<__half> : pairs::PairFormat<__half> {
   __device__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -107,20 +88,8 @@ struct Operand<__half> {
   }
 };
 
-// The two nibbles at bits 12..15 and 28..31 of `word`, times the scale pair, as a packed pair (low half =
-// the nibble at bits 12..15). Exact: every E2M1 x E4M3 product is representable in bf16 and f16.
-template <typename T>
-__device__ __forceinline__ uint32_t decode_pair(uint32_t word, uint32_t scale_pair) {
-  const uint32_t raw = (word & 0x80008000u) | ((word >> Operand<T>::kShift) & Operand<T>::kMagnitudeMask);
-  return Operand<T>::mul2(Operand<T>::mul2(raw, Operand<T>::kUnbias), scale_pair);
-}
-
-// E4M3 byte -> the scale in the MMA type, twice (exact: 4 significant bits, range 2^-9..448).
-template <typename T>
-__device__ __forceinline__ uint32_t scale_pair(uint8_t code) {
-  const uint32_t half = Operand<T>::from_float_bits(codec::e4m3_to_float(code));
-  return half | (half << 16);
-}
+using pairs::decode_pair;
+using pairs::scale_pair;
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* global, bool valid) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));

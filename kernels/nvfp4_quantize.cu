@@ -19,6 +19,7 @@
 
 #include "nvfp4_codec.cuh"
 #include "nvfp4_device.cuh"
+#include "nvfp4_pairs.cuh"
 #include "qwen3_kernels.h"
 
 namespace qwen3::kernels {
@@ -54,21 +55,28 @@ struct Source {
 };
 
 // n values of one block decoded from their packed nibbles (element i = nibble i) into bf16 at out. kVectorized:
-// out is aligned to the n values' bytes, which go out as 16-byte stores (n = 8 or 16: 16-bit inputs, search)
-// or one 8-byte store (n = 4: an fp32 input's vector; four 2-byte stores a lane before, a warp's store then
-// covering 64 of its 256 bytes at a time); else one value at a time.
+// out is aligned to the n values' bytes, which go out as 16-byte stores of packed-pair decodes (n = 8 or 16:
+// 16-bit inputs, search) or one 8-byte store (n = 4: an fp32 input's vector; four 2-byte stores a lane before, a
+// warp's store then covering 64 of its 256 bytes at a time); else one value at a time.
 template <bool kVectorized>
 __device__ __forceinline__ void store_operand(uint64_t nibbles, int n, uint8_t scale_code, __nv_bfloat16* out) {
+  if (kVectorized && n % 8 == 0) {  // eight values at a time as packed pairs (nvfp4_pairs.cuh), as dequantize does
+    const uint32_t scales = pairs::scale_pair<__nv_bfloat16>(scale_code);
+#pragma unroll
+    for (int i = 0; i < codec::kBlock; i += 8) {
+      if (i >= n) break;
+      uint32_t q[4];
+      pairs::decode_word<__nv_bfloat16>(static_cast<uint32_t>(nibbles >> (4 * i)), scales, q);
+      *reinterpret_cast<uint4*>(out + i) = make_uint4(q[0], q[1], q[2], q[3]);
+    }
+    return;
+  }
   const float scale = codec::e4m3_to_float(scale_code);
   alignas(16) __nv_bfloat16 values[codec::kBlock];
 #pragma unroll
   for (int i = 0; i < codec::kBlock; ++i)
     if (i < n) values[i] = device::from_float<__nv_bfloat16>(codec::e2m1_to_float((nibbles >> (4 * i)) & 0xFu) * scale);
-  if (kVectorized && n % 8 == 0) {
-#pragma unroll
-    for (int i = 0; i < codec::kBlock; i += 8)
-      if (i < n) *reinterpret_cast<uint4*>(out + i) = *reinterpret_cast<const uint4*>(values + i);
-  } else if (kVectorized && n == 4) {
+  if (kVectorized && n == 4) {
     *reinterpret_cast<uint2*>(out) = *reinterpret_cast<const uint2*>(values);
   } else {
     for (int i = 0; i < n; ++i) out[i] = values[i];

@@ -41,7 +41,6 @@ QWEN3_HD float bits_to_float(uint32_t u) {
 #endif
 }
 
-QWEN3_HD bool is_finite(float x) { return (float_bits(x) & 0x7F800000u) != 0x7F800000u; }
 
 // max(m, |x|), NaN when either is NaN: a block's largest magnitude and, in the same one instruction an element
 // on the device (max.NaN, sm_80 on), whether the block is finite: the result is then not <= FLT_MAX. fmaxf

@@ -41,7 +41,6 @@ QWEN3_HD float bits_to_float(uint32_t u) {
 #endif
 }
 
-
 // max(m, |x|), NaN when either is NaN: a block's largest magnitude and, in the same one instruction an element
 // on the device (max.NaN, sm_80 on), whether the block is finite: the result is then not <= FLT_MAX. fmaxf
 // would drop a NaN, so the kernels tested each element's exponent besides (three instructions an element).

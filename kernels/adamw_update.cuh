@@ -270,7 +270,7 @@ QWEN3_HD uint8_t int8_log_encode(float v, float block_max, float uniform, Levels
 
 // The E2M1 value of a 4-bit code: codec::e2m1_to_float, integer operations only on the host, so its loops
 // vectorize (a table becomes a gather); on the device the subnormal-scaling form, the same values (static PTX of
-// the nvfp4 kernel, which handles either master: 2,121 -> 1,967 instructions; 1,832 with the E4M3 decode's).
+// the nvfp4 kernel, which handles either master, with the E4M3 decode's: 2,121 -> 1,840, scripts/ptx-counts.sh).
 QWEN3_HD float e2m1_value(uint32_t code) { return codec::e2m1_to_float(code); }
 
 // e2m1 x E4M3 is exact; the row scale rounds once.

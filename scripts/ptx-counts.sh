@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Static PTX instruction counts of every kernel in kernels/*.cu, for one architecture: the figure the kernel
+# docs quote when a change cuts the work an element and no GPU is at hand to time it (kernels/nvfp4_kernels.md,
+# kernels/fused_ops.md, docs/performance.md). Needs nvcc, python3 and c++filt only.
+#
+#   scripts/ptx-counts.sh [--arch sm_90] [--rev GIT_REV] [NAME_FILTER]
+#
+# --rev counts the kernels of that commit instead of the working tree (before/after a change). Prints
+# "file<TAB>kernel<TAB>instructions", a line a kernel instantiation. Instructions are the PTX statements of its
+# body, those inside the intrinsics' inline-asm braces included; not directives, declarations, labels or
+# comments. Static counts: unrolled loops count unrolled and both sides of a branch count once, so compare a
+# kernel with itself before and after a change, never with time.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+arch=sm_90 rev="" filter=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --arch) arch=$2; shift 2 ;;
+    --rev) rev=$2; shift 2 ;;
+    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "ptx-counts: unknown option $1 (see --help)" >&2; exit 2 ;;
+    *) filter=$1; shift ;;
+  esac
+done
+for tool in nvcc python3 c++filt; do
+  command -v "$tool" >/dev/null || { echo "ptx-counts: $tool not found" >&2; exit 2; }
+done
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+src=$root
+if [ -n "$rev" ]; then
+  src=$work/src
+  mkdir -p "$src"
+  git -C "$root" archive "$rev" kernels include | tar -x -C "$src" || { echo "ptx-counts: no kernels at $rev" >&2; exit 2; }
+fi
+mkdir -p "$work/ptx"
+for cu in "$src"/kernels/*.cu; do
+  nvcc -arch="$arch" -ptx -std=c++17 -I"$src/kernels" -I"$src/include" "$cu" -o "$work/ptx/$(basename "$cu" .cu).ptx"
+done
+python3 - "$work/ptx" "$filter" <<'PY'
+import os, re, subprocess, sys
+folder, wanted = sys.argv[1], sys.argv[2]
+for ptx in sorted(os.listdir(folder)):
+    rows, entry, depth = [], None, 0
+    for line in open(os.path.join(folder, ptx)):
+        code = line.split('//')[0]
+        if re.match(r'\s*(\.visible\s+)?\.entry\s', code):
+            entry = [code.split('(')[0].split()[-1], 0]
+            rows.append(entry)
+            continue
+        if entry is None:
+            continue
+        for statement in code.split(';')[:-1]:  # only what ends in ';' is a statement
+            s = statement.strip().lstrip('{}').strip()
+            s = re.sub(r'^\$?[\w$]+:\s*', '', s)  # a label in front
+            if s and not s.startswith('.'):
+                entry[1] += 1
+    demangled = subprocess.run(['c++filt'], input='\n'.join(r[0] for r in rows), capture_output=True,
+                               text=True).stdout.split('\n')
+    for (mangled, count), name in zip(rows, demangled):
+        name = re.sub(r'\(anonymous namespace\)::|qwen3::kernels::|^void ', '', name or mangled)
+        name = re.sub(r'\((?:[^()]|\([^()]*\))*\)$', '', name)  # the parameter list
+        if wanted in ptx[:-4] + '\t' + name:
+            print(f"{ptx[:-4]}\t{name}\t{count}")
+PY

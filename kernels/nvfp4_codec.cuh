@@ -169,10 +169,10 @@ QWEN3_HD float e2m1_to_float_by_scaling(uint32_t code) {
   return mul_rn(bits_to_float(((code & 7u) << 22) | ((code & 8u) << 28)), 0x1p126f);
 }
 
-// The same values built as float bits, integer operations only: from magnitude code 2 up the code is
-// 2 * (exponent + 1) + mantissa bit, so its bits are (126 << 23) + (code << 22); code 1 is 0.5 and 0 is 0 (a
-// switch compiled to a chain of compares and selects an element). On the device, the form above.
-// tests/test_optim_golden.cpp checks it against e2m1_magnitude for all 16 codes.
+// The signed value of a 4-bit code. On the host built as float bits with integer operations only (the host loops
+// vectorize it; e2m1_magnitude's switch compiles to a chain of compares): from magnitude code 2 up the code is
+// 2 * (exponent + 1) + mantissa bit, so its bits are (126 << 23) + (code << 22); code 1 is 0.5 and 0 is 0. On the
+// device the scaling form above. tests/test_optim_golden.cpp checks it against e2m1_magnitude for all 16 codes.
 QWEN3_HD float e2m1_to_float(uint32_t code) {
 #if defined(__CUDA_ARCH__)
   return e2m1_to_float_by_scaling(code);
@@ -184,7 +184,8 @@ QWEN3_HD float e2m1_to_float(uint32_t code) {
 }
 
 // |v| (already clamped or not: anything above 5 is code 7) to the E2M1 magnitude code, ties to the even code:
-// 0.25->0, 0.75->2 (1.0), 1.25->2, 1.75->4 (2.0), 2.5->4, 3.5->6 (4.0), 5->6. A NaN gives 0.
+// 0.25->0, 0.75->2 (1.0), 1.25->2, 1.75->4 (2.0), 2.5->4, 3.5->6 (4.0), 5->6. A NaN gives 0. The rule as the
+// CPU codec states it; the kernels run the bits form below, which the tests hold to this one.
 QWEN3_HD uint32_t e2m1_magnitude_code(float a) {
   return static_cast<uint32_t>(a > 0.25f) + static_cast<uint32_t>(a >= 0.75f) +
          static_cast<uint32_t>(a > 1.25f) + static_cast<uint32_t>(a >= 1.75f) +

@@ -7,9 +7,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <random>
 #include <vector>
 
+#include "adamw_update.cuh"
 #include "nvfp4_gemv.cuh"
+#include "qwen3/nvfp4/nvfp4.h"
 
 namespace qwen3::gemv_test {
 
@@ -20,6 +23,20 @@ struct Product {
   std::vector<float> x;              // [M, K], values a bf16 holds exactly
   std::vector<uint8_t> codes, scales;  // W [N, K] as codes [N, K/2] and scales [N, K/16]
 };
+
+// A trained model's kind of product: Gaussian weights of 0.02 quantized by the CPU codec (rne), activations of 1
+// rounded to bf16 (the kernels' own rounding, adamw::bf16_nearest).
+inline Product random_product(int64_t M, int64_t N, int64_t K, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  Product p{M, N, K, {}, std::vector<uint8_t>(N * K / 2), std::vector<uint8_t>(N * K / 16)};
+  std::vector<float> w(N * K);
+  for (float& v : w) v = 0.02f * normal(rng);
+  nvfp4::quantize_rows_cpu(w.data(), N, K, p.codes.data(), p.scales.data(), nvfp4::ScaleMode::rne);
+  for (int64_t i = 0; i < M * K; ++i)
+    p.x.push_back(kernels::adamw::bf16_to_float(kernels::adamw::bf16_nearest(normal(rng))));
+  return p;
+}
 
 // What nvfp4_gemv_kernel computes for y[m, n], every warp and lane run one after another. Lanes' sums meet as the
 // shuffles make them meet: at each distance d, lane l's new sum is its own plus lane l ^ d's.

@@ -38,14 +38,6 @@ void reference(const Product& p, std::vector<double>& exact, std::vector<double>
       }
 }
 
-float bf16_value(float v) {  // round to nearest even into bf16, back to fp32
-  uint32_t u;
-  std::memcpy(&u, &v, 4);
-  u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
-  std::memcpy(&v, &u, 4);
-  return v;
-}
-
 // Every partial sum representable (integer x in [-3, 3], scales 0.5 .. 1.875, codes random): the split must give
 // the exact product, which no lost chunk, wrong nibble, wrong scale or misrouted row can.
 TEST(Nvfp4GemvLanes, RepresentableSumsAreExact) {
@@ -68,16 +60,9 @@ TEST(Nvfp4GemvLanes, RepresentableSumsAreExact) {
 // bound kernels/nvfp4_kernels.md states for the tensor-core product (each x · e2m1 is exact; each block's sum,
 // its scaling and the lanes' sums round).
 TEST(Nvfp4GemvLanes, QuantizedWeightsAreWithinTheProductBound) {
-  std::mt19937 rng(5);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
+  uint32_t seed = 5;
   for (const auto& [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{1, 5, 2560}, {4, 3, 9728}, {2, 8, 4096}}) {
-    Product p{M, N, K, {}, {}, {}};
-    std::vector<float> w(N * K);
-    for (float& v : w) v = 0.02f * normal(rng);
-    p.codes.resize(N * K / 2);
-    p.scales.resize(N * K / 16);
-    nvfp4::quantize_rows_cpu(w.data(), N, K, p.codes.data(), p.scales.data(), nvfp4::ScaleMode::rne);
-    for (int64_t i = 0; i < M * K; ++i) p.x.push_back(bf16_value(normal(rng)));
+    const Product p = gemv_test::random_product(M, N, K, seed++);
     std::vector<double> exact, magnitude;
     reference(p, exact, magnitude);
     const std::vector<float> y = gemv_on_host(p);

@@ -21,6 +21,11 @@ inline bool have_gpu() { return kernels::cuda_device_count() > 0; }
 // A kernel test's first line (gpu_test.h: the test's name must contain "Gpu").
 #define QWEN3_REQUIRE_GPU() QWEN3_GPU_TEST(::qwen3::gpu_test::have_gpu())
 
+// What a launcher returns for arguments it refuses. Argument tests compare with it, not with "non-zero": without a
+// device a launch that should have been refused fails too (cudaErrorInsufficientDriver), so "non-zero" could
+// not catch a check that went missing on the machines without a GPU.
+inline constexpr int kInvalidValue = static_cast<int>(cudaErrorInvalidValue);
+
 #define QWEN3_CUDA_OK(call)                                                          \
   do {                                                                               \
     const cudaError_t status_ = (call);                                              \

@@ -21,6 +21,7 @@ namespace {
 
 namespace ka = kernels::adamw;
 using gpu_test::DeviceBuffer;
+using gpu_test::kInvalidValue;
 
 using adamw_test::HostParam;
 using adamw_test::scalars_for;
@@ -83,15 +84,15 @@ TEST(AdamWKernelLaunch, RejectsBadArgumentsWithoutLaunching) {
   ka::ParamView p{};
   ka::StepScalars s{};
   p.rows = 2, p.cols = 64, p.stored_cols = 64, p.moments = ka::Moments::int8;
-  EXPECT_NE(kernels::launch_adamw_step(p, s, nullptr), 0);  // no pointers at all
+  EXPECT_EQ(kInvalidValue, kernels::launch_adamw_step(p, s, nullptr));  // no pointers at all
   uint8_t dummy[8];
   p.master = p.exp_avg = p.exp_avg_sq = dummy;
   p.grad = dummy;
-  EXPECT_NE(kernels::launch_adamw_step(p, s, nullptr), 0);  // int8 without its block scales
+  EXPECT_EQ(kInvalidValue, kernels::launch_adamw_step(p, s, nullptr));  // int8 without its block scales
   p.stored_cols = 32;
-  EXPECT_NE(kernels::launch_adamw_step(p, s, nullptr), 0);  // stored columns fewer than columns
+  EXPECT_EQ(kInvalidValue, kernels::launch_adamw_step(p, s, nullptr));  // stored columns fewer than columns
   p.moments = ka::Moments::nvfp4, p.stored_cols = 64, p.exp_avg_scale = p.exp_avg_sq_scale = dummy;
-  EXPECT_NE(kernels::launch_adamw_step(p, s, nullptr), 0);  // nvfp4 without its row scales
+  EXPECT_EQ(kInvalidValue, kernels::launch_adamw_step(p, s, nullptr));  // nvfp4 without its row scales
   p.rows = 0;
   EXPECT_EQ(kernels::launch_adamw_step(p, s, nullptr), 0);  // nothing to do is success
 }

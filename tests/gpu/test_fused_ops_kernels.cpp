@@ -17,6 +17,7 @@ namespace {
 
 namespace f = kernels::fused;
 using gpu_test::DeviceBuffer;
+using gpu_test::kInvalidValue;
 using kernels::KernelDType;
 
 // Deterministic values in [-scale, scale), as bf16 bit patterns (exact in fp32 too).
@@ -173,15 +174,15 @@ INSTANTIATE_TEST_SUITE_P(Widths, GpuRmsNormKernels, ::testing::Values(2560, 132,
 
 TEST(FusedKernelLaunch, RejectsBadArgumentsWithoutLaunching) {
   float dummy[4] = {};  // never read: every call is refused before a launch
-  EXPECT_NE(kernels::launch_rope(dummy, dummy, KernelDType::bf16, 1, 1, 1, 3, dummy, dummy, 1, 0, nullptr), 0);  // odd d
-  EXPECT_NE(kernels::launch_rope(dummy, dummy, KernelDType::f16, 1, 1, 1, 2, dummy, dummy, 1, 0, nullptr), 0);
+  EXPECT_EQ(kInvalidValue, kernels::launch_rope(dummy, dummy, KernelDType::bf16, 1, 1, 1, 3, dummy, dummy, 1, 0, nullptr));  // odd d
+  EXPECT_EQ(kInvalidValue, kernels::launch_rope(dummy, dummy, KernelDType::f16, 1, 1, 1, 2, dummy, dummy, 1, 0, nullptr));
   // Tables of neither the rows' positions (seq) nor every token's (batch * seq).
-  EXPECT_NE(kernels::launch_rope(dummy, dummy, KernelDType::bf16, 2, 3, 1, 2, dummy, dummy, 4, 0, nullptr), 0);
-  EXPECT_NE(kernels::launch_swiglu_forward(nullptr, dummy, dummy, KernelDType::f32, 4, nullptr), 0);
-  EXPECT_NE(kernels::launch_rmsnorm_forward(dummy, KernelDType::f32, dummy, KernelDType::f32, 1, 0, 1e-6f, dummy, dummy,
-                                            nullptr), 0);  // no columns
-  EXPECT_NE(kernels::launch_rmsnorm_backward(dummy, dummy, KernelDType::f32, dummy, KernelDType::f32, dummy, 1, 4, dummy,
-                                             dummy, nullptr, nullptr), 0);  // no workspace
+  EXPECT_EQ(kInvalidValue, kernels::launch_rope(dummy, dummy, KernelDType::bf16, 2, 3, 1, 2, dummy, dummy, 4, 0, nullptr));
+  EXPECT_EQ(kInvalidValue, kernels::launch_swiglu_forward(nullptr, dummy, dummy, KernelDType::f32, 4, nullptr));
+  EXPECT_EQ(kInvalidValue, kernels::launch_rmsnorm_forward(dummy, KernelDType::f32, dummy, KernelDType::f32, 1, 0, 1e-6f, dummy, dummy,
+                                            nullptr));  // no columns
+  EXPECT_EQ(kInvalidValue, kernels::launch_rmsnorm_backward(dummy, dummy, KernelDType::f32, dummy, KernelDType::f32, dummy, 1, 4, dummy,
+                                             dummy, nullptr, nullptr));  // no workspace
   EXPECT_EQ(kernels::launch_swiglu_forward(dummy, dummy, dummy, KernelDType::f32, 0, nullptr), 0);  // nothing to do
   EXPECT_EQ(kernels::rmsnorm_backward_workspace_floats(513, 10), 17 * 10);  // chunks of 32 rows
   // Past 65,535 chunks of 32 the chunks grow: the grid's y limit is never passed.

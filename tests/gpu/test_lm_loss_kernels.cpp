@@ -17,6 +17,7 @@ namespace {
 
 namespace l = kernels::loss;
 using gpu_test::DeviceBuffer;
+using gpu_test::kInvalidValue;
 using kernels::KernelDType;
 
 template <typename T>
@@ -119,9 +120,9 @@ TEST(GpuLossKernels, StatisticsAndGradientFollowTheHostRules) {
 TEST(LossKernelLaunch, RejectsBadArgumentsWithoutLaunching) {
   float dummy[4] = {};
   const int64_t targets[1] = {0};
-  EXPECT_NE(kernels::launch_loss_slice_stats(dummy, KernelDType::f16, 1, 4, 0, targets, dummy, dummy, dummy, nullptr), 0);
-  EXPECT_NE(kernels::launch_loss_slice_stats(dummy, KernelDType::f32, 1, 0, 0, targets, dummy, dummy, dummy, nullptr), 0);
-  EXPECT_NE(kernels::launch_loss_slice_gradient(dummy, dummy, KernelDType::f32, 1, 4, 0, targets, nullptr, dummy, nullptr), 0);
+  EXPECT_EQ(kInvalidValue, kernels::launch_loss_slice_stats(dummy, KernelDType::f16, 1, 4, 0, targets, dummy, dummy, dummy, nullptr));
+  EXPECT_EQ(kInvalidValue, kernels::launch_loss_slice_stats(dummy, KernelDType::f32, 1, 0, 0, targets, dummy, dummy, dummy, nullptr));
+  EXPECT_EQ(kInvalidValue, kernels::launch_loss_slice_gradient(dummy, dummy, KernelDType::f32, 1, 4, 0, targets, nullptr, dummy, nullptr));
   EXPECT_EQ(kernels::launch_loss_slice_gradient(dummy, dummy, KernelDType::f32, 0, 4, 0, targets, dummy, dummy, nullptr), 0);
 }
 

@@ -4,7 +4,6 @@
 // sums; the launcher's refusals; and that launch_nvfp4_matmul hands it the products it takes.
 #include <gtest/gtest.h>
 
-#include <random>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -19,18 +18,8 @@ namespace qwen3 {
 namespace {
 
 using gpu_test::DeviceBuffer;
+using gpu_test::kInvalidValue;
 using kernels::KernelDType;
-
-gemv_test::Product random_product(int64_t M, int64_t N, int64_t K, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  gemv_test::Product p{M, N, K, {}, std::vector<uint8_t>(N * K / 2), std::vector<uint8_t>(N * K / 16)};
-  std::vector<float> w(N * K);
-  for (float& v : w) v = 0.02f * normal(rng);
-  nvfp4::quantize_rows_cpu(w.data(), N, K, p.codes.data(), p.scales.data(), nvfp4::ScaleMode::rne);
-  for (int64_t i = 0; i < M * K; ++i) p.x.push_back(gpu_test::bf16_value(gpu_test::bf16_bits(normal(rng))));
-  return p;
-}
 
 // y from the kernel, in `out` type, through launch_nvfp4_gemv or (via_matmul) launch_nvfp4_matmul.
 std::vector<float> run_kernel(const gemv_test::Product& p, KernelDType out, bool via_matmul) {
@@ -63,7 +52,7 @@ TEST(GpuNvfp4Gemv, EqualsTheHostRunOfItsFunctionsBitForBit) {
   if (test::small_gpu_shapes()) shapes.resize(4);
   uint32_t seed = 1;
   for (const auto& [M, N, K] : shapes) {
-    const gemv_test::Product p = random_product(M, N, K, seed++);
+    const gemv_test::Product p = gemv_test::random_product(M, N, K, seed++);
     const std::vector<float> host = gemv_test::gemv_on_host(p);
     const std::string where = "M " + std::to_string(M) + " N " + std::to_string(N) + " K " + std::to_string(K);
     const std::vector<float> device = run_kernel(p, KernelDType::f32, /*via_matmul=*/false);
@@ -80,20 +69,21 @@ TEST(GpuNvfp4Gemv, EqualsTheHostRunOfItsFunctionsBitForBit) {
   }
 }
 
-// Argument checks come before any device call: they hold on every machine that builds the kernels.
+// Argument checks come before any device call: they hold on every machine that builds the kernels (each refusal
+// is the launcher's own error: gpu_test_util.h, kInvalidValue, says why).
 TEST(Nvfp4GemvLaunch, RefusesWhatItDoesNotTakeWithoutLaunching) {
   alignas(64) static uint8_t fake[256];  // never dereferenced: every call below is refused (or has nothing to do)
   uint8_t* p = fake;
   const auto launch = [&](const void* x, KernelDType x_type, int64_t M, int64_t K, const uint8_t* codes, int64_t N) {
     return kernels::launch_nvfp4_gemv(x, x_type, M, K, codes, p, N, p, KernelDType::f32, nullptr);
   };
-  EXPECT_NE(launch(p, KernelDType::bf16, 5, 32, p, 4), 0);       // more rows than it takes
-  EXPECT_NE(launch(p, KernelDType::bf16, 0, 32, p, 4), 0);
-  EXPECT_NE(launch(p, KernelDType::bf16, 1, 48, p, 4), 0);       // K not a multiple of 32
-  EXPECT_NE(launch(p, KernelDType::f32, 1, 32, p, 4), 0);        // x must be bf16 or f16
-  EXPECT_NE(launch(p + 8, KernelDType::bf16, 1, 32, p, 4), 0);   // x not 16-byte aligned
-  EXPECT_NE(launch(p, KernelDType::bf16, 1, 32, p + 8, 4), 0);   // codes not 16-byte aligned
-  EXPECT_NE(launch(p, KernelDType::bf16, 1, 32, nullptr, 4), 0);
+  EXPECT_EQ(kInvalidValue, launch(p, KernelDType::bf16, 5, 32, p, 4));       // more rows than it takes
+  EXPECT_EQ(kInvalidValue, launch(p, KernelDType::bf16, 0, 32, p, 4));
+  EXPECT_EQ(kInvalidValue, launch(p, KernelDType::bf16, 1, 48, p, 4));       // K not a multiple of 32
+  EXPECT_EQ(kInvalidValue, launch(p, KernelDType::f32, 1, 32, p, 4));        // x must be bf16 or f16
+  EXPECT_EQ(kInvalidValue, launch(p + 8, KernelDType::bf16, 1, 32, p, 4));   // x not 16-byte aligned
+  EXPECT_EQ(kInvalidValue, launch(p, KernelDType::bf16, 1, 32, p + 8, 4));   // codes not 16-byte aligned
+  EXPECT_EQ(kInvalidValue, launch(p, KernelDType::bf16, 1, 32, nullptr, 4));
   EXPECT_EQ(launch(nullptr, KernelDType::bf16, 1, 32, nullptr, 0), 0);  // N = 0: nothing to do
 }
 

@@ -99,6 +99,10 @@ mkdir -p "$details"
 jobs=${JOBS:-$(nproc)}
 python=${PYTHON:-/opt/torch/.venv/bin/python3}
 gpu_filter=${GPU_TEST_FILTER:-*Gpu*}
+gpu_kernel_filter='Gpu*.*:*/Gpu*.*'  # the kernels' parity suites (tests/gpu/), parameterised ones included
+# The sanitizers leave out the tests that start the binary (the *Cli suites): a child process under
+# compute-sanitizer is instrumented too, and its kernels are the ones the in-process tests check.
+sanitize_filter=${GPU_TEST_FILTER:-*Gpu*-*Cli.*}
 bin=$build_dir/qwen3-train
 tests_bin=$build_dir/qwen3_tests
 [ -x "$tests_bin" ] || tests_bin=$build_dir/tests/qwen3_tests
@@ -263,6 +267,48 @@ PY
   fi
 }
 
+# Does a program start a child process through glibc's popen and system (posix_spawn), plain and with PyTorch's
+# libraries loaded? The second round (H200, 2026-11-26) saw every test process die of SIGSEGV at its first child
+# process while the binary, which starts none, ran; the two programs say whether libtorch's presence is the cause.
+spawn_probe() {
+  local d=$1 lib=""
+  [ "$dry_run" = 1 ] && { record env spawn-probe skipped 0 "dry run"; return; }
+  have g++ || { record env spawn-probe failed 0 "no g++"; return; }
+  cat >"$d/spawn_probe.cpp" <<'CPP'
+#include <cstdio>
+#include <cstdlib>
+int main() {
+  char line[64] = {0};
+  FILE* p = popen("echo spawned", "r");
+  if (!p) return 3;
+  if (!std::fgets(line, sizeof line, p)) line[0] = 0;
+  const int closed = pclose(p);
+  std::printf("popen read '%.7s', pclose %d, system %d\n", line, closed, std::system("true"));
+  return 0;
+}
+CPP
+  torch_info
+  [ -n "$torch_prefix" ] && lib=$(cd "$torch_prefix/../.." 2>/dev/null && pwd)/lib
+  local kind note notes=() failed=0
+  for kind in plain torch; do
+    local link=()
+    if [ "$kind" = torch ]; then
+      [ -d "$lib" ] || { notes+=("torch: no libtorch folder"); continue; }
+      link=(-Wl,--no-as-needed -L"$lib" -ltorch_cuda -ltorch_cpu -lc10 -Wl,-rpath,"$lib")
+    fi
+    if ! g++ -O1 -o "$d/spawn-$kind" "$d/spawn_probe.cpp" "${link[@]}" >"$d/spawn-$kind.log" 2>&1; then
+      notes+=("$kind: did not link"); failed=1; continue
+    fi
+    run_step "$d/spawn-$kind.run.log" 30 "$d/spawn-$kind" || continue
+    note=$(grep -E '^popen' "$d/spawn-$kind.run.log" | head -n 1)
+    [ "$step_rc" = 0 ] || { failed=1; note="exit $step_rc"; }
+    notes+=("$kind: $note")
+  done
+  local joined
+  joined=$(printf '%s; ' "${notes[@]}")
+  record env spawn-probe "$([ "$failed" = 0 ] && echo ok || echo failed)" 0 "${joined%; }"
+}
+
 # ------------------------------------------------------------------------------------------------ stages
 stage_env() {
   stage_begin env
@@ -335,6 +381,7 @@ if torch.cuda.is_available():
       record env nccl ok 0 "this torch has no NCCL: Gloo only, no header needed"
     fi
   fi
+  spawn_probe "$d"
   if [ -f "$vendor/MANIFEST.txt" ]; then
     cp "$vendor/MANIFEST.txt" "$d/vendor-MANIFEST.txt"
     record env vendor ok 0 "$(du -sh "$vendor" | cut -f1) carried: $(grep -c . "$vendor/MANIFEST.txt") manifest lines"
@@ -478,25 +525,103 @@ ensure_built() {
   [ -x "$bin" ] && [ -x "$tests_bin" ]
 }
 
-# Every GPU test (the tests that need a device are named *Gpu*: tests/gpu_test.h): failed if one skips here.
+# crash_note LOG: the test process's crash report (tests/crash_report.cpp) in one line, the test binary's
+# unexported functions named through nm (the report gives their module offsets); the whole report, named, goes to
+# LOG.crash.txt.
+crash_note() {
+  py - "$1" "$tests_bin" <<'EOF'
+import bisect, re, subprocess, sys
+log, binary = sys.argv[1], sys.argv[2]
+text = open(log, errors="replace").read()
+start = text.rfind("qwen3_tests: fatal")
+if start < 0:
+    print("no crash report"); sys.exit(0)
+report = text[start:].splitlines()
+try:
+    nm = subprocess.run(["nm", "-C", "-n", "--defined-only", binary], capture_output=True, text=True).stdout.splitlines()
+except OSError:
+    nm = []
+addrs, names = [], []
+for line in nm:
+    parts = line.split(" ", 2)
+    if len(parts) == 3 and parts[1] in "tTwW":
+        addrs.append(int(parts[0], 16)); names.append(parts[2])
+def name(line):
+    m = re.search(r"^\s+(pc|\[sp\]|frame) 0x[0-9a-f]+: (\S+?)\+0x([0-9a-f]+)(?: \((.*)\))?$", line)
+    if not m:
+        return line.strip()
+    label, module, offset, symbol = m.group(1), m.group(2), int(m.group(3), 16), m.group(4)
+    if not symbol and module.endswith("qwen3_tests") and addrs:
+        i = bisect.bisect_right(addrs, offset) - 1
+        if i >= 0:
+            symbol = f"{names[i][:160]}+0x{offset - addrs[i]:x}"
+    return f"{label} {symbol or module.rsplit('/', 1)[-1] + '+0x%x' % offset}"
+lines = [l for l in report[1:] if l.strip() and not l.strip().startswith("backtrace")]
+named = [report[0]] + [name(l) for l in lines if l.startswith("  ")]
+open(log + ".crash.txt", "w").write("\n".join(named) + "\n")
+# The one line: pc, [sp] and the first frames below the handler and the signal trampoline.
+regs = [n for n in named[1:] if not n.startswith("frame")]
+frames = [n for n in named[1:] if n.startswith("frame")]
+handler = next((i for i, n in enumerate(frames) if "on_fatal_signal" in n), None)
+if handler is not None:
+    frames = frames[handler + 2:]
+print(re.sub(r"^qwen3_tests: fatal ", "", named[0]) + "; " + "; ".join(regs + frames[:4]))
+EOF
+}
+
+# run_gtests STAGE STEP LOGBASE TIMEOUT FILTER [ENV=VALUE...]: the test binary on FILTER, its report in
+# LOGBASE.json. When the process dies of a signal, its crash report names the test: that test is recorded and left
+# out, and the rest run again (at most 4 times), so that one crashing test does not hide every test after it.
+run_gtests() {
+  local stage=$1 step=$2 base=$3 limit=$4 filter=$5 attempt=0 log crashed=() notes=() counts test
+  shift 5
+  while :; do
+    log=$base.log
+    [ "$attempt" -gt 0 ] && log=$base.rerun$attempt.log
+    rm -f "$base.json"
+    if ! run_step "$log" "$limit" env "$@" "$tests_bin" "--gtest_filter=$filter" "--gtest_output=json:$base.json"; then
+      no_time "$stage" "$step"
+      return
+    fi
+    test=$(grep -a -o 'qwen3_tests: fatal .* in test [^ ,]*' "$log" | tail -n 1 | sed 's/.* in test //')
+    if [ "$step_rc" -lt 128 ] || timed_out || [ -z "$test" ] || [[ "$test" == \(* ]] || [ "$attempt" -ge 4 ]; then
+      break
+    fi
+    crashed+=("$test")
+    notes+=("$test: $(crash_note "$log")")
+    echo "  $step: $test crashed the test process; the rest again without it"
+    if [[ "$filter" == *-* ]]; then filter="$filter:$test"; else filter="$filter-$test"; fi
+    attempt=$((attempt + 1))
+  done
+  counts=$(gtest_counts "$base.json")
+  if [ "$step_rc" -ge 128 ] && ! timed_out; then notes+=("the last run died too: $(crash_note "$log")"); fi
+  local detail=""
+  [ ${#crashed[@]} -gt 0 ] && detail="; crashed the test process: ${crashed[*]}"
+  [ ${#notes[@]} -gt 0 ] && detail="$detail ($(printf '%s; ' "${notes[@]}"))"
+  if [ "$step_rc" != 0 ] || [ ${#crashed[@]} -gt 0 ]; then
+    record "$stage" "$step" failed "$step_s" "$counts$detail; $(fail_note "$log")"
+    grep -E '^\[  FAILED  \]|Failure' "$log" | head -n 20 | sed 's/^/  | /'
+  elif [ "$dry_run" = 1 ]; then
+    record "$stage" "$step" skipped "$step_s" "dry run, no GPU: $counts"
+  elif [[ "$counts" != *" 0 skipped"* ]]; then
+    record "$stage" "$step" failed "$step_s" "GPU tests skipped on the GPU machine (device not visible?): $counts"
+  else
+    record "$stage" "$step" ok "$step_s" "$counts"
+  fi
+}
+
+# Every GPU test (the tests that need a device are named *Gpu*: tests/gpu_test.h): failed if one skips here. The
+# kernels' parity suites (named Gpu*, tests/gpu/) first, in a process of their own: a crash elsewhere cannot hide
+# them (the second round's test process died before reaching them).
 stage_test_gpu() {
   stage_begin test-gpu
-  local d=$stage_dir counts
+  local d=$stage_dir
   if ! ensure_built; then record test-gpu gpu-tests failed 0 "no test binary: the build failed"; stage_end test-gpu; return; fi
-  if run_step "$d/gpu-tests.log" 300 "$tests_bin" "--gtest_filter=$gpu_filter" "--gtest_output=json:$d/gpu-tests.json"; then
-    counts=$(gtest_counts "$d/gpu-tests.json")
-    if [ "$step_rc" != 0 ]; then
-      record test-gpu gpu-tests failed "$step_s" "$counts; $(fail_note "$d/gpu-tests.log")"
-      grep -E '^\[  FAILED  \]|Failure' "$d/gpu-tests.log" | head -n 20 | sed 's/^/  | /'
-    elif [ "$dry_run" = 1 ]; then
-      record test-gpu gpu-tests skipped "$step_s" "dry run, no GPU: $counts"
-    elif [[ "$counts" != *" 0 skipped"* ]]; then
-      record test-gpu gpu-tests failed "$step_s" "GPU tests skipped on the GPU machine (device not visible?): $counts"
-    else
-      record test-gpu gpu-tests ok "$step_s" "$counts"
-    fi
+  if [ -n "${GPU_TEST_FILTER:-}" ]; then
+    run_gtests test-gpu gpu-tests "$d/gpu-tests" 300 "$gpu_filter"
   else
-    no_time test-gpu gpu-tests
+    run_gtests test-gpu gpu-kernel-tests "$d/gpu-kernel-tests" 200 "$gpu_kernel_filter"
+    run_gtests test-gpu gpu-tests "$d/gpu-tests" 200 "$gpu_filter-$gpu_kernel_filter"
   fi
   stage_end test-gpu
 }
@@ -514,7 +639,9 @@ stage_test_all() {
     if [ "$step_rc" = 0 ]; then
       record test-all all-tests ok "$step_s" "$line; $skipped skipped"
     else
-      record test-all all-tests failed "$step_s" "${line:-$(fail_note "$d/ctest.log")}; $skipped skipped; failed: $(grep -E '^\s+[0-9]+ - .*\(Failed|Timeout|Exception' "$d/ctest.log" | awk '{print $3}' | head -n 5 | tr '\n' ' ')"
+      local crashes
+      crashes=$(grep -a -o 'qwen3_tests: fatal [A-Z]* .* in test [^ ,]*' "$d/ctest.log" | sed 's/^qwen3_tests: fatal \([A-Z]*\) .* in test /\1 in /' | sort -u | head -n 8 | tr '\n' ' ')
+      record test-all all-tests failed "$step_s" "${line:-$(fail_note "$d/ctest.log")}; $skipped skipped; failed: $(grep -E '^\s+[0-9]+ - .*\(Failed|Timeout|Exception|SEGFAULT' "$d/ctest.log" | awk '{print $3}' | head -n 5 | tr '\n' ' ')${crashes:+; process crashes (tests/crash_report.cpp): $crashes}"
       grep -E -A30 'The following tests FAILED' "$d/ctest.log" | head -n 20 | sed 's/^/  | /'
     fi
   else
@@ -539,7 +666,7 @@ stage_sanitize() {
     local only_ours=()
     [ "$tool" = memcheck ] || only_ours=(--kernel-name kns=qwen3)
     if ! run_step "$d/$tool.log" "${SANITIZE_TIMEOUT_S:-150}" env QWEN3_GPU_TEST_SMALL=1 compute-sanitizer --tool "$tool" \
-        "${only_ours[@]}" --error-exitcode 99 --print-limit 50 "$tests_bin" "--gtest_filter=$gpu_filter"; then
+        "${only_ours[@]}" --error-exitcode 99 --print-limit 50 "$tests_bin" "--gtest_filter=$sanitize_filter"; then
       no_time sanitize "$tool"
       continue
     fi

@@ -112,7 +112,7 @@ TEST(HfExportCli, TrainedModelOutToHfAndNvfp4HfReadByAnIndependentReader) {
   }
   EXPECT_EQ(compared, tensors.size());
 
-  if (std::system("node --version > /dev/null 2>&1") != 0) GTEST_SKIP() << "node is not installed: the independent reader did not run";
+  if (!test::command_succeeds("node --version")) GTEST_SKIP() << "node is not installed: the independent reader did not run";
   const test::CliResult node = test::run_shell("node " + test::source_dir() +
                                                "/tests/readers/check_hf_export.mjs " + hf + " " + fp4);
   ASSERT_EQ(node.code, 0) << node.err;
@@ -235,7 +235,7 @@ TEST(HfExportCli, ShardsTiedHeadAndReplacingTheFolder) {
   r = run_cli(export_cmd(t, "hf", dir.file("x")) + " --max-shard-size 5XB");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("--max-shard-size"), std::string::npos) << r.err;
-  if (std::system("node --version > /dev/null 2>&1") != 0) GTEST_SKIP() << "node is not installed";
+  if (!test::command_succeeds("node --version")) GTEST_SKIP() << "node is not installed";
   const test::CliResult node = test::run_shell("node " + test::source_dir() +
                                                "/tests/readers/check_hf_export.mjs " + hf + " " + fp4);
   ASSERT_EQ(node.code, 0) << node.err;

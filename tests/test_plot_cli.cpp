@@ -27,7 +27,7 @@ TEST(PlotCli, SvgHoldsTheLossEvalLossAndLearningRateCurves) {
       << r.out;
   r = run_cli("plot " + dir.file("metrics.jsonl") + " --out " + dir.file("loss.svg"));
   EXPECT_EQ(r.code, 2);  // never replaced unasked
-  if (std::system("python3 -c 'import xml.etree.ElementTree' > /dev/null 2>&1") != 0)
+  if (!test::command_succeeds("python3 -c 'import xml.etree.ElementTree'"))
     GTEST_SKIP() << "python3 is not installed: the independent reader did not run";
   // Each curve's point count, whether every point lies inside the picture, and the loss curve's direction
   // (falling loss: SVG y grows downward).
@@ -54,7 +54,7 @@ TEST(PlotCli, SvgHoldsTheLossEvalLossAndLearningRateCurves) {
 // the middle of its panel (not on a ±0.5 axis), and several runs in one plot, a color each. (Looked at as PNGs
 // through rsvg-convert when written: docs/trainer.md.)
 TEST(PlotCli, TicksSmoothingConstantRateAndSeveralRuns) {
-  if (std::system("python3 -c 'import xml.etree.ElementTree' > /dev/null 2>&1") != 0)
+  if (!test::command_succeeds("python3 -c 'import xml.etree.ElementTree'"))
     GTEST_SKIP() << "python3 is not installed: the independent reader did not run";
   test::TempDir dir;
   {

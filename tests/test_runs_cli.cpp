@@ -186,7 +186,7 @@ TEST(RunsCli, TensorBoardEventsHoldEachStepsMetrics) {
   // Another run into the same folder would draw as one run with this one: refused unless resumed or replaced.
   r = run_cli(s.base + " --steps 1 --tensorboard " + tb);
   EXPECT_EQ(r.code, 2) << r.err;
-  if (std::system("node --version > /dev/null 2>&1") != 0) GTEST_SKIP() << "node is not installed: the reader did not run";
+  if (!test::command_succeeds("node --version")) GTEST_SKIP() << "node is not installed: the reader did not run";
   const test::CliResult node = test::run_shell("node " + test::source_dir() + "/tests/readers/read_tfevents.mjs " + events);
   ASSERT_EQ(node.code, 0) << node.err;
   const nlohmann::json read = nlohmann::json::parse(node.out);
@@ -206,7 +206,7 @@ TEST(RunsCli, TensorBoardEventsHoldEachStepsMetrics) {
 // TensorBoard's own reader (the tensorboard Python package, where installed: the GPU machine's PyTorch has it
 // more often than this machine) loads the events.
 TEST(RunsCli, TensorBoardsOwnReaderLoadsTheEvents) {
-  if (std::system("python3 -c 'import tensorboard' > /dev/null 2>&1") != 0)
+  if (!test::command_succeeds("python3 -c 'import tensorboard'"))
     GTEST_SKIP() << "the tensorboard package is not installed: TensorBoard's own reader did not run";
   RunSetup s;
   const std::string tb = s.dir.file("tb");

@@ -25,23 +25,24 @@ const std::vector<std::string>& predict_device_names() {
 DeviceRates device_rates(std::string_view name) {
   // GPUs: the vendors' dense peaks (H100/H200 SXM; GB10: 1 PFLOP FP4 with sparsity, halved for dense and
   // quartered for bf16, and ~31 TFLOPS fp32 as presented at Hot Chips 2025). Efficiencies and update rates:
-  // measured on an H200 on 2026-11-26 (docs/performance.md, "The first GPU round"): the products of a Qwen3-4B
-  // step reached 60% of the bf16 peak, the fp32 update 70% of the bandwidth, the other passes 35% (the step's
-  // quantize, fused-op and elementwise kernels against the bytes this model counts for them); the update's
-  // element rates are bench_kernels' adamw rows. The H100 has the H200's SMs and clocks: the same fractions and
-  // element rates, assumed. GB10: the same fractions, and the element rates scaled by its 48 SMs against 132,
-  // assumed. cpu: the development machine (dev-2c, its two cores), measured by bench_train_step's
+  // measured on an H200 in the second GPU round, 2026-11-26 (docs/performance.md, "The second GPU round"): the
+  // products of a Qwen3-4B step reached 60% of the bf16 peak, the fp32 update 85% of the bandwidth (112.6 GB in
+  // 27.7 ms), and 55% for the other passes is what makes the model meet the measured steps of full rows (fast and
+  // lean at 2048 × 1 unpacked, 512 × 4) within 1% (the first round's slower kernels fitted 35%); the update's
+  // element rates are bench_kernels' adamw rows (G parameters/s). The H100 has the H200's SMs and clocks: the same
+  // fractions and element rates, assumed. GB10: the same fractions, and the element rates scaled by its 48 SMs
+  // against 132, assumed. cpu: the development machine (dev-2c, its two cores), measured by bench_train_step's
   // BM_ProductRate: a [32, 2560] x [2560, 9728] product at 300 GFLOP/s in bf16 and 107 in fp32; memcpy 23.5
   // GiB/s; the product rates are already what a training-shaped product reaches, an elementwise ATen pass about
   // half of it; no element bound on its update (its loops are measured in bytes, docs/optim.md).
-  const UpdateRates hopper{119.0, 70.4, 95.9, 37.7, 38.2};
+  const UpdateRates hopper{147.9, 69.6, 94.9, 62.1, 57.3};
   const double gb10_share = 48.0 / 132.0;
   const UpdateRates gb10{hopper.plain * gb10_share, hopper.int8_fp32_master * gb10_share,
                          hopper.int8_bf16_master * gb10_share, hopper.nvfp4_fp32_master * gb10_share,
                          hopper.nvfp4_bf16_master * gb10_share};
-  if (name == "h100") return {"h100", 989.0, 67.0, 3350.0, 0.6, 0.7, false, 80.0, 0.35, hopper};
-  if (name == "h200") return {"h200", 989.0, 67.0, 4800.0, 0.6, 0.7, false, 141.0, 0.35, hopper};
-  if (name == "gb10") return {"gb10", 125.0, 31.0, 273.0, 0.6, 0.7, true, 128.0, 0.35, gb10};
+  if (name == "h100") return {"h100", 989.0, 67.0, 3350.0, 0.6, 0.85, false, 80.0, 0.55, hopper};
+  if (name == "h200") return {"h200", 989.0, 67.0, 4800.0, 0.6, 0.85, false, 141.0, 0.55, hopper};
+  if (name == "gb10") return {"gb10", 125.0, 31.0, 273.0, 0.6, 0.85, true, 128.0, 0.55, gb10};
   if (name == "cpu") return {"cpu", 0.300, 0.107, 25.2, 1.0, 0.5, false, 0.0, 0.5, UpdateRates{}};
   std::string known;
   for (const auto& n : predict_device_names()) known += (known.empty() ? "" : ", ") + n;

@@ -12,11 +12,12 @@
 
 namespace qwen3::nvfp4 {
 
-// Rows of x (tokens) below which a CUDA product runs in the NVFP4 matmul kernel (generation, small batches);
-// from this many rows on, the weight is dequantized into one reused scratch buffer and cuBLAS multiplies
-// (training shapes, where cuBLAS's bf16 GEMM is the faster). A documented constant until the GPU round
-// measures the crossing (kernels/nvfp4_kernels.md).
-constexpr int64_t kNvfp4KernelMaxRows = 256;
+// Rows of x (tokens) below which a CUDA product runs in the NVFP4 kernels (generation, small batches: the GEMV
+// to 4 rows, the tensor-core kernel to 16); from this many rows on, the weight is dequantized into one reused
+// scratch buffer and cuBLAS multiplies. Measured (H200, second GPU round, bench_kernels' speedup_vs_path, the
+// five Qwen3-4B shapes): the kernels beat dequantize + cuBLAS at 1, 4 and 16 rows on every shape (1.09-3.59x)
+// and lose at 64 on four of five (0.54-0.70x); 32 rows were not measured, so the kernels take what was.
+constexpr int64_t kNvfp4KernelMaxRows = 17;
 
 // y = x2d · deq(codes, scales)ᵀ in x2d's dtype by the path above (CPU: dequantize, then mm).
 at::Tensor quantized_product(const at::Tensor& x2d, const at::Tensor& codes, const at::Tensor& scales);

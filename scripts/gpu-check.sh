@@ -267,23 +267,44 @@ PY
   fi
 }
 
-# Does a program start a child process through glibc's popen and system (posix_spawn), plain and with PyTorch's
-# libraries loaded? The second round (H200, 2026-11-26) saw every test process die of SIGSEGV at its first child
-# process while the binary, which starts none, ran; the two programs say whether libtorch's presence is the cause.
+# Does a program make a temporary folder (std::filesystem, as the tests' TempDir) and start a child process through
+# glibc's popen and system (posix_spawn) and through fork, plain and with PyTorch's libraries loaded? The second
+# round (H200, 2026-11-26) saw every test process die of SIGSEGV (pc 0) in the first test that made a TempDir and
+# started a child, while the binary, which starts none, ran; the two programs say which step, and whether
+# libtorch's presence is the cause.
 spawn_probe() {
   local d=$1 lib=""
   [ "$dry_run" = 1 ] && { record env spawn-probe skipped 0 "dry run"; return; }
   have g++ || { record env spawn-probe failed 0 "no g++"; return; }
   cat >"$d/spawn_probe.cpp" <<'CPP'
+// Each step prints its name before it runs, so a crash names the step: the test helpers' temporary folder
+// (std::filesystem, mkdtemp), popen, system, fork and exec.
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <string>
 int main() {
+  std::printf("filesystem: "); std::fflush(stdout);
+  std::string dir = (std::filesystem::temp_directory_path() / "spawn-probe-XXXXXX").string();
+  if (!mkdtemp(dir.data())) return 4;
+  std::filesystem::remove_all(dir);
+  std::printf("ok; popen: "); std::fflush(stdout);
   char line[64] = {0};
   FILE* p = popen("echo spawned", "r");
   if (!p) return 3;
   if (!std::fgets(line, sizeof line, p)) line[0] = 0;
   const int closed = pclose(p);
-  std::printf("popen read '%.7s', pclose %d, system %d\n", line, closed, std::system("true"));
+  std::printf("read '%.7s', pclose %d; system: ", line, closed); std::fflush(stdout);
+  const int sys = std::system("true");
+  std::printf("%d; fork and exec: ", sys); std::fflush(stdout);
+  const pid_t pid = fork();
+  if (pid == 0) { execl("/bin/true", "true", static_cast<char*>(nullptr)); _exit(127); }
+  int status = -1;
+  waitpid(pid, &status, 0);
+  std::printf("%d\n", status);
   return 0;
 }
 CPP
@@ -296,12 +317,12 @@ CPP
       [ -d "$lib" ] || { notes+=("torch: no libtorch folder"); continue; }
       link=(-Wl,--no-as-needed -L"$lib" -ltorch_cuda -ltorch_cpu -lc10 -Wl,-rpath,"$lib")
     fi
-    if ! g++ -O1 -o "$d/spawn-$kind" "$d/spawn_probe.cpp" "${link[@]}" >"$d/spawn-$kind.log" 2>&1; then
+    if ! g++ -std=c++17 -O1 -o "$d/spawn-$kind" "$d/spawn_probe.cpp" "${link[@]}" >"$d/spawn-$kind.log" 2>&1; then
       notes+=("$kind: did not link"); failed=1; continue
     fi
     run_step "$d/spawn-$kind.run.log" 30 "$d/spawn-$kind" || continue
-    note=$(grep -E '^popen' "$d/spawn-$kind.run.log" | head -n 1)
-    [ "$step_rc" = 0 ] || { failed=1; note="exit $step_rc"; }
+    note=$(grep -E '^filesystem' "$d/spawn-$kind.run.log" | head -n 1)
+    [ "$step_rc" = 0 ] || { failed=1; note="exit $step_rc after '$note'"; }
     notes+=("$kind: $note")
   done
   local joined

@@ -127,17 +127,21 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_dx_kernel(const void* dy, co
   }
 }
 
-// The weight's gradient, deterministically: a thread per pair of columns sums its rows of one chunk in order into
-// partial[chunk][col]; a second kernel sums the chunks in order. Chunks of 32 rows (more at many rows: see
-// rmsnorm_rows_per_chunk) give a 2048-token [2048, 2560] norm 320 CTAs instead of one per 256 columns and
-// 256 rows (80: not one per SM of an H100).
+// The weight's gradient, deterministically (the order: fused_ops.cuh, kDwRuns): a thread per (chunk, pair of
+// columns) sums its rows of the chunk in order into partial[chunk][col]; a second kernel sums the chunks. The
+// threads are numbered chunk by chunk, pair by pair, so a CTA covers consecutive pairs of a chunk and then the next
+// chunk's: a narrow norm (the q/k norms: 128 columns, 64 pairs) fills whole CTAs, where a CTA a chunk left three
+// quarters of them idle. Chunks of 32 rows (more at many rows: rmsnorm_rows_per_chunk) give a 2048-token
+// [2048, 2560] norm 320 CTAs.
 template <bool kBf16>
 __global__ void __launch_bounds__(kThreads) rmsnorm_dw_partial_kernel(const void* dy, const void* x, const float* rstd,
                                                                       int64_t rows, int64_t cols, int64_t rows_per_chunk,
+                                                                      int64_t chunks, int64_t pairs_across,
                                                                       float* partial, int vectorized) {
-  const int64_t col = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * kDwCols;
-  const int64_t chunk = blockIdx.y;
-  if (col >= cols) return;
+  const int64_t item = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (item >= chunks * pairs_across) return;
+  const int64_t chunk = item / pairs_across;
+  const int64_t col = (item - chunk * pairs_across) * kDwCols;
   const int64_t first = chunk * rows_per_chunk;
   const int64_t last = first + rows_per_chunk < rows ? first + rows_per_chunk : rows;
   float sum[kDwCols] = {};
@@ -161,13 +165,28 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_dw_partial_kernel(const void
     if (col + k < cols) partial[chunk * cols + col + k] = sum[k];
 }
 
-__global__ void __launch_bounds__(kThreads) sum_chunks_kernel(const float* partial, int64_t chunks, int64_t cols,
-                                                              float* dw) {
-  const int64_t col = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (col >= cols) return;
+// A CTA per 32 columns: warp r (threadIdx.y) sums run r of the chunks for its 32 columns (a coalesced 128-byte row
+// of partials a chunk), then warp 0 adds the runs in order. 2,048 chunks take 64 dependent loads and 32 adds,
+// where one thread a column walked all 2,048.
+constexpr int kSumColumns = 32;
+__global__ void __launch_bounds__(kSumColumns * f::kDwRuns) sum_chunks_kernel(const float* partial, int64_t chunks,
+                                                                              int64_t cols, float* dw) {
+  __shared__ float run_sums[f::kDwRuns][kSumColumns];
+  const int64_t col = blockIdx.x * static_cast<int64_t>(kSumColumns) + threadIdx.x;
+  const int run = static_cast<int>(threadIdx.y);
   float sum = 0.0f;
-  for (int64_t chunk = 0; chunk < chunks; ++chunk) sum = f::add_rn(sum, partial[chunk * cols + col]);
-  dw[col] = sum;
+  if (col < cols) {
+    const int64_t last = f::dw_run_first(chunks, run + 1);
+    for (int64_t chunk = f::dw_run_first(chunks, run); chunk < last; ++chunk)
+      sum = f::add_rn(sum, partial[chunk * cols + col]);
+  }
+  run_sums[run][threadIdx.x] = sum;
+  __syncthreads();
+  if (run == 0 && col < cols) {
+    float total = 0.0f;
+    for (int r = 0; r < f::kDwRuns; ++r) total = f::add_rn(total, run_sums[r][threadIdx.x]);
+    dw[col] = total;
+  }
 }
 
 // ---- RoPE: a thread per (first half, second half) pair of x [batch, seq, heads, head_dim] (out may be x) -----------
@@ -290,7 +309,7 @@ int launch_rmsnorm_forward(const void* x, KernelDType x_type, const void* w, Ker
 }
 
 int64_t rmsnorm_rows_per_chunk(int64_t rows) {
-  // 32 rows a chunk, more where that would need more than 65,535 chunks (the grid's y limit).
+  // 32 rows a chunk, more where that would need more than 65,535 chunks (which bounds the workspace).
   const int64_t at_limit = (rows + 65534) / 65535;
   return at_limit > 32 ? at_limit : 32;
 }
@@ -320,14 +339,17 @@ int launch_rmsnorm_backward(const void* dy, const void* x, KernelDType x_type, c
   }
   const int64_t per_chunk = rmsnorm_rows_per_chunk(rows);
   const int64_t chunks = rmsnorm_backward_workspace_floats(rows, cols) / cols;
-  const int64_t threads_across = (cols + kDwCols - 1) / kDwCols;
-  const dim3 partial_grid(static_cast<unsigned>((threads_across + kThreads - 1) / kThreads), static_cast<unsigned>(chunks));
+  const int64_t pairs_across = (cols + kDwCols - 1) / kDwCols;
+  const auto partial_grid = static_cast<unsigned>((chunks * pairs_across + kThreads - 1) / kThreads);
   const int pairs = cols % kDwCols == 0 && aligned<kDwCols>(dy, x_type) && aligned<kDwCols>(x, x_type);
   if (bx)
-    rmsnorm_dw_partial_kernel<true><<<partial_grid, kThreads, 0, s>>>(dy, x, rstd, rows, cols, per_chunk, workspace, pairs);
+    rmsnorm_dw_partial_kernel<true><<<partial_grid, kThreads, 0, s>>>(dy, x, rstd, rows, cols, per_chunk, chunks,
+                                                                      pairs_across, workspace, pairs);
   else
-    rmsnorm_dw_partial_kernel<false><<<partial_grid, kThreads, 0, s>>>(dy, x, rstd, rows, cols, per_chunk, workspace, pairs);
-  sum_chunks_kernel<<<static_cast<unsigned>((cols + kThreads - 1) / kThreads), kThreads, 0, s>>>(workspace, chunks, cols, dw);
+    rmsnorm_dw_partial_kernel<false><<<partial_grid, kThreads, 0, s>>>(dy, x, rstd, rows, cols, per_chunk, chunks,
+                                                                       pairs_across, workspace, pairs);
+  sum_chunks_kernel<<<static_cast<unsigned>((cols + kSumColumns - 1) / kSumColumns), dim3(kSumColumns, f::kDwRuns), 0,
+                      s>>>(workspace, chunks, cols, dw);
   return static_cast<int>(cudaGetLastError());
 }
 

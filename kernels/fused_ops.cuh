@@ -68,6 +68,14 @@ QWEN3_HD float rmsnorm_dw_term(float dy, float n) {
   return mul_rn(dy, round_to<kBf16>(n));
 }
 
+// The weight gradient's order of summation, fixed (deterministic, and what the GPU test reproduces bit for bit):
+// rows in chunks (rmsnorm_rows_per_chunk), each chunk's rows in order into a partial; a column's partials in
+// kDwRuns runs of consecutive chunks, each run in order; then the runs in order. Run r holds the chunks
+// [dw_run_first(chunks, r), dw_run_first(chunks, r + 1)): as even as integers allow. Summing the partials in
+// one sequence was a dependent chain of 2,048 loads for a q/k norm (65,536 rows of 128), 34 µs a norm.
+constexpr int kDwRuns = 32;
+QWEN3_HD int64_t dw_run_first(int64_t chunks, int run) { return chunks * run / kDwRuns; }
+
 // ---- RoPE on one (first half, second half) pair of a head: HF's x cos + rotate_half(x) sin ----------------------
 
 // c1, s1 at the first half's index, c2, s2 at the second's (the tables repeat, so they are equal, but the

@@ -144,6 +144,22 @@ TEST_P(FusedOps, RmsNormForwardAndBackwardFollowLibtorch) {
             bound * wr.grad().abs().max().item<double>());
 }
 
+// The RMSNorm weight gradient's runs of chunks (fused_ops.cuh, kDwRuns): every chunk in exactly one run, in
+// order, the runs as even as integers allow, so no warp of the summing kernel walks more than its share.
+TEST(FusedOpsRules, DwRunsPartitionTheChunksEvenly) {
+  for (int64_t chunks : {int64_t{1}, int64_t{2}, int64_t{17}, int64_t{31}, int64_t{32}, int64_t{33}, int64_t{64},
+                         int64_t{100}, int64_t{2048}, int64_t{65535}}) {
+    EXPECT_EQ(f::dw_run_first(chunks, 0), 0) << chunks;
+    EXPECT_EQ(f::dw_run_first(chunks, f::kDwRuns), chunks) << chunks;
+    const int64_t most = (chunks + f::kDwRuns - 1) / f::kDwRuns;
+    for (int run = 0; run < f::kDwRuns; ++run) {
+      const int64_t size = f::dw_run_first(chunks, run + 1) - f::dw_run_first(chunks, run);
+      EXPECT_GE(size, most - 1) << chunks << " run " << run;
+      EXPECT_LE(size, most) << chunks << " run " << run;
+    }
+  }
+}
+
 // On a GPU: the fused autograd nodes against the reference forms on the same device tensors.
 TEST_P(FusedOps, GpuNodesFollowTheReferenceForms) {
   QWEN3_GPU_TEST(at::hasCUDA());  // a CUDA libtorch and a device

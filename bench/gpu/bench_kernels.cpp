@@ -321,13 +321,16 @@ void BM_AdamWStep(benchmark::State& state, qwen3::kernels::adamw::Moments moment
 // ---- The fused activation kernels -------------------------------------------------------------------------------
 
 // kind: 0 rmsnorm forward, 1 rmsnorm backward, 2 rope, 3 swiglu forward, 4 swiglu backward, 5 the loss slice's
-// statistics, 6 its gradient; bf16 activations.
+// statistics, 6 its gradient, 7 and 8 the q norm's forward and backward (2,048 tokens x 32 heads rows of 128: its
+// weight gradient sums 2,048 chunks of partials); bf16 activations.
 void BM_FusedOp(benchmark::State& state, int kind) {
   const int64_t tokens = 2048, hidden = 2560, inter = 9728, heads = 32, head_dim = 128, slice = 8192;
-  const int64_t n = kind <= 1 ? tokens * hidden
-                              : (kind == 2 ? tokens * heads * head_dim : (kind <= 4 ? tokens * inter : tokens * slice));
-  DeviceMemory a(n * 2), b(n * 2), c(n * 2), d(n * 2), e(n * 2), w(hidden * 4), rstd(tokens * 4), dw(hidden * 4),
-      work(qwen3::kernels::rmsnorm_backward_workspace_floats(tokens, hidden) * 4), tables(tokens * head_dim * 4 * 2);
+  const bool q_norm = kind >= 7;
+  const int64_t norm_rows = q_norm ? tokens * heads : tokens, norm_cols = q_norm ? head_dim : hidden;
+  const int64_t n = kind <= 1 || q_norm ? norm_rows * norm_cols
+                                        : (kind == 2 ? tokens * heads * head_dim : (kind <= 4 ? tokens * inter : tokens * slice));
+  DeviceMemory a(n * 2), b(n * 2), c(n * 2), d(n * 2), e(n * 2), w(hidden * 4), rstd(tokens * heads * 4), dw(hidden * 4),
+      work(qwen3::kernels::rmsnorm_backward_workspace_floats(norm_rows, norm_cols) * 4), tables(tokens * head_dim * 4 * 2);
   check(cudaMemset(a.ptr, 0x3c, n * 2), "memset");
   check(cudaMemset(b.ptr, 0x3c, n * 2), "memset");
   check(cudaMemset(c.ptr, 0x3c, n * 2), "memset");
@@ -341,15 +344,16 @@ void BM_FusedOp(benchmark::State& state, int kind) {
   const auto* target_ids = static_cast<const int64_t*>(targets.ptr);
   const auto bf16 = KernelDType::bf16;
   const char* names[] = {"rmsnorm_forward", "rmsnorm_backward", "rope",         "swiglu_forward",
-                         "swiglu_backward", "loss_statistics",  "loss_gradient"};
+                         "swiglu_backward", "loss_statistics",  "loss_gradient", "q_norm_forward", "q_norm_backward"};
   // Bytes each must move: reads and writes of activations (2 bytes an element).
-  const double moved[] = {2.0 * n * 2, 4.0 * n * 2, 2.0 * n * 2, 3.0 * n * 2, 5.0 * n * 2, 1.0 * n * 2, 2.0 * n * 2};
+  const double moved[] = {2.0 * n * 2, 4.0 * n * 2, 2.0 * n * 2, 3.0 * n * 2, 5.0 * n * 2,
+                          1.0 * n * 2, 2.0 * n * 2, 2.0 * n * 2, 4.0 * n * 2};
   double op_s = 0, copy_s = 0;
   for (auto _ : state) {
     op_s = seconds_per_call([&](int) {
       switch (kind) {
-        case 0: check(qwen3::kernels::launch_rmsnorm_forward(a.ptr, bf16, w.ptr, KernelDType::f32, tokens, hidden, 1e-6f, b.ptr, rstd.as<float>(), nullptr), "rmsnorm"); break;
-        case 1: check(qwen3::kernels::launch_rmsnorm_backward(c.ptr, a.ptr, bf16, w.ptr, KernelDType::f32, rstd.as<float>(), tokens, hidden, d.ptr, dw.as<float>(), work.as<float>(), nullptr), "rmsnorm backward"); break;
+        case 0: case 7: check(qwen3::kernels::launch_rmsnorm_forward(a.ptr, bf16, w.ptr, KernelDType::f32, norm_rows, norm_cols, 1e-6f, b.ptr, rstd.as<float>(), nullptr), "rmsnorm"); break;
+        case 1: case 8: check(qwen3::kernels::launch_rmsnorm_backward(c.ptr, a.ptr, bf16, w.ptr, KernelDType::f32, rstd.as<float>(), norm_rows, norm_cols, d.ptr, dw.as<float>(), work.as<float>(), nullptr), "rmsnorm backward"); break;
         case 2: check(qwen3::kernels::launch_rope(a.ptr, b.ptr, bf16, 1, tokens, heads, head_dim, tables.as<float>(), tables.as<float>() + tokens * head_dim, tokens, 0, nullptr), "rope"); break;
         case 3: check(qwen3::kernels::launch_swiglu_forward(a.ptr, b.ptr, d.ptr, bf16, n, nullptr), "swiglu"); break;
         case 5: check(qwen3::kernels::launch_loss_slice_stats(a.ptr, bf16, tokens, slice, 0, target_ids, rows, rows + tokens, rows + 2 * tokens, nullptr), "loss statistics"); break;
@@ -422,7 +426,7 @@ int main(int argc, char** argv) {
           ->Iterations(3)
           ->Unit(benchmark::kMicrosecond);
     }
-  for (int kind = 0; kind < 7; ++kind)
+  for (int kind = 0; kind < 9; ++kind)
     benchmark::RegisterBenchmark(("fused/" + std::to_string(kind)).c_str(), BM_FusedOp, kind)
         ->UseManualTime()
         ->Iterations(3)

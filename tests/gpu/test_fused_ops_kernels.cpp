@@ -3,6 +3,7 @@
 // reductions and exp. The argument checks run without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -118,12 +119,41 @@ TEST(GpuFusedKernels, SwigluFollowsTheHostRule) {
 }
 
 // cols 2560: 8 elements a lane and column pairs in dw; 132 (the vector paths need cols % 8 == 0): an element a
-// lane, pairs in dw; 131: no pairs either.
-class GpuRmsNormKernels : public ::testing::TestWithParam<int64_t> {};
+// lane, pairs in dw; 131: no pairs either; 65,536 rows of 128: a q-norm's shape (2,048 tokens x 32 heads), 2,048
+// chunks of partials in runs of 64 (8,192 rows, runs of 8, under the sanitizers).
+struct NormShape {
+  int64_t rows, cols;
+};
+class GpuRmsNormKernels : public ::testing::TestWithParam<NormShape> {};
+
+// The weight gradient as the kernels sum it (fused_ops.cuh, kDwRuns), from the rstd the forward kernel wrote.
+std::vector<float> dw_in_the_kernels_order(const std::vector<uint16_t>& x, const std::vector<uint16_t>& dy,
+                                           const std::vector<float>& rstd, int64_t rows, int64_t cols) {
+  const int64_t per_chunk = kernels::rmsnorm_rows_per_chunk(rows);
+  const int64_t chunks = kernels::rmsnorm_backward_workspace_floats(rows, cols) / cols;
+  std::vector<float> partial(chunks * cols, 0.0f), dw(cols);
+  for (int64_t chunk = 0; chunk < chunks; ++chunk)
+    for (int64_t row = chunk * per_chunk; row < std::min(rows, (chunk + 1) * per_chunk); ++row)
+      for (int64_t c = 0; c < cols; ++c)
+        partial[chunk * cols + c] = f::add_rn(partial[chunk * cols + c],
+                                              f::rmsnorm_dw_term<true>(bf(dy[row * cols + c]), f::mul_rn(bf(x[row * cols + c]), rstd[row])));
+  for (int64_t c = 0; c < cols; ++c) {
+    float total = 0.0f;
+    for (int run = 0; run < f::kDwRuns; ++run) {
+      float sum = 0.0f;
+      for (int64_t chunk = f::dw_run_first(chunks, run); chunk < f::dw_run_first(chunks, run + 1); ++chunk)
+        sum = f::add_rn(sum, partial[chunk * cols + c]);
+      total = f::add_rn(total, sum);
+    }
+    dw[c] = total;
+  }
+  return dw;
+}
 
 TEST_P(GpuRmsNormKernels, FollowTheHostRule) {
   QWEN3_REQUIRE_GPU();
-  const int64_t rows = 517, cols = GetParam();
+  const int64_t cols = GetParam().cols;
+  const int64_t rows = test::small_gpu_shapes() ? std::min<int64_t>(GetParam().rows, 8192) : GetParam().rows;
   const std::vector<uint16_t> x = bf16_values(rows * cols, 5, 2.0f), dy = bf16_values(rows * cols, 6, 1.0f);
   std::vector<float> w(cols);
   for (int64_t c = 0; c < cols; ++c) w[c] = 1.0f + 0.1f * bf(bf16_values(1, 7 + c, 1.0f)[0]);
@@ -137,8 +167,9 @@ TEST_P(GpuRmsNormKernels, FollowTheHostRule) {
                                              rstd_d, rows, cols, dx.at(), reinterpret_cast<float*>(dw.at()),
                                              reinterpret_cast<float*>(work.at()), nullptr), 0);
   std::vector<uint16_t> yv(rows * cols), dxv(rows * cols);
-  std::vector<float> dwv(cols), dw_want(cols, 0.0);
-  download(yv, y), download(dxv, dx), download(dwv, dw);
+  std::vector<float> dwv(cols), rstd_v(rows);
+  std::vector<double> dw_want(cols, 0.0);
+  download(yv, y), download(dxv, dx), download(dwv, dw), download(rstd_v, rstd);
   double worst_y = 0, worst_dx = 0, dx_scale = 0;
   for (int64_t r = 0; r < rows; ++r) {
     double squares = 0, dot = 0;
@@ -161,6 +192,11 @@ TEST_P(GpuRmsNormKernels, FollowTheHostRule) {
   for (int64_t c = 0; c < cols; ++c)
     worst_dw = std::max(worst_dw, std::fabs(double(dwv[c]) - dw_want[c])), dw_scale = std::max(dw_scale, std::fabs(double(dw_want[c])));
   EXPECT_LE(worst_dw, dw_scale * 1e-3);
+  // Bit for bit the kernels' order of summation: chunks of rows, runs of chunks, the runs.
+  const std::vector<float> dw_order = dw_in_the_kernels_order(x, dy, rstd_v, rows, cols);
+  int64_t dw_differ = 0;
+  for (int64_t c = 0; c < cols; ++c) dw_differ += std::memcmp(&dwv[c], &dw_order[c], 4) != 0;
+  EXPECT_EQ(dw_differ, 0) << "of " << cols << " columns";
   // The weight gradient's reduction has a fixed order: the same bytes on a second run.
   std::vector<float> again(cols);
   ASSERT_EQ(kernels::launch_rmsnorm_backward(dy_in.at(), dx_in.at(), KernelDType::bf16, dw_in.at(), KernelDType::f32,
@@ -170,7 +206,9 @@ TEST_P(GpuRmsNormKernels, FollowTheHostRule) {
   EXPECT_EQ(0, std::memcmp(again.data(), dwv.data(), cols * 4));
 }
 
-INSTANTIATE_TEST_SUITE_P(Widths, GpuRmsNormKernels, ::testing::Values(2560, 132, 131));
+INSTANTIATE_TEST_SUITE_P(Widths, GpuRmsNormKernels,
+                         ::testing::Values(NormShape{517, 2560}, NormShape{517, 132}, NormShape{517, 131},
+                                           NormShape{65536, 128}));
 
 TEST(FusedKernelLaunch, RejectsBadArgumentsWithoutLaunching) {
   float dummy[4] = {};  // never read: every call is refused before a launch

@@ -997,9 +997,10 @@ stage_train() {  # stage_train NAME SEQ_LEN BATCH CONFIGS ('+'- or space-separat
     local extra=() profiled=0 data=$packed_data pack=(--pack)
     read -r -a extra <<<"$(config_flags "$c")"
     if [[ "$c" == *-unpacked ]]; then data=$long_data; pack=(); fi
-    # The fast configuration's last step under the profiler (the step breakdown): the trace beside the log, the
-    # phase and op tables in it; the steady figures leave that step out.
-    if [ "$c" = fast ] && has_flag train --profile-step; then
+    # The fast configuration's last step under the profiler (the step breakdown), packed and on full rows (what
+    # the packed rows cost: 18.5 ms of 176.8 in the second round): the trace beside the log, the phase and op
+    # tables in it; the steady figures leave that step out.
+    if { [ "$c" = fast ] || [ "$c" = fast-unpacked ]; } && has_flag train --profile-step; then
       rm -f "$d/profile-$c.json"
       extra+=(--profile-step "$train_steps" --profile-out "$d/profile-$c.json")
       profiled=$train_steps
@@ -1034,13 +1035,34 @@ stage_train() {  # stage_train NAME SEQ_LEN BATCH CONFIGS ('+'- or space-separat
       # (the sum of their durations, against the phases' wall time); a step far from busy is launch-bound.
       local launches
       launches=$(python3 - "$d/profile-$c.json" <<'PY' 2>/dev/null || echo "kernel count unavailable"
-import json, sys
+import collections, json, sys
 events = json.load(open(sys.argv[1])).get("traceEvents", [])
 kernels = [e for e in events if e.get("cat") == "kernel"]
 busy = sum(e.get("dur", 0) for e in kernels) / 1e3
 step = sum(e.get("dur", 0) for e in events if e.get("cat") == "phase") / 1e3
+# The kernels by what they do (the groups of docs/performance.md's step tables), and the device's idle time:
+# the gaps between kernels, the short ones (launch-bound stretches) apart.
+def group(name):
+    n = name.lower()
+    if any(k in n for k in ("flash", "fmha", "sdpa", "cudnn")): return "attention"
+    if "adam" in n: return "adamw"
+    if "dequantize" in n: return "dequantize"
+    if "quantize" in n: return "quantize"
+    if any(k in n for k in ("nvjet", "gemm", "cutlass", "xmma", "splitk")): return "products"
+    if any(k in n for k in ("rmsnorm", "rope", "swiglu", "sum_chunks", "gradient_kernel", "stats_kernel")): return "fused"
+    if "reduce" in n: return "reductions"
+    return "other"
+ms = collections.Counter()
+for e in kernels: ms[group(e.get("name", ""))] += e.get("dur", 0) / 1e3
+gaps, end = [], None
+for e in sorted(kernels, key=lambda e: e["ts"]):
+    if end is not None and e["ts"] > end: gaps.append(e["ts"] - end)
+    end = max(end or 0, e["ts"] + e.get("dur", 0))
+short = [g for g in gaps if g < 5]
 print(f"{len(kernels)} kernels, their durations {busy:.1f} ms of the step's {step:.1f} ms"
-      + (f" ({100 * busy / step:.0f}%)" if step > 0 else ""))
+      + (f" ({100 * busy / step:.0f}%)" if step > 0 else "") + ": "
+      + ", ".join(f"{k} {v:.1f}" for k, v in ms.most_common())
+      + f"; device idle {sum(gaps) / 1e3:.1f} ms ({len(short)} gaps under 5 us: {sum(short) / 1e3:.1f} ms)")
 PY
 )
       record "$name" "profile-$c" "$([ -s "$d/profile-$c.json" ] && echo ok || echo failed)" 0 \

@@ -56,6 +56,16 @@ add_library(qwen3_torch INTERFACE)
 target_link_libraries(qwen3_torch INTERFACE ${TORCH_LIBRARIES})
 target_include_directories(qwen3_torch SYSTEM INTERFACE ${TORCH_INCLUDE_DIRS})
 message(STATUS "libtorch ${Torch_VERSION} from ${TORCH_INSTALL_PREFIX}")
+# libstdc++ first among every program's shared libraries. PyTorch's wheels (built against an old system
+# libstdc++ with a newer toolset) carry parts of libstdc++ linked in statically, std::filesystem among them, and
+# export those copies (pytorch/pytorch#133437; weak since 2.9, which still interposes): a program that lists
+# libtorch before libstdc++, as the compiler's own -lstdc++ at the end of the link does, binds its
+# std::filesystem calls to libtorch's copies, not to the libstdc++ its headers were written for. The second GPU
+# round's test processes (PyTorch 2.11 wheel, Ubuntu 24.04) died at pc 0 in the first test that made a temporary
+# folder. With libstdc++ named first the dynamic linker finds its definitions first. (LinkOrder tests check.)
+if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
+  target_link_options(qwen3_torch INTERFACE "SHELL:-Wl,--push-state,--no-as-needed -lstdc++ -Wl,--pop-state")
+endif()
 # PyTorch 2.14's headers refuse anything older than C++20 (#error in ATen.h); 2.13 and older take C++17.
 if(Torch_VERSION VERSION_GREATER_EQUAL 2.14 AND CMAKE_CXX_STANDARD LESS 20)
   message(STATUS "libtorch ${Torch_VERSION} requires C++20: compiling the C++ sources as C++20")

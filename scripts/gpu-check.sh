@@ -311,11 +311,14 @@ CPP
   torch_info
   [ -n "$torch_prefix" ] && lib=$(cd "$torch_prefix/../.." 2>/dev/null && pwd)/lib
   local kind note notes=() failed=0
-  for kind in plain torch; do
+  # plain; linked with libtorch as a program's link line has it (libstdc++ last, the compiler's own); and with
+  # libstdc++ named first, as cmake/Dependencies.cmake now links every program.
+  for kind in plain torch torch-libstdcxx-first; do
     local link=()
-    if [ "$kind" = torch ]; then
-      [ -d "$lib" ] || { notes+=("torch: no libtorch folder"); continue; }
+    if [ "$kind" != plain ]; then
+      [ -d "$lib" ] || { notes+=("$kind: no libtorch folder"); continue; }
       link=(-Wl,--no-as-needed -L"$lib" -ltorch_cuda -ltorch_cpu -lc10 -Wl,-rpath,"$lib")
+      [ "$kind" = torch-libstdcxx-first ] && link=(-Wl,--no-as-needed -lstdc++ "${link[@]}")
     fi
     if ! g++ -std=c++17 -O1 -o "$d/spawn-$kind" "$d/spawn_probe.cpp" "${link[@]}" >"$d/spawn-$kind.log" 2>&1; then
       notes+=("$kind: did not link"); failed=1; continue
@@ -325,6 +328,10 @@ CPP
     [ "$step_rc" = 0 ] || { failed=1; note="exit $step_rc after '$note'"; }
     notes+=("$kind: $note")
   done
+  # How many std::filesystem functions libtorch exports (pytorch/pytorch#133437): each would serve a program's
+  # own calls where libtorch comes before libstdc++ in its link line.
+  [ -f "$lib/libtorch_cpu.so" ] && have nm &&
+    notes+=("libtorch_cpu.so exports $(nm -D --defined-only "$lib/libtorch_cpu.so" 2>/dev/null | grep -c '_ZN\?K\?St10filesystem') std::filesystem symbols")
   local joined
   joined=$(printf '%s; ' "${notes[@]}")
   record env spawn-probe "$([ "$failed" = 0 ] && echo ok || echo failed)" 0 "${joined%; }"

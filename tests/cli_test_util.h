@@ -28,11 +28,12 @@ inline std::string slurp(const std::string& path) {
   return ss.str();
 }
 
-// A shell command line, as-is (quote paths with spaces yourself), run by /bin/sh in a forked child. Not popen or
-// std::system: glibc starts those children through posix_spawn, and in the second GPU round (H200, PyTorch 2.11,
-// Ubuntu 24.04, 2026-11-26) every test process died of SIGSEGV at its first child process started so, while the
-// binary, which starts none, ran. Not explained yet (tests/crash_report.cpp and gpu-check's spawn probe are there
-// to say where); fork and exec is the older path, and the one the tests that fork already take.
+// A shell command line, as-is (quote paths with spaces yourself), run by /bin/sh in a forked child. In the second
+// GPU round (H200, PyTorch 2.11, Ubuntu 24.04, 2026-11-26) every test process died of SIGSEGV at pc 0 in the first
+// test that made a TempDir and started a child through popen (glibc's posix_spawn). The likelier cause is the
+// TempDir's std::filesystem calls bound to libtorch's exported copies (cmake/Dependencies.cmake, LinkOrder tests);
+// until a GPU round says which (gpu-check's spawn probe tries each step), children start by fork and exec, the
+// path the tests that fork already take, with no posix_spawn involved.
 inline CliResult run_shell(const std::string& command) {
   TempDir dir;
   const std::string cmd = command + " 2>" + dir.file("stderr");

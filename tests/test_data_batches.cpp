@@ -232,7 +232,9 @@ TEST(DataPacking, BestFitRowsHoldWholeSamplesAndEveryTarget) {
       for (int64_t r = 0; r < b.input_ids.size(0); ++r) {
         const Ids pos = row(b.position_ids, r), doc = row(b.document_ids, r);
         for (size_t j = 0; j < pos.size(); ++j)
-          if (doc[j] >= 0 && (j == 0 || doc[j] != doc[j - 1])) EXPECT_EQ(pos[j], 0) << "a sample cut at a row's start";
+          if (doc[j] >= 0 && (j == 0 || doc[j] != doc[j - 1])) {
+            EXPECT_EQ(pos[j], 0) << "a sample cut at a row's start";
+          }
       }
       const std::vector<Ids> s = samples_in_rows(b);
       got.insert(got.end(), s.begin(), s.end());

@@ -265,8 +265,9 @@ TEST(Moe, GroupedExpertsAreTheExpertLoop) {
     offer = true;
     const BlockRun grouped = run_sparse_block(*model, h0, probe);
     const std::string kind = ste ? "nvfp4 fp32" : "dense fp64";
-    if (ste)
+    if (ste) {
       EXPECT_TRUE(at::equal(grouped.y, loop.y)) << kind << ": max |diff| " << (grouped.y - loop.y).abs().max().item<double>();
+    }
     EXPECT_TRUE(at::allclose(grouped.y, loop.y, 1e-12, 1e-12)) << kind;
     const double dh_scale = loop.dh.abs().max().item<double>();
     EXPECT_TRUE(at::allclose(grouped.dh.to(at::kDouble), loop.dh.to(at::kDouble), 0, (ste ? 1e-5 : 1e-12) * dh_scale)) << kind;
@@ -324,7 +325,9 @@ TEST(Moe, GpuGroupedExpertsFollowTheExpertLoop) {
   EXPECT_LT(close(grouped.dh, loop.dh), 1e-2);
   for (size_t i = 0; i < loop.grads.size(); ++i) {
     ASSERT_EQ(grouped.grads[i].defined(), loop.grads[i].defined()) << i;
-    if (loop.grads[i].defined()) EXPECT_LT(close(grouped.grads[i], loop.grads[i]), 1e-2) << "gradient " << i;
+    if (loop.grads[i].defined()) {
+      EXPECT_LT(close(grouped.grads[i], loop.grads[i]), 1e-2) << "gradient " << i;
+    }
   }
   std::cout << "grouped products on CUDA: " << (nvfp4::native_grouped_product(h0) ? "at::_grouped_mm" : "a product a group")
             << "\n";

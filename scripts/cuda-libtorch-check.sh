@@ -95,7 +95,8 @@ macros='QWEN3_TORCH_HAS_CUDA|USE_C10D_NCCL'
 mapfile -t differing < <(cd "$root" && {
   grep -rlE "$macros" src --include='*.cpp'
   for header in $(grep -rlE "$macros" src include --include='*.h'); do
-    grep -rlF "/$(basename "$header")\"" src --include='*.cpp'
+    base=$(basename "$header")
+    grep -rlE "[\"/]${base//./\\.}\"" src --include='*.cpp'
   done
 } | sort -u)
 objects=()

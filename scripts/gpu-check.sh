@@ -5,13 +5,15 @@
 #
 # The round is two device calls, chained back to back on one warm machine (docs/build.md, "The GPU round"; a
 # lease is 15 minutes of device time, and the first round measured what each stage takes):
-#   --call 1   env, build, test-gpu, smoke, train-2048:lean+fast+lean-unpacked+fast-unpacked (with their peers)
+#   --call 1   env, build, test-gpu, smoke, train-2048:lean+fast+lean-unpacked+fast-unpacked (with their peers),
+#              and lean and fast unpacked with --overlap-update
 #   --call 2   sanitize, hf, bench, train-512:lean+fast, test-all
 #   --call 3   train-512:fast-unpacked+grad-checkpoint (what is left, if the lease has time)
 # Every call works on a fresh machine: a stage that needs the build builds first when BUILD_DIR lacks it.
 # STAGE: env, build, test (= test-gpu, test-all), sanitize, bench, smoke, train (= smoke, train-2048,
 # train-512), hf, summary, or all (every stage). train-2048 and train-512 take the configurations to run after
-# a colon, joined by '+': lean, fast, grad-checkpoint, base, each packed, or with -unpacked (default: TRAIN_CONFIGS).
+# a colon, joined by '+': lean, fast, grad-checkpoint, base, each packed, or with -unpacked; lean and fast also
+# with -overlap before it (--overlap-update: lean-overlap, fast-overlap-unpacked) (default: TRAIN_CONFIGS).
 # The build folder (BUILD_DIR, default build-gpu/, ignored) keeps the build and the status of every step run so
 # far (BUILD_DIR/gpu-check/status.tsv). RESULTS_DIR is rewritten after every step, so that a call cut short
 # still returns what it measured: summary.md (the table), status.tsv, bench_kernels.json and
@@ -48,7 +50,7 @@ while [ $# -gt 0 ]; do
     --stage=*) IFS=', ' read -r -a more <<<"${1#--stage=}"; stages+=("${more[@]}"); shift ;;
     --call) [ $# -ge 2 ] || usage
       case "$2" in
-        1) stages+=(env build test-gpu smoke train-2048:lean+fast+lean-unpacked+fast-unpacked) ;;
+        1) stages+=(env build test-gpu smoke train-2048:lean+fast+lean-unpacked+fast-unpacked+lean-overlap-unpacked+fast-overlap-unpacked) ;;
         2) stages+=(sanitize hf bench train-512:lean+fast test-all) ;;
         3) stages+=(train-512:fast-unpacked+grad-checkpoint) ;;
         *) echo "gpu-check: --call is 1, 2 or 3" >&2; usage ;;
@@ -956,10 +958,17 @@ stage_hf() {
 #   base             fp32 masters and moments, nothing else
 # Each is packed (whole samples in full rows, --pack); NAME-unpacked trains one sample a row from lines longer
 # than the row (every row full, split at row boundaries), the shape of the peer's random rows.
+# A configuration: its name, -unpacked (full rows), -overlap (--overlap-update: the in-backward updates on a
+# CUDA stream of their own), or both (NAME-overlap-unpacked).
 config_flags() {
-  case "${1%-unpacked}" in
-    lean) echo "--master-dtype bfloat16 --optimizer-state-mode nvfp4 --grad-checkpoint --fused-optimizer" ;;
-    fast) echo "--fused-optimizer" ;;
+  local name=${1%-unpacked} extra=""
+  if [[ "$name" == *-overlap ]]; then
+    name=${name%-overlap}
+    [ "$dry_run" = 1 ] || extra=" --overlap-update"  # a CUDA stream: the dry run's CPU takes the plain mode
+  fi
+  case "$name" in
+    lean) echo "--master-dtype bfloat16 --optimizer-state-mode nvfp4 --grad-checkpoint --fused-optimizer$extra" ;;
+    fast) echo "--fused-optimizer$extra" ;;
     grad-checkpoint) echo "--grad-checkpoint" ;;
     base) echo "" ;;
     *) return 1 ;;
@@ -969,7 +978,8 @@ config_flags() {
 # moments (torchao's; bf16 moments where torchao is absent) for lean, an fp32 master computing in bf16 for the
 # others; checkpointing as the configuration has it.
 peer_flags() {
-  case "${1%-unpacked}" in
+  local name=${1%-unpacked}
+  case "${name%-overlap}" in
     lean) echo "--param-dtype bfloat16 --moments 4bit --grad-checkpoint on" ;;
     grad-checkpoint) echo "--param-dtype float32 --grad-checkpoint on" ;;
     fast|base) echo "--param-dtype float32 --grad-checkpoint off" ;;
@@ -977,7 +987,8 @@ peer_flags() {
 }
 
 peer_name() {
-  case "${1%-unpacked}" in
+  local name=${1%-unpacked}
+  case "${name%-overlap}" in
     lean) echo bf16-4bit-gc ;;
     grad-checkpoint) echo fp32-gc ;;
     *) echo fp32 ;;

@@ -14,7 +14,9 @@
 #include "trainer/step_update.h"
 
 #if defined(QWEN3_TORCH_HAS_CUDA)
+#include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/Sleep.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 #endif
@@ -113,6 +115,65 @@ TEST(FusedUpdater, GpuApplyDoesNotWaitForTheDevice) {
       << "apply() waited for the device";
   c10::cuda::getCurrentCUDAStream().synchronize();
   EXPECT_TRUE(std::isfinite(updater.square_sum().item<double>()));
+#endif
+}
+
+// --overlap-update: the updates run on a stream of their own and give the bytes of the updates on the current
+// one. The overlapped updater's gradients are made behind a kernel that spins for ~30 ms on the current stream,
+// so an update that did not wait for them would read them unwritten; they are temporaries, freed as apply()
+// returns while a NaN fill on the current stream asks for memory of their size, which the allocator may hand
+// out only if it was not told that the update's stream still reads them; and while the current stream spins
+// again (~0.5 s, queued after the updates), a third stream that waits for the updater's alone reads the
+// updated parameters: the updates did not queue behind the current stream's work.
+TEST(FusedUpdater, GpuUpdatesOnTheirOwnStreamGiveTheSameBytes) {
+  QWEN3_GPU_TEST(at::hasCUDA());
+#if defined(QWEN3_TORCH_HAS_CUDA)
+  const at::Device cuda(at::kCUDA, 0);
+  for (MomentStorage m : {MomentStorage::float32, MomentStorage::nvfp4}) {
+    SCOPED_TRACE(static_cast<int>(m));
+    std::vector<OptimParam> inline_params = three_params(cuda), own_params = optim_test::copy_params(inline_params);
+    AdamW inline_opt(inline_params, options_for(m)), own_opt(own_params, options_for(m));
+    at::manual_seed(33);
+    const at::Tensor ga = at::randn({8, 64}) * 3e-4, gb = at::randn({4, 64}) * 3e-4, gc = at::randn({16, 64});
+    const double max_norm = 1e-4;
+    const int64_t trainable = 28 * 64;
+    inline_opt.begin_step();
+    FusedUpdater inline_updater(inline_opt, max_norm, trainable, 1e-3);
+    inline_updater.apply({{inline_params[0].param, ga.to(cuda)}, {inline_params[1].param, gb.to(cuda)}});
+    inline_updater.apply({{inline_params[2].param, gc.to(cuda)}});
+    std::vector<at::Tensor> expected;
+    for (const auto& p : inline_params) expected.push_back(p.param.cpu());
+
+    own_opt.begin_step();
+    FusedUpdater own_updater(own_opt, max_norm, trainable, 1e-3);
+    own_updater.overlap_on_own_stream(cuda);
+    ASSERT_TRUE(own_updater.own_stream().has_value());
+    const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream();
+    at::cuda::sleep(int64_t{60} * 1000 * 1000);  // ~30 ms, before the gradients
+    own_updater.apply({{own_params[0].param, ga.to(cuda).mul(1.0f)}, {own_params[1].param, gb.to(cuda).mul(1.0f)}});
+    const at::Tensor fill = at::full({64 * 64}, std::numeric_limits<float>::quiet_NaN(), at::TensorOptions().device(cuda));
+    own_updater.apply({{own_params[2].param, gc.to(cuda).mul(1.0f)}});
+    EXPECT_EQ(cudaStreamQuery(current.stream()), cudaErrorNotReady) << "apply() waited for the device";
+    at::cuda::sleep(int64_t{1000} * 1000 * 1000);  // ~0.5 s, after the updates
+    const c10::cuda::CUDAStream third = c10::cuda::getStreamFromPool(false, cuda.index());
+    at::cuda::CUDAEvent updated;
+    updated.record(*own_updater.own_stream());
+    updated.block(third);
+    std::vector<at::Tensor> seen;
+    {
+      const c10::cuda::CUDAStreamGuard on_third(third);
+      for (const auto& p : own_params) seen.push_back(p.param.cpu());
+    }
+    EXPECT_EQ(cudaStreamQuery(current.stream()), cudaErrorNotReady) << "the updates queued behind the current stream";
+    for (int i = 0; i < 3; ++i) EXPECT_TRUE(at::equal(seen[i], expected[i])) << "parameter " << i;
+    own_updater.join();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto own_state = own_opt.state_tensors(), inline_state = inline_opt.state_tensors();
+    ASSERT_EQ(own_state.size(), inline_state.size());
+    for (size_t i = 0; i < own_state.size(); ++i)
+      EXPECT_TRUE(at::equal(own_state[i].second.cpu(), inline_state[i].second.cpu())) << own_state[i].first;
+    EXPECT_TRUE(at::equal(own_updater.square_sum().cpu(), inline_updater.square_sum().cpu()));
+  }
 #endif
 }
 

@@ -308,6 +308,39 @@ TEST(RunsCli, PackStrategyIsRecordedAndOldPackedRunsAreNotSilentlyChanged) {
   EXPECT_EQ(r.code, 0) << r.err;
 }
 
+// --overlap-update applies to the in-backward update on CUDA in one process; elsewhere it is refused, naming why.
+TEST(RunsCli, OverlapUpdateNeedsTheFusedOptimizerOnCuda) {
+  RunSetup s;
+  auto r = run_cli(s.base + " --steps 1 --overlap-update");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--overlap-update"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("needs --fused-optimizer"), std::string::npos) << r.err;
+  r = run_cli(s.base + " --steps 1 --fused-optimizer --overlap-update --device cpu");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("needs --device cuda"), std::string::npos) << r.err;
+}
+
+// On CUDA the updates on their own stream train the same bytes: the losses and norms of three steps, and the
+// exported weights.
+TEST(RunsCli, GpuOverlapUpdateTrainsTheSameBytes) {
+  QWEN3_GPU_TEST(at::hasCUDA());
+  RunSetup s;
+  const std::string base = s.base + " --device cuda --steps 3 --fused-optimizer --grad-clip 0.5";
+  auto r = run_cli(base + " --metrics-jsonl " + s.dir.file("a.jsonl") + " --output-dat " + s.dir.file("a.dat"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = run_cli(base + " --overlap-update --metrics-jsonl " + s.dir.file("b.jsonl") + " --output-dat " +
+              s.dir.file("b.dat"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto a = jsonl(s.dir.file("a.jsonl")), b = jsonl(s.dir.file("b.jsonl"));
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(a[i]["loss"], b[i]["loss"]) << "step " << i + 1;
+    EXPECT_EQ(a[i]["grad_norm"], b[i]["grad_norm"]) << "step " << i + 1;
+  }
+  EXPECT_EQ(test::slurp(s.dir.file("a.dat")), test::slurp(s.dir.file("b.dat"))) << "the exported weights";
+}
+
 // On CUDA the profiler reports each phase scope twice (the host's range and a device-side annotation): the trace
 // and the table have each phase once, and the table's total is the phases' own time.
 TEST(RunsCli, GpuProfileStepHasEachPhaseOnce) {

@@ -212,6 +212,8 @@ void check_flag_combinations(const TrainFlags& f) {
   if (o.grad_accum_steps > 1 && o.fused_optimizer)
     throw UsageError("train: --grad-accum-steps needs the plain update: --fused-optimizer applies each block's "
                      "gradient as soon as it exists, so there is nothing to accumulate into (docs/trainer.md)");
+  if (o.overlap_update && !o.fused_optimizer)
+    throw UsageError("train: --overlap-update runs the in-backward updates beside backward: it needs --fused-optimizer");
   if (o.train_lm_head && o.train_last_layers <= 0)
     throw UsageError("train: --train-lm-head applies with --train-last-layers (without it every tensor trains, the "
                      "head included)");
@@ -456,6 +458,9 @@ CLI::Option_group* add_train_flags(CLI::App* sub, const std::shared_ptr<TrainFla
       ->check(CLI::IsMember(predict_device_names()));
   add_bool_flag(run, "--fused-optimizer", o.fused_optimizer,
                 "update each block during backward and free its gradients (clipping per block: docs/trainer.md)");
+  add_bool_flag(run, "--overlap-update", o.overlap_update,
+                "with --fused-optimizer on CUDA, one process: each block's update on a CUDA stream of its own, "
+                "beside the rest of backward (the same bytes; docs/trainer.md)");
   return run;
 }
 

@@ -26,6 +26,13 @@
 #include "qwen3/dist/data_parallel.h"
 #include "train_setup.h"
 
+#if defined(QWEN3_TORCH_HAS_CUDA)
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
 namespace qwen3::train_detail {
 
 // Gradient clipping and non-finite checks when the optimizer runs inside backward (--fused-optimizer): the
@@ -42,10 +49,56 @@ class FusedUpdater {
   FusedUpdater(AdamW& opt, double max_norm, int64_t trainable_elements, double lr)
       : opt_(opt), max_norm_(max_norm), trainable_(static_cast<double>(trainable_elements)), lr_(lr) {}
 
+  // --overlap-update: every group's clipping and update from now on runs on a CUDA stream of its own, after the
+  // work the current stream has queued by then (its gradients), so that it runs beside the rest of backward; the
+  // gradients are marked in use by that stream, so the allocator reuses none of them before the update has read
+  // it. The same kernels in the same order: the same bytes. join() makes the current stream wait for it. A CPU
+  // device (or a build without CUDA) keeps the updates on the current stream.
+  void overlap_on_own_stream(const c10::Device& device) {
+#if defined(QWEN3_TORCH_HAS_CUDA)
+    if (device.is_cuda()) own_stream_ = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
+#else
+    (void)device;
+#endif
+  }
+  void join() const {
+#if defined(QWEN3_TORCH_HAS_CUDA)
+    if (!own_stream_) return;
+    at::cuda::CUDAEvent done;
+    done.record(*own_stream_);
+    done.block(c10::cuda::getCurrentCUDAStream(own_stream_->device_index()));
+#endif
+  }
+
   // `ranks_with_gradient` (data parallel): per parameter of the group, fp32 on the device, how many ranks had a
   // gradient for it; a parameter none had (zeros from every rank) is neither counted nor updated, as in one
   // process. Undefined: every defined gradient counts.
   void apply(const std::vector<std::pair<at::Tensor, at::Tensor>>& group, const at::Tensor& ranks_with_gradient = {}) {
+#if defined(QWEN3_TORCH_HAS_CUDA)
+    if (own_stream_) {
+      at::cuda::CUDAEvent gradients_ready;
+      gradients_ready.record(c10::cuda::getCurrentCUDAStream(own_stream_->device_index()));
+      gradients_ready.block(*own_stream_);
+      for (const auto& [param, grad] : group)
+        if (grad.defined() && grad.is_cuda()) c10::cuda::CUDACachingAllocator::recordStream(grad.storage().data_ptr(), *own_stream_);
+      if (ranks_with_gradient.defined() && ranks_with_gradient.is_cuda())
+        c10::cuda::CUDACachingAllocator::recordStream(ranks_with_gradient.storage().data_ptr(), *own_stream_);
+      const c10::cuda::CUDAStreamGuard on_own_stream(*own_stream_);
+      apply_here(group, ranks_with_gradient);
+      return;
+    }
+#endif
+    apply_here(group, ranks_with_gradient);
+  }
+  // The squared global norm (fp64, on the device; undefined before the first group), non-finite when any
+  // group's gradient was. With the updates on their own stream: read it after join().
+  const at::Tensor& square_sum() const { return sum_of_squares_; }
+#if defined(QWEN3_TORCH_HAS_CUDA)
+  const std::optional<c10::cuda::CUDAStream>& own_stream() const { return own_stream_; }
+#endif
+
+ private:
+  void apply_here(const std::vector<std::pair<at::Tensor, at::Tensor>>& group, const at::Tensor& ranks_with_gradient) {
     torch::NoGradGuard no_grad;
     at::Tensor square_sum;
     double elements = 0;
@@ -88,14 +141,13 @@ class FusedUpdater {
       opt_.update(*index, grad, lr_, factor.device() == param.device() ? factor : factor.to(param.device()));
     }
   }
-  // The squared global norm (fp64, on the device; undefined before the first group), non-finite when any
-  // group's gradient was.
-  const at::Tensor& square_sum() const { return sum_of_squares_; }
 
- private:
   AdamW& opt_;
   double max_norm_, trainable_, lr_;
   at::Tensor sum_of_squares_;
+#if defined(QWEN3_TORCH_HAS_CUDA)
+  std::optional<c10::cuda::CUDAStream> own_stream_;
+#endif
 };
 
 // Clears the runner's gradient sink however the step ends.
@@ -434,6 +486,7 @@ class FusedUpdate final : public StepUpdate {
     const double share = shares(batches, loss_tokens).front();
     // The sink must be in place before forward, which decides how each block's backward will run.
     FusedUpdater updater(opt_, o_.grad_clip, set_.trainable_parameters, lr);
+    if (o_.overlap_update) updater.overlap_on_own_stream(device_);
     SinkGuard guard{runner_};  // cleared at the end of the step, whichever way it ends
     // Data parallel: each block's gradients are summed over the ranks before the block is applied, so every
     // replica applies the same update (clipping included: the group norms are then the global ones). The sum
@@ -496,6 +549,7 @@ class FusedUpdate final : public StepUpdate {
     for (const auto& pg : outside) updater.apply({pg});
     send_updated_parameters(outside);
     for (auto& p : set_.params) p.param.mutable_grad() = at::Tensor();
+    updater.join();  // --overlap-update: what follows reads the norm, and the next step the parameters
     // The step's one read after backward: the squared norm and the codec's non-finite flag together.
     std::vector<at::Tensor> results;
     if (updater.square_sum().defined()) results.push_back(updater.square_sum().reshape({1}));

@@ -66,6 +66,7 @@ nlohmann::json to_json(const TrainOptions& o) {
           {"grad_clip", o.grad_clip},
           {"grad_checkpoint", o.grad_checkpoint},
           {"fused_optimizer", o.fused_optimizer},
+          {"overlap_update", o.overlap_update},
           {"grad_accum_steps", o.grad_accum_steps},
           {"train_last_layers", o.train_last_layers},
           {"freeze_embeddings", o.freeze_embeddings},

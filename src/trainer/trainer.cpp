@@ -169,6 +169,13 @@ class Trainer {
     }
     phase("model_loaded");
     opt_.emplace(optimizer_params(o), o.adamw);
+    // --overlap-update: the updates on a CUDA stream of their own; data parallel already overlaps each block's
+    // update with the next block's sum, and orders them on the reduction's stream.
+    if (o.overlap_update && !device_.is_cuda())
+      throw UsageError("train: --overlap-update runs the updates on a CUDA stream: it needs --device cuda");
+    if (o.overlap_update && dp_.world_size() > 1)
+      throw UsageError("train: --overlap-update is for one process (data parallel overlaps each block's update "
+                       "with the next block's gradient sum already)");
     if (o.fused_optimizer)
       update_ = std::make_unique<FusedUpdate>(o, model_.set, *opt_, device_, *model_.runner, dp_, owners_);
     else

@@ -52,6 +52,8 @@ struct TrainOptions {
   bool decay_norms_and_embeddings = false;
   bool grad_checkpoint = false;  // recompute each block in backward instead of keeping its activations
   bool fused_optimizer = false;  // update each block in backward and free its gradients (docs/trainer.md)
+  // With fused_optimizer on CUDA: the blocks' updates on a stream of their own, beside the rest of backward.
+  bool overlap_update = false;
   // Micro-batches per optimizer step; the loss is the mean over all their loss tokens (not with fused_optimizer).
   int64_t grad_accum_steps = 1;
   std::string vram_report;       // write the first step's per-phase memory report (JSON) here

@@ -20,48 +20,58 @@ constexpr int kVec = 8;
 // Columns a thread of the RMSNorm weight-gradient kernel sums (a 4-byte bf16 pair).
 constexpr int kDwCols = 2;
 
-__device__ __forceinline__ float warp_sum(float x) {
-  for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xFFFFFFFFu, x, offset);
-  return x;
-}
-
 int grid_for(int64_t items, int64_t per_cta) {
   const int64_t ctas = (items + per_cta - 1) / per_cta;
   return static_cast<int>(ctas < 1 ? 1 : (ctas > 65535 ? 65535 : ctas));
 }
 
-// ---- RMSNorm: a warp per row (the rows are tokens, or tokens x heads for the q/k norms) ----------------------
+// ---- RMSNorm: a warp per row, or per two or more narrow rows (the rows are tokens, or tokens x heads for the
+// q/k norms) -------------------------------------------------------------------------------------------------------
 
 // The vector path (`vectorized`: rows of whole 8-element pieces, every pointer aligned for them): a lane reads 8
-// consecutive elements at a time, so a warp reads 512 contiguous bytes of a bf16 row instead of 64.
+// consecutive elements at a time, so a warp reads 512 contiguous bytes of a bf16 row instead of 64. A row of at
+// most 16 pieces (the q/k norms: 128 columns, 16 pieces) takes `row_lanes` lanes, the power of two that covers its
+// pieces, and a warp takes 32 / row_lanes rows: a warp a 128-wide row left half its lanes idle. The sums meet by
+// a butterfly over the row's lanes, which gives the bits of the whole warp's butterfly the kernels used before
+// (the lanes beyond a row's pieces held zeros, which the first steps added exactly).
+__device__ __forceinline__ float row_sum(float x, int row_lanes) {
+  for (int offset = row_lanes / 2; offset > 0; offset /= 2) x += __shfl_xor_sync(0xFFFFFFFFu, x, offset);
+  return x;
+}
+
 template <bool kBf16, bool kBf16Weight>
 __global__ void __launch_bounds__(kThreads) rmsnorm_forward_kernel(const void* x, const void* w, int64_t rows,
                                                                    int64_t cols, float eps, void* y, float* rstd,
-                                                                   int vectorized) {
-  const int lane = threadIdx.x % 32;
-  for (int64_t row = blockIdx.x * static_cast<int64_t>(kWarpsPerCta) + threadIdx.x / 32; row < rows;
-       row += static_cast<int64_t>(gridDim.x) * kWarpsPerCta) {
+                                                                   int vectorized, int row_lanes) {
+  const int lane = threadIdx.x % 32, rows_per_warp = 32 / row_lanes;
+  const int row_lane = lane % row_lanes, sub_row = lane / row_lanes;
+  // The loop runs alike for the warp's lanes (the shuffles need all 32): a lane past the last row sums nothing.
+  for (int64_t group = blockIdx.x * static_cast<int64_t>(kWarpsPerCta) + threadIdx.x / 32; group * rows_per_warp < rows;
+       group += static_cast<int64_t>(gridDim.x) * kWarpsPerCta) {
+    const int64_t row = group * rows_per_warp + sub_row;
+    const bool in = row < rows;
     const int64_t base = row * cols;
     float squares = 0.0f;
     if (vectorized) {
       // Unrolled: several 16-byte loads of the row in flight a lane, not one round trip an iteration.
 #pragma unroll 4
-      for (int64_t c = lane * kVec; c < cols; c += 32 * kVec) {
+      for (int64_t c = row_lane * kVec; in && c < cols; c += static_cast<int64_t>(row_lanes) * kVec) {
         float v[kVec];
         vec::load<kBf16, kVec>(x, base + c, v);
         for (int k = 0; k < kVec; ++k) squares = fmaf(v[k], v[k], squares);
       }
     } else {
-      for (int64_t c = lane; c < cols; c += 32) {
+      for (int64_t c = lane; in && c < cols; c += 32) {
         const float v = f::load<kBf16>(x, base + c);
         squares = fmaf(v, v, squares);
       }
     }
-    const float r = f::rmsnorm_rstd(warp_sum(squares), cols, eps);
+    const float r = f::rmsnorm_rstd(row_sum(squares, row_lanes), cols, eps);
+    if (!in) continue;
     if (vectorized) {
       // Unrolled: several 16-byte loads of the row in flight a lane, not one round trip an iteration.
 #pragma unroll 4
-      for (int64_t c = lane * kVec; c < cols; c += 32 * kVec) {
+      for (int64_t c = row_lane * kVec; c < cols; c += static_cast<int64_t>(row_lanes) * kVec) {
         float v[kVec], wv[kVec];
         vec::load<kBf16, kVec>(x, base + c, v);
         vec::load<kBf16Weight, kVec>(w, c, wv);
@@ -72,19 +82,22 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_forward_kernel(const void* x
       for (int64_t c = lane; c < cols; c += 32)
         f::store<kBf16>(y, base + c, f::rmsnorm_output<kBf16>(f::load<kBf16>(x, base + c), r, f::load<kBf16Weight>(w, c)));
     }
-    if (lane == 0) rstd[row] = r;
+    if (row_lane == 0) rstd[row] = r;
   }
 }
 
 template <bool kBf16, bool kBf16Weight>
 __global__ void __launch_bounds__(kThreads) rmsnorm_dx_kernel(const void* dy, const void* x, const void* w,
                                                               const float* rstd, int64_t rows, int64_t cols, void* dx,
-                                                              int vectorized) {
-  const int lane = threadIdx.x % 32;
-  for (int64_t row = blockIdx.x * static_cast<int64_t>(kWarpsPerCta) + threadIdx.x / 32; row < rows;
-       row += static_cast<int64_t>(gridDim.x) * kWarpsPerCta) {
+                                                              int vectorized, int row_lanes) {
+  const int lane = threadIdx.x % 32, rows_per_warp = 32 / row_lanes;
+  const int row_lane = lane % row_lanes, sub_row = lane / row_lanes;
+  for (int64_t group = blockIdx.x * static_cast<int64_t>(kWarpsPerCta) + threadIdx.x / 32; group * rows_per_warp < rows;
+       group += static_cast<int64_t>(gridDim.x) * kWarpsPerCta) {
+    const int64_t row = group * rows_per_warp + sub_row;
+    const bool in = row < rows;
     const int64_t base = row * cols;
-    const float r = rstd[row];
+    const float r = in ? rstd[row] : 0.0f;
     float dot = 0.0f;
     // x, dy and w of 8 columns of the row (the vector path reads them in both passes).
     const auto load_piece = [&](int64_t c, float(&xv)[kVec], float(&dyv)[kVec], float(&wv)[kVec]) {
@@ -95,22 +108,23 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_dx_kernel(const void* dy, co
     if (vectorized) {
       // Unrolled: several 16-byte loads of the row in flight a lane, not one round trip an iteration.
 #pragma unroll 4
-      for (int64_t c = lane * kVec; c < cols; c += 32 * kVec) {
+      for (int64_t c = row_lane * kVec; in && c < cols; c += static_cast<int64_t>(row_lanes) * kVec) {
         float xv[kVec], dyv[kVec], wv[kVec];
         load_piece(c, xv, dyv, wv);
         for (int k = 0; k < kVec; ++k) dot = fmaf(f::rmsnorm_grad_n<kBf16>(dyv[k], wv[k]), f::mul_rn(xv[k], r), dot);
       }
     } else {
-      for (int64_t c = lane; c < cols; c += 32) {
+      for (int64_t c = lane; in && c < cols; c += 32) {
         const float n = f::mul_rn(f::load<kBf16>(x, base + c), r);
         dot = fmaf(f::rmsnorm_grad_n<kBf16>(f::load<kBf16>(dy, base + c), f::load<kBf16Weight>(w, c)), n, dot);
       }
     }
-    const float mean = warp_sum(dot) / static_cast<float>(cols);
+    const float mean = row_sum(dot, row_lanes) / static_cast<float>(cols);
+    if (!in) continue;
     if (vectorized) {
       // Unrolled: several 16-byte loads of the row in flight a lane, not one round trip an iteration.
 #pragma unroll 4
-      for (int64_t c = lane * kVec; c < cols; c += 32 * kVec) {
+      for (int64_t c = row_lane * kVec; c < cols; c += static_cast<int64_t>(row_lanes) * kVec) {
         float xv[kVec], dyv[kVec], wv[kVec];
         load_piece(c, xv, dyv, wv);
         for (int k = 0; k < kVec; ++k)
@@ -298,14 +312,22 @@ int launch_rmsnorm_forward(const void* x, KernelDType x_type, const void* w, Ker
     return static_cast<int>(cudaErrorInvalidValue);
   if (rows == 0) return 0;
   const auto s = static_cast<cudaStream_t>(stream);
-  const int grid = grid_for(rows, kWarpsPerCta);
   const bool bx = x_type == KernelDType::bf16, bw = w_type == KernelDType::bf16;
   const int v = cols % kVec == 0 && aligned<kVec>(x, x_type) && aligned<kVec>(y, x_type) && aligned<kVec>(w, w_type);
-  if (bx && bw) rmsnorm_forward_kernel<true, true><<<grid, kThreads, 0, s>>>(x, w, rows, cols, eps, y, rstd, v);
-  else if (bx) rmsnorm_forward_kernel<true, false><<<grid, kThreads, 0, s>>>(x, w, rows, cols, eps, y, rstd, v);
-  else if (bw) rmsnorm_forward_kernel<false, true><<<grid, kThreads, 0, s>>>(x, w, rows, cols, eps, y, rstd, v);
-  else rmsnorm_forward_kernel<false, false><<<grid, kThreads, 0, s>>>(x, w, rows, cols, eps, y, rstd, v);
+  const int lanes = rmsnorm_row_lanes(cols, v);
+  const int grid = grid_for((rows + 32 / lanes - 1) / (32 / lanes), kWarpsPerCta);
+  if (bx && bw) rmsnorm_forward_kernel<true, true><<<grid, kThreads, 0, s>>>(x, w, rows, cols, eps, y, rstd, v, lanes);
+  else if (bx) rmsnorm_forward_kernel<true, false><<<grid, kThreads, 0, s>>>(x, w, rows, cols, eps, y, rstd, v, lanes);
+  else if (bw) rmsnorm_forward_kernel<false, true><<<grid, kThreads, 0, s>>>(x, w, rows, cols, eps, y, rstd, v, lanes);
+  else rmsnorm_forward_kernel<false, false><<<grid, kThreads, 0, s>>>(x, w, rows, cols, eps, y, rstd, v, lanes);
   return static_cast<int>(cudaGetLastError());
+}
+
+int rmsnorm_row_lanes(int64_t cols, int vectorized) {
+  if (!vectorized) return 32;
+  int lanes = 1;
+  while (lanes < 32 && static_cast<int64_t>(lanes) * kVec < cols) lanes *= 2;
+  return lanes;
 }
 
 int64_t rmsnorm_rows_per_chunk(int64_t rows) {
@@ -329,13 +351,14 @@ int launch_rmsnorm_backward(const void* dy, const void* x, KernelDType x_type, c
   const auto s = static_cast<cudaStream_t>(stream);
   const bool bx = x_type == KernelDType::bf16, bw = w_type == KernelDType::bf16;
   if (rows > 0) {
-    const int grid = grid_for(rows, kWarpsPerCta);
     const int v = cols % kVec == 0 && aligned<kVec>(x, x_type) && aligned<kVec>(dy, x_type) &&
                   aligned<kVec>(dx, x_type) && aligned<kVec>(w, w_type);
-    if (bx && bw) rmsnorm_dx_kernel<true, true><<<grid, kThreads, 0, s>>>(dy, x, w, rstd, rows, cols, dx, v);
-    else if (bx) rmsnorm_dx_kernel<true, false><<<grid, kThreads, 0, s>>>(dy, x, w, rstd, rows, cols, dx, v);
-    else if (bw) rmsnorm_dx_kernel<false, true><<<grid, kThreads, 0, s>>>(dy, x, w, rstd, rows, cols, dx, v);
-    else rmsnorm_dx_kernel<false, false><<<grid, kThreads, 0, s>>>(dy, x, w, rstd, rows, cols, dx, v);
+    const int lanes = rmsnorm_row_lanes(cols, v);
+    const int grid = grid_for((rows + 32 / lanes - 1) / (32 / lanes), kWarpsPerCta);
+    if (bx && bw) rmsnorm_dx_kernel<true, true><<<grid, kThreads, 0, s>>>(dy, x, w, rstd, rows, cols, dx, v, lanes);
+    else if (bx) rmsnorm_dx_kernel<true, false><<<grid, kThreads, 0, s>>>(dy, x, w, rstd, rows, cols, dx, v, lanes);
+    else if (bw) rmsnorm_dx_kernel<false, true><<<grid, kThreads, 0, s>>>(dy, x, w, rstd, rows, cols, dx, v, lanes);
+    else rmsnorm_dx_kernel<false, false><<<grid, kThreads, 0, s>>>(dy, x, w, rstd, rows, cols, dx, v, lanes);
   }
   const int64_t per_chunk = rmsnorm_rows_per_chunk(rows);
   const int64_t chunks = rmsnorm_backward_workspace_floats(rows, cols) / cols;

@@ -72,6 +72,11 @@ int launch_adamw_step(const adamw::ParamView& param, const adamw::StepScalars& s
 int launch_rmsnorm_forward(const void* x, KernelDType x_type, const void* w, KernelDType w_type, int64_t rows,
                            int64_t cols, float eps, void* y, float* rstd, void* stream);
 
+// Lanes of a warp that take one row in the RMSNorm kernels: 32, or on the vector path (`vectorized`: rows of whole
+// 8-element pieces, aligned) the power of two that covers a narrow row's pieces (128 columns: 16), a warp then
+// taking 32 / lanes rows.
+int rmsnorm_row_lanes(int64_t cols, int vectorized);
+
 // Rows a chunk of the weight gradient's deterministic reduction sums (32, more past 65,535 chunks): the sum's
 // order depends on the row count only. The workspace holds a row of partial sums a chunk.
 int64_t rmsnorm_rows_per_chunk(int64_t rows);

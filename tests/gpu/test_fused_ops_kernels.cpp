@@ -119,8 +119,9 @@ TEST(GpuFusedKernels, SwigluFollowsTheHostRule) {
 }
 
 // cols 2560: 8 elements a lane and column pairs in dw; 132 (the vector paths need cols % 8 == 0): an element a
-// lane, pairs in dw; 131: no pairs either; 65,536 rows of 128: a q-norm's shape (2,048 tokens x 32 heads), 2,048
-// chunks of partials in runs of 64 (8,192 rows, runs of 8, under the sanitizers).
+// lane, pairs in dw; 131: no pairs either; 65,536 rows of 128: a q-norm's shape (2,048 tokens x 32 heads), two
+// rows a warp, 2,048 chunks of partials in runs of 64 (8,192 rows, runs of 8, under the sanitizers); 517 rows of
+// 64: four rows a warp, the last warp's rows partly past the end.
 struct NormShape {
   int64_t rows, cols;
 };
@@ -208,7 +209,7 @@ TEST_P(GpuRmsNormKernels, FollowTheHostRule) {
 
 INSTANTIATE_TEST_SUITE_P(Widths, GpuRmsNormKernels,
                          ::testing::Values(NormShape{517, 2560}, NormShape{517, 132}, NormShape{517, 131},
-                                           NormShape{65536, 128}));
+                                           NormShape{65536, 128}, NormShape{517, 64}));
 
 TEST(FusedKernelLaunch, RejectsBadArgumentsWithoutLaunching) {
   float dummy[4] = {};  // never read: every call is refused before a launch
@@ -225,6 +226,14 @@ TEST(FusedKernelLaunch, RejectsBadArgumentsWithoutLaunching) {
   EXPECT_EQ(kernels::rmsnorm_backward_workspace_floats(513, 10), 17 * 10);  // chunks of 32 rows
   // Past 65,535 chunks of 32 the chunks grow: the grid's y limit is never passed.
   EXPECT_EQ(kernels::rmsnorm_rows_per_chunk(2048), 32);
+  // Narrow rows share a warp: the q/k norms' 128 columns take 16 lanes; a Qwen3-4B hidden row, or any row off the
+  // vector path, all 32.
+  EXPECT_EQ(kernels::rmsnorm_row_lanes(128, 1), 16);
+  EXPECT_EQ(kernels::rmsnorm_row_lanes(64, 1), 8);
+  EXPECT_EQ(kernels::rmsnorm_row_lanes(8, 1), 1);
+  EXPECT_EQ(kernels::rmsnorm_row_lanes(136, 1), 32);
+  EXPECT_EQ(kernels::rmsnorm_row_lanes(2560, 1), 32);
+  EXPECT_EQ(kernels::rmsnorm_row_lanes(128, 0), 32);
   EXPECT_LE(kernels::rmsnorm_backward_workspace_floats(int64_t{1} << 24, 1), 65535);
 }
 

@@ -319,7 +319,8 @@ CPP
     local link=()
     if [ "$kind" != plain ]; then
       [ -d "$lib" ] || { notes+=("$kind: no libtorch folder"); continue; }
-      link=(-Wl,--no-as-needed -L"$lib" -ltorch_cuda -ltorch_cpu -lc10 -Wl,-rpath,"$lib")
+      # libtorch_cuda.so finds its CUDA libraries by its own run path; the link need not (allow-shlib-undefined).
+      link=(-Wl,--allow-shlib-undefined -Wl,--no-as-needed -L"$lib" -ltorch_cuda -ltorch_cpu -lc10 -Wl,-rpath,"$lib")
       [ "$kind" = torch-libstdcxx-first ] && link=(-Wl,--no-as-needed -lstdc++ "${link[@]}")
     fi
     if ! g++ -std=c++17 -O1 -o "$d/spawn-$kind" "$d/spawn_probe.cpp" "${link[@]}" >"$d/spawn-$kind.log" 2>&1; then

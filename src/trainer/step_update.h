@@ -48,6 +48,16 @@ class FusedUpdater {
  public:
   FusedUpdater(AdamW& opt, double max_norm, int64_t trainable_elements, double lr)
       : opt_(opt), max_norm_(max_norm), trainable_(static_cast<double>(trainable_elements)), lr_(lr) {}
+  // However the step ends (an error in backward included), nothing the current stream does next (a checkpoint's
+  // read of the parameters) runs before the updates already queued on their own stream.
+  ~FusedUpdater() {
+    try {
+      join();
+    } catch (...) {  // a failed CUDA call here: the device is gone, and the error that ended the step says so
+    }
+  }
+  FusedUpdater(const FusedUpdater&) = delete;
+  FusedUpdater& operator=(const FusedUpdater&) = delete;
 
   // --overlap-update: every group's clipping and update from now on runs on a CUDA stream of its own, after the
   // work the current stream has queued by then (its gradients), so that it runs beside the rest of backward; the

@@ -39,35 +39,44 @@ __device__ __forceinline__ float row_sum(float x, int row_lanes) {
   return x;
 }
 
+// Calls body(row, in, row_lane) for this lane's rows: a warp takes 32 / row_lanes rows at a time, row_lanes lanes
+// each, and walks them grid-stride. Every lane of a warp makes the same calls (the shuffles need all 32): `in` is
+// false for a lane whose row is past the last, which reads and writes nothing.
+template <typename Body>
+__device__ __forceinline__ void for_each_row(int64_t rows, int row_lanes, Body body) {
+  const int lane = threadIdx.x % 32, rows_per_warp = 32 / row_lanes;
+  const int row_lane = lane % row_lanes, sub_row = lane / row_lanes;
+  for (int64_t group = blockIdx.x * static_cast<int64_t>(kWarpsPerCta) + threadIdx.x / 32; group * rows_per_warp < rows;
+       group += static_cast<int64_t>(gridDim.x) * kWarpsPerCta) {
+    const int64_t row = group * rows_per_warp + sub_row;
+    body(row, row < rows, row_lane);
+  }
+}
+
 template <bool kBf16, bool kBf16Weight>
 __global__ void __launch_bounds__(kThreads) rmsnorm_forward_kernel(const void* x, const void* w, int64_t rows,
                                                                    int64_t cols, float eps, void* y, float* rstd,
                                                                    int vectorized, int row_lanes) {
-  const int lane = threadIdx.x % 32, rows_per_warp = 32 / row_lanes;
-  const int row_lane = lane % row_lanes, sub_row = lane / row_lanes;
-  // The loop runs alike for the warp's lanes (the shuffles need all 32): a lane past the last row sums nothing.
-  for (int64_t group = blockIdx.x * static_cast<int64_t>(kWarpsPerCta) + threadIdx.x / 32; group * rows_per_warp < rows;
-       group += static_cast<int64_t>(gridDim.x) * kWarpsPerCta) {
-    const int64_t row = group * rows_per_warp + sub_row;
-    const bool in = row < rows;
+  const int lane = threadIdx.x % 32;
+  for_each_row(rows, row_lanes, [&](int64_t row, bool in, int row_lane) {
     const int64_t base = row * cols;
     float squares = 0.0f;
-    if (vectorized) {
+    if (in && vectorized) {
       // Unrolled: several 16-byte loads of the row in flight a lane, not one round trip an iteration.
 #pragma unroll 4
-      for (int64_t c = row_lane * kVec; in && c < cols; c += static_cast<int64_t>(row_lanes) * kVec) {
+      for (int64_t c = row_lane * kVec; c < cols; c += static_cast<int64_t>(row_lanes) * kVec) {
         float v[kVec];
         vec::load<kBf16, kVec>(x, base + c, v);
         for (int k = 0; k < kVec; ++k) squares = fmaf(v[k], v[k], squares);
       }
-    } else {
-      for (int64_t c = lane; in && c < cols; c += 32) {
+    } else if (in) {
+      for (int64_t c = lane; c < cols; c += 32) {
         const float v = f::load<kBf16>(x, base + c);
         squares = fmaf(v, v, squares);
       }
     }
     const float r = f::rmsnorm_rstd(row_sum(squares, row_lanes), cols, eps);
-    if (!in) continue;
+    if (!in) return;
     if (vectorized) {
       // Unrolled: several 16-byte loads of the row in flight a lane, not one round trip an iteration.
 #pragma unroll 4
@@ -83,19 +92,15 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_forward_kernel(const void* x
         f::store<kBf16>(y, base + c, f::rmsnorm_output<kBf16>(f::load<kBf16>(x, base + c), r, f::load<kBf16Weight>(w, c)));
     }
     if (row_lane == 0) rstd[row] = r;
-  }
+  });
 }
 
 template <bool kBf16, bool kBf16Weight>
 __global__ void __launch_bounds__(kThreads) rmsnorm_dx_kernel(const void* dy, const void* x, const void* w,
                                                               const float* rstd, int64_t rows, int64_t cols, void* dx,
                                                               int vectorized, int row_lanes) {
-  const int lane = threadIdx.x % 32, rows_per_warp = 32 / row_lanes;
-  const int row_lane = lane % row_lanes, sub_row = lane / row_lanes;
-  for (int64_t group = blockIdx.x * static_cast<int64_t>(kWarpsPerCta) + threadIdx.x / 32; group * rows_per_warp < rows;
-       group += static_cast<int64_t>(gridDim.x) * kWarpsPerCta) {
-    const int64_t row = group * rows_per_warp + sub_row;
-    const bool in = row < rows;
+  const int lane = threadIdx.x % 32;
+  for_each_row(rows, row_lanes, [&](int64_t row, bool in, int row_lane) {
     const int64_t base = row * cols;
     const float r = in ? rstd[row] : 0.0f;
     float dot = 0.0f;
@@ -105,22 +110,22 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_dx_kernel(const void* dy, co
       vec::load<kBf16, kVec>(dy, base + c, dyv);
       vec::load<kBf16Weight, kVec>(w, c, wv);
     };
-    if (vectorized) {
+    if (in && vectorized) {
       // Unrolled: several 16-byte loads of the row in flight a lane, not one round trip an iteration.
 #pragma unroll 4
-      for (int64_t c = row_lane * kVec; in && c < cols; c += static_cast<int64_t>(row_lanes) * kVec) {
+      for (int64_t c = row_lane * kVec; c < cols; c += static_cast<int64_t>(row_lanes) * kVec) {
         float xv[kVec], dyv[kVec], wv[kVec];
         load_piece(c, xv, dyv, wv);
         for (int k = 0; k < kVec; ++k) dot = fmaf(f::rmsnorm_grad_n<kBf16>(dyv[k], wv[k]), f::mul_rn(xv[k], r), dot);
       }
-    } else {
-      for (int64_t c = lane; in && c < cols; c += 32) {
+    } else if (in) {
+      for (int64_t c = lane; c < cols; c += 32) {
         const float n = f::mul_rn(f::load<kBf16>(x, base + c), r);
         dot = fmaf(f::rmsnorm_grad_n<kBf16>(f::load<kBf16>(dy, base + c), f::load<kBf16Weight>(w, c)), n, dot);
       }
     }
     const float mean = row_sum(dot, row_lanes) / static_cast<float>(cols);
-    if (!in) continue;
+    if (!in) return;
     if (vectorized) {
       // Unrolled: several 16-byte loads of the row in flight a lane, not one round trip an iteration.
 #pragma unroll 4
@@ -138,7 +143,7 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_dx_kernel(const void* dy, co
         f::store<kBf16>(dx, base + c, f::rmsnorm_dx(g, n, mean, r));
       }
     }
-  }
+  });
 }
 
 // The weight's gradient, deterministically (the order: fused_ops.cuh, kDwRuns): a thread per (chunk, pair of

@@ -391,6 +391,40 @@ TEST(MemoryModel, CudaPredictionMatchesTheFirstGpuRound) {
   }
 }
 
+// --overlap-update: a block's gradients (and its update's temporaries) stay alive through the next block's
+// backward, which runs beside its update; nothing else moves. Qwen3-4B's blocks are alike: the backward peak rises
+// by those gradients less the first block's saved activations, which are freed before the second block's spike
+// (so more than nothing and less than the gradients and temporaries); forward and the optimizer step do not move.
+TEST(MemoryModel, OverlappedUpdatesKeepOneBlocksGradientsThroughTheNext) {
+  const Qwen3Config config = preset_config("qwen3-4b");
+  const c10::Device cuda(c10::kCUDA, 0);
+  TrainOptions o;
+  o.data.seq_len = 2048;
+  o.fused_optimizer = true;
+  const StepMemoryPlan inline_plan = predict(o, config, cuda).memory;
+  o.overlap_update = true;
+  const StepMemoryPlan overlap_plan = predict(o, config, cuda).memory;
+  const auto peak = [](const StepMemoryPlan& plan, const std::string& phase) {
+    for (const PhaseMemory& p : plan.phases)
+      if (p.phase == phase) return p.peak;
+    return uint64_t{0};
+  };
+  // A block's trained parameters (fp32 gradients: 4 bytes each): its seven projections and two norms.
+  const uint64_t H = 2560, I = 9728, Q = 32 * 128, KV = 8 * 128;
+  const uint64_t block_grads = 4 * (H * Q + 2 * H * KV + Q * H + 3 * H * I + 2 * H + 2 * 128);
+  const uint64_t rise = peak(overlap_plan, "backward_done") - peak(inline_plan, "backward_done");
+  EXPECT_GT(rise, block_grads / 4);
+  EXPECT_LE(rise, 2 * block_grads);
+  EXPECT_EQ(peak(overlap_plan, "forward_done"), peak(inline_plan, "forward_done"));
+  EXPECT_EQ(peak(overlap_plan, "optimizer_step_done"), peak(inline_plan, "optimizer_step_done"));
+  // On the CPU there is no stream to run beside: the same plan.
+  const c10::Device cpu(c10::kCPU);
+  o.overlap_update = false;
+  const uint64_t cpu_inline = predict(o, config, cpu).memory.peak();
+  o.overlap_update = true;
+  EXPECT_EQ(predict(o, config, cpu).memory.peak(), cpu_inline);
+}
+
 // --shard-optimizer-state with N ranks: a rank's moments are 1/N of them, the rest of its step unchanged; without
 // the flag the world size changes nothing (every rank holds everything).
 TEST(MemoryModel, ShardedOptimizerStateIsPerRank) {

@@ -365,6 +365,11 @@ void backward_phase(const StepSizes& z, const std::vector<u64>& saved, Timeline&
       t.spike(grads + std::min<u64>(b.largest_projection, z.optimizer_piece_max) * opt_temp_per_element);
     if (!z.o.fused_optimizer) t.add(grads / shards);
     in_flight = grads - grads / shards;
+    // --overlap-update: the block's update runs on its own stream beside the next block's backward, so its
+    // gradients and temporaries are alive (the allocator keeps them for that stream) through that block's spike:
+    // counted as the whole of them, the most one block ahead leaves alive.
+    if (z.o.fused_optimizer && z.o.overlap_update && z.cuda)
+      in_flight = grads + std::min<u64>(b.largest_projection, z.optimizer_piece_max) * opt_temp_per_element;
     t.sub(saved[l]);
   }
   t.sub(a * N * H);

@@ -90,7 +90,8 @@ class FusedUpdater {
       gradients_ready.record(c10::cuda::getCurrentCUDAStream(own_stream_->device_index()));
       gradients_ready.block(*own_stream_);
       for (const auto& [param, grad] : group)
-        if (grad.defined() && grad.is_cuda()) c10::cuda::CUDACachingAllocator::recordStream(grad.storage().data_ptr(), *own_stream_);
+        if (grad.defined() && grad.is_cuda())
+          c10::cuda::CUDACachingAllocator::recordStream(grad.storage().data_ptr(), *own_stream_);
       if (ranks_with_gradient.defined() && ranks_with_gradient.is_cuda())
         c10::cuda::CUDACachingAllocator::recordStream(ranks_with_gradient.storage().data_ptr(), *own_stream_);
       const c10::cuda::CUDAStreamGuard on_own_stream(*own_stream_);

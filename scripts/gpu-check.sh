@@ -796,7 +796,7 @@ EOF
   grep -E '^(quantize|dequantize|matmul|adamw|fused)' "$d/bench_kernels.log" | head -n 100
 
   # ncu on the kernels a training step runs, each at a training shape: quantize (every trained weight, every
-  # forward), dequantize (into the product's scratch from 256 rows on), the product at the rows where small
+  # forward), dequantize (into the product's scratch from 17 rows on), the product at the rows where small
   # batches and generation take it, the AdamW update of the fast and of the lean configuration, the fused ops.
   local spec name kernel filter nf
   for spec in "quantize|nvfp4_quantize_rne_kernel|quantize/bf16/rne/9728x2560" \
@@ -809,6 +809,8 @@ EOF
               "adamw-nvfp4-bf16|nvfp4_kernel|adamw/nvfp4_moments/bf16_master" \
               "rmsnorm|rmsnorm_forward_kernel|fused/0" \
               "rmsnorm-backward|rmsnorm_dx_kernel|fused/1" \
+              "q-norm|rmsnorm_forward_kernel|fused/7" \
+              "q-norm-dw-sum|sum_chunks_kernel|fused/8" \
               "rope|rope_kernel|fused/2" \
               "swiglu-backward|swiglu_backward_kernel|fused/4"; do
     IFS='|' read -r name kernel filter <<<"$spec"

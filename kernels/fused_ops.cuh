@@ -72,7 +72,8 @@ QWEN3_HD float rmsnorm_dw_term(float dy, float n) {
 // rows in chunks (rmsnorm_rows_per_chunk), each chunk's rows in order into a partial; a column's partials in
 // kDwRuns runs of consecutive chunks, each run in order; then the runs in order. Run r holds the chunks
 // [dw_run_first(chunks, r), dw_run_first(chunks, r + 1)): as even as integers allow. Summing the partials in
-// one sequence was a dependent chain of 2,048 loads for a q/k norm (65,536 rows of 128), 34 µs a norm.
+// one sequence was a dependent chain of 2,048 loads for a q norm (65,536 rows of 128): the chunk sums took 4.9 ms
+// of the second GPU round's profiled step, 145 norm backwards.
 constexpr int kDwRuns = 32;
 QWEN3_HD int64_t dw_run_first(int64_t chunks, int run) { return chunks * run / kDwRuns; }
 

@@ -361,15 +361,15 @@ void backward_phase(const StepSizes& z, const std::vector<u64>& saved, Timeline&
                                                              : b.trained_projections * StepSizes::kCodesPerElementX16 / 16);
     t.spike(temp);
     // Fused: the block's update runs after its graph is gone, with only the gradients and a piece's temporaries.
-    if (z.o.fused_optimizer)
-      t.spike(grads + std::min<u64>(b.largest_projection, z.optimizer_piece_max) * opt_temp_per_element);
+    const u64 update_working_set =
+        grads + std::min<u64>(b.largest_projection, z.optimizer_piece_max) * opt_temp_per_element;
+    if (z.o.fused_optimizer) t.spike(update_working_set);
     if (!z.o.fused_optimizer) t.add(grads / shards);
     in_flight = grads - grads / shards;
     // --overlap-update: the block's update runs on its own stream beside the next block's backward, so its
     // gradients and temporaries are alive (the allocator keeps them for that stream) through that block's spike:
     // counted as the whole of them, the most one block ahead leaves alive.
-    if (z.o.fused_optimizer && z.o.overlap_update && z.cuda)
-      in_flight = grads + std::min<u64>(b.largest_projection, z.optimizer_piece_max) * opt_temp_per_element;
+    if (z.o.fused_optimizer && z.o.overlap_update && z.cuda) in_flight = update_working_set;
     t.sub(saved[l]);
   }
   t.sub(a * N * H);

@@ -86,14 +86,13 @@ class FusedUpdater {
   void apply(const std::vector<std::pair<at::Tensor, at::Tensor>>& group, const at::Tensor& ranks_with_gradient = {}) {
 #if defined(QWEN3_TORCH_HAS_CUDA)
     if (own_stream_) {
-      at::cuda::CUDAEvent gradients_ready;
-      gradients_ready.record(c10::cuda::getCurrentCUDAStream(own_stream_->device_index()));
-      gradients_ready.block(*own_stream_);
+      // One event, recorded again for each group: the wait is enqueued at once, on what the event holds then.
+      gradients_ready_.record(c10::cuda::getCurrentCUDAStream(own_stream_->device_index()));
+      gradients_ready_.block(*own_stream_);
       for (const auto& [param, grad] : group)
         if (grad.defined() && grad.is_cuda())
           c10::cuda::CUDACachingAllocator::recordStream(grad.storage().data_ptr(), *own_stream_);
-      if (ranks_with_gradient.defined() && ranks_with_gradient.is_cuda())
-        c10::cuda::CUDACachingAllocator::recordStream(ranks_with_gradient.storage().data_ptr(), *own_stream_);
+      // (No ranks_with_gradient here: the trainer refuses --overlap-update with data parallel.)
       const c10::cuda::CUDAStreamGuard on_own_stream(*own_stream_);
       apply_here(group, ranks_with_gradient);
       return;
@@ -158,6 +157,7 @@ class FusedUpdater {
   at::Tensor sum_of_squares_;
 #if defined(QWEN3_TORCH_HAS_CUDA)
   std::optional<c10::cuda::CUDAStream> own_stream_;
+  at::cuda::CUDAEvent gradients_ready_;
 #endif
 };
 

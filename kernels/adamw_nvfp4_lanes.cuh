@@ -83,48 +83,49 @@ QWEN3_HD LaneMasters load_masters(const ParamView& p, int64_t row, int64_t block
   return out;
 }
 
-// |m| and sqrt(v) over the new row scales, and the lane's largest of each (the block's scale codes come from
-// the largest over its four lanes: maxima are exact in any order).
+// |m| and sqrt(v) over the new row scales (`m_row`, `v_row`: their block_divisor), and the lane's largest of
+// each (the block's scale codes come from the largest over its four lanes: maxima are exact in any order).
 struct LaneNormalized {
   float m[kPerLane], root[kPerLane];
   float m_amax, root_amax;
 };
 
-QWEN3_HD LaneNormalized normalize(const LaneMoments& lane, float m_row, float v_row) {
+QWEN3_HD LaneNormalized normalize(const LaneMoments& lane, BlockDivisor m_row, BlockDivisor v_row) {
   LaneNormalized out;
   out.m_amax = 0.0f, out.root_amax = 0.0f;
   QWEN3_UNROLL
   for (int k = 0; k < kPerLane; ++k) {
-    out.m[k] = div_rn(fabsf(lane.m[k]), m_row);
-    out.root[k] = div_rn(sqrtf(lane.v[k]), v_row);
+    out.m[k] = divide(fabsf(lane.m[k]), m_row);
+    out.root[k] = divide(sqrtf(lane.v[k]), v_row);
     out.m_amax = fmaxf(out.m_amax, out.m[k]);
     out.root_amax = fmaxf(out.root_amax, out.root[k]);
   }
   return out;
 }
 
-// Encodes the lane's four elements under the block's scale codes (stochastic rounding from the element's own
-// stream bits), writes its two code bytes of each moment and, lane 0, the block's scale codes, and steps the
-// master. Every lane must have read the block's old scale codes before any lane calls this (the kernel's
-// shuffles of the block maxima come between).
+// Encodes the lane's four elements under the block's scale codes (stochastic rounding from the element's
+// draws), writes its two code bytes of each moment and, lane 0, the block's scale codes, and steps the master.
+// Every lane must have read the block's old scale codes before any lane calls this (the kernel's shuffles of
+// the block maxima come between).
+template <typename SquareGaps = ComputedSquareGaps>
 QWEN3_HD void store(const ParamView& p, const StepScalars& s, int64_t row, int64_t block, int lane,
                     const LaneMoments& moments, const LaneMasters& masters, const LaneNormalized& normalized,
-                    uint8_t m_code, uint8_t v_code) {
+                    uint8_t m_code, uint8_t v_code, SquareGaps square_gaps = SquareGaps()) {
   const int64_t col0 = first_column(block, lane);
-  const float m_scale = codec::e4m3_to_float(m_code), v_scale = codec::e4m3_to_float(v_code);
+  const BlockDivisor m_scale = block_divisor(codec::e4m3_to_float(m_code));
+  const BlockDivisor v_scale = block_divisor(codec::e4m3_to_float(v_code));
   uint32_t m_codes = 0, v_codes = 0;
   QWEN3_UNROLL
   for (int k = 0; k < kPerLane; ++k) {
     const int64_t col = col0 + k;
-    const uint64_t state_index = static_cast<uint64_t>(row * p.stored_cols + col);
-    uint32_t mc = nvfp4_stochastic_magnitude<false>(normalized.m[k], m_scale,
-                                                     uniform_from_bits(random_bits(s.exp_avg_key, state_index)));
+    const ElementDraws draws = element_draws(s.random_key, static_cast<uint64_t>(row * p.stored_cols + col));
+    uint32_t mc = nvfp4_stochastic_magnitude<false>(normalized.m[k], m_scale, uniform_from_draw(draws.m));
     if (mc != 0 && moments.m[k] < 0.0f) mc |= 8u;
-    const uint32_t vc = nvfp4_stochastic_magnitude<true>(normalized.root[k], v_scale,
-                                                          uniform_from_bits(random_bits(s.exp_avg_sq_key, state_index)));
+    const uint32_t vc =
+        nvfp4_stochastic_magnitude<true>(normalized.root[k], v_scale, uniform_from_draw(draws.v), square_gaps);
     m_codes |= mc << (4 * k);
     v_codes |= vc << (4 * k);
-    if (col < p.cols) step_master(p, s, row * p.cols + col, masters.value[k], moments.m[k], moments.v[k]);
+    if (col < p.cols) step_master(p, s, row * p.cols + col, masters.value[k], moments.m[k], moments.v[k], draws.master);
   }
   const int64_t code_byte = row * (p.stored_cols / 2) + col0 / 2;
   auto* m_packed = static_cast<uint8_t*>(p.exp_avg) + code_byte;

@@ -55,14 +55,16 @@ __global__ void __launch_bounds__(kThreads) plain_kernel(ParamView p, StepScalar
       const int64_t i = tile + k * kThreads + threadIdx.x;
       if (i >= total) continue;
       adamw::update_moments(g[k], m[k], v[k], s);
-      if (kBf16Moments) {
-        exp_avg[i] = adamw::bf16_stochastic(m[k], adamw::random_bits(s.exp_avg_key, static_cast<uint64_t>(i)));
-        exp_avg_sq[i] = adamw::bf16_stochastic(v[k], adamw::random_bits(s.exp_avg_sq_key, static_cast<uint64_t>(i)));
+      if constexpr (kBf16Moments) {
+        const adamw::ElementDraws draws = adamw::element_draws(s.random_key, static_cast<uint64_t>(i));
+        exp_avg[i] = adamw::bf16_stochastic(m[k], adamw::sixteen_bits_of_draw(draws.m));
+        exp_avg_sq[i] = adamw::bf16_stochastic(v[k], adamw::sixteen_bits_of_draw(draws.v));
+        adamw::step_master(p, s, i, master[k], m[k], v[k], draws.master);
       } else {
         exp_avg[i] = m[k];
         exp_avg_sq[i] = v[k];
+        adamw::step_master_drawing(p, s, i, master[k], m[k], v[k], static_cast<uint64_t>(i));
       }
-      adamw::step_master(p, s, i, master[k], m[k], v[k]);
     }
   }
 }
@@ -74,12 +76,16 @@ constexpr int kInt8PerLane = adamw::kInt8Block / kInt8Lanes;
 
 __global__ void __launch_bounds__(kThreads) int8_kernel(ParamView p, StepScalars s) {
   if (!adamw::take_device_grad_scale(s)) return;  // the same value for every thread: the whole grid returns
-  // v's 256 log levels (the rule's own values, computed once a CTA): a shared-memory load per level instead of
-  // pick8's eight compares, masks and ors, three times an element (decode, and the two levels around v).
-  __shared__ float levels[256];
-  for (int c = threadIdx.x; c < 256; c += blockDim.x) levels[c] = adamw::int8_log_level(static_cast<uint32_t>(c));
+  // v's 256 log levels and the reciprocals of their gaps (the rules' own values, computed once a CTA): a
+  // shared-memory load instead of pick8's eight compares, masks and ors, three times an element (decode, the
+  // level under v, the gap above it).
+  __shared__ float levels[256], inverse_gaps[256];
+  for (int c = threadIdx.x; c < 256; c += blockDim.x) {
+    levels[c] = adamw::int8_log_level(static_cast<uint32_t>(c));
+    inverse_gaps[c] = adamw::int8_log_inverse_gap(static_cast<uint32_t>(c));
+  }
   __syncthreads();
-  const adamw::TabledLevels level{levels};
+  const adamw::TabledLevels level{levels, inverse_gaps};
   const int64_t blocks_per_row = p.stored_cols / adamw::kInt8Block;
   const int64_t total_blocks = p.rows * blocks_per_row;
   const int lane = threadIdx.x % kInt8Lanes;
@@ -115,13 +121,15 @@ __global__ void __launch_bounds__(kThreads) int8_kernel(ParamView p, StepScalars
       v_max = fmaxf(v_max, __shfl_xor_sync(0xFFFFFFFFu, v_max, offset));
     }
     if (!active) continue;
-    const float step = adamw::div_rn(m_amax, adamw::kInt8LinearMax);
+    // One division a lane for each of the block's two divisors, where each element divided twice.
+    const float step = adamw::int8_linear_step(m_amax);
+    const adamw::BlockDivisor m_divisor = adamw::block_divisor(step), v_divisor = adamw::block_divisor(v_max);
 #pragma unroll
     for (int i = 0; i < kInt8PerLane; ++i) {
-      const uint64_t index = static_cast<uint64_t>(base + i);
-      m_codes[base + i] = adamw::int8_linear_encode(m[i], step, adamw::uniform_from_bits(adamw::random_bits(s.exp_avg_key, index)));
-      v_codes[base + i] = adamw::int8_log_encode(v[i], v_max, adamw::uniform_from_bits(adamw::random_bits(s.exp_avg_sq_key, index)), level);
-      if (col0 + i < p.cols) adamw::step_master(p, s, row * p.cols + col0 + i, master[i], m[i], v[i]);
+      const adamw::ElementDraws draws = adamw::element_draws(s.random_key, static_cast<uint64_t>(base + i));
+      m_codes[base + i] = adamw::int8_linear_encode(m[i], m_divisor, adamw::uniform_from_draw(draws.m));
+      v_codes[base + i] = adamw::int8_log_encode(v[i], v_divisor, adamw::uniform_from_draw(draws.v), level);
+      if (col0 + i < p.cols) adamw::step_master(p, s, row * p.cols + col0 + i, master[i], m[i], v[i], draws.master);
     }
     if (lane == 0) {
       m_steps[block] = step;
@@ -154,6 +162,11 @@ __global__ void __launch_bounds__(kNvfp4Threads) nvfp4_kernel(ParamView p, StepS
   namespace lanes = adamw::nvfp4_lanes;
   if (!adamw::take_device_grad_scale(s)) return;  // uniform: no thread is left at a barrier or a shuffle
   __shared__ float shared[kNvfp4Threads / 32];
+  // sqrt(v)'s eight inverse square gaps (the rule's values): a shared-memory load where pick8 took sixteen
+  // instructions.
+  __shared__ float square_gaps[8];
+  if (threadIdx.x < 8) square_gaps[threadIdx.x] = adamw::nvfp4_inverse_square_gap(threadIdx.x);
+  __syncthreads();
   const int64_t blocks = p.stored_cols / adamw::kNvfp4Block;
   const int lane = threadIdx.x % lanes::kLanesPerBlock;
   const int group = threadIdx.x / lanes::kLanesPerBlock;
@@ -165,6 +178,7 @@ __global__ void __launch_bounds__(kNvfp4Threads) nvfp4_kernel(ParamView p, StepS
     m_max = block_max(m_max, shared);
     root_max = block_max(root_max, shared);
     const float m_row = adamw::nvfp4_row_scale(m_max), v_row = adamw::nvfp4_row_scale(root_max);
+    const adamw::BlockDivisor m_row_divisor = adamw::block_divisor(m_row), v_row_divisor = adamw::block_divisor(v_row);
     // Whole warps iterate together (the trip count depends on the row length only) so that every lane takes
     // part in the shuffles.
     for (int64_t first = 0; first < blocks; first += kNvfp4Groups) {
@@ -176,7 +190,7 @@ __global__ void __launch_bounds__(kNvfp4Threads) nvfp4_kernel(ParamView p, StepS
       if (active) {
         moments = lanes::fresh(p, s, row, b, lane, old_m_row, old_v_row);
         masters = lanes::load_masters(p, row, b, lane);
-        normalized = lanes::normalize(moments, m_row, v_row);
+        normalized = lanes::normalize(moments, m_row_divisor, v_row_divisor);
       }
       float m_amax = normalized.m_amax, root_amax = normalized.root_amax;
       for (int offset = 1; offset < lanes::kLanesPerBlock; offset *= 2) {
@@ -185,7 +199,7 @@ __global__ void __launch_bounds__(kNvfp4Threads) nvfp4_kernel(ParamView p, StepS
       }
       if (active)
         lanes::store(p, s, row, b, lane, moments, masters, normalized, adamw::nvfp4_unclipped_scale_code(m_amax),
-                     adamw::nvfp4_unclipped_scale_code(root_amax));
+                     adamw::nvfp4_unclipped_scale_code(root_amax), adamw::TabledSquareGaps{square_gaps});
     }
     if (threadIdx.x == 0) {  // every thread read the old row scales before block_max's barriers
       p.exp_avg_row_scale[row] = m_row;

@@ -3,8 +3,9 @@
 // CPU tests pin the arithmetic the GPU does. Encodings and why: docs/optim.md; the kernel: kernels/adamw_step.md.
 //
 // Every operation is one IEEE operation rounded on its own, written out (mul_rn, add_rn, div_rn, fmaf) so that
-// neither compiler contracts or reorders anything: the bytes equal those of the ATen-composed optimizer this
-// replaced (tests/test_optim_golden.cpp), whose scalar-times-tensor adds were fused multiply-adds.
+// neither compiler contracts or reorders anything: the update's bytes equal those of the ATen-composed optimizer
+// this replaced, whose scalar-times-tensor adds were fused multiply-adds, and every rule equals its plain
+// statement in docs/optim.md ("The rules, exactly"; tests/test_optim_golden.cpp, tests/adamw_reference.h).
 // No libtorch, no CUDA runtime calls.
 #pragma once
 #include <cstdint>
@@ -22,6 +23,7 @@ using codec::bits_to_float;
 using codec::div_rn;
 using codec::float_bits;
 using codec::mul_rn;
+using codec::recip_rn;
 using codec::sub_rn;
 
 enum class Moments : int { f32 = 0, bf16 = 1, int8 = 2, nvfp4 = 3 };
@@ -34,7 +36,7 @@ constexpr float kE2m1Max = 6.0f;
 constexpr float kE2m1Smallest = 0.5f;
 
 // What one parameter's update needs from the host: the options and schedule rounded to fp32 once (as ATen
-// rounded its double scalars), and the 64-bit keys of the three random streams.
+// rounded its double scalars), and the 64-bit key of the step's random draws for this parameter.
 struct StepScalars {
   float beta1, one_minus_beta1, beta2, one_minus_beta2;
   float bias_correction2_sqrt;  // sqrt(1 - beta2^t)
@@ -42,7 +44,7 @@ struct StepScalars {
   float neg_step_size;          // -lr / (1 - beta1^t)
   float decay_factor;           // 1 - lr * weight_decay; exactly 1 where no decay applies (x * 1 is x)
   float grad_scale;             // the clipping factor; exactly 1 leaves the gradient as it is
-  uint64_t master_key, exp_avg_key, exp_avg_sq_key;
+  uint64_t random_key;           // element_draws(random_key, index): every stochastic rounding of the step
   // Where set (CUDA only), the clipping factor is read from this device float instead, by every thread before
   // anything else, and NaN there means "do not update": the in-backward update computes each block's factor on
   // the device and launches without waiting for it (kernels/adamw_step.md). The CPU loops never see it set.
@@ -104,6 +106,55 @@ QWEN3_HD uint64_t indices_sharing_high_bits(uint64_t index, uint64_t count) {
 // Uniform in [0, 1) from the top 24 bits (exact in fp32).
 QWEN3_HD float uniform_from_bits(uint32_t bits) { return static_cast<float>(bits >> 8) * 5.9604644775390625e-8f; }
 
+// Every stochastic rounding of one element in one step draws from one hash of its index (two mixer rounds, 64
+// bits), cut into disjoint pieces: 24 bits for m's rounding, 24 for v's, 16 for a bf16 master's. One hash where
+// each rounding had a keyed stream of its own (three hashes, six rounds): the compressed-moment kernels are
+// bound by their instructions, not their bytes (kernels/adamw_step.md). The index is the element's in the
+// (padded) row-major state, row * stored_cols + col, for the master too. Both rounds see the whole index; m's
+// piece comes from the first round alone, so a loop that rounds only m computes one.
+struct ElementDraws {
+  uint32_t m;       // 24 bits
+  uint32_t v;       // 24 bits
+  uint32_t master;  // 16 bits
+};
+
+QWEN3_HD uint32_t first_draw_round(uint64_t key, uint32_t index_low, uint32_t index_high) {
+  return mix32(index_low ^ static_cast<uint32_t>(key) ^ (index_high * 0x9E3779B1u));
+}
+QWEN3_HD ElementDraws draws_from_rounds(uint32_t first, uint32_t second) {
+  return {first >> 8, second >> 8, ((first & 0xFFu) << 8) | (second & 0xFFu)};
+}
+QWEN3_HD ElementDraws element_draws_split(uint64_t key, uint32_t index_low, uint32_t index_high) {
+  const uint32_t first = first_draw_round(key, index_low, index_high);
+  return draws_from_rounds(first, mix32(first ^ static_cast<uint32_t>(key >> 32)));
+}
+QWEN3_HD ElementDraws element_draws(uint64_t key, uint64_t index) {
+  return element_draws_split(key, static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32));
+}
+// m's draw alone: the first round's top 24 bits.
+QWEN3_HD uint32_t m_draw_split(uint64_t key, uint32_t index_low, uint32_t index_high) {
+  return first_draw_round(key, index_low, index_high) >> 8;
+}
+
+// Uniform in [0, 1) from a 24-bit draw (exact in fp32), and a draw's top 16 bits, what bf16 rounding adds.
+QWEN3_HD float uniform_from_draw(uint32_t draw) { return static_cast<float>(draw) * 5.9604644775390625e-8f; }
+QWEN3_HD uint32_t sixteen_bits_of_draw(uint32_t draw) { return draw >> 8; }
+
+// ---- one division a block ----------------------------------------------------------------------------------------
+
+// x / d for every element of a block (or row) by one division: x * s times the rounded reciprocal of d * s, where
+// s is the power of two that brings d * s into [2^-64, 2^64], so that the reciprocal is a normal float for any
+// finite d > 0 (a subnormal d, a decayed moment's block maximum, included: scaling by a power of two is exact).
+// Within two ulps of the quotient; the encoders are defined by this product. d = 0 gives 0 for every x.
+struct BlockDivisor {
+  float scale, reciprocal;
+};
+QWEN3_HD BlockDivisor block_divisor(float d) {
+  const float s = d < 0x1p-64f ? 0x1p64f : (d > 0x1p64f ? 0x1p-64f : 1.0f);
+  return {s, d > 0.0f ? recip_rn(mul_rn(d, s)) : 0.0f};
+}
+QWEN3_HD float divide(float x, BlockDivisor d) { return mul_rn(mul_rn(x, d.scale), d.reciprocal); }
+
 // ---- bf16 ----------------------------------------------------------------------------------------------------
 
 QWEN3_HD float bf16_to_float(uint16_t b) { return bits_to_float(static_cast<uint32_t>(b) << 16); }
@@ -157,11 +208,11 @@ QWEN3_HD float master_at(const void* master, int64_t index) {
   return kBf16 ? bf16_to_float(static_cast<const uint16_t*>(master)[index]) : static_cast<const float*>(master)[index];
 }
 
-// A bf16 master is rounded stochastically with the master stream's bits of its element.
+// A bf16 master is rounded stochastically with its element's 16-bit master draw.
 template <bool kBf16>
-QWEN3_HD void store_master_at(void* master, int64_t index, float value, uint64_t master_key) {
+QWEN3_HD void store_master_at(void* master, int64_t index, float value, uint32_t master_draw) {
   if (kBf16)
-    static_cast<uint16_t*>(master)[index] = bf16_stochastic(value, random_bits(master_key, static_cast<uint64_t>(index)));
+    static_cast<uint16_t*>(master)[index] = bf16_stochastic(value, master_draw);
   else
     static_cast<float*>(master)[index] = value;
 }
@@ -179,12 +230,23 @@ QWEN3_HD float grad_of(const ParamView& p, const StepScalars& s, int64_t row, in
 QWEN3_HD float master_of(const ParamView& p, int64_t index) {
   return p.master_bf16 ? master_at<true>(p.master, index) : master_at<false>(p.master, index);
 }
-QWEN3_HD void step_master(const ParamView& p, const StepScalars& s, int64_t index, float master, float m, float v) {
+QWEN3_HD void step_master(const ParamView& p, const StepScalars& s, int64_t index, float master, float m, float v,
+                          uint32_t master_draw) {
   const float updated = updated_master(master, m, v, s);
   if (p.master_bf16)
-    store_master_at<true>(p.master, index, updated, s.master_key);
+    store_master_at<true>(p.master, index, updated, master_draw);
   else
-    store_master_at<false>(p.master, index, updated, s.master_key);
+    store_master_at<false>(p.master, index, updated, master_draw);
+}
+// The same where nothing else of the element is rounded (fp32 moments): the draws are made only for a bf16
+// master, from the element's state index `draw_index`.
+QWEN3_HD void step_master_drawing(const ParamView& p, const StepScalars& s, int64_t index, float master, float m, float v,
+                                  uint64_t draw_index) {
+  const float updated = updated_master(master, m, v, s);
+  if (p.master_bf16)
+    store_master_at<true>(p.master, index, updated, element_draws(s.random_key, draw_index).master);
+  else
+    store_master_at<false>(p.master, index, updated, 0);
 }
 
 // ---- int8: m linear with a step per 64-block, v on a log2 grid under the block maximum ---------------------------
@@ -207,26 +269,43 @@ QWEN3_HD float int8_log_level(uint32_t code) {
   return bits_to_float(pick8(code & 7u, kOctave)) * bits_to_float((127u - (code >> 3)) << 23);
 }
 
+// 1 / (level(c) - level(c + 1)) for c = 0..254, what v's rounding probability multiplies by: the gap is exact
+// (the two levels are within a factor of two), an octave's eight gaps scale by 2^-octave like the levels
+// (level(8 o + 8) = level(8 o) / 2), so the reciprocal is one of eight rounded values times an exact 2^octave.
+QWEN3_HD float int8_log_inverse_gap(uint32_t code) {
+  // float(1 / (level(b) - level(b + 1))) for b = 0..7.
+  constexpr uint32_t kInverseGaps[8] = {0x4140C7CEu, 0x41523A87u, 0x41654180u, 0x417A015Cu,
+                                        0x41885103u, 0x4194A76Au, 0x41A21BC6u, 0x41B0C7CCu};
+  return bits_to_float(pick8(code & 7u, kInverseGaps) + ((code >> 3) << 23));
+}
+
 QWEN3_HD float int8_linear_decode(int8_t code, float step) { return mul_rn(static_cast<float>(code), step); }
 
-// Code of x for a block step > 0 (or 0 for step 0): floor(x / step), raised by one with probability equal to the
-// remainder, so E[code * step] = x.
-QWEN3_HD int8_t int8_linear_encode(float x, float step, float uniform) {
-  const float t = step > 0.0f ? div_rn(x, step) : 0.0f;
+// The block's step, a 127th of its largest |m|: what decoding multiplies the codes by.
+QWEN3_HD float int8_linear_step(float amax) { return div_rn(amax, kInt8LinearMax); }
+
+// Code of x under its block's step (`inverse`: block_divisor(step), nothing for step 0): floor(x / step), raised
+// by one with probability equal to the remainder, so E[code * step] = x (to the quotient's two ulps).
+QWEN3_HD int8_t int8_linear_encode(float x, BlockDivisor inverse, float uniform) {
+  const float t = divide(x, inverse);
   float lower = floorf(t);
   lower = add_rn(lower, uniform < sub_rn(t, lower) ? 1.0f : 0.0f);
   lower = lower < -kInt8LinearMax ? -kInt8LinearMax : (lower > kInt8LinearMax ? kInt8LinearMax : lower);
   return static_cast<int8_t>(static_cast<int>(lower));
 }
 
-// The level of a code as computed (the host loops' form), and the same values from a table the caller filled with
-// int8_log_level (the GPU kernel's form: a shared-memory load in place of the masks and ors of pick8).
+// The levels and inverse gaps of codes as computed (the host loops' form), and the same values from tables the
+// caller filled with int8_log_level and int8_log_inverse_gap (the GPU kernel's form: a shared-memory load in
+// place of the masks and ors of pick8).
 struct ComputedLevels {
   QWEN3_HD float operator()(uint32_t code) const { return int8_log_level(code); }
+  QWEN3_HD float inverse_gap(uint32_t code) const { return int8_log_inverse_gap(code); }
 };
 struct TabledLevels {
-  const float* table;  // [256]: table[c] == int8_log_level(c)
+  const float* table;          // [256]: table[c] == int8_log_level(c)
+  const float* inverse_gaps;   // [256]: inverse_gaps[c] == int8_log_inverse_gap(c)
   QWEN3_HD float operator()(uint32_t code) const { return table[code]; }
+  QWEN3_HD float inverse_gap(uint32_t code) const { return inverse_gaps[code]; }
 };
 
 template <typename Levels = ComputedLevels>
@@ -254,14 +333,15 @@ QWEN3_HD uint32_t int8_log_upper_code(float ratio) {
   return static_cast<uint32_t>(ratio > 0.0f ? code : 254);  // zero (and NaN): the floor level
 }
 
-// Code of v >= 0 under block maximum `block_max` > 0 (any code for 0): one of the two levels around v / max,
-// chosen with probability linear in v, so E[decoded] = v. Below the last level: code 255.
+// Code of v >= 0 under its block maximum (`inverse`: block_divisor(block maximum); any code for a zero block):
+// one of the two levels around v / max, chosen with probability linear in v, so E[decoded] = v. Below the last
+// level: code 255.
 template <typename Levels = ComputedLevels>
-QWEN3_HD uint8_t int8_log_encode(float v, float block_max, float uniform, Levels level = Levels()) {
-  const float ratio = block_max > 0.0f ? div_rn(v, block_max) : 0.0f;
+QWEN3_HD uint8_t int8_log_encode(float v, BlockDivisor inverse, float uniform, Levels level = Levels()) {
+  const float ratio = divide(v, inverse);
   const uint32_t upper_code = int8_log_upper_code(ratio);
-  const float upper = level(upper_code), lower = level(upper_code + 1);
-  float p_upper = div_rn(sub_rn(ratio, lower), sub_rn(upper, lower));
+  const float lower = level(upper_code + 1);
+  float p_upper = mul_rn(sub_rn(ratio, lower), level.inverse_gap(upper_code));
   p_upper = p_upper < 0.0f ? 0.0f : (p_upper > 1.0f ? 1.0f : p_upper);
   return static_cast<uint8_t>(upper_code + (uniform >= p_upper ? 1u : 0u));
 }
@@ -293,36 +373,56 @@ QWEN3_HD uint8_t nvfp4_unclipped_scale_code(float amax) {
   return static_cast<uint8_t>(raised > codec::kE4m3MaxCode ? codec::kE4m3MaxCode : raised);
 }
 
-// The E2M1 magnitude code (0..7) of normalized magnitude `a` under scale `scale`, rounded to one of the two grid
-// neighbours at random: linear in the value, or in its square (for sqrt(v), so that E[decoded^2] = v). sqrt(v)
-// is floored at the smallest non-zero level: a zero there would divide a live m by eps.
+// 1 / (upper^2 - lower^2) for the E2M1 neighbours of sqrt(v) whose lower code is `lower_code` (0..7: the pairs
+// (0, 0.5), (0.5, 1), (1, 1.5), (1.5, 2), (2, 3), (3, 4), (4, 6), and (6, 8) at the top, where the probability
+// is 0), each rounded once: what v's rounding probability multiplies by. The host loops' form (masks and ors);
+// the GPU kernel reads the same values from a table it filled with this.
+QWEN3_HD float nvfp4_inverse_square_gap(uint32_t lower_code) {
+  // float(1 / d) for d = 0.25, 0.75, 1.25, 1.75, 5, 7, 20, 28.
+  constexpr uint32_t kInverse[8] = {0x40800000u, 0x3FAAAAABu, 0x3F4CCCCDu, 0x3F124925u,
+                                    0x3E4CCCCDu, 0x3E124925u, 0x3D4CCCCDu, 0x3D124925u};
+  return bits_to_float(pick8(lower_code, kInverse));
+}
+struct ComputedSquareGaps {
+  QWEN3_HD float operator()(uint32_t lower_code) const { return nvfp4_inverse_square_gap(lower_code); }
+};
+struct TabledSquareGaps {
+  const float* table;  // [8]: table[c] == nvfp4_inverse_square_gap(c)
+  QWEN3_HD float operator()(uint32_t lower_code) const { return table[lower_code]; }
+};
+
+// The E2M1 magnitude code (0..7) of normalized magnitude `a` under its block's scale (`inverse`:
+// block_divisor(scale)), rounded to one of the two grid neighbours at random: linear in the value, or in its
+// square (for sqrt(v), so that E[decoded^2] = v). sqrt(v) is floored at the smallest non-zero level: a zero
+// there would divide a live m by eps.
 //
 // The lower neighbour and its code come from the bits of the scaled value: E2M1 keeps one mantissa bit from
 // 1 up (1, 1.5, 2, 3, 4, 6), so for scaled >= 1 the lower neighbour is the float with its mantissa cut to one bit,
 // and its code is 2 + 2 * exponent + that bit = (bits >> 22) - 252; below 1 the grid is 0, 0.5. The upper
 // neighbour's code is the next one (the codes run in the values' order). The same values and probabilities
-// as rounding floor(scaled / spacing) * spacing (tests/test_optim_storage.cpp checks the two against each
+// as rounding floor(scaled / spacing) * spacing (tests/test_optim_golden.cpp checks the two against each
 // other), in fewer vector instructions: the CPU loop is bound by their count.
-template <bool kIsSqrtV>
-QWEN3_HD uint32_t nvfp4_stochastic_magnitude(float a, float scale, float uniform) {
+template <bool kIsSqrtV, typename SquareGaps = ComputedSquareGaps>
+QWEN3_HD uint32_t nvfp4_stochastic_magnitude(float a, BlockDivisor inverse, float uniform,
+                                             SquareGaps square_gaps = SquareGaps()) {
   constexpr bool is_sqrt_v = kIsSqrtV;
-  float scaled = scale > 0.0f ? div_rn(a, scale) : 0.0f;
+  const bool live_scale = inverse.reciprocal > 0.0f;
+  float scaled = divide(a, inverse);
   scaled = scaled > kE2m1Max ? kE2m1Max : scaled;
   if (is_sqrt_v) {
     const float floored = scaled < kE2m1Smallest ? kE2m1Smallest : scaled;
-    scaled = scale > 0.0f ? floored : scaled;
+    scaled = live_scale ? floored : scaled;
   }
   const uint32_t bits = float_bits(scaled);
   const bool at_least_one = scaled >= 1.0f, at_least_half = scaled >= kE2m1Smallest;
   const float lower = at_least_one ? bits_to_float(bits & 0xFFC00000u) : (at_least_half ? kE2m1Smallest : 0.0f);
   const uint32_t lower_code = at_least_one ? (bits >> 22) - 252u : (at_least_half ? 1u : 0u);
-  // Dividing by the spacing (a power of two) is multiplying by its exact reciprocal: the same bits.
-  const float inverse_spacing = scaled < 2.0f ? 2.0f : (scaled < 4.0f ? 1.0f : 0.5f);
   float p_upper;
   if (is_sqrt_v) {
-    const float upper = add_rn(lower, scaled < 2.0f ? 0.5f : (scaled < 4.0f ? 1.0f : 2.0f));
-    p_upper = div_rn(sub_rn(mul_rn(scaled, scaled), mul_rn(lower, lower)), sub_rn(mul_rn(upper, upper), mul_rn(lower, lower)));
+    p_upper = mul_rn(sub_rn(mul_rn(scaled, scaled), mul_rn(lower, lower)), square_gaps(lower_code & 7u));
   } else {
+    // Dividing by the spacing (a power of two) is multiplying by its exact reciprocal.
+    const float inverse_spacing = scaled < 2.0f ? 2.0f : (scaled < 4.0f ? 1.0f : 0.5f);
     p_upper = mul_rn(sub_rn(scaled, lower), inverse_spacing);
   }
   // At the top (scaled = 6) p_upper is 0: the code never passes 7. A NaN gives 7 (the step is skipped then).

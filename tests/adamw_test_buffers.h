@@ -78,7 +78,7 @@ inline ka::StepScalars scalars_for(int step, bool clip) {
   s.bias_correction2_sqrt = static_cast<float>(std::sqrt(1 - std::pow(0.999, step)));
   s.eps = 1e-8f, s.neg_step_size = static_cast<float>(-1e-2 / (1 - std::pow(0.9, step)));
   s.decay_factor = static_cast<float>(1 - 1e-2 * 0.05), s.grad_scale = clip ? 0.37f : 1.0f;
-  s.master_key = 11 + step, s.exp_avg_key = 22 + step, s.exp_avg_sq_key = 33 + step;
+  s.random_key = 0x1122334455667788ULL + static_cast<uint64_t>(step);
   return s;
 }
 

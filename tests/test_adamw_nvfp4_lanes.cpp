@@ -41,7 +41,7 @@ void run_nvfp4_split_on_host(const ka::ParamView& p, ka::StepScalars s) {
       for (int lane = 0; lane < lanes::kLanesPerBlock; ++lane) {
         moments[lane] = lanes::fresh(p, s, row, b, lane, old_m_row, old_v_row);
         masters[lane] = lanes::load_masters(p, row, b, lane);
-        normalized[lane] = lanes::normalize(moments[lane], m_row, v_row);
+        normalized[lane] = lanes::normalize(moments[lane], ka::block_divisor(m_row), ka::block_divisor(v_row));
         m_amax = std::max(m_amax, normalized[lane].m_amax);
         root_amax = std::max(root_amax, normalized[lane].root_amax);
       }

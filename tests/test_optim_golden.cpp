@@ -1,17 +1,25 @@
 // The optimizer's exact bytes, pinned: three AdamW steps of every (moment storage, master dtype) pair on inputs
 // built from integer hashes (no libtorch generator, no libm, so they are the same on every machine and
-// libtorch), hashed over the parameters and every state tensor. The expected hashes were produced by the
-// ATen-composed optimizer (commit b73ff9e, before the fused element update) on x86-64: the fused update must
-// reproduce its results bit for bit.
+// libtorch), hashed over the parameters and every state tensor, and compared tensor by tensor with a second,
+// plainly written implementation of the rules (tests/adamw_reference.h).
+//
+// fp32 moments with an fp32 master draw nothing: its hash is the one the ATen-composed optimizer produced (commit
+// b73ff9e, before the fused element update) on x86-64. The other seven pairs' hashes changed once, when every
+// stochastic rounding of an element came to draw from one hash and the encoders to multiply by a block's
+// reciprocal instead of dividing (kernels/adamw_step.md, "Bytes or instructions?"): they are the bytes the
+// plainly written rules give (ThreeStepsEqualThePlainlyWrittenRules), and before that change they were the
+// composed optimizer's too.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <type_traits>
 #include <vector>
 
+#include "adamw_reference.h"
 #include "adamw_update.cuh"
 #include "gpu_test.h"
 #include "optim_test_util.h"
@@ -58,9 +66,14 @@ struct GoldenCase {
 
 class AdamWGolden : public ::testing::TestWithParam<GoldenCase> {};
 
+const std::vector<std::vector<int64_t>>& golden_shapes() {
+  static const std::vector<std::vector<int64_t>> shapes{{13, 37}, {29}, {7, 3, 16}, {40, 200}, {3, 2560}};
+  return shapes;
+}
+
 uint64_t three_steps_hash(MomentStorage storage, at::ScalarType master, int64_t chunk_rows,
                           const at::Device& device = at::kCPU) {
-  const std::vector<std::vector<int64_t>> shapes{{13, 37}, {29}, {7, 3, 16}, {40, 200}, {3, 2560}};
+  const auto& shapes = golden_shapes();
   std::vector<OptimParam> params;
   for (size_t i = 0; i < shapes.size(); ++i)
     params.push_back(optim_test::make_param("p" + std::to_string(i),
@@ -83,7 +96,130 @@ uint64_t three_steps_hash(MomentStorage storage, at::ScalarType master, int64_t 
   return hash;
 }
 
-TEST_P(AdamWGolden, ThreeStepsGiveTheBytesOfTheComposedOptimizer) {
+// The bytes of a reference vector against a tensor's, or where they first differ.
+template <typename T>
+std::string first_difference(const std::string& what, const at::Tensor& tensor, const std::vector<T>& expected) {
+  const at::Tensor c = tensor.detach().contiguous().to(at::kCPU);
+  if (static_cast<size_t>(c.numel()) != expected.size() || c.element_size() != sizeof(T))
+    return what + ": " + std::to_string(c.numel()) + " elements of " + std::to_string(c.element_size()) +
+           " bytes, the reference " + std::to_string(expected.size()) + " of " + std::to_string(sizeof(T));
+  const auto* got = static_cast<const T*>(c.data_ptr());
+  for (size_t i = 0; i < expected.size(); ++i)
+    if (std::memcmp(&got[i], &expected[i], sizeof(T)) != 0)
+      return what + ": element " + std::to_string(i) + " differs from the reference";
+  return "";
+}
+
+// The same three steps through the plainly written rules, compared after every step with the optimizer's
+// parameters and state tensors, element by element.
+TEST_P(AdamWGolden, ThreeStepsEqualThePlainlyWrittenRules) {
+  namespace ref = adamw_reference;
+  const GoldenCase c = GetParam();
+  const auto& shapes = golden_shapes();
+  std::vector<OptimParam> params;
+  for (size_t i = 0; i < shapes.size(); ++i)
+    params.push_back(optim_test::make_param("p" + std::to_string(i), hashed_values(shapes[i], 1000 + i).mul(4.0f).to(c.master), i != 1));
+  AdamWOptions options;
+  options.moments = c.storage;
+  options.weight_decay = 0.05;
+  options.seed = 2026;
+  AdamW optimizer(params, options);
+
+  const ref::Storage storage = c.storage == MomentStorage::float32    ? ref::Storage::f32
+                               : c.storage == MomentStorage::bfloat16 ? ref::Storage::bf16
+                               : c.storage == MomentStorage::int8     ? ref::Storage::int8
+                                                                      : ref::Storage::nvfp4;
+  std::vector<ref::State> states;
+  std::vector<std::vector<float>> masters_f32;
+  std::vector<std::vector<uint16_t>> masters_bf16;
+  for (const OptimParam& p : params) {
+    ref::State st;
+    st.storage = storage;
+    st.rows = p.param.dim() <= 1 ? 1 : p.param.size(0);
+    st.cols = p.param.numel() / st.rows;
+    const int64_t block = ref::block_of(storage);
+    st.stored = (st.cols + block - 1) / block * block;
+    const auto elements = static_cast<size_t>(st.rows * st.stored), blocks = elements / block;
+    const auto rows = static_cast<size_t>(st.rows);
+    // The optimizer's initial state: zero codes and scales (decoding to 0), row scales 1.
+    if (storage == ref::Storage::f32) st.m_f32.assign(elements, 0.0f), st.v_f32.assign(elements, 0.0f);
+    if (storage == ref::Storage::bf16) st.m_bf16.assign(elements, 0), st.v_bf16.assign(elements, 0);
+    if (storage == ref::Storage::int8)
+      st.m_int8.assign(elements, 0), st.v_int8.assign(elements, 0), st.m_step.assign(blocks, 0.0f), st.v_max.assign(blocks, 0.0f);
+    if (storage == ref::Storage::nvfp4) {
+      st.m_fp4.assign(elements / 2, 0), st.v_fp4.assign(elements / 2, 0);
+      st.m_scale.assign(blocks, 0), st.v_scale.assign(blocks, 0), st.m_row.assign(rows, 1.0f), st.v_row.assign(rows, 1.0f);
+    }
+    states.push_back(st);
+    const at::Tensor value = p.param.detach().contiguous();
+    if (c.master == at::kFloat) {
+      masters_f32.emplace_back(value.data_ptr<float>(), value.data_ptr<float>() + value.numel());
+    } else {
+      const auto* bits = static_cast<const uint16_t*>(value.data_ptr());
+      masters_bf16.emplace_back(bits, bits + value.numel());
+    }
+  }
+
+  const double lrs[] = {1e-2, 3e-3, 5e-2};
+  for (int step = 0; step < 3; ++step) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      optim_test::set_grad(params[i], hashed_values(shapes[i], 100 * (step + 1) + i, step == 1 ? 2 : -1));
+      const at::Tensor grad = params[i].param.grad().to(at::kFloat).contiguous();
+      const std::vector<float> g(grad.data_ptr<float>(), grad.data_ptr<float>() + grad.numel());
+      const ref::Hyper h = ref::hyper(lrs[step], options.beta1, options.beta2, options.eps, options.weight_decay,
+                                      params[i].decay, step + 1);
+      const uint64_t key = ref::step_key(options.seed, step + 1, static_cast<int64_t>(i));
+      ref::step(states[i], c.master == at::kFloat ? &masters_f32[i] : nullptr,
+                c.master == at::kFloat ? nullptr : &masters_bf16[i], g, h, key);
+    }
+    optimizer.step(lrs[step]);
+
+    std::vector<std::string> differences;
+    const auto note = [&](const std::string& d) {
+      if (!d.empty()) differences.push_back(d);
+    };
+    const auto named = optimizer.state_tensors();
+    size_t next = 0;
+    const auto state = [&](const char* suffix) -> const at::Tensor& {
+      const auto& [name, tensor] = named.at(next++);
+      EXPECT_NE(name.find(suffix), std::string::npos) << name << " where " << suffix << " was expected";
+      return tensor;
+    };
+    for (size_t i = 0; i < params.size(); ++i) {
+      const std::string where = "step " + std::to_string(step + 1) + ", p" + std::to_string(i);
+      const ref::State& st = states[i];
+      note(c.master == at::kFloat ? first_difference(where + " master", params[i].param, masters_f32[i])
+                                  : first_difference(where + " master", params[i].param, masters_bf16[i]));
+      switch (storage) {
+        case ref::Storage::f32:
+          note(first_difference(where + " m", state(".exp_avg"), st.m_f32));
+          note(first_difference(where + " v", state(".exp_avg_sq"), st.v_f32));
+          break;
+        case ref::Storage::bf16:
+          note(first_difference(where + " m", state(".exp_avg"), st.m_bf16));
+          note(first_difference(where + " v", state(".exp_avg_sq"), st.v_bf16));
+          break;
+        case ref::Storage::int8:
+          note(first_difference(where + " m", state(".exp_avg"), st.m_int8));
+          note(first_difference(where + " m step", state(".exp_avg.scale"), st.m_step));
+          note(first_difference(where + " v", state(".exp_avg_sq"), st.v_int8));
+          note(first_difference(where + " v max", state(".exp_avg_sq.scale"), st.v_max));
+          break;
+        case ref::Storage::nvfp4:
+          note(first_difference(where + " m", state(".exp_avg"), st.m_fp4));
+          note(first_difference(where + " m scale", state(".exp_avg.scale"), st.m_scale));
+          note(first_difference(where + " m row scale", state(".exp_avg.row_scale"), st.m_row));
+          note(first_difference(where + " v", state(".exp_avg_sq"), st.v_fp4));
+          note(first_difference(where + " v scale", state(".exp_avg_sq.scale"), st.v_scale));
+          note(first_difference(where + " v row scale", state(".exp_avg_sq.row_scale"), st.v_row));
+          break;
+      }
+    }
+    ASSERT_TRUE(differences.empty()) << differences.size() << " tensors differ; first: " << differences.front();
+  }
+}
+
+TEST_P(AdamWGolden, ThreeStepsGiveThePinnedBytes) {
   const GoldenCase c = GetParam();
   EXPECT_EQ(three_steps_hash(c.storage, c.master, 0), c.expected);
   EXPECT_EQ(three_steps_hash(c.storage, c.master, 5), c.expected) << "in pieces of 5 rows";
@@ -114,18 +250,20 @@ TEST(AdamWRules, TablesEqualTheirDefinitions) {
 }
 
 // The definition of nvfp4's stochastic E2M1 rounding, as first written (floor(scaled / spacing) * spacing, the
-// neighbour's value turned into its code): the element rule derives the neighbour and its code from the scaled
-// value's bits instead, which must give the same code for every input.
+// neighbour's value turned into its code; for sqrt(v) the probability's denominator's reciprocal computed here):
+// the element rule derives the neighbour and its code from the scaled value's bits and reads the reciprocal
+// from a table, which must give the same code for every input. Both normalize by the block's divisor (x times
+// the rounded reciprocal of the scale, kernels/adamw_update.cuh).
 template <bool kIsSqrtV>
 uint32_t reference_stochastic_magnitude(float a, float scale, float uniform) {
-  float scaled = scale > 0.0f ? a / scale : 0.0f;
+  float scaled = scale > 0.0f ? (a * 1.0f) * (1.0f / scale) : 0.0f;  // E4M3 scales need no power-of-two shift
   scaled = scaled > 6.0f ? 6.0f : scaled;
   if (kIsSqrtV && scale > 0.0f && scaled < 0.5f) scaled = 0.5f;
   const float spacing = scaled < 2.0f ? 0.5f : (scaled < 4.0f ? 1.0f : 2.0f);
   const float inverse_spacing = 1.0f / spacing;
   const float lower = std::floor(scaled * inverse_spacing) * spacing;
   const float upper = lower + spacing;
-  const float p_upper = kIsSqrtV ? (scaled * scaled - lower * lower) / (upper * upper - lower * lower)
+  const float p_upper = kIsSqrtV ? (scaled * scaled - lower * lower) * (1.0f / (upper * upper - lower * lower))
                                  : (scaled - lower) * inverse_spacing;
   const float value = uniform < p_upper ? upper : lower;
   const float code = value < 2.0f ? value * 2.0f : (value < 4.0f ? value + 2.0f : (value < 5.0f ? 6.0f : 7.0f));
@@ -147,7 +285,7 @@ TEST(AdamWRules, Nvfp4StochasticRoundingFromBitsEqualsTheDefinition) {
   std::string first_difference;
   auto check = [&](auto is_sqrt_v, float a, float scale, float uniform) {
     constexpr bool kSqrtV = decltype(is_sqrt_v)::value;
-    const uint32_t got = ka::nvfp4_stochastic_magnitude<kSqrtV>(a, scale, uniform);
+    const uint32_t got = ka::nvfp4_stochastic_magnitude<kSqrtV>(a, ka::block_divisor(scale), uniform);
     const uint32_t want = reference_stochastic_magnitude<kSqrtV>(a, scale, uniform);
     ++checked;
     if (got != want && differing++ == 0)
@@ -172,6 +310,67 @@ TEST(AdamWRules, Nvfp4StochasticRoundingFromBitsEqualsTheDefinition) {
   EXPECT_GT(checked, 1000000);
 }
 
+// The int8 encoders against the plainly written rules where a last-bit difference would show: uniforms on the
+// 24-bit grid at and beside the reference's own threshold (the remainder for m, the upper level's probability for
+// v), block maxima from subnormal to 2^100 (the block divisor's power-of-two shift), values across every octave
+// of v's levels and between them. The golden steps rarely land on a threshold; this test lands on every one.
+TEST(AdamWRules, Int8EncodersEqualThePlainRulesAtTheirThresholds) {
+  namespace ka = kernels::adamw;
+  namespace ref = adamw_reference;
+  const auto grid_around = [](float threshold) {
+    const float at = std::floor(threshold * 16777216.0f) / 16777216.0f;
+    std::vector<float> u;
+    for (float x : {at - 0x1p-24f, at, at + 0x1p-24f})
+      if (x >= 0.0f && x < 1.0f) u.push_back(x);
+    return u;
+  };
+  int64_t checked = 0, differing = 0;
+  std::string first;
+  const auto expect_same = [&](int got, int want, const std::string& what) {
+    ++checked;
+    if (got != want && differing++ == 0) first = what + ": " + std::to_string(got) + ", the rule " + std::to_string(want);
+  };
+  for (float block_max : {1.0f, 3.7f, 1e-3f, 0x1p-100f, 1e-40f, 7e-39f, 1e30f, 0x1p70f, 123456.0f}) {
+    const ka::BlockDivisor v_divisor = ka::block_divisor(block_max);
+    for (int code = 0; code <= 256; ++code)
+      for (float fraction : {0.0f, 0.013f, 0.25f, 0.5f, 0.61803f, 0.999f}) {
+        // A ratio between level(code) and level(code + 1) (or beyond the last one), times the block maximum.
+        const float ratio = ref::int8_level(code) * (1.0f - fraction * 0.083f);
+        const float v = ratio * block_max;
+        const float rule_ratio = ref::block_quotient(v, block_max);
+        const int upper = ref::int8_v_upper(rule_ratio);
+        for (float u : grid_around(ref::int8_v_probability(rule_ratio, upper)))
+          expect_same(ka::int8_log_encode(v, v_divisor, u), ref::int8_v_code(v, block_max, u),
+                      "v=" + std::to_string(v) + " max=" + std::to_string(block_max) + " u=" + std::to_string(u));
+      }
+    const float step = block_max / 127.0f;
+    const ka::BlockDivisor m_divisor = ka::block_divisor(step);
+    for (int k = -127 * 8; k <= 127 * 8; ++k) {
+      const float x = step * (static_cast<float>(k) / 8.0f + 0.0371f);
+      const float t = ref::block_quotient(x, step);
+      for (float u : grid_around(t - std::floor(t)))
+        expect_same(ka::int8_linear_encode(x, m_divisor, u), ref::int8_m_code(x, step, u),
+                    "m=" + std::to_string(x) + " step=" + std::to_string(step) + " u=" + std::to_string(u));
+    }
+  }
+  EXPECT_EQ(differing, 0) << "of " << checked << "; first: " << first;
+  EXPECT_GT(checked, 50000);
+}
+
+// The reciprocal tables of the encoders equal the reciprocals they stand for: int8's inverse level gaps (every
+// code of 0..254) and nvfp4's inverse square gaps.
+TEST(AdamWRules, ReciprocalTablesEqualTheirDefinitions) {
+  namespace ka = kernels::adamw;
+  for (uint32_t code = 0; code <= 254; ++code) {
+    const float gap = ka::int8_log_level(code) - ka::int8_log_level(code + 1);
+    EXPECT_EQ(ka::int8_log_inverse_gap(code), 1.0f / gap) << code;
+  }
+  const float lower[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  const float upper[8] = {0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, 8.0f};
+  for (uint32_t c = 0; c < 8; ++c)
+    EXPECT_EQ(ka::nvfp4_inverse_square_gap(c), 1.0f / (upper[c] * upper[c] - lower[c] * lower[c])) << c;
+}
+
 // The host loops draw the random stream in runs of 32-bit indices: a run stops where the high bits change, and
 // its bits are the 64-bit index's.
 TEST(AdamWRules, RandomRunsStopWhereTheHighBitsChange) {
@@ -191,13 +390,13 @@ TEST(AdamWRules, RandomRunsStopWhereTheHighBitsChange) {
 INSTANTIATE_TEST_SUITE_P(
     AllStorages, AdamWGolden,
     ::testing::Values(GoldenCase{MomentStorage::float32, at::kFloat, 0x5f492fa611c1ceb7ULL},
-                      GoldenCase{MomentStorage::float32, at::kBFloat16, 0xa6322bed1cdb5cf2ULL},
-                      GoldenCase{MomentStorage::bfloat16, at::kFloat, 0x90fe92da74ee1f8cULL},
-                      GoldenCase{MomentStorage::bfloat16, at::kBFloat16, 0x1215edb2282332dULL},
-                      GoldenCase{MomentStorage::int8, at::kFloat, 0xcb243581fa4cc951ULL},
-                      GoldenCase{MomentStorage::int8, at::kBFloat16, 0x214630031ac725fULL},
-                      GoldenCase{MomentStorage::nvfp4, at::kFloat, 0x51fa9880f9eeb71eULL},
-                      GoldenCase{MomentStorage::nvfp4, at::kBFloat16, 0xe0386cd984c64169ULL}),
+                      GoldenCase{MomentStorage::float32, at::kBFloat16, 0x2a1daac7b3eaab32ULL},
+                      GoldenCase{MomentStorage::bfloat16, at::kFloat, 0x370c54b6aa27fa22ULL},
+                      GoldenCase{MomentStorage::bfloat16, at::kBFloat16, 0x8606a31dbf34a78fULL},
+                      GoldenCase{MomentStorage::int8, at::kFloat, 0xa6bdbbf7e7c0912ULL},
+                      GoldenCase{MomentStorage::int8, at::kBFloat16, 0xb4b8ba5c60b78266ULL},
+                      GoldenCase{MomentStorage::nvfp4, at::kFloat, 0x527aafe9de569bdaULL},
+                      GoldenCase{MomentStorage::nvfp4, at::kBFloat16, 0x1746146c46794169ULL}),
     [](const ::testing::TestParamInfo<GoldenCase>& info) {
       return std::string(moment_storage_name(info.param.storage)) + "_master_" +
              (info.param.master == at::kFloat ? "float32" : "bfloat16");

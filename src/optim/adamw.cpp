@@ -17,7 +17,6 @@
 namespace qwen3 {
 namespace {
 
-using optim_detail::RandomStream;
 
 constexpr const char* kExpAvg = ".exp_avg";
 constexpr const char* kExpAvgSq = ".exp_avg_sq";
@@ -182,9 +181,7 @@ void AdamW::update_with(size_t i, const at::Tensor& grad, double lr, double grad
   scalars.decay_factor = p.decay && o.weight_decay != 0.0 ? static_cast<float>(1.0 - lr * o.weight_decay) : 1.0f;
   scalars.grad_scale = static_cast<float>(grad_scale);
   scalars.grad_scale_on_device = grad_scale_on_device;
-  scalars.master_key = optim_detail::stream_key(o.seed, step_count_, index, RandomStream::master);
-  scalars.exp_avg_key = optim_detail::stream_key(o.seed, step_count_, index, RandomStream::exp_avg);
-  scalars.exp_avg_sq_key = optim_detail::stream_key(o.seed, step_count_, index, RandomStream::exp_avg_sq);
+  scalars.random_key = optim_detail::step_key(o.seed, step_count_, index);
 
   // The gradient as it is when it is fp32 or bf16 and contiguous (always, from autograd); anything else as fp32.
   const at::ScalarType grad_dtype = grad.scalar_type() == at::kBFloat16 ? at::kBFloat16 : at::kFloat;

@@ -31,8 +31,8 @@ using ka::Moments;
 constexpr int64_t kGrainElements = 32768;
 
 // Calls body(c0, count, low, high) for the pieces of the elements [first, first + n) whose indices share their
-// high 32 bits (all of them but where the range crosses a multiple of 2^32): a loop over a piece draws the random
-// stream with 32-bit lanes, random_bits_split(key, low + k, high), the bits of random_bits(key, first + c0 + k).
+// high 32 bits (all of them but where the range crosses a multiple of 2^32): a loop over a piece makes the draws
+// with 32-bit lanes, element_draws_split(key, low + k, high), the draws of element_draws(key, first + c0 + k).
 // A 64-bit index vector and its narrowing cost as much as the rounding they feed.
 template <class Body>
 QWEN3_ROW_BODY void for_each_32bit_piece(int64_t first, int64_t n, Body&& body) {
@@ -77,21 +77,23 @@ QWEN3_ROW_BODY void encode_int8(const ka::ParamView& p, bool second, int64_t r, 
   for (int64_t b = 0; b < blocks; ++b) {
     const float* x = in + b * kB;
     const int64_t first = r * p.stored_cols + b * kB;
-    // A block lies within one 32-bit piece of the random stream: rows start at multiples of the block size, and
+    // A block lies within one 32-bit piece of the draws' indices: rows start at multiples of the block size, and
     // 2^32 is one too.
     const auto low = static_cast<uint32_t>(first), high = static_cast<uint32_t>(static_cast<uint64_t>(first) >> 32);
     if (second) {  // v >= 0: its block maximum
       const float top = max_of_nonnegative(x, kB);
+      const ka::BlockDivisor divisor = ka::block_divisor(top);
       auto* codes = static_cast<uint8_t*>(p.exp_avg_sq) + first;
       for (uint32_t i = 0; i < kB; ++i)
-        codes[i] = ka::int8_log_encode(x[i], top, ka::uniform_from_bits(ka::random_bits_split(key, low + i, high)));
+        codes[i] = ka::int8_log_encode(x[i], divisor, ka::uniform_from_draw(ka::element_draws_split(key, low + i, high).v));
       scales[b] = top;
     } else {  // m: a step of a 127th of the largest magnitude
       for (int i = 0; i < kB; ++i) magnitude[i] = std::fabs(x[i]);
-      const float step = ka::div_rn(max_of_nonnegative(magnitude, kB), ka::kInt8LinearMax);
+      const float step = ka::int8_linear_step(max_of_nonnegative(magnitude, kB));
+      const ka::BlockDivisor divisor = ka::block_divisor(step);
       auto* codes = static_cast<int8_t*>(p.exp_avg) + first;
       for (uint32_t i = 0; i < kB; ++i)
-        codes[i] = ka::int8_linear_encode(x[i], step, ka::uniform_from_bits(ka::random_bits_split(key, low + i, high)));
+        codes[i] = ka::int8_linear_encode(x[i], divisor, ka::uniform_from_draw(ka::m_draw_split(key, low + i, high)));
       scales[b] = step;
     }
   }
@@ -99,14 +101,16 @@ QWEN3_ROW_BODY void encode_int8(const ka::ParamView& p, bool second, int64_t r, 
 
 // The row's fp32 scale needs the row's largest |m| (or sqrt(v)) before any element is encoded. Four passes over
 // the row: block maxima of the raw bits, the scale of each element's block, the fused stochastic rounding, the
-// packing. The maxima need neither the magnitudes nor their normalized values: sqrt and a division by the
-// positive row scale are correctly rounded and so monotone, hence the largest sqrt(v) is sqrt(largest v) and the
-// largest normalized magnitude is the normalized largest one, the very values the element-wise order gives.
+// packing. The maxima need neither the magnitudes nor their normalized values: sqrt and the normalization (two
+// correctly rounded products by positive constants, divide()) are monotone, hence the largest sqrt(v) is
+// sqrt(largest v) and the largest normalized magnitude is the normalized largest one, the very values the
+// element-wise order gives.
 struct Nvfp4RowScratch {
-  std::vector<float> block_max, scale;
+  std::vector<float> block_max, scale, divisor_scale, divisor_reciprocal;
   std::vector<uint8_t> code;
   void resize(int64_t n) {
-    block_max.resize(n / ka::kNvfp4Block), scale.resize(n), code.resize(n);
+    block_max.resize(n / ka::kNvfp4Block), scale.resize(n), divisor_scale.resize(n), divisor_reciprocal.resize(n),
+        code.resize(n);
   }
 };
 
@@ -115,7 +119,8 @@ QWEN3_ROW_BODY void encode_nvfp4(const ka::ParamView& p, bool second, int64_t r,
   constexpr int kB = ka::kNvfp4Block;
   const int64_t n = p.stored_cols, blocks = n / kB, first = r * n;
   float* block_max = scratch.block_max.data();
-  float* scale = scratch.scale.data();
+  float* divisor_scale = scratch.divisor_scale.data();
+  float* divisor_reciprocal = scratch.divisor_reciprocal.data();
   uint8_t* code = scratch.code.data();
   // v >= 0 (a NaN, whatever its sign, is the largest pattern either way); m by its magnitude's bits.
   const uint32_t magnitude_mask = second ? 0xFFFFFFFFu : 0x7FFFFFFFu;
@@ -127,28 +132,30 @@ QWEN3_ROW_BODY void encode_nvfp4(const ka::ParamView& p, bool second, int64_t r,
     row_top = std::max(row_top, ka::float_bits(block_max[b]));
   }
   const float row_scale = ka::nvfp4_row_scale(ka::bits_to_float(row_top));
+  const ka::BlockDivisor row = ka::block_divisor(row_scale);
   auto* scales = static_cast<uint8_t*>(second ? p.exp_avg_sq_scale : p.exp_avg_scale) + r * blocks;
   for (int64_t b = 0; b < blocks; ++b) {
-    scales[b] = ka::nvfp4_unclipped_scale_code(ka::div_rn(block_max[b], row_scale));
-    const float block_scale = kernels::codec::e4m3_to_float(scales[b]);
-    for (int i = 0; i < kB; ++i) scale[b * kB + i] = block_scale;
+    scales[b] = ka::nvfp4_unclipped_scale_code(ka::divide(block_max[b], row));
+    const ka::BlockDivisor block = ka::block_divisor(kernels::codec::e4m3_to_float(scales[b]));
+    for (int i = 0; i < kB; ++i) divisor_scale[b * kB + i] = block.scale, divisor_reciprocal[b * kB + i] = block.reciprocal;
   }
-  // The rounding, fused: magnitude, normalization, random bits, rounding and sign.
+  // The rounding, fused: magnitude, normalization, draws, rounding and sign.
   for_each_32bit_piece(first, n, [&](int64_t c0, uint32_t count, uint32_t low, uint32_t high) {
     const float* x = in + c0;
-    const float* piece_scale = scale + c0;
+    const float* piece_scale = divisor_scale + c0;
+    const float* piece_reciprocal = divisor_reciprocal + c0;
     uint8_t* piece_code = code + c0;
     if (second) {
       for (uint32_t k = 0; k < count; ++k) {
-        const float uniform = ka::uniform_from_bits(ka::random_bits_split(key, low + k, high));
-        piece_code[k] = static_cast<uint8_t>(
-            ka::nvfp4_stochastic_magnitude<true>(ka::div_rn(std::sqrt(x[k]), row_scale), piece_scale[k], uniform));
+        const float uniform = ka::uniform_from_draw(ka::element_draws_split(key, low + k, high).v);
+        piece_code[k] = static_cast<uint8_t>(ka::nvfp4_stochastic_magnitude<true>(
+            ka::divide(std::sqrt(x[k]), row), ka::BlockDivisor{piece_scale[k], piece_reciprocal[k]}, uniform));
       }
     } else {  // the sign where the magnitude is not zero (no -0 is written)
       for (uint32_t k = 0; k < count; ++k) {
-        const float uniform = ka::uniform_from_bits(ka::random_bits_split(key, low + k, high));
-        const uint32_t magnitude =
-            ka::nvfp4_stochastic_magnitude<false>(ka::div_rn(std::fabs(x[k]), row_scale), piece_scale[k], uniform);
+        const float uniform = ka::uniform_from_draw(ka::m_draw_split(key, low + k, high));
+        const uint32_t magnitude = ka::nvfp4_stochastic_magnitude<false>(
+            ka::divide(std::fabs(x[k]), row), ka::BlockDivisor{piece_scale[k], piece_reciprocal[k]}, uniform);
         const uint32_t sign = x[k] < 0.0f ? 8u : 0u;
         piece_code[k] = static_cast<uint8_t>(magnitude | (magnitude != 0 ? sign : 0u));
       }
@@ -185,21 +192,20 @@ QWEN3_ROW_BODY void decode_nvfp4(const ka::ParamView& p, bool second, int64_t r,
   }
 }
 
-// m and v of one row, fresh, then the master: one pass over the row buffers (a bf16 master's random bits with
-// 32-bit lanes).
+// m and v of one row, fresh, then the master: one pass over the row buffers (a bf16 master's draws with 32-bit
+// lanes, from the element's index in the padded state).
 template <bool kBf16Master, bool kBf16Grad>
 QWEN3_ROW_BODY void update_row(const ka::ParamView& p, const ka::StepScalars& s, int64_t r, float* m, float* v) {
-  const int64_t first = r * p.cols;
-  for_each_32bit_piece(first, p.cols, [&](int64_t c0, uint32_t count, uint32_t low, uint32_t high) {
+  for_each_32bit_piece(r * p.stored_cols, p.cols, [&](int64_t c0, uint32_t count, uint32_t low, uint32_t high) {
     float* pm = m + c0;
     float* pv = v + c0;
-    const int64_t index = first + c0;
+    const int64_t index = r * p.cols + c0;
     for (uint32_t k = 0; k < count; ++k) {
       ka::update_moments(ka::grad_at<kBf16Grad>(p.grad, index + k, s.grad_scale), pm[k], pv[k], s);
       const float updated = ka::updated_master(ka::master_at<kBf16Master>(p.master, index + k), pm[k], pv[k], s);
-      if (kBf16Master)  // store_master_at's rounding, its bits drawn in 32-bit lanes
+      if (kBf16Master)  // store_master_at's rounding, its draws in 32-bit lanes
         static_cast<uint16_t*>(p.master)[index + k] =
-            ka::bf16_stochastic(updated, ka::random_bits_split(s.master_key, low + k, high));
+            ka::bf16_stochastic(updated, ka::element_draws_split(s.random_key, low + k, high).master);
       else
         static_cast<float*>(p.master)[index + k] = updated;
     }
@@ -237,8 +243,14 @@ QWEN3_ROW_BODY void encode_row(const ka::ParamView& p, bool second, int64_t r, c
     case Moments::bf16: {
       uint16_t* state = static_cast<uint16_t*>(second ? p.exp_avg_sq : p.exp_avg) + first;
       for_each_32bit_piece(first, p.cols, [&](int64_t c0, uint32_t count, uint32_t low, uint32_t high) {
-        for (uint32_t k = 0; k < count; ++k)
-          state[c0 + k] = ka::bf16_stochastic(in[c0 + k], ka::random_bits_split(key, low + k, high));
+        if (second) {
+          for (uint32_t k = 0; k < count; ++k)
+            state[c0 + k] = ka::bf16_stochastic(
+                in[c0 + k], ka::sixteen_bits_of_draw(ka::element_draws_split(key, low + k, high).v));
+        } else {
+          for (uint32_t k = 0; k < count; ++k)
+            state[c0 + k] = ka::bf16_stochastic(in[c0 + k], ka::sixteen_bits_of_draw(ka::m_draw_split(key, low + k, high)));
+        }
       });
       return;
     }
@@ -260,8 +272,8 @@ QWEN3_ROW_BODY void step_rows(const ka::ParamView& p, const ka::StepScalars& s, 
       p.grad_bf16 ? update_row<true, true>(p, s, r, m.data(), v.data()) : update_row<true, false>(p, s, r, m.data(), v.data());
     else
       p.grad_bf16 ? update_row<false, true>(p, s, r, m.data(), v.data()) : update_row<false, false>(p, s, r, m.data(), v.data());
-    encode_row(p, false, r, m.data(), s.exp_avg_key, scratch);
-    encode_row(p, true, r, v.data(), s.exp_avg_sq_key, scratch);
+    encode_row(p, false, r, m.data(), s.random_key, scratch);
+    encode_row(p, true, r, v.data(), s.random_key, scratch);
   }
 }
 

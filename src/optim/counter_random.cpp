@@ -18,11 +18,10 @@ uint64_t mix64(uint64_t z) {
 
 }  // namespace
 
-uint64_t stream_key(uint64_t seed, int64_t step, int64_t param_index, RandomStream stream) {
+uint64_t step_key(uint64_t seed, int64_t step, int64_t param_index) {
   uint64_t key = mix64(seed ^ 0x6A09E667F3BCC909ULL);
   key = mix64(key ^ static_cast<uint64_t>(step));
-  key = mix64(key ^ static_cast<uint64_t>(param_index));
-  return mix64(key ^ static_cast<uint64_t>(stream));
+  return mix64(key ^ static_cast<uint64_t>(param_index));
 }
 
 // The tensor forms below run the element rules of kernels/adamw_update.cuh on the host (tests and

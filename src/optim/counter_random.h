@@ -7,11 +7,9 @@
 
 namespace qwen3::optim_detail {
 
-// What a stream of random bits rounds; part of the key, so the streams of one step are independent.
-enum class RandomStream : uint64_t { master = 1, exp_avg = 2, exp_avg_sq = 3 };
-
-// A 64-bit key for one (seed, step, parameter, stream); computed on the host.
-uint64_t stream_key(uint64_t seed, int64_t step, int64_t param_index, RandomStream stream);
+// The 64-bit key of one (seed, step, parameter), computed on the host: every stochastic rounding of that
+// parameter's step draws from kernels::adamw::element_draws(key, element index).
+uint64_t step_key(uint64_t seed, int64_t step, int64_t param_index);
 
 // int64 tensor [rows, cols] on `device` of 32-bit hash values (0 .. 2^32-1) of the element indices
 // first_index + r * cols + c under `key`. All arithmetic stays below 2^63, so it is the same on every device.

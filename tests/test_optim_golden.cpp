@@ -357,6 +357,42 @@ TEST(AdamWRules, Int8EncodersEqualThePlainRulesAtTheirThresholds) {
   EXPECT_GT(checked, 50000);
 }
 
+// The GPU's int8 log code from an estimate of -8 log2(ratio) (the hardware's approximate log2 there) is the exact
+// one for any estimate within half a code: every level and its neighbours one and two ulps away, ratios between
+// levels, and the edges (0, subnormal, NaN, 1 and above), each with estimates off by up to 0.45 of a code either
+// way and with non-finite estimates where the hardware gives them.
+TEST(AdamWRules, Int8LogCodeFromAnEstimateIsTheExactOne) {
+  namespace ka = kernels::adamw;
+  std::vector<float> ratios{0.0f, 1e-45f, 1e-40f, 0x1p-126f, 1e-30f, 1.0f, 1.0000001f, 2.0f, std::nanf("")};
+  for (uint32_t code = 0; code <= 255; ++code) {
+    const float level = ka::int8_log_level(code);
+    float below = level, above = level;
+    for (int k = 0; k < 3; ++k) {
+      ratios.push_back(below), ratios.push_back(above);
+      below = std::nextafter(below, 0.0f), above = std::nextafter(above, 2.0f);
+    }
+    for (float f : {0.1f, 0.5f, 0.9f}) ratios.push_back(level * (1.0f - f * 0.083f));
+  }
+  int64_t checked = 0, differing = 0;
+  std::string first;
+  for (float ratio : ratios) {
+    const double exact = ratio > 0.0f ? -8.0 * std::log2(static_cast<double>(ratio)) : HUGE_VAL;
+    std::vector<float> estimates;
+    for (double delta : {-0.45, -0.2, 0.0, 0.2, 0.45}) estimates.push_back(static_cast<float>(exact + delta));
+    if (!(ratio > 0.0f)) estimates = {HUGE_VALF, -HUGE_VALF, std::nanf("")};
+    for (float estimate : estimates) {
+      ++checked;
+      const uint32_t got = ka::int8_log_upper_code_from_estimate(ratio, estimate, ka::ComputedLevels{});
+      const uint32_t want = ka::int8_log_upper_code(ratio);
+      if (got != want && differing++ == 0)
+        first = "ratio " + std::to_string(ratio) + ", estimate " + std::to_string(estimate) + ": " + std::to_string(got) +
+                ", the exact code " + std::to_string(want);
+    }
+  }
+  EXPECT_EQ(differing, 0) << "of " << checked << "; first: " << first;
+  EXPECT_GT(checked, 10000);
+}
+
 // The reciprocal tables of the encoders equal the reciprocals they stand for: int8's inverse level gaps (every
 // code of 0..254) and nvfp4's inverse square gaps.
 TEST(AdamWRules, ReciprocalTablesEqualTheirDefinitions) {

@@ -56,12 +56,14 @@ QWEN3_HD LaneMoments fresh(const ParamView& p, const StepScalars& s, int64_t row
   return out;
 }
 
-// The lane's largest |m| and sqrt(v): what the row's fp32 scales are made from.
-QWEN3_HD void row_maxima(const LaneMoments& lane, float& m_max, float& root_max) {
+// The lane's largest |m| and v: what the row's fp32 scales are made from (v's through sqrt of the row's largest:
+// sqrt is correctly rounded and so monotone, so sqrt of the largest v is the largest sqrt(v), one square root a
+// row where there was one an element).
+QWEN3_HD void row_maxima(const LaneMoments& lane, float& m_max, float& v_max) {
   QWEN3_UNROLL
   for (int k = 0; k < kPerLane; ++k) {
     m_max = fmaxf(m_max, fabsf(lane.m[k]));
-    root_max = fmaxf(root_max, sqrtf(lane.v[k]));
+    v_max = fmaxf(v_max, lane.v[k]);
   }
 }
 

@@ -183,11 +183,11 @@ __global__ void __launch_bounds__(kNvfp4Threads) nvfp4_kernel(ParamView p, StepS
   const int group = threadIdx.x / lanes::kLanesPerBlock;
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const float old_m_row = p.exp_avg_row_scale[row], old_v_row = p.exp_avg_sq_row_scale[row];
-    float m_max = 0.0f, root_max = 0.0f;
+    float m_max = 0.0f, v_max = 0.0f;
     for (int64_t b = group; b < blocks; b += kNvfp4Groups)
-      lanes::row_maxima(lanes::fresh(p, s, row, b, lane, old_m_row, old_v_row), m_max, root_max);
+      lanes::row_maxima(lanes::fresh(p, s, row, b, lane, old_m_row, old_v_row), m_max, v_max);
     m_max = block_max(m_max, shared);
-    root_max = block_max(root_max, shared);
+    const float root_max = sqrtf(block_max(v_max, shared));
     const float m_row = adamw::nvfp4_row_scale(m_max), v_row = adamw::nvfp4_row_scale(root_max);
     const adamw::BlockDivisor m_row_divisor = adamw::block_divisor(m_row), v_row_divisor = adamw::block_divisor(v_row);
     // Whole warps iterate together (the trip count depends on the row length only) so that every lane takes

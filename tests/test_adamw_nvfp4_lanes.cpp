@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -28,11 +29,11 @@ void run_nvfp4_split_on_host(const ka::ParamView& p, ka::StepScalars s) {
   const int64_t blocks = p.stored_cols / ka::kNvfp4Block;
   for (int64_t row = 0; row < p.rows; ++row) {
     const float old_m_row = p.exp_avg_row_scale[row], old_v_row = p.exp_avg_sq_row_scale[row];
-    float m_max = 0.0f, root_max = 0.0f;
+    float m_max = 0.0f, v_max = 0.0f;
     for (int64_t b = 0; b < blocks; ++b)
       for (int lane = 0; lane < lanes::kLanesPerBlock; ++lane)
-        lanes::row_maxima(lanes::fresh(p, s, row, b, lane, old_m_row, old_v_row), m_max, root_max);
-    const float m_row = ka::nvfp4_row_scale(m_max), v_row = ka::nvfp4_row_scale(root_max);
+        lanes::row_maxima(lanes::fresh(p, s, row, b, lane, old_m_row, old_v_row), m_max, v_max);
+    const float m_row = ka::nvfp4_row_scale(m_max), v_row = ka::nvfp4_row_scale(std::sqrt(v_max));
     for (int64_t b = 0; b < blocks; ++b) {
       lanes::LaneMoments moments[lanes::kLanesPerBlock];
       lanes::LaneMasters masters[lanes::kLanesPerBlock];

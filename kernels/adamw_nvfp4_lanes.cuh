@@ -11,12 +11,6 @@
 
 #include "adamw_update.cuh"
 
-#if defined(__CUDACC__)
-#define QWEN3_UNROLL _Pragma("unroll")
-#else
-#define QWEN3_UNROLL
-#endif
-
 namespace qwen3::kernels::adamw::nvfp4_lanes {
 
 constexpr int kLanesPerBlock = 4;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "adamw_int8_lanes.cuh"
 #include "adamw_nvfp4_lanes.cuh"
 #include "adamw_update.cuh"
 #include "qwen3_kernels.h"
@@ -69,12 +70,11 @@ __global__ void __launch_bounds__(kThreads) plain_kernel(ParamView p, StepScalar
   }
 }
 
-// int8: 8 lanes a 64-block, 8 consecutive elements a lane; the block's |m| maximum and v maximum meet by
+// int8: 8 lanes a 64-block, 8 consecutive elements a lane (the split is adamw_int8_lanes.cuh, __host__
+// __device__, run on the host by tests/test_adamw_int8_lanes.cpp); the block's |m| maximum and v maximum meet by
 // shuffles (maxima are exact in any order). Every byte read and written once.
-constexpr int kInt8Lanes = 8;
-constexpr int kInt8PerLane = adamw::kInt8Block / kInt8Lanes;
-
 __global__ void __launch_bounds__(kThreads) int8_kernel(ParamView p, StepScalars s) {
+  namespace lanes = adamw::int8_lanes;
   if (!adamw::take_device_grad_scale(s)) return;  // the same value for every thread: the whole grid returns
   // v's 256 log levels and the reciprocals of their gaps (the rules' own values, computed once a CTA): a
   // shared-memory load instead of pick8's eight compares, masks and ors, three times an element (decode, the
@@ -86,66 +86,27 @@ __global__ void __launch_bounds__(kThreads) int8_kernel(ParamView p, StepScalars
   }
   __syncthreads();
   const adamw::TabledLevels level{levels, inverse_gaps};
-  const int64_t blocks_per_row = p.stored_cols / adamw::kInt8Block;
-  const int64_t total_blocks = p.rows * blocks_per_row;
-  const int lane = threadIdx.x % kInt8Lanes;
-  auto* m_codes = static_cast<int8_t*>(p.exp_avg);
-  auto* v_codes = static_cast<uint8_t*>(p.exp_avg_sq);
-  auto* m_steps = static_cast<float*>(p.exp_avg_scale);
-  auto* v_maxes = static_cast<float*>(p.exp_avg_sq_scale);
+  const int64_t total_blocks = p.rows * (p.stored_cols / adamw::kInt8Block);
+  const int lane = threadIdx.x % lanes::kLanesPerBlock;
   // Whole warps iterate together so that every lane takes part in the shuffles.
-  const int64_t groups_per_pass = static_cast<int64_t>(gridDim.x) * (blockDim.x / kInt8Lanes);
+  const int64_t groups_per_pass = static_cast<int64_t>(gridDim.x) * (blockDim.x / lanes::kLanesPerBlock);
   const bool narrow = total_blocks + groups_per_pass <= static_cast<int64_t>(UINT32_MAX);
   for (int64_t first = 0; first < total_blocks; first += groups_per_pass) {
-    const int64_t block = first + blockIdx.x * static_cast<int64_t>(blockDim.x / kInt8Lanes) + threadIdx.x / kInt8Lanes;
+    const int64_t block =
+        first + blockIdx.x * static_cast<int64_t>(blockDim.x / lanes::kLanesPerBlock) + threadIdx.x / lanes::kLanesPerBlock;
     const bool active = block < total_blocks;
-    int64_t row = 0, block_in_row = 0;
+    lanes::LanePosition at{};
+    lanes::LaneState state{};
     if (active) {
-      // A 64-bit division is a subroutine of tens of instructions on the GPU, once a pass for every 8 elements; a
-      // 32-bit one is about half of it, and every real tensor has fewer than 2^32 blocks (2^38 elements).
-      if (narrow) {
-        const uint32_t r = static_cast<uint32_t>(block) / static_cast<uint32_t>(blocks_per_row);
-        row = r, block_in_row = static_cast<uint32_t>(block) - r * static_cast<uint32_t>(blocks_per_row);
-      } else {
-        row = block / blocks_per_row, block_in_row = block - row * blocks_per_row;
-      }
+      at = lanes::position(p, block, lane, narrow);
+      state = lanes::fresh(p, s, block, at, level);
     }
-    const int64_t col0 = active ? block_in_row * adamw::kInt8Block + lane * kInt8PerLane : 0;
-    const int64_t base = row * p.stored_cols + col0;
-    float m[kInt8PerLane], v[kInt8PerLane], master[kInt8PerLane], m_amax = 0.0f, v_max = 0.0f;
-    if (active) {
-      const float m_step = m_steps[block], v_block_max = v_maxes[block];
-      // The masters are loaded with the rest, before any store (see plain_kernel).
-#pragma unroll
-      for (int i = 0; i < kInt8PerLane; ++i) master[i] = col0 + i < p.cols ? adamw::master_of(p, row * p.cols + col0 + i) : 0.0f;
-#pragma unroll
-      for (int i = 0; i < kInt8PerLane; ++i) {
-        m[i] = adamw::int8_linear_decode(m_codes[base + i], m_step);
-        v[i] = adamw::int8_log_decode(v_codes[base + i], v_block_max, level);
-        adamw::update_moments(adamw::grad_of(p, s, row, col0 + i), m[i], v[i], s);
-        m_amax = fmaxf(m_amax, fabsf(m[i]));
-        v_max = fmaxf(v_max, v[i]);
-      }
-    }
-    for (int offset = 1; offset < kInt8Lanes; offset *= 2) {
+    float m_amax = state.m_amax, v_max = state.v_max;
+    for (int offset = 1; offset < lanes::kLanesPerBlock; offset *= 2) {
       m_amax = fmaxf(m_amax, __shfl_xor_sync(0xFFFFFFFFu, m_amax, offset));
       v_max = fmaxf(v_max, __shfl_xor_sync(0xFFFFFFFFu, v_max, offset));
     }
-    if (!active) continue;
-    // One division a lane for each of the block's two divisors, where each element divided twice.
-    const float step = adamw::int8_linear_step(m_amax);
-    const adamw::BlockDivisor m_divisor = adamw::block_divisor(step), v_divisor = adamw::block_divisor(v_max);
-#pragma unroll
-    for (int i = 0; i < kInt8PerLane; ++i) {
-      const adamw::ElementDraws draws = adamw::element_draws(s.random_key, static_cast<uint64_t>(base + i));
-      m_codes[base + i] = adamw::int8_linear_encode(m[i], m_divisor, adamw::uniform_from_draw(draws.m));
-      v_codes[base + i] = adamw::int8_log_encode(v[i], v_divisor, adamw::uniform_from_draw(draws.v), level);
-      if (col0 + i < p.cols) adamw::step_master(p, s, row * p.cols + col0 + i, master[i], m[i], v[i], draws.master);
-    }
-    if (lane == 0) {
-      m_steps[block] = step;
-      v_maxes[block] = v_max;
-    }
+    if (active) lanes::store(p, s, block, at, lane, state, m_amax, v_max, level);
   }
 }
 
@@ -243,8 +204,8 @@ int launch_adamw_step(const adamw::ParamView& p, const adamw::StepScalars& s, vo
     case Moments::int8:
       if (p.stored_cols % adamw::kInt8Block != 0 || !p.exp_avg_scale || !p.exp_avg_sq_scale)
         return static_cast<int>(cudaErrorInvalidValue);
-      int8_kernel<<<grid_for(p.rows * (p.stored_cols / adamw::kInt8Block), kThreads / kInt8Lanes), kThreads, 0,
-                    cuda_stream>>>(p, s);
+      int8_kernel<<<grid_for(p.rows * (p.stored_cols / adamw::kInt8Block), kThreads / adamw::int8_lanes::kLanesPerBlock),
+                    kThreads, 0, cuda_stream>>>(p, s);
       break;
     case Moments::nvfp4:
       if (p.stored_cols % adamw::kNvfp4Block != 0 || !p.exp_avg_scale || !p.exp_avg_sq_scale || !p.exp_avg_row_scale ||

@@ -11,8 +11,10 @@
 
 #if defined(__CUDACC__)
 #define QWEN3_HD __host__ __device__ __forceinline__
+#define QWEN3_UNROLL _Pragma("unroll")
 #else
 #define QWEN3_HD inline
+#define QWEN3_UNROLL
 #endif
 
 namespace qwen3::kernels::codec {

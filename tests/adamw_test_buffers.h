@@ -1,11 +1,16 @@
-// Host buffers of one parameter in the layout the AdamW kernel's launcher expects, and a step's scalars: shared
-// by the kernel's GPU test (tests/gpu/test_adamw_kernel.cpp) and the host run of its nvfp4 work split
-// (tests/test_adamw_nvfp4_lanes.cpp). Plain vectors; no libtorch, no CUDA.
+// Host buffers of one parameter in the layout the AdamW kernel's launcher expects, a step's scalars, and three
+// steps compared with the CPU step: shared by the kernel's GPU test (tests/gpu/test_adamw_kernel.cpp) and the host
+// runs of its int8 and nvfp4 work splits (tests/test_adamw_int8_lanes.cpp, tests/test_adamw_nvfp4_lanes.cpp).
+// Plain vectors; no libtorch, no CUDA.
 #pragma once
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string>
+#include <utility>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "adamw_update.cuh"
 
@@ -80,6 +85,37 @@ inline ka::StepScalars scalars_for(int step, bool clip) {
   s.decay_factor = static_cast<float>(1 - 1e-2 * 0.05), s.grad_scale = clip ? 0.37f : 1.0f;
   s.random_key = 0x1122334455667788ULL + static_cast<uint64_t>(step);
   return s;
+}
+
+// Three steps of a parameter of each test shape through the CPU step and through `split` (a host run of a
+// kernel's work split: split(view, scalars)), then every buffer compared byte for byte. Shapes: rows shorter
+// than a block, padded rows, a Qwen3-4B hidden-size row, many short rows.
+template <typename CpuStep, typename Split>
+void expect_split_equals_cpu_step(ka::Moments kind, bool bf16_master, bool bf16_grad, CpuStep cpu_step, Split split) {
+  for (const auto& shape : {std::pair<int64_t, int64_t>{13, 37}, {1, 29}, {7, 2560}, {300, 80}}) {
+    HostParam cpu(shape.first, shape.second, kind, bf16_master, bf16_grad);
+    HostParam host_split = cpu;
+    const auto view = [](HostParam& h) {
+      return h.view(h.master.data(), h.grad.data(), h.exp_avg.data(), h.exp_avg_sq.data(), h.exp_avg_scale.data(),
+                    h.exp_avg_sq_scale.data(), h.m_row.empty() ? nullptr : h.m_row.data(),
+                    h.v_row.empty() ? nullptr : h.v_row.data());
+    };
+    for (int step = 1; step <= 3; ++step) {
+      cpu.set_grad(step);
+      host_split.set_grad(step);
+      const ka::StepScalars s = scalars_for(step, step == 2);
+      cpu_step(view(cpu), s);
+      split(view(host_split), s);
+    }
+    const auto shape_text = std::to_string(shape.first) + " x " + std::to_string(shape.second);
+    EXPECT_EQ(host_split.master, cpu.master) << shape_text;
+    EXPECT_EQ(host_split.exp_avg, cpu.exp_avg) << shape_text;
+    EXPECT_EQ(host_split.exp_avg_sq, cpu.exp_avg_sq) << shape_text;
+    EXPECT_EQ(host_split.exp_avg_scale, cpu.exp_avg_scale) << shape_text;
+    EXPECT_EQ(host_split.exp_avg_sq_scale, cpu.exp_avg_sq_scale) << shape_text;
+    EXPECT_EQ(host_split.m_row, cpu.m_row) << shape_text;
+    EXPECT_EQ(host_split.v_row, cpu.v_row) << shape_text;
+  }
 }
 
 }  // namespace qwen3::adamw_test

@@ -19,8 +19,6 @@ namespace {
 
 namespace ka = kernels::adamw;
 namespace lanes = kernels::adamw::nvfp4_lanes;
-using adamw_test::HostParam;
-using adamw_test::scalars_for;
 
 // What nvfp4_kernel does, with its shuffles as a maximum over the block's four lanes and its barriers as the
 // order of the loops: every lane of a block reads the old state before any lane of it writes.
@@ -63,30 +61,10 @@ class AdamWNvfp4Lanes : public ::testing::TestWithParam<SplitCase> {};
 
 TEST_P(AdamWNvfp4Lanes, ThreeStepsEqualTheCpuStepByteForByte) {
   const SplitCase c = GetParam();
-  // Rows shorter than a block, padded rows, a row of 160 blocks (Qwen3-4B's hidden size), many short rows.
-  for (const auto& shape : {std::pair<int64_t, int64_t>{13, 37}, {1, 29}, {7, 2560}, {300, 80}}) {
-    HostParam cpu(shape.first, shape.second, ka::Moments::nvfp4, c.bf16_master, c.bf16_grad);
-    HostParam split = cpu;
-    const auto view = [](HostParam& h) {
-      return h.view(h.master.data(), h.grad.data(), h.exp_avg.data(), h.exp_avg_sq.data(), h.exp_avg_scale.data(),
-                    h.exp_avg_sq_scale.data(), h.m_row.data(), h.v_row.data());
-    };
-    for (int step = 1; step <= 3; ++step) {
-      cpu.set_grad(step);
-      split.set_grad(step);
-      const ka::StepScalars s = scalars_for(step, step == 2);
-      optim_detail::adamw_step_cpu(view(cpu), s, 0);
-      run_nvfp4_split_on_host(view(split), s);
-    }
-    const auto shape_text = std::to_string(shape.first) + " x " + std::to_string(shape.second);
-    EXPECT_EQ(split.master, cpu.master) << shape_text;
-    EXPECT_EQ(split.exp_avg, cpu.exp_avg) << shape_text;
-    EXPECT_EQ(split.exp_avg_sq, cpu.exp_avg_sq) << shape_text;
-    EXPECT_EQ(split.exp_avg_scale, cpu.exp_avg_scale) << shape_text;
-    EXPECT_EQ(split.exp_avg_sq_scale, cpu.exp_avg_sq_scale) << shape_text;
-    EXPECT_EQ(split.m_row, cpu.m_row) << shape_text;
-    EXPECT_EQ(split.v_row, cpu.v_row) << shape_text;
-  }
+  adamw_test::expect_split_equals_cpu_step(
+      ka::Moments::nvfp4, c.bf16_master, c.bf16_grad,
+      [](const ka::ParamView& p, const ka::StepScalars& s) { optim_detail::adamw_step_cpu(p, s, 0); },
+      [](const ka::ParamView& p, const ka::StepScalars& s) { run_nvfp4_split_on_host(p, s); });
 }
 
 INSTANTIATE_TEST_SUITE_P(MasterAndGradientDtypes, AdamWNvfp4Lanes,

@@ -1,23 +1,30 @@
 #!/usr/bin/env bash
 # Static PTX instruction counts of every kernel in kernels/*.cu, for one architecture: the figure the kernel
 # docs quote when a change cuts the work an element and no GPU is at hand to time it (kernels/nvfp4_kernels.md,
-# kernels/fused_ops.md, docs/performance.md). Needs nvcc, python3 and c++filt only.
+# kernels/fused_ops.md, docs/performance.md). Needs nvcc, python3 and c++filt only (--sass: readelf too).
 #
-#   scripts/ptx-counts.sh [--arch sm_90] [--rev GIT_REV] [NAME_FILTER]
+#   scripts/ptx-counts.sh [--arch sm_90] [--rev GIT_REV] [--sass] [NAME_FILTER]
 #
 # --rev counts the kernels of that commit instead of the working tree (before/after a change). Prints
 # "file<TAB>kernel<TAB>instructions", a line a kernel instantiation. Instructions are the PTX statements of its
 # body, those inside the intrinsics' inline-asm braces included; not directives, declarations, labels or
 # comments. Static counts: unrolled loops count unrolled and both sides of a branch count once, so compare a
 # kernel with itself before and after a change, never with time.
+#
+# --sass counts machine instructions instead: each kernel's .text section of the cubin ptxas makes, at 16 bytes an
+# instruction (sm_70 on), its alignment padding included. PTX hides what an operation costs: an IEEE division or
+# square root is one PTX statement and a dozen machine instructions with a slow-path branch, so a change that
+# trades divisions for products counts up in PTX and down here (kernels/adamw_step.md). No disassembler is
+# needed; what the instructions are, this does not say.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-arch=sm_90 rev="" filter=""
+arch=sm_90 rev="" filter="" sass=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --arch) arch=$2; shift 2 ;;
     --rev) rev=$2; shift 2 ;;
-    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --sass) sass=1; shift ;;
+    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "ptx-counts: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) filter=$1; shift ;;
   esac
@@ -32,6 +39,31 @@ if [ -n "$rev" ]; then
   src=$work/src
   mkdir -p "$src"
   git -C "$root" archive "$rev" kernels include | tar -x -C "$src" || { echo "ptx-counts: no kernels at $rev" >&2; exit 2; }
+fi
+if [ "$sass" = 1 ]; then
+  command -v readelf >/dev/null || { echo "ptx-counts: readelf not found (binutils)" >&2; exit 2; }
+  mkdir -p "$work/cubin"
+  for cu in "$src"/kernels/*.cu; do
+    nvcc -arch="$arch" -cubin -std=c++17 -I"$src/kernels" -I"$src/include" "$cu" -o "$work/cubin/$(basename "$cu" .cu).cubin"
+  done
+  for cubin in "$work"/cubin/*.cubin; do
+    readelf -S -W "$cubin" 2>/dev/null | python3 -c '
+import re, subprocess, sys
+file, wanted = sys.argv[1], sys.argv[2]
+rows = []
+for line in sys.stdin:
+    m = re.search(r"\s\.text\.(\S+)\s+PROGBITS\s+\S+\s+\S+\s+([0-9a-fA-F]+)", line)
+    if m:
+        rows.append((m.group(1), int(m.group(2), 16) // 16))
+names = subprocess.run(["c++filt"], input="\n".join(r[0] for r in rows), capture_output=True, text=True).stdout.split("\n")
+for (mangled, count), name in zip(rows, names):
+    name = re.sub(r"\(anonymous namespace\)::|qwen3::kernels::|^void ", "", name or mangled)
+    name = re.sub(r"\((?:[^()]|\([^()]*\))*\)$", "", name)
+    if wanted in file + "\t" + name:
+        print(f"{file}\t{name}\t{count}")
+' "$(basename "$cubin" .cubin)" "$filter"
+  done
+  exit 0
 fi
 mkdir -p "$work/ptx"
 for cu in "$src"/kernels/*.cu; do

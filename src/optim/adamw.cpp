@@ -17,7 +17,6 @@
 namespace qwen3 {
 namespace {
 
-
 constexpr const char* kExpAvg = ".exp_avg";
 constexpr const char* kExpAvgSq = ".exp_avg_sq";
 constexpr const char* kScale = ".scale";

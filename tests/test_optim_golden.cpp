@@ -420,7 +420,17 @@ TEST(AdamWRules, RandomRunsStopWhereTheHighBitsChange) {
   for (uint64_t index : {kTwo32 - 2, kTwo32 - 1, kTwo32, 5 * kTwo32 + 7}) {
     const auto low = static_cast<uint32_t>(index), high = static_cast<uint32_t>(index >> 32);
     EXPECT_EQ(ka::random_bits_split(key, low, high), ka::random_bits(key, index)) << index;
+    // The step's draws too (the host loops make them in runs), m's alone from the first round.
+    const ka::ElementDraws split = ka::element_draws_split(key, low, high), whole = ka::element_draws(key, index);
+    EXPECT_EQ(split.m, whole.m) << index;
+    EXPECT_EQ(split.v, whole.v) << index;
+    EXPECT_EQ(split.master, whole.master) << index;
+    EXPECT_EQ(ka::m_draw_split(key, low, high), whole.m) << index;
   }
+  // Elements 2^32 apart draw differently (both rounds see the high bits).
+  const ka::ElementDraws below = ka::element_draws(key, 7), above = ka::element_draws(key, kTwo32 + 7);
+  EXPECT_NE(below.m, above.m);
+  EXPECT_NE(below.v, above.v);
 }
 
 INSTANTIATE_TEST_SUITE_P(

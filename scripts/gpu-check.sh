@@ -1081,10 +1081,28 @@ for e in sorted(kernels, key=lambda e: e["ts"]):
     if end is not None and e["ts"] > end: gaps.append(e["ts"] - end)
     end = max(end or 0, e["ts"] + e.get("dur", 0))
 short = [g for g in gaps if g < 5]
+# Where the idle time is (the second round's fast step idled 16.1 ms, cause unknown): the gaps inside each phase
+# of the step, and the three largest with the kernels on either side.
+phases = [e for e in events if e.get("cat") == "phase"]
+def phase_of(t):
+    for p in phases:
+        if p["ts"] <= t < p["ts"] + p.get("dur", 0): return p.get("name", "?")
+    return "between phases"
+by_phase, largest, previous = collections.Counter(), [], None
+for e in sorted(kernels, key=lambda e: e["ts"]):
+    if previous is not None:
+        end = previous["ts"] + previous.get("dur", 0)
+        if e["ts"] > end:
+            by_phase[phase_of(end)] += (e["ts"] - end) / 1e3
+            largest.append((e["ts"] - end, previous.get("name", "?")[:28], e.get("name", "?")[:28]))
+    if previous is None or e["ts"] + e.get("dur", 0) > previous["ts"] + previous.get("dur", 0): previous = e
+largest = sorted(largest, reverse=True)[:3]
 print(f"{len(kernels)} kernels, their durations {busy:.1f} ms of the step's {step:.1f} ms"
       + (f" ({100 * busy / step:.0f}%)" if step > 0 else "") + ": "
       + ", ".join(f"{k} {v:.1f}" for k, v in ms.most_common())
-      + f"; device idle {sum(gaps) / 1e3:.1f} ms ({len(short)} gaps under 5 us: {sum(short) / 1e3:.1f} ms)")
+      + f"; device idle {sum(gaps) / 1e3:.1f} ms ({len(short)} gaps under 5 us: {sum(short) / 1e3:.1f} ms)"
+      + "; idle by phase: " + ", ".join(f"{k} {v:.1f}" for k, v in by_phase.most_common())
+      + "; largest gaps: " + ", ".join(f"{g / 1e3:.2f} ms {a} -> {b}" for g, a, b in largest))
 PY
 )
       record "$name" "profile-$c" "$([ -s "$d/profile-$c.json" ] && echo ok || echo failed)" 0 \

@@ -134,8 +134,8 @@ __global__ void __launch_bounds__(kNvfp4Threads) nvfp4_kernel(ParamView p, StepS
   namespace lanes = adamw::nvfp4_lanes;
   if (!adamw::take_device_grad_scale(s)) return;  // uniform: no thread is left at a barrier or a shuffle
   __shared__ float shared[kNvfp4Threads / 32];
-  // sqrt(v)'s eight inverse square gaps (the rule's values): a shared-memory load where pick8 took sixteen
-  // instructions.
+  // sqrt(v)'s eight inverse square gaps (the rule's values): a shared-memory load where pick8 takes eight
+  // compares, masks and ors.
   __shared__ float square_gaps[8];
   if (threadIdx.x < 8) square_gaps[threadIdx.x] = adamw::nvfp4_inverse_square_gap(threadIdx.x);
   __syncthreads();

@@ -242,11 +242,10 @@ QWEN3_HD void step_master(const ParamView& p, const StepScalars& s, int64_t inde
 // master, from the element's state index `draw_index`.
 QWEN3_HD void step_master_drawing(const ParamView& p, const StepScalars& s, int64_t index, float master, float m, float v,
                                   uint64_t draw_index) {
-  const float updated = updated_master(master, m, v, s);
-  if (p.master_bf16)
-    store_master_at<true>(p.master, index, updated, element_draws(s.random_key, draw_index).master);
+  if (p.master_bf16)  // a branch, not a select: an fp32 master's (the fast configuration's) update makes no hash
+    step_master(p, s, index, master, m, v, element_draws(s.random_key, draw_index).master);
   else
-    store_master_at<false>(p.master, index, updated, 0);
+    step_master(p, s, index, master, m, v, 0u);
 }
 
 // ---- int8: m linear with a step per 64-block, v on a log2 grid under the block maximum ---------------------------
@@ -335,9 +334,9 @@ QWEN3_HD uint32_t int8_log_upper_code(float ratio) {
 
 // The same code from an estimate of -8 log2(ratio) within half a code of it, corrected by the levels (one
 // comparison each way): the candidate is then at most one code from the answer, and the two comparisons find it.
-// The GPU kernel estimates with the hardware's approximate log2 (absolute error about 2^-21 in log2, 2^-18 of a
-// code): a multiply-function-unit op and a few comparisons where the exponent-and-eight-comparisons form takes
-// about twenty-five instructions. Every code read is within 0..255.
+// The GPU kernel estimates with the hardware's approximate log2 (CUDA documents __log2f to 2^-22 absolute in
+// [0.5, 2] and two ulps elsewhere: far under half a code of -8 log2): one special-function op and two table
+// comparisons where the exponent form takes eight comparisons and their sum. Every code read is within 0..255.
 template <typename Levels>
 QWEN3_HD uint32_t int8_log_upper_code_from_estimate(float ratio, float estimate, Levels level) {
   float candidate = floorf(estimate);

@@ -11,6 +11,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "nvfp4_codec.cuh"
@@ -186,6 +188,29 @@ struct State {
   std::vector<uint8_t> m_scale, v_scale;          // nvfp4 [rows, stored / 16]
   std::vector<float> m_row, v_row;                // nvfp4 [rows]
 };
+
+template <typename T>
+std::vector<uint8_t> bytes_of(const std::vector<T>& values) {
+  std::vector<uint8_t> out(values.size() * sizeof(T));
+  if (!values.empty()) std::memcpy(out.data(), values.data(), out.size());
+  return out;
+}
+
+// The state's tensors as bytes, named and ordered as the optimizer's state_tensors() names a parameter's.
+inline std::vector<std::pair<std::string, std::vector<uint8_t>>> named_bytes(const State& s) {
+  switch (s.storage) {
+    case Storage::f32: return {{".exp_avg", bytes_of(s.m_f32)}, {".exp_avg_sq", bytes_of(s.v_f32)}};
+    case Storage::bf16: return {{".exp_avg", bytes_of(s.m_bf16)}, {".exp_avg_sq", bytes_of(s.v_bf16)}};
+    case Storage::int8:
+      return {{".exp_avg", bytes_of(s.m_int8)}, {".exp_avg.scale", bytes_of(s.m_step)},
+              {".exp_avg_sq", bytes_of(s.v_int8)}, {".exp_avg_sq.scale", bytes_of(s.v_max)}};
+    case Storage::nvfp4:
+      return {{".exp_avg", bytes_of(s.m_fp4)},          {".exp_avg.scale", bytes_of(s.m_scale)},
+              {".exp_avg.row_scale", bytes_of(s.m_row)}, {".exp_avg_sq", bytes_of(s.v_fp4)},
+              {".exp_avg_sq.scale", bytes_of(s.v_scale)}, {".exp_avg_sq.row_scale", bytes_of(s.v_row)}};
+  }
+  return {};
+}
 
 inline int64_t block_of(Storage s) { return s == Storage::int8 ? 64 : (s == Storage::nvfp4 ? 16 : 1); }
 

@@ -12,7 +12,6 @@
 
 #include "adamw_nvfp4_lanes.cuh"
 #include "adamw_test_buffers.h"
-#include "optim/adamw_step.h"
 
 namespace qwen3 {
 namespace {
@@ -63,7 +62,6 @@ TEST_P(AdamWNvfp4Lanes, ThreeStepsEqualTheCpuStepByteForByte) {
   const SplitCase c = GetParam();
   adamw_test::expect_split_equals_cpu_step(
       ka::Moments::nvfp4, c.bf16_master, c.bf16_grad,
-      [](const ka::ParamView& p, const ka::StepScalars& s) { optim_detail::adamw_step_cpu(p, s, 0); },
       [](const ka::ParamView& p, const ka::StepScalars& s) { run_nvfp4_split_on_host(p, s); });
 }
 

@@ -14,7 +14,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -96,17 +95,15 @@ uint64_t three_steps_hash(MomentStorage storage, at::ScalarType master, int64_t 
   return hash;
 }
 
-// The bytes of a reference vector against a tensor's, or where they first differ.
-template <typename T>
-std::string first_difference(const std::string& what, const at::Tensor& tensor, const std::vector<T>& expected) {
+// A tensor's bytes against the reference's, or where they first differ.
+std::string first_difference(const std::string& what, const at::Tensor& tensor, const std::vector<uint8_t>& expected) {
   const at::Tensor c = tensor.detach().contiguous().to(at::kCPU);
-  if (static_cast<size_t>(c.numel()) != expected.size() || c.element_size() != sizeof(T))
-    return what + ": " + std::to_string(c.numel()) + " elements of " + std::to_string(c.element_size()) +
-           " bytes, the reference " + std::to_string(expected.size()) + " of " + std::to_string(sizeof(T));
-  const auto* got = static_cast<const T*>(c.data_ptr());
-  for (size_t i = 0; i < expected.size(); ++i)
-    if (std::memcmp(&got[i], &expected[i], sizeof(T)) != 0)
-      return what + ": element " + std::to_string(i) + " differs from the reference";
+  const auto* got = static_cast<const uint8_t*>(c.data_ptr());
+  const size_t size = static_cast<size_t>(c.numel()) * c.element_size();
+  if (size != expected.size())
+    return what + ": " + std::to_string(size) + " bytes, the reference " + std::to_string(expected.size());
+  for (size_t i = 0; i < size; ++i)
+    if (got[i] != expected[i]) return what + ": byte " + std::to_string(i) + " differs from the reference";
   return "";
 }
 
@@ -180,39 +177,14 @@ TEST_P(AdamWGolden, ThreeStepsEqualThePlainlyWrittenRules) {
     };
     const auto named = optimizer.state_tensors();
     size_t next = 0;
-    const auto state = [&](const char* suffix) -> const at::Tensor& {
-      const auto& [name, tensor] = named.at(next++);
-      EXPECT_NE(name.find(suffix), std::string::npos) << name << " where " << suffix << " was expected";
-      return tensor;
-    };
     for (size_t i = 0; i < params.size(); ++i) {
       const std::string where = "step " + std::to_string(step + 1) + ", p" + std::to_string(i);
-      const ref::State& st = states[i];
-      note(c.master == at::kFloat ? first_difference(where + " master", params[i].param, masters_f32[i])
-                                  : first_difference(where + " master", params[i].param, masters_bf16[i]));
-      switch (storage) {
-        case ref::Storage::f32:
-          note(first_difference(where + " m", state(".exp_avg"), st.m_f32));
-          note(first_difference(where + " v", state(".exp_avg_sq"), st.v_f32));
-          break;
-        case ref::Storage::bf16:
-          note(first_difference(where + " m", state(".exp_avg"), st.m_bf16));
-          note(first_difference(where + " v", state(".exp_avg_sq"), st.v_bf16));
-          break;
-        case ref::Storage::int8:
-          note(first_difference(where + " m", state(".exp_avg"), st.m_int8));
-          note(first_difference(where + " m step", state(".exp_avg.scale"), st.m_step));
-          note(first_difference(where + " v", state(".exp_avg_sq"), st.v_int8));
-          note(first_difference(where + " v max", state(".exp_avg_sq.scale"), st.v_max));
-          break;
-        case ref::Storage::nvfp4:
-          note(first_difference(where + " m", state(".exp_avg"), st.m_fp4));
-          note(first_difference(where + " m scale", state(".exp_avg.scale"), st.m_scale));
-          note(first_difference(where + " m row scale", state(".exp_avg.row_scale"), st.m_row));
-          note(first_difference(where + " v", state(".exp_avg_sq"), st.v_fp4));
-          note(first_difference(where + " v scale", state(".exp_avg_sq.scale"), st.v_scale));
-          note(first_difference(where + " v row scale", state(".exp_avg_sq.row_scale"), st.v_row));
-          break;
+      note(first_difference(where + " master", params[i].param,
+                            c.master == at::kFloat ? ref::bytes_of(masters_f32[i]) : ref::bytes_of(masters_bf16[i])));
+      for (const auto& [suffix, bytes] : ref::named_bytes(states[i])) {
+        const auto& [name, tensor] = named.at(next++);
+        EXPECT_EQ(name, "p" + std::to_string(i) + suffix);
+        note(first_difference(where + suffix, tensor, bytes));
       }
     }
     ASSERT_TRUE(differences.empty()) << differences.size() << " tensors differ; first: " << differences.front();

@@ -106,11 +106,10 @@ QWEN3_ROW_BODY void encode_int8(const ka::ParamView& p, bool second, int64_t r, 
 // sqrt(largest v) and the largest normalized magnitude is the normalized largest one, the very values the
 // element-wise order gives.
 struct Nvfp4RowScratch {
-  std::vector<float> block_max, scale, divisor_scale, divisor_reciprocal;
+  std::vector<float> block_max, scale, reciprocal;
   std::vector<uint8_t> code;
   void resize(int64_t n) {
-    block_max.resize(n / ka::kNvfp4Block), scale.resize(n), divisor_scale.resize(n), divisor_reciprocal.resize(n),
-        code.resize(n);
+    block_max.resize(n / ka::kNvfp4Block), scale.resize(n), reciprocal.resize(n), code.resize(n);
   }
 };
 
@@ -119,8 +118,7 @@ QWEN3_ROW_BODY void encode_nvfp4(const ka::ParamView& p, bool second, int64_t r,
   constexpr int kB = ka::kNvfp4Block;
   const int64_t n = p.stored_cols, blocks = n / kB, first = r * n;
   float* block_max = scratch.block_max.data();
-  float* divisor_scale = scratch.divisor_scale.data();
-  float* divisor_reciprocal = scratch.divisor_reciprocal.data();
+  float* reciprocal = scratch.reciprocal.data();
   uint8_t* code = scratch.code.data();
   // v >= 0 (a NaN, whatever its sign, is the largest pattern either way); m by its magnitude's bits.
   const uint32_t magnitude_mask = second ? 0xFFFFFFFFu : 0x7FFFFFFFu;
@@ -136,26 +134,26 @@ QWEN3_ROW_BODY void encode_nvfp4(const ka::ParamView& p, bool second, int64_t r,
   auto* scales = static_cast<uint8_t*>(second ? p.exp_avg_sq_scale : p.exp_avg_scale) + r * blocks;
   for (int64_t b = 0; b < blocks; ++b) {
     scales[b] = ka::nvfp4_unclipped_scale_code(ka::divide(block_max[b], row));
-    const ka::BlockDivisor block = ka::block_divisor(kernels::codec::e4m3_to_float(scales[b]));
-    for (int i = 0; i < kB; ++i) divisor_scale[b * kB + i] = block.scale, divisor_reciprocal[b * kB + i] = block.reciprocal;
+    // An E4M3 scale (2^-9 to 448, or 0 with reciprocal 0) never takes block_divisor's power-of-two shift.
+    const float block_reciprocal = ka::block_divisor(kernels::codec::e4m3_to_float(scales[b])).reciprocal;
+    for (int i = 0; i < kB; ++i) reciprocal[b * kB + i] = block_reciprocal;
   }
   // The rounding, fused: magnitude, normalization, draws, rounding and sign.
   for_each_32bit_piece(first, n, [&](int64_t c0, uint32_t count, uint32_t low, uint32_t high) {
     const float* x = in + c0;
-    const float* piece_scale = divisor_scale + c0;
-    const float* piece_reciprocal = divisor_reciprocal + c0;
+    const float* piece_reciprocal = reciprocal + c0;
     uint8_t* piece_code = code + c0;
     if (second) {
       for (uint32_t k = 0; k < count; ++k) {
         const float uniform = ka::uniform_from_draw(ka::element_draws_split(key, low + k, high).v);
         piece_code[k] = static_cast<uint8_t>(ka::nvfp4_stochastic_magnitude<true>(
-            ka::divide(std::sqrt(x[k]), row), ka::BlockDivisor{piece_scale[k], piece_reciprocal[k]}, uniform));
+            ka::divide(std::sqrt(x[k]), row), ka::BlockDivisor{1.0f, piece_reciprocal[k]}, uniform));
       }
     } else {  // the sign where the magnitude is not zero (no -0 is written)
       for (uint32_t k = 0; k < count; ++k) {
         const float uniform = ka::uniform_from_draw(ka::m_draw_split(key, low + k, high));
         const uint32_t magnitude = ka::nvfp4_stochastic_magnitude<false>(
-            ka::divide(std::fabs(x[k]), row), ka::BlockDivisor{piece_scale[k], piece_reciprocal[k]}, uniform);
+            ka::divide(std::fabs(x[k]), row), ka::BlockDivisor{1.0f, piece_reciprocal[k]}, uniform);
         const uint32_t sign = x[k] < 0.0f ? 8u : 0u;
         piece_code[k] = static_cast<uint8_t>(magnitude | (magnitude != 0 ? sign : 0u));
       }

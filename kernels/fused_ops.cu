@@ -309,6 +309,12 @@ bool aligned(const void* p, KernelDType t) {
   return t == KernelDType::bf16 ? vec::aligned_for<true, K>(p) : vec::aligned_for<false, K>(p);
 }
 
+// CTAs for `rows` rows at `lanes` lanes a row: 32 / lanes rows a warp.
+int rmsnorm_grid(int64_t rows, int lanes) {
+  const int rows_per_warp = 32 / lanes;
+  return grid_for((rows + rows_per_warp - 1) / rows_per_warp, kWarpsPerCta);
+}
+
 }  // namespace
 
 int launch_rmsnorm_forward(const void* x, KernelDType x_type, const void* w, KernelDType w_type, int64_t rows,
@@ -320,7 +326,7 @@ int launch_rmsnorm_forward(const void* x, KernelDType x_type, const void* w, Ker
   const bool bx = x_type == KernelDType::bf16, bw = w_type == KernelDType::bf16;
   const int v = cols % kVec == 0 && aligned<kVec>(x, x_type) && aligned<kVec>(y, x_type) && aligned<kVec>(w, w_type);
   const int lanes = rmsnorm_row_lanes(cols, v);
-  const int grid = grid_for((rows + 32 / lanes - 1) / (32 / lanes), kWarpsPerCta);
+  const int grid = rmsnorm_grid(rows, lanes);
   if (bx && bw) rmsnorm_forward_kernel<true, true><<<grid, kThreads, 0, s>>>(x, w, rows, cols, eps, y, rstd, v, lanes);
   else if (bx) rmsnorm_forward_kernel<true, false><<<grid, kThreads, 0, s>>>(x, w, rows, cols, eps, y, rstd, v, lanes);
   else if (bw) rmsnorm_forward_kernel<false, true><<<grid, kThreads, 0, s>>>(x, w, rows, cols, eps, y, rstd, v, lanes);
@@ -359,7 +365,7 @@ int launch_rmsnorm_backward(const void* dy, const void* x, KernelDType x_type, c
     const int v = cols % kVec == 0 && aligned<kVec>(x, x_type) && aligned<kVec>(dy, x_type) &&
                   aligned<kVec>(dx, x_type) && aligned<kVec>(w, w_type);
     const int lanes = rmsnorm_row_lanes(cols, v);
-    const int grid = grid_for((rows + 32 / lanes - 1) / (32 / lanes), kWarpsPerCta);
+    const int grid = rmsnorm_grid(rows, lanes);
     if (bx && bw) rmsnorm_dx_kernel<true, true><<<grid, kThreads, 0, s>>>(dy, x, w, rstd, rows, cols, dx, v, lanes);
     else if (bx) rmsnorm_dx_kernel<true, false><<<grid, kThreads, 0, s>>>(dy, x, w, rstd, rows, cols, dx, v, lanes);
     else if (bw) rmsnorm_dx_kernel<false, true><<<grid, kThreads, 0, s>>>(dy, x, w, rstd, rows, cols, dx, v, lanes);

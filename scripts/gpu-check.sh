@@ -1076,26 +1076,23 @@ def group(name):
     return "other"
 ms = collections.Counter()
 for e in kernels: ms[group(e.get("name", ""))] += e.get("dur", 0) / 1e3
-gaps, end = [], None
-for e in sorted(kernels, key=lambda e: e["ts"]):
-    if end is not None and e["ts"] > end: gaps.append(e["ts"] - end)
-    end = max(end or 0, e["ts"] + e.get("dur", 0))
-short = [g for g in gaps if g < 5]
-# Where the idle time is (the second round's fast step idled 16.1 ms, cause unknown): the gaps inside each phase
-# of the step, and the three largest with the kernels on either side.
+# The gaps between kernels (the device idle), each with the phase it falls in and the kernels either side: the
+# second round's fast step idled 16.1 ms and nothing said where. `last` is the kernel that ends latest so far.
 phases = [e for e in events if e.get("cat") == "phase"]
 def phase_of(t):
     for p in phases:
         if p["ts"] <= t < p["ts"] + p.get("dur", 0): return p.get("name", "?")
     return "between phases"
-by_phase, largest, previous = collections.Counter(), [], None
+gaps, by_phase, largest, last = [], collections.Counter(), [], None
 for e in sorted(kernels, key=lambda e: e["ts"]):
-    if previous is not None:
-        end = previous["ts"] + previous.get("dur", 0)
+    if last is not None:
+        end = last["ts"] + last.get("dur", 0)
         if e["ts"] > end:
+            gaps.append(e["ts"] - end)
             by_phase[phase_of(end)] += (e["ts"] - end) / 1e3
-            largest.append((e["ts"] - end, previous.get("name", "?")[:28], e.get("name", "?")[:28]))
-    if previous is None or e["ts"] + e.get("dur", 0) > previous["ts"] + previous.get("dur", 0): previous = e
+            largest.append((e["ts"] - end, last.get("name", "?")[:28], e.get("name", "?")[:28]))
+    if last is None or e["ts"] + e.get("dur", 0) > last["ts"] + last.get("dur", 0): last = e
+short = [g for g in gaps if g < 5]
 largest = sorted(largest, reverse=True)[:3]
 print(f"{len(kernels)} kernels, their durations {busy:.1f} ms of the step's {step:.1f} ms"
       + (f" ({100 * busy / step:.0f}%)" if step > 0 else "") + ": "

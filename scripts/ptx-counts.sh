@@ -40,41 +40,25 @@ if [ -n "$rev" ]; then
   mkdir -p "$src"
   git -C "$root" archive "$rev" kernels include | tar -x -C "$src" || { echo "ptx-counts: no kernels at $rev" >&2; exit 2; }
 fi
+kind=ptx
 if [ "$sass" = 1 ]; then
   command -v readelf >/dev/null || { echo "ptx-counts: readelf not found (binutils)" >&2; exit 2; }
-  mkdir -p "$work/cubin"
-  for cu in "$src"/kernels/*.cu; do
-    nvcc -arch="$arch" -cubin -std=c++17 -I"$src/kernels" -I"$src/include" "$cu" -o "$work/cubin/$(basename "$cu" .cu).cubin"
-  done
-  for cubin in "$work"/cubin/*.cubin; do
-    readelf -S -W "$cubin" 2>/dev/null | python3 -c '
-import re, subprocess, sys
-file, wanted = sys.argv[1], sys.argv[2]
-rows = []
-for line in sys.stdin:
-    m = re.search(r"\s\.text\.(\S+)\s+PROGBITS\s+\S+\s+\S+\s+([0-9a-fA-F]+)", line)
-    if m:
-        rows.append((m.group(1), int(m.group(2), 16) // 16))
-names = subprocess.run(["c++filt"], input="\n".join(r[0] for r in rows), capture_output=True, text=True).stdout.split("\n")
-for (mangled, count), name in zip(rows, names):
-    name = re.sub(r"\(anonymous namespace\)::|qwen3::kernels::|^void ", "", name or mangled)
-    name = re.sub(r"\((?:[^()]|\([^()]*\))*\)$", "", name)
-    if wanted in file + "\t" + name:
-        print(f"{file}\t{name}\t{count}")
-' "$(basename "$cubin" .cubin)" "$filter"
-  done
-  exit 0
+  kind=cubin
 fi
-mkdir -p "$work/ptx"
+mkdir -p "$work/out"
 for cu in "$src"/kernels/*.cu; do
-  nvcc -arch="$arch" -ptx -std=c++17 -I"$src/kernels" -I"$src/include" "$cu" -o "$work/ptx/$(basename "$cu" .cu).ptx"
+  out=$work/out/$(basename "$cu" .cu)
+  nvcc -arch="$arch" -"$kind" -std=c++17 -I"$src/kernels" -I"$src/include" "$cu" -o "$out.$kind"
+  # A cubin's section table as text, for the same reader below.
+  if [ "$kind" = cubin ]; then readelf -S -W "$out.cubin" >"$out.sections" 2>/dev/null; fi
 done
-python3 - "$work/ptx" "$filter" <<'PY'
+python3 - "$work/out" "$kind" "$filter" <<'PY'
 import os, re, subprocess, sys
-folder, wanted = sys.argv[1], sys.argv[2]
-for ptx in sorted(os.listdir(folder)):
-    rows, entry, depth = [], None, 0
-    for line in open(os.path.join(folder, ptx)):
+folder, kind, wanted = sys.argv[1], sys.argv[2], sys.argv[3]
+
+def ptx_rows(path):
+    rows, entry = [], None
+    for line in open(path):
         code = line.split('//')[0]
         if re.match(r'\s*(\.visible\s+)?\.entry\s', code):
             entry = [code.split('(')[0].split()[-1], 0]
@@ -87,11 +71,25 @@ for ptx in sorted(os.listdir(folder)):
             s = re.sub(r'^\$?[\w$]+:\s*', '', s)  # a label in front
             if s and not s.startswith('.'):
                 entry[1] += 1
+    return rows
+
+def cubin_rows(path):  # each kernel's .text section, 16 bytes an instruction
+    rows = []
+    for line in open(path):
+        m = re.search(r'\s\.text\.(\S+)\s+PROGBITS\s+\S+\s+\S+\s+([0-9a-fA-F]+)', line)
+        if m:
+            rows.append([m.group(1), int(m.group(2), 16) // 16])
+    return rows
+
+suffix = '.ptx' if kind == 'ptx' else '.sections'
+for listing in sorted(f for f in os.listdir(folder) if f.endswith(suffix)):
+    file = listing[:-len(suffix)]
+    rows = (ptx_rows if kind == 'ptx' else cubin_rows)(os.path.join(folder, listing))
     demangled = subprocess.run(['c++filt'], input='\n'.join(r[0] for r in rows), capture_output=True,
                                text=True).stdout.split('\n')
     for (mangled, count), name in zip(rows, demangled):
         name = re.sub(r'\(anonymous namespace\)::|qwen3::kernels::|^void ', '', name or mangled)
         name = re.sub(r'\((?:[^()]|\([^()]*\))*\)$', '', name)  # the parameter list
-        if wanted in ptx[:-4] + '\t' + name:
-            print(f"{ptx[:-4]}\t{name}\t{count}")
+        if wanted in file + '\t' + name:
+            print(f"{file}\t{name}\t{count}")
 PY

@@ -64,6 +64,31 @@ int launch_nvfp4_gemv(const void* x, KernelDType x_type, int64_t M, int64_t K, c
 // for the per-row scale). All pointers device memory, contiguous, as kernels/adamw_step.md lays out.
 int launch_adamw_step(const adamw::ParamView& param, const adamw::StepScalars& scalars, void* stream);
 
+// ---- A group's gradient clipping (grad_clip.cu; rules and summation order in grad_clip.cuh; grad_clip.md) -----
+// One tensor of the group: f32 or bf16, contiguous, device memory (numel 0: no data needed).
+struct GradClipTensor {
+  const void* data;
+  int64_t numel;
+  KernelDType dtype;
+};
+// What the group's last CTA writes: the group's squared L2 norm into *sum (fp64; added to it with accumulate),
+// and where `factors` is given, each tensor's clipping factor (grad_clip::clip_scale on the group's share of
+// max_norm: counted_elements of trainable; with ranks_with_gradient, the elements of the tensors whose count is
+// above zero, from numels_device, and NaN for the others). All pointers device memory.
+struct GradClipGroup {
+  double max_norm = 0, trainable = 1, counted_elements = 0;
+  const float* ranks_with_gradient = nullptr;  // [count], nullable
+  const double* numels_device = nullptr;       // [count], with ranks_with_gradient
+  double* sum = nullptr;
+  int accumulate = 0;
+  float* factors = nullptr;  // [count], nullable
+};
+// The workspace launch_grad_clip needs, in doubles: one a chunk (grad_clip::chunks_of) and a counter.
+int64_t grad_clip_workspace_doubles(const GradClipTensor* tensors, int count);
+// Every gradient byte read once; one launch per 64 tensors and a 4-byte memset; nothing read back on the host.
+int launch_grad_clip(const GradClipTensor* tensors, int count, const GradClipGroup& group, double* workspace,
+                     void* stream);
+
 // ---- Fused activation kernels (fused_ops.cu; element rules in fused_ops.cuh; design: fused_ops.md) ----------
 // Activations f32 or bf16, contiguous; the RMSNorm weight f32 or bf16. Each launcher checks its arguments,
 // enqueues on `stream` and never synchronizes.

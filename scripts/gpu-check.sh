@@ -746,7 +746,7 @@ try:
     data = json.load(open(sys.argv[1]))
 except Exception:
     print("no JSON output"); sys.exit(0)
-q, qo, dq, m, adamw, fused = [], [], [], {}, [], []
+q, qo, dq, m, adamw, fused, clip = [], [], [], {}, [], [], []
 for b in data.get("benchmarks", []):
     n = b.get("name", "")
     if n.startswith("quantize/") and "/rne/" in n and "of_copy" in b:
@@ -762,6 +762,8 @@ for b in data.get("benchmarks", []):
     if n.startswith("adamw/") and "of_copy" in b:
         adamw.append("%s %.0f%%" % ("/".join(n.split("/")[1:3]).replace("_moments", "").replace("_master", ""),
                                     100 * b["of_copy"]))
+    if n.startswith("grad_clip/") and "of_copy" in b:
+        clip.append("%s %.0f%%" % (n.split("/")[2], 100 * b["of_copy"]))
     if n.startswith("fused/") and "of_copy" in b:
         fused.append("%s %.0f%%" % (b.get("label", n), 100 * b["of_copy"]))
 parts = []
@@ -785,6 +787,8 @@ if adamw:
     parts.append("AdamW of copy: " + ", ".join(adamw))
 if fused:
     parts.append("fused of copy: " + ", ".join(fused))
+if clip:
+    parts.append("grad clip (a 4B block's gradients) of copy: " + ", ".join(clip))
 print("; ".join(parts))
 EOF
 )
@@ -793,7 +797,7 @@ EOF
   else
     record bench kernels failed "$step_s" "$(fail_note "$d/bench_kernels.log"); $figures"
   fi
-  grep -E '^(quantize|dequantize|matmul|adamw|fused)' "$d/bench_kernels.log" | head -n 100
+  grep -E '^(quantize|dequantize|matmul|adamw|fused|grad_clip)' "$d/bench_kernels.log" | head -n 100
 
   # ncu on the kernels a training step runs, each at a training shape: quantize (every trained weight, every
   # forward), dequantize (into the product's scratch from 17 rows on), the product at the rows where small
@@ -1072,7 +1076,7 @@ def group(name):
     if "quantize" in n: return "quantize"
     if any(k in n for k in ("nvjet", "gemm", "cutlass", "xmma", "splitk")): return "products"
     if any(k in n for k in ("rmsnorm", "rope", "swiglu", "sum_chunks", "gradient_kernel", "stats_kernel")): return "fused"
-    if "reduce" in n: return "reductions"
+    if "reduce" in n or "grad_clip" in n: return "reductions"
     return "other"
 ms = collections.Counter()
 for e in kernels: ms[group(e.get("name", ""))] += e.get("dur", 0) / 1e3

@@ -13,7 +13,9 @@
 //    the copy;
 //  - the fused activation kernels (RMSNorm forward/backward, RoPE, SwiGLU forward/backward) at Qwen3-4B
 //    training shapes (2048 tokens), and the sliced loss's two passes over a [2048, 8192] slice of bf16 logits (the
-//    default slice at 2048 rows): bytes moved per second as a fraction of the copy.
+//    default slice at 2048 rows): bytes moved per second as a fraction of the copy;
+//  - a group's gradient clipping (one Qwen3-4B block's gradients, fp32 and bf16): bytes read per second as a
+//    fraction of the copy.
 // Weights rotate through enough copies to exceed the L2 cache, so small-M runs measure memory, not L2.
 // Results go to docs/performance.md with the date and the device. Exits 0 with a message when there is no GPU.
 #include <benchmark/benchmark.h>
@@ -318,6 +320,45 @@ void BM_AdamWStep(benchmark::State& state, qwen3::kernels::adamw::Moments moment
   state.counters["ms_per_Mparam"] = step_s * 1e3 / (n * 1e-6);
 }
 
+// ---- A group's gradient clipping ------------------------------------------------------------------------------
+
+// One Qwen3-4B block's gradients (q, k, v, o, gate, up, down and the four norms) in fp32 or bf16: the group the
+// in-backward update clips at once. One launch (and a 4-byte memset) reads every gradient byte once; against the
+// copy of the same bytes.
+void BM_GradClip(benchmark::State& state, KernelDType type) {
+  const int64_t sizes[] = {4096 * 2560, 1024 * 2560, 1024 * 2560, 2560 * 4096, 9728 * 2560, 9728 * 2560,
+                           2560 * 9728, 2560,        2560,        128,         128};
+  const size_t elem = type == KernelDType::bf16 ? 2 : 4;
+  int64_t total = 0;
+  for (int64_t n : sizes) total += n;
+  DeviceMemory grads(total * elem), copy_out(total * elem), sum(8), factors(64);
+  check(cudaMemset(grads.ptr, 0x3a, total * elem), "memset");  // small finite values in either dtype
+  std::vector<qwen3::kernels::GradClipTensor> tensors;
+  int64_t at = 0;
+  for (int64_t n : sizes) {
+    tensors.push_back({grads.as<uint8_t>() + at * elem, n, type});
+    at += n;
+  }
+  const int count = static_cast<int>(tensors.size());
+  DeviceMemory workspace(qwen3::kernels::grad_clip_workspace_doubles(tensors.data(), count) * 8);
+  qwen3::kernels::GradClipGroup group;
+  group.max_norm = 1.0, group.trainable = 4.0e9, group.counted_elements = static_cast<double>(total);
+  group.sum = sum.as<double>(), group.factors = factors.as<float>();
+  double clip_s = 0, copy_s = 0;
+  for (auto _ : state) {
+    clip_s = seconds_per_call([&](int) {
+      check(qwen3::kernels::launch_grad_clip(tensors.data(), count, group, workspace.as<double>(), nullptr), "grad clip");
+    });
+    copy_s = seconds_per_call([&](int) {
+      check(cudaMemcpyAsync(copy_out.ptr, grads.ptr, total * elem, cudaMemcpyDeviceToDevice), "copy");
+    });
+    state.SetIterationTime(clip_s);
+  }
+  const double rate = static_cast<double>(total * elem) / clip_s, copy_rate = 2.0 * total * elem / copy_s;
+  state.counters["GB/s"] = rate * 1e-9;
+  state.counters["of_copy"] = rate / copy_rate;
+}
+
 // ---- The fused activation kernels -------------------------------------------------------------------------------
 
 // kind: 0 rmsnorm forward, 1 rmsnorm backward, 2 rope, 3 swiglu forward, 4 swiglu backward, 5 the loss slice's
@@ -426,6 +467,11 @@ int main(int argc, char** argv) {
           ->Iterations(3)
           ->Unit(benchmark::kMicrosecond);
     }
+  for (KernelDType type : {KernelDType::f32, KernelDType::bf16})
+    benchmark::RegisterBenchmark((std::string("grad_clip/qwen3_4b_block/") + type_name(type)).c_str(), BM_GradClip, type)
+        ->UseManualTime()
+        ->Iterations(3)
+        ->Unit(benchmark::kMicrosecond);
   for (int kind = 0; kind < 9; ++kind)
     benchmark::RegisterBenchmark(("fused/" + std::to_string(kind)).c_str(), BM_FusedOp, kind)
         ->UseManualTime()

@@ -3,8 +3,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
+#include "optim/grad_clip_cuda.h"
+#include "qwen3/base/error.h"
 #include "qwen3/optim/optim.h"
 
 namespace qwen3 {
@@ -30,19 +33,90 @@ at::Tensor square_sum_fp32(const at::Tensor& t) {
   return sum;
 }
 
+namespace {
+
+// Where the clipping kernel takes the gradients: all on one CUDA device, contiguous fp32 or bf16.
+bool kernel_takes(const std::vector<at::Tensor>& grads) {
+  if (grads.empty() || !grads.front().is_cuda()) return false;
+  for (const at::Tensor& g : grads)
+    if (g.device() != grads.front().device() || !g.is_contiguous() ||
+        (g.scalar_type() != at::kFloat && g.scalar_type() != at::kBFloat16))
+      return false;
+  return true;
+}
+
+}  // namespace
+
 at::Tensor grad_square_sum(const std::vector<OptimParam>& params) {
   at::NoGradGuard no_grad;
+  std::vector<at::Tensor> grads;
+  for (const OptimParam& p : params)
+    if (p.param.grad().defined()) grads.push_back(p.param.grad());
+  // Per-tensor fp32 sums, fp32 accumulation even for bf16 gradients; the sums stay on the device. (Not the
+  // clipping kernel's one launch: with --shard-optimizer-state each owner forms its parameters' squares and the
+  // ranks sum them, which gives this sum's bits only while it is a sum of per-tensor squares: step_update.h.)
   std::vector<at::Tensor> norms;
-  for (const OptimParam& p : params) {
-    const at::Tensor& grad = p.param.grad();
-    // fp32 accumulation even for bf16 gradients; the per-tensor sums stay on the device.
-    if (grad.defined()) norms.push_back(square_sum_fp32(grad));
-  }
+  for (const at::Tensor& grad : grads) norms.push_back(square_sum_fp32(grad));
   if (norms.empty()) return at::Tensor();
   // The tensors may sit on several devices; their sums meet on the first one's.
   const at::Device device = norms.front().device();
   for (at::Tensor& n : norms) n = n.to(device);
   return at::stack(norms).sum();
+}
+
+at::Tensor group_clip_factors(const std::vector<at::Tensor>& grads, const at::Tensor& ranks_with_gradient,
+                              double max_norm, int64_t trainable, at::Tensor& square_sum) {
+  at::NoGradGuard no_grad;
+  if (grads.empty()) throw Error("gradient clipping: a group without gradients");
+  const at::TensorOptions on_device = grads.front().options();
+  double elements = 0;
+  std::vector<double> numels;
+  for (const at::Tensor& g : grads) {
+    numels.push_back(static_cast<double>(g.numel()));
+    elements += numels.back();
+  }
+  const at::Tensor ranks =
+      ranks_with_gradient.defined() ? ranks_with_gradient.to(grads.front().device(), at::kFloat).contiguous() : at::Tensor();
+  if (kernel_takes(grads)) {
+    optim_detail::GroupClipOnDevice group;
+    group.max_norm = max_norm;
+    group.trainable = static_cast<double>(trainable);
+    group.counted_elements = elements;
+    if (ranks.defined()) {
+      group.ranks_with_gradient = ranks;
+      group.numels = at::tensor(numels, at::TensorOptions().dtype(at::kDouble)).to(grads.front().device());
+    }
+    group.accumulate = square_sum.defined();
+    if (!square_sum.defined()) square_sum = at::empty({}, on_device.dtype(at::kDouble));
+    group.sum = square_sum;
+    group.factors = at::empty({static_cast<int64_t>(grads.size())}, on_device.dtype(at::kFloat));
+    optim_detail::group_clip_cuda(grads, group);
+    return group.factors;
+  }
+  // Tensor operations on the device (fp64, clip_factor's operations: the host formula's bytes).
+  at::Tensor group_square;
+  for (const at::Tensor& g : grads) {
+    const at::Tensor sq = square_sum_fp32(g);
+    group_square = group_square.defined() ? group_square + sq : sq;
+  }
+  const at::Tensor square = group_square.to(at::kDouble);  // exact, as the host's .item<double>() was
+  square_sum = square_sum.defined() ? square_sum + square.to(square_sum.device()) : square;
+  const at::Tensor norm = square.sqrt();
+  const at::TensorOptions options = norm.options();
+  const at::Tensor nan = at::full({}, std::numeric_limits<double>::quiet_NaN(), options);
+  // The group's share of the limit: on the host, or on the device when which gradients count is known there only.
+  at::Tensor limit = at::full({}, max_norm * std::sqrt(elements / static_cast<double>(trainable)), options);
+  at::Tensor used;
+  if (ranks.defined()) {
+    used = ranks.to(norm.device()).gt(0);
+    limit = (at::tensor(numels, options) * used).sum().div(static_cast<double>(trainable)).sqrt().mul(max_norm);
+  }
+  at::Tensor scale = max_norm > 0 ? at::where(limit.gt(0).logical_and(norm > limit), limit.div(norm + 1e-6),
+                                              at::ones({}, options))
+                                  : at::ones({}, options);
+  scale = at::where(at::isfinite(norm), scale, nan).to(at::kFloat);
+  return used.defined() ? at::where(used, scale, nan.to(at::kFloat))
+                        : scale.expand({static_cast<int64_t>(grads.size())});
 }
 
 double clip_factor(double norm, double max_norm) {

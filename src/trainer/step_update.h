@@ -40,14 +40,15 @@ namespace qwen3::train_detail {
 // clipped to its share of --grad-clip, max_norm * sqrt(group elements / trainable elements); the clipped global
 // norm then never exceeds max_norm, as with global clipping. A group with a non-finite gradient is not applied.
 //
-// Nothing here waits for the device: each group's factor is computed on the device (fp64, the operations of
-// clip_factor, so the bytes are those of the host's computation) and handed to the update kernels, which read it
-// and skip the group where it is NaN. The squared norm accumulates on the device too and is read once, with the
-// step's other results (the first GPU round found the step's 36 per-block reads leaving the device idle).
+// Nothing here waits for the device: each group's factor is computed on the device (group_clip_factors: on CUDA
+// one kernel a group, kernels/grad_clip.cu, where the ATen form launched about 50 small kernels; fp64, the
+// operations of clip_factor) and handed to the update kernels, which read it and skip the group where it is NaN.
+// The squared norm accumulates on the device too and is read once, with the step's other results (the first GPU
+// round found the step's 36 per-block reads leaving the device idle).
 class FusedUpdater {
  public:
   FusedUpdater(AdamW& opt, double max_norm, int64_t trainable_elements, double lr)
-      : opt_(opt), max_norm_(max_norm), trainable_(static_cast<double>(trainable_elements)), lr_(lr) {}
+      : opt_(opt), max_norm_(max_norm), trainable_(trainable_elements), lr_(lr) {}
   // However the step ends (an error in backward included), nothing the current stream does next (a checkpoint's
   // read of the parameters) runs before the updates already queued on their own stream.
   ~FusedUpdater() {
@@ -110,50 +111,30 @@ class FusedUpdater {
  private:
   void apply_here(const std::vector<std::pair<at::Tensor, at::Tensor>>& group, const at::Tensor& ranks_with_gradient) {
     torch::NoGradGuard no_grad;
-    at::Tensor square_sum;
-    double elements = 0;
-    std::vector<double> numels;
-    for (const auto& [param, grad] : group) {
-      numels.push_back(grad.defined() ? static_cast<double>(grad.numel()) : 0.0);
-      if (!grad.defined()) continue;
-      const at::Tensor sq = square_sum_fp32(grad);
-      square_sum = square_sum.defined() ? square_sum + sq : sq;
-      elements += static_cast<double>(grad.numel());
-    }
-    if (!square_sum.defined()) return;
-    const at::Tensor square = square_sum.to(at::kDouble);  // exact, as the host's .item<double>() was
-    sum_of_squares_ = sum_of_squares_.defined() ? sum_of_squares_ + square.to(sum_of_squares_.device()) : square;
-    const at::Tensor norm = square.sqrt();
-    const at::TensorOptions options = norm.options();
-    const at::Tensor nan = at::full({}, std::numeric_limits<double>::quiet_NaN(), options);
-    // The group's share of the limit, max_norm * sqrt(elements / trainable): on the host, or on the device when
-    // which elements count is known there only.
-    at::Tensor limit = at::full({}, max_norm_ * std::sqrt(elements / trainable_), options);
-    at::Tensor used;
-    if (ranks_with_gradient.defined()) {
-      used = ranks_with_gradient.to(norm.device()).gt(0);
-      limit = (at::tensor(numels, options) * used).sum().div(trainable_).sqrt().mul(max_norm_);
-    }
-    // clip_factor(norm, limit) on the device, NaN for a non-finite group: applied by the update as it reads
-    // the gradient, or not at all.
-    at::Tensor scale = max_norm_ > 0 ? at::where(limit.gt(0).logical_and(norm > limit), limit.div(norm + 1e-6),
-                                                 at::ones({}, options))
-                                     : at::ones({}, options);
-    scale = at::where(at::isfinite(norm), scale, nan).to(at::kFloat);
-    // Per parameter where the flags say which count: NaN (skip) where no rank had a gradient.
-    const at::Tensor factors = used.defined() ? at::where(used, scale, nan.to(at::kFloat)) : at::Tensor();
+    std::vector<at::Tensor> grads;
+    std::vector<int64_t> defined;  // the group's parameters that have a gradient
+    for (size_t i = 0; i < group.size(); ++i)
+      if (group[i].second.defined()) grads.push_back(group[i].second), defined.push_back(static_cast<int64_t>(i));
+    if (grads.empty()) return;
+    at::Tensor ranks = ranks_with_gradient;
+    if (ranks.defined() && grads.size() != group.size())
+      ranks = ranks.index_select(0, at::tensor(defined, at::TensorOptions().dtype(at::kLong)).to(ranks.device()));
+    // One kernel on CUDA for the group's norm, its share of the limit and the factors (optim.h).
+    const at::Tensor factors = group_clip_factors(grads, ranks, max_norm_, trainable_, sum_of_squares_);
     // With a shared-out state (--shard-optimizer-state) this rank updates the parameters it holds the state of.
-    for (size_t i = 0; i < group.size(); ++i) {
-      const auto& [param, grad] = group[i];
+    for (size_t k = 0; k < grads.size(); ++k) {
+      const at::Tensor& param = group[static_cast<size_t>(defined[k])].first;
       const auto index = opt_.find(param);
-      if (!grad.defined() || !index) continue;
-      const at::Tensor factor = factors.defined() ? factors[static_cast<int64_t>(i)] : scale;
-      opt_.update(*index, grad, lr_, factor.device() == param.device() ? factor : factor.to(param.device()));
+      if (!index) continue;
+      const at::Tensor factor = factors[static_cast<int64_t>(k)];
+      opt_.update(*index, grads[k], lr_, factor.device() == param.device() ? factor : factor.to(param.device()));
     }
   }
 
   AdamW& opt_;
-  double max_norm_, trainable_, lr_;
+  double max_norm_;
+  int64_t trainable_;
+  double lr_;
   at::Tensor sum_of_squares_;
 #if defined(QWEN3_TORCH_HAS_CUDA)
   std::optional<c10::cuda::CUDAStream> own_stream_;

@@ -134,6 +134,17 @@ double clip_factor(double norm, double max_norm);
 // Sum of squares of any float tensor as a 0-dim fp32 tensor on its device, formed in optimizer-sized pieces so
 // that no whole-tensor fp32 copy is made.
 at::Tensor square_sum_fp32(const at::Tensor& t);
+// One group's clipping for the in-backward update (docs/trainer.md, "Clipping is per group"), without waiting for
+// the device. `grads`: the group's gradients (defined, one device); `trainable`: the elements of every trained
+// parameter. Returns each gradient's factor, fp32 [grads.size()] on their device: clip_factor of the group's norm
+// against its share of max_norm (max_norm * sqrt(group elements / trainable)), NaN for the whole group where its
+// norm is not finite (the update skips it). With `ranks_with_gradient` (data parallel: fp32 [grads.size()], how
+// many ranks had each gradient) only the gradients some rank had count toward the share, and the others get NaN.
+// The group's squared norm (fp64, 0-dim, on the device) is added to `square_sum` (which it becomes when
+// undefined). On CUDA one kernel reads each gradient once (kernels/grad_clip.cu: its own fixed summation order,
+// fp64); elsewhere square_sum_fp32 per gradient, summed in fp32.
+at::Tensor group_clip_factors(const std::vector<at::Tensor>& grads, const at::Tensor& ranks_with_gradient,
+                              double max_norm, int64_t trainable, at::Tensor& square_sum);
 
 // Learning rate of step `step` (0-based): linear warmup lr * (step + 1) / warmup_steps over the first
 // warmup_steps steps, then constant, or cosine / linear decay from lr to min_lr reached at step total_steps

@@ -26,10 +26,12 @@ struct LaunchTensors {
 };
 
 struct GroupWork {
-  double* chunk_sums;      // [group_chunks]
-  unsigned int* finished;  // CTAs of the group done so far (zeroed before the first launch)
+  double* chunk_sums;             // [group_chunks]
+  unsigned int* finished;         // CTAs of the group done so far (zeroed before the first launch)
+  unsigned int* tensor_finished;  // [group_count]: CTAs of each tensor done so far (zeroed too)
   int64_t group_chunks;
   int group_count;  // tensors in the group (the factors' length)
+  int first_tensor; // this launch's first tensor in the group
 };
 
 // Loads piece k of this thread (eight elements as fp32): one 16-byte load of bf16, two of fp32, where the chunk
@@ -94,12 +96,23 @@ __global__ void __launch_bounds__(gc::kThreads) grad_clip_kernel(LaunchTensors t
     for (int k = 0; k < gc::kPieces / 2; ++k) gc::add_piece(sums, x[k]);
   }
   const double chunk_sum = cta_total(gc::thread_total(sums), shared);
+  __shared__ bool last_of_tensor;
   if (threadIdx.x == 0) {
     w.chunk_sums[t.chunk_base + b] = chunk_sum;
     __threadfence();  // the sum is visible to every CTA before this one counts as finished
+    const auto tensor_chunks = static_cast<unsigned int>(t.first_chunk[i + 1] - t.first_chunk[i]);
+    last_of_tensor = g.tensor_squares && atomicAdd(w.tensor_finished + w.first_tensor + i, 1u) + 1 == tensor_chunks;
     last = atomicAdd(w.finished, 1u) + 1 == static_cast<unsigned int>(w.group_chunks);
   }
   __syncthreads();
+  if (last_of_tensor) {  // the tensor's own square, from its chunk sums alone (grad_clip.cuh, tensor order)
+    __threadfence();
+    const int64_t first = t.chunk_base + t.first_chunk[i], chunks = t.first_chunk[i + 1] - t.first_chunk[i];
+    double s = 0.0;
+    for (int64_t c = threadIdx.x; c < chunks; c += gc::kThreads) s += __ldcg(w.chunk_sums + first + c);
+    const double square = cta_total(s, shared);
+    if (threadIdx.x == 0) g.tensor_squares[w.first_tensor + i] = square;
+  }
   if (!last) return;
   // The group's last CTA: every other chunk's sum was made visible before it was counted.
   __threadfence();
@@ -107,8 +120,10 @@ __global__ void __launch_bounds__(gc::kThreads) grad_clip_kernel(LaunchTensors t
   for (int64_t c = threadIdx.x; c < w.group_chunks; c += gc::kThreads) s += __ldcg(w.chunk_sums + c);
   const double square = cta_total(s, shared);  // = strided_sum, then the tree
   __shared__ float scale;
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == 0 && g.sum) {
     *g.sum = g.accumulate ? *g.sum + square : square;
+  }
+  if (threadIdx.x == 0) {
     double counted = g.counted_elements;
     if (g.ranks_with_gradient) {
       counted = 0.0;
@@ -127,27 +142,33 @@ __global__ void __launch_bounds__(gc::kThreads) grad_clip_kernel(LaunchTensors t
 int64_t grad_clip_workspace_doubles(const GradClipTensor* tensors, int count) {
   int64_t chunks = 0;
   for (int i = 0; i < count; ++i) chunks += grad_clip::chunks_of(tensors[i].numel);
-  return chunks + 1;  // the last double holds the finished-CTA counter
+  // Then the group's finished-CTA counter and one a tensor, 32-bit each, in whole doubles.
+  return chunks + 1 + (count + 1) / 2;
 }
 
 int launch_grad_clip(const GradClipTensor* tensors, int count, const GradClipGroup& group, double* workspace,
                      void* stream) {
-  if (count < 1 || !tensors || !workspace || !group.sum || (group.ranks_with_gradient && !group.numels_device))
+  if (count < 1 || !tensors || !workspace || (!group.sum && !group.tensor_squares) ||
+      (group.ranks_with_gradient && !group.numels_device))
     return static_cast<int>(cudaErrorInvalidValue);
   for (int i = 0; i < count; ++i)
     if (tensors[i].numel < 0 || (tensors[i].numel > 0 && !tensors[i].data) ||
         (tensors[i].dtype != KernelDType::f32 && tensors[i].dtype != KernelDType::bf16))
       return static_cast<int>(cudaErrorInvalidValue);
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
-  const int64_t group_chunks = grad_clip_workspace_doubles(tensors, count) - 1;
-  GroupWork work{workspace, reinterpret_cast<unsigned int*>(workspace + group_chunks), group_chunks, count};
-  if (const cudaError_t e = cudaMemsetAsync(work.finished, 0, sizeof(unsigned int), cuda_stream); e != cudaSuccess)
+  int64_t group_chunks = 0;
+  for (int i = 0; i < count; ++i) group_chunks += grad_clip::chunks_of(tensors[i].numel);
+  auto* counters = reinterpret_cast<unsigned int*>(workspace + group_chunks);
+  GroupWork work{workspace, counters, counters + 1, group_chunks, count, 0};
+  const size_t counter_bytes = sizeof(unsigned int) * (1 + static_cast<size_t>(count));
+  if (const cudaError_t e = cudaMemsetAsync(counters, 0, counter_bytes, cuda_stream); e != cudaSuccess)
     return static_cast<int>(e);
   int64_t chunk_base = 0;
   for (int first = 0; first < count; first += kTensorsPerLaunch) {
     LaunchTensors t{};
     t.count = count - first < kTensorsPerLaunch ? count - first : kTensorsPerLaunch;
     t.chunk_base = chunk_base;
+    work.first_tensor = first;
     for (int i = 0; i < t.count; ++i) {
       const GradClipTensor& x = tensors[first + i];
       t.data[i] = x.data;

@@ -74,18 +74,22 @@ struct GradClipTensor {
 // What the group's last CTA writes: the group's squared L2 norm into *sum (fp64; added to it with accumulate),
 // and where `factors` is given, each tensor's clipping factor (grad_clip::clip_scale on the group's share of
 // max_norm: counted_elements of trainable; with ranks_with_gradient, the elements of the tensors whose count is
-// above zero, from numels_device, and NaN for the others). All pointers device memory.
+// above zero, from numels_device, and NaN for the others). With `tensor_squares`, each tensor's last CTA writes
+// its own squared norm there (fp64, from its chunks alone). `sum` or `tensor_squares` must be given. All
+// pointers device memory.
 struct GradClipGroup {
   double max_norm = 0, trainable = 1, counted_elements = 0;
   const float* ranks_with_gradient = nullptr;  // [count], nullable
   const double* numels_device = nullptr;       // [count], with ranks_with_gradient
   double* sum = nullptr;
   int accumulate = 0;
-  float* factors = nullptr;  // [count], nullable
+  float* factors = nullptr;         // [count], nullable
+  double* tensor_squares = nullptr;  // [count], nullable
 };
-// The workspace launch_grad_clip needs, in doubles: one a chunk (grad_clip::chunks_of) and a counter.
+// The workspace launch_grad_clip needs, in doubles: one a chunk (grad_clip::chunks_of) and the counters.
 int64_t grad_clip_workspace_doubles(const GradClipTensor* tensors, int count);
-// Every gradient byte read once; one launch per 64 tensors and a 4-byte memset; nothing read back on the host.
+// Every gradient byte read once; one launch per 64 tensors and a memset of the counters; nothing read back on
+// the host.
 int launch_grad_clip(const GradClipTensor* tensors, int count, const GradClipGroup& group, double* workspace,
                      void* stream);
 

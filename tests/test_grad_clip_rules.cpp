@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "gpu_test.h"
 #include "grad_clip_host_run.h"
 #include "qwen3/optim/optim.h"
 
@@ -107,6 +108,24 @@ TEST(GroupClipFactors, RanksChooseWhatCountsAndTheSquareAccumulates) {
   EXPECT_EQ(ranked[0].item<float>(),
             static_cast<float>(clip_factor(std::sqrt(square), max_norm * std::sqrt(64 / trainable))));
   EXPECT_TRUE(std::isnan(ranked[1].item<float>()));
+}
+
+// On CUDA each gradient's square is the kernel's own (fp64 from its chunks, rounded to fp32 once), bf16 and fp32,
+// one of them larger than a launch's chunk; on a CPU square_sum_fp32's. The ordinary step's norm is their sum.
+TEST(GroupClipFactors, GpuSquareSumsAreTheKernelsPerTensorSquares) {
+  QWEN3_GPU_TEST(at::hasCUDA());
+  at::manual_seed(5);
+  const at::Device cuda(at::kCUDA, 0);
+  const std::vector<at::Tensor> grads = {at::randn({300, 100}).to(cuda) * 1e-3,
+                                         at::randn({64, 2560}).to(cuda, at::kBFloat16), at::randn({7}).to(cuda)};
+  const at::Tensor squares = square_sums_fp32(grads);
+  ASSERT_EQ(squares.numel(), 3);
+  EXPECT_EQ(squares.scalar_type(), at::kFloat);
+  for (int64_t i = 0; i < 3; ++i) {
+    const float expected =
+        static_cast<float>(grad_clip_test::group_square_on_host(std::vector<at::Tensor>{grads[static_cast<size_t>(i)]}));
+    EXPECT_EQ(squares[i].item<float>(), expected) << "gradient " << i;
+  }
 }
 
 }  // namespace

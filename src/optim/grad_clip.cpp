@@ -47,21 +47,29 @@ bool kernel_takes(const std::vector<at::Tensor>& grads) {
 
 }  // namespace
 
+at::Tensor square_sums_fp32(const std::vector<at::Tensor>& grads) {
+  at::NoGradGuard no_grad;
+  if (grads.empty()) return at::Tensor();
+  if (kernel_takes(grads)) {  // one launch a 64 gradients where the per-tensor form below takes three each
+    optim_detail::GroupClipOnDevice squares;
+    squares.tensor_squares = at::empty({static_cast<int64_t>(grads.size())}, grads.front().options().dtype(at::kDouble));
+    optim_detail::group_clip_cuda(grads, squares);
+    return squares.tensor_squares.to(at::kFloat);
+  }
+  // fp32 accumulation even for bf16 gradients; the sums stay on the device. The tensors may sit on several
+  // devices; their sums meet on the first one's.
+  std::vector<at::Tensor> sums;
+  for (const at::Tensor& grad : grads) sums.push_back(square_sum_fp32(grad).to(grads.front().device()));
+  return at::stack(sums);
+}
+
 at::Tensor grad_square_sum(const std::vector<OptimParam>& params) {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> grads;
   for (const OptimParam& p : params)
     if (p.param.grad().defined()) grads.push_back(p.param.grad());
-  // Per-tensor fp32 sums, fp32 accumulation even for bf16 gradients; the sums stay on the device. (Not the
-  // clipping kernel's one launch: with --shard-optimizer-state each owner forms its parameters' squares and the
-  // ranks sum them, which gives this sum's bits only while it is a sum of per-tensor squares: step_update.h.)
-  std::vector<at::Tensor> norms;
-  for (const at::Tensor& grad : grads) norms.push_back(square_sum_fp32(grad));
-  if (norms.empty()) return at::Tensor();
-  // The tensors may sit on several devices; their sums meet on the first one's.
-  const at::Device device = norms.front().device();
-  for (at::Tensor& n : norms) n = n.to(device);
-  return at::stack(norms).sum();
+  if (grads.empty()) return at::Tensor();
+  return square_sums_fp32(grads).sum();
 }
 
 at::Tensor group_clip_factors(const std::vector<at::Tensor>& grads, const at::Tensor& ranks_with_gradient,

@@ -42,7 +42,8 @@ void group_clip_cuda(const std::vector<at::Tensor>& grads, const GroupClipOnDevi
     g.ranks_with_gradient = group.ranks_with_gradient.data_ptr<float>();
     g.numels_device = group.numels.data_ptr<double>();
   }
-  g.sum = group.sum.data_ptr<double>();
+  g.sum = group.sum.defined() ? group.sum.data_ptr<double>() : nullptr;
+  g.tensor_squares = group.tensor_squares.defined() ? group.tensor_squares.data_ptr<double>() : nullptr;
   g.accumulate = group.accumulate ? 1 : 0;
   g.factors = group.factors.defined() ? group.factors.data_ptr<float>() : nullptr;
   const int status = kernels::launch_grad_clip(tensors.data(), count, g, workspace.data_ptr<double>(),

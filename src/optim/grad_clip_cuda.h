@@ -12,9 +12,10 @@ struct GroupClipOnDevice {
   double max_norm = 0, trainable = 1, counted_elements = 0;
   at::Tensor ranks_with_gradient;  // fp32 [n] on the device, or undefined
   at::Tensor numels;               // fp64 [n] on the device, with ranks_with_gradient
-  at::Tensor sum;                  // fp64 0-dim on the device: the group's square written, or added with accumulate
+  at::Tensor sum;                  // fp64 0-dim on the device (or undefined): the group's square written, or added with accumulate
   bool accumulate = false;
-  at::Tensor factors;  // fp32 [n] on the device, or undefined
+  at::Tensor factors;         // fp32 [n] on the device, or undefined
+  at::Tensor tensor_squares;  // fp64 [n] on the device, or undefined: each gradient's own square
 };
 
 // grads: at least one, all on one CUDA device, contiguous fp32/bf16 (an Error names the first that is not).

@@ -417,14 +417,22 @@ class PlainUpdate final : public StepUpdate {
     }
     std::vector<OwnerSums> sums = sum_onto_owners(outside, "gradients");
     finish(sums);
-    std::vector<at::Tensor> squares;
+    // Each trained parameter's square from its owner (the others' entries zero), formed as the one-process
+    // norm forms them (square_sums_fp32: on CUDA one launch for all this rank owns).
+    std::vector<at::Tensor> owned_grads;
+    std::vector<int64_t> owned_at;
+    int64_t trained = 0;
     for (size_t i = 0; i < set_.params.size(); ++i) {
       const at::Tensor& param = set_.params[i].param;
       if (!param.requires_grad()) continue;
-      squares.push_back(owners_[i] == dp_.rank() ? square_sum_fp32(param.grad()).to(at::kFloat).reshape({1})
-                                                 : at::zeros({1}, param.options().dtype(at::kFloat)));
+      if (owners_[i] == dp_.rank()) owned_grads.push_back(param.grad()), owned_at.push_back(trained);
+      ++trained;
     }
-    std::vector<at::Tensor> together = {loss.detach().to(at::kFloat).reshape({1}), at::cat(squares)};
+    at::Tensor squares = at::zeros({trained}, loss.options().dtype(at::kFloat));
+    if (!owned_grads.empty())
+      squares.index_copy_(0, at::tensor(owned_at, at::TensorOptions().dtype(at::kLong)).to(squares.device()),
+                          square_sums_fp32(owned_grads).to(squares.device()));
+    std::vector<at::Tensor> together = {loss.detach().to(at::kFloat).reshape({1}), squares};
     dp_.all_reduce_sum(together, "loss and gradient norms");
     loss = at::Tensor();
     return update(together[0].to(at::kDouble), together[1].sum().reshape({1}).to(at::kDouble), lr, mark);

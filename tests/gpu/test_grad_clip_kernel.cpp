@@ -56,20 +56,23 @@ DeviceGrad make_grad(int64_t numel, KernelDType dtype, size_t offset, std::mt199
 struct Outcome {
   double sum;
   std::vector<float> factors;
+  std::vector<double> tensor_squares;
 };
 
+// `with_sum` false: each tensor's square alone (no group sum; what square_sums_fp32 asks for).
 Outcome run_kernel(const std::vector<DeviceGrad>& grads, kernels::GradClipGroup group, double start_sum = 0,
-                   const std::vector<float>& ranks = {}) {
+                   const std::vector<float>& ranks = {}, bool with_sum = true) {
   std::vector<kernels::GradClipTensor> views;
   for (const DeviceGrad& g : grads) views.push_back(g.view());
   const int count = static_cast<int>(views.size());
   DeviceBuffer workspace(static_cast<size_t>(kernels::grad_clip_workspace_doubles(views.data(), count)) * 8);
   DeviceBuffer sum(8), factors(static_cast<size_t>(count) * 4), ranks_device(static_cast<size_t>(count) * 4),
-      numels(static_cast<size_t>(count) * 8);
+      numels(static_cast<size_t>(count) * 8), squares(static_cast<size_t>(count) * 8);
   EXPECT_TRUE(workspace.ok() && sum.ok() && factors.ok());
   gpu_test::upload(std::vector<double>{start_sum}, sum.at());
-  group.sum = reinterpret_cast<double*>(sum.at());
+  group.sum = with_sum ? reinterpret_cast<double*>(sum.at()) : nullptr;
   group.factors = reinterpret_cast<float*>(factors.at());
+  group.tensor_squares = reinterpret_cast<double*>(squares.at());
   if (!ranks.empty()) {
     std::vector<double> n;
     for (const DeviceGrad& g : grads) n.push_back(static_cast<double>(g.values.size()));
@@ -79,12 +82,24 @@ Outcome run_kernel(const std::vector<DeviceGrad>& grads, kernels::GradClipGroup 
     group.numels_device = reinterpret_cast<const double*>(numels.at());
   }
   EXPECT_EQ(kernels::launch_grad_clip(views.data(), count, group, reinterpret_cast<double*>(workspace.at()), nullptr), 0);
-  Outcome out{0, std::vector<float>(static_cast<size_t>(count))};
+  Outcome out{0, std::vector<float>(static_cast<size_t>(count)), std::vector<double>(static_cast<size_t>(count))};
   std::vector<double> s(1);
   gpu_test::download(sum.at(), s);
   gpu_test::download(factors.at(), out.factors);
+  gpu_test::download(squares.at(), out.tensor_squares);
   out.sum = s[0];
   return out;
+}
+
+bool same_double(double a, double b) { return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, 8) == 0; }
+
+// Each tensor's own square, from its chunks alone, bit for bit.
+void expect_tensor_squares(const std::vector<DeviceGrad>& grads, const Outcome& got) {
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const double expected = grad_clip_test::tensor_square_on_host(grads[i].values);
+    EXPECT_TRUE(same_double(got.tensor_squares[i], expected)) << "tensor " << i << ": " << got.tensor_squares[i]
+                                                              << " vs " << expected;
+  }
 }
 
 double host_square(const std::vector<DeviceGrad>& grads) {
@@ -92,8 +107,6 @@ double host_square(const std::vector<DeviceGrad>& grads) {
   for (const DeviceGrad& g : grads) values.push_back(g.values);
   return grad_clip_test::group_square_on_host(values);
 }
-
-bool same_double(double a, double b) { return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, 8) == 0; }
 
 TEST(GpuGradClipKernel, SquareAndFactorsEqualTheHostRunBitForBit) {
   QWEN3_REQUIRE_GPU();
@@ -118,10 +131,11 @@ TEST(GpuGradClipKernel, SquareAndFactorsEqualTheHostRunBitForBit) {
   const float scale = gc::clip_scale(expected, counted, group.trainable, group.max_norm);
   ASSERT_LT(scale, 1.0f) << "the case clips";
   for (float f : got.factors) EXPECT_TRUE(gpu_test::same_float(f, scale)) << f << " vs " << scale;
+  expect_tensor_squares(grads, got);
 }
 
 // More tensors than one launch takes (64): the group's last CTA is in the last launch, and sums every launch's
-// chunks; the running sum accumulates.
+// chunks; the running sum accumulates; each tensor's own square, with the group's and alone.
 TEST(GpuGradClipKernel, ManyTensorsAndTheRunningSum) {
   QWEN3_REQUIRE_GPU();
   std::mt19937 rng(12);
@@ -135,6 +149,10 @@ TEST(GpuGradClipKernel, ManyTensorsAndTheRunningSum) {
   const double expected = host_square(grads);
   EXPECT_TRUE(same_double(got.sum, before + expected)) << got.sum << " vs " << before + expected;
   for (float f : got.factors) EXPECT_EQ(f, 1.0f);
+  expect_tensor_squares(grads, got);
+  // Each tensor's square alone, no group sum (the ordinary step's per-tensor squares).
+  const Outcome alone = run_kernel(grads, kernels::GradClipGroup{}, 0, {}, /*with_sum=*/false);
+  expect_tensor_squares(grads, alone);
 }
 
 TEST(GpuGradClipKernel, RanksChooseWhatCountsAndANonFiniteGroupIsSkipped) {
@@ -178,7 +196,7 @@ TEST(GradClipKernel, RefusesBadArguments) {
   EXPECT_EQ(kernels::launch_grad_clip(&t, 0, group, &workspace, nullptr), kInvalidValue) << "no tensor";
   EXPECT_EQ(kernels::launch_grad_clip(&t, 1, group, nullptr, nullptr), kInvalidValue) << "no workspace";
   kernels::GradClipGroup no_sum;
-  EXPECT_EQ(kernels::launch_grad_clip(&t, 1, no_sum, &workspace, nullptr), kInvalidValue) << "no sum";
+  EXPECT_EQ(kernels::launch_grad_clip(&t, 1, no_sum, &workspace, nullptr), kInvalidValue) << "neither sum nor squares";
   kernels::GradClipTensor f16{&x, 1, KernelDType::f16};
   EXPECT_EQ(kernels::launch_grad_clip(&f16, 1, group, &workspace, nullptr), kInvalidValue) << "f16";
   kernels::GradClipTensor negative{&x, -1, KernelDType::f32};

@@ -134,6 +134,11 @@ double clip_factor(double norm, double max_norm);
 // Sum of squares of any float tensor as a 0-dim fp32 tensor on its device, formed in optimizer-sized pieces so
 // that no whole-tensor fp32 copy is made.
 at::Tensor square_sum_fp32(const at::Tensor& t);
+// Each gradient's sum of squares, fp32 [grads.size()] on the first one's device: on CUDA (every gradient on one
+// device, contiguous fp32/bf16) the clipping kernel's per-tensor fp64 sums (kernels/grad_clip.cu) rounded to
+// fp32, one launch a 64 gradients; elsewhere square_sum_fp32 of each. grad_square_sum is their sum; a shared-out
+// state's owners form their parameters' entries with it, so that the ranks' sum has the one-process bits.
+at::Tensor square_sums_fp32(const std::vector<at::Tensor>& grads);
 // One group's clipping for the in-backward update (docs/trainer.md, "Clipping is per group"), without waiting for
 // the device. `grads`: the group's gradients (defined, one device); `trainable`: the elements of every trained
 // parameter. Returns each gradient's factor, fp32 [grads.size()] on their device: clip_factor of the group's norm

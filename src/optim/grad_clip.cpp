@@ -6,6 +6,7 @@
 #include <limits>
 #include <vector>
 
+#include "grad_clip.cuh"
 #include "optim/grad_clip_cuda.h"
 #include "qwen3/base/error.h"
 #include "qwen3/optim/optim.h"
@@ -35,14 +36,19 @@ at::Tensor square_sum_fp32(const at::Tensor& t) {
 
 namespace {
 
-// Where the clipping kernel takes the gradients: all on one CUDA device, contiguous fp32 or bf16.
+// Where the clipping kernel takes the gradients: all on one CUDA device, fp32 or bf16 (the masters' dtypes).
 bool kernel_takes(const std::vector<at::Tensor>& grads) {
   if (grads.empty() || !grads.front().is_cuda()) return false;
   for (const at::Tensor& g : grads)
-    if (g.device() != grads.front().device() || !g.is_contiguous() ||
-        (g.scalar_type() != at::kFloat && g.scalar_type() != at::kBFloat16))
+    if (g.device() != grads.front().device() || (g.scalar_type() != at::kFloat && g.scalar_type() != at::kBFloat16))
       return false;
   return true;
+}
+
+std::vector<at::Tensor> contiguous(const std::vector<at::Tensor>& grads) {
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& g : grads) out.push_back(g.contiguous());  // autograd's gradients already are: no copy
+  return out;
 }
 
 }  // namespace
@@ -53,7 +59,7 @@ at::Tensor square_sums_fp32(const std::vector<at::Tensor>& grads) {
   if (kernel_takes(grads)) {  // one launch a 64 gradients where the per-tensor form below takes three each
     optim_detail::GroupClipOnDevice squares;
     squares.tensor_squares = at::empty({static_cast<int64_t>(grads.size())}, grads.front().options().dtype(at::kDouble));
-    optim_detail::group_clip_cuda(grads, squares);
+    optim_detail::group_clip_cuda(contiguous(grads), squares);
     return squares.tensor_squares.to(at::kFloat);
   }
   // fp32 accumulation even for bf16 gradients; the sums stay on the device. The tensors may sit on several
@@ -83,48 +89,46 @@ at::Tensor group_clip_factors(const std::vector<at::Tensor>& grads, const at::Te
     numels.push_back(static_cast<double>(g.numel()));
     elements += numels.back();
   }
-  const at::Tensor ranks =
-      ranks_with_gradient.defined() ? ranks_with_gradient.to(grads.front().device(), at::kFloat).contiguous() : at::Tensor();
-  if (kernel_takes(grads)) {
+  if (grads.front().is_cuda()) {  // on the device, so that nothing waits for it: one kernel
     optim_detail::GroupClipOnDevice group;
     group.max_norm = max_norm;
     group.trainable = static_cast<double>(trainable);
     group.counted_elements = elements;
-    if (ranks.defined()) {
-      group.ranks_with_gradient = ranks;
+    if (ranks_with_gradient.defined()) {
+      group.ranks_with_gradient = ranks_with_gradient.to(grads.front().device(), at::kFloat).contiguous();
       group.numels = at::tensor(numels, at::TensorOptions().dtype(at::kDouble)).to(grads.front().device());
     }
     group.accumulate = square_sum.defined();
     if (!square_sum.defined()) square_sum = at::empty({}, on_device.dtype(at::kDouble));
     group.sum = square_sum;
     group.factors = at::empty({static_cast<int64_t>(grads.size())}, on_device.dtype(at::kFloat));
-    optim_detail::group_clip_cuda(grads, group);
+    optim_detail::group_clip_cuda(contiguous(grads), group);
     return group.factors;
   }
-  // Tensor operations on the device (fp64, clip_factor's operations: the host formula's bytes).
+  // On a CPU nothing is left to wait for: the group's square (fp32 sums, as square_sum_fp32 forms them) is read
+  // here and the factor is the kernel's own rule.
   at::Tensor group_square;
   for (const at::Tensor& g : grads) {
     const at::Tensor sq = square_sum_fp32(g);
     group_square = group_square.defined() ? group_square + sq : sq;
   }
-  const at::Tensor square = group_square.to(at::kDouble);  // exact, as the host's .item<double>() was
+  const at::Tensor square = group_square.to(at::kDouble);
   square_sum = square_sum.defined() ? square_sum + square.to(square_sum.device()) : square;
-  const at::Tensor norm = square.sqrt();
-  const at::TensorOptions options = norm.options();
-  const at::Tensor nan = at::full({}, std::numeric_limits<double>::quiet_NaN(), options);
-  // The group's share of the limit: on the host, or on the device when which gradients count is known there only.
-  at::Tensor limit = at::full({}, max_norm * std::sqrt(elements / static_cast<double>(trainable)), options);
-  at::Tensor used;
-  if (ranks.defined()) {
-    used = ranks.to(norm.device()).gt(0);
-    limit = (at::tensor(numels, options) * used).sum().div(static_cast<double>(trainable)).sqrt().mul(max_norm);
+  std::vector<bool> counts(grads.size(), true);
+  double counted = elements;
+  if (ranks_with_gradient.defined()) {
+    const at::Tensor ranks = ranks_with_gradient.to(at::kCPU, at::kFloat).contiguous();
+    counted = 0;
+    for (size_t i = 0; i < grads.size(); ++i) {
+      counts[i] = ranks.data_ptr<float>()[i] > 0;
+      counted += counts[i] ? numels[i] : 0.0;
+    }
   }
-  at::Tensor scale = max_norm > 0 ? at::where(limit.gt(0).logical_and(norm > limit), limit.div(norm + 1e-6),
-                                              at::ones({}, options))
-                                  : at::ones({}, options);
-  scale = at::where(at::isfinite(norm), scale, nan).to(at::kFloat);
-  return used.defined() ? at::where(used, scale, nan.to(at::kFloat))
-                        : scale.expand({static_cast<int64_t>(grads.size())});
+  const float scale =
+      kernels::grad_clip::clip_scale(square.item<double>(), counted, static_cast<double>(trainable), max_norm);
+  std::vector<float> factors;
+  for (size_t i = 0; i < grads.size(); ++i) factors.push_back(counts[i] ? scale : std::numeric_limits<float>::quiet_NaN());
+  return at::tensor(factors, on_device.dtype(at::kFloat));
 }
 
 double clip_factor(double norm, double max_norm) {

@@ -76,6 +76,11 @@ __device__ double cta_total(double value, double* shared) {
   return total;
 }
 
+// Chunk sums met in the rules' order (strided_sum, then the tree): a tensor's own, or the whole group's.
+__device__ double chunk_sums_total(const double* chunk_sums, int64_t chunks, double* shared) {
+  return cta_total(gc::strided_sum(chunk_sums, chunks, threadIdx.x), shared);
+}
+
 __global__ void __launch_bounds__(gc::kThreads) grad_clip_kernel(LaunchTensors t, GroupWork w, GradClipGroup g) {
   __shared__ double shared[gc::kThreads];
   __shared__ bool last;
@@ -107,18 +112,14 @@ __global__ void __launch_bounds__(gc::kThreads) grad_clip_kernel(LaunchTensors t
   __syncthreads();
   if (last_of_tensor) {  // the tensor's own square, from its chunk sums alone (grad_clip.cuh, tensor order)
     __threadfence();
-    const int64_t first = t.chunk_base + t.first_chunk[i], chunks = t.first_chunk[i + 1] - t.first_chunk[i];
-    double s = 0.0;
-    for (int64_t c = threadIdx.x; c < chunks; c += gc::kThreads) s += __ldcg(w.chunk_sums + first + c);
-    const double square = cta_total(s, shared);
+    const double square = chunk_sums_total(w.chunk_sums + t.chunk_base + t.first_chunk[i],
+                                           t.first_chunk[i + 1] - t.first_chunk[i], shared);
     if (threadIdx.x == 0) g.tensor_squares[w.first_tensor + i] = square;
   }
   if (!last) return;
   // The group's last CTA: every other chunk's sum was made visible before it was counted.
   __threadfence();
-  double s = 0.0;
-  for (int64_t c = threadIdx.x; c < w.group_chunks; c += gc::kThreads) s += __ldcg(w.chunk_sums + c);
-  const double square = cta_total(s, shared);  // = strided_sum, then the tree
+  const double square = chunk_sums_total(w.chunk_sums, w.group_chunks, shared);
   __shared__ float scale;
   if (threadIdx.x == 0 && g.sum) {
     *g.sum = g.accumulate ? *g.sum + square : square;

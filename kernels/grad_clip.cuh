@@ -62,9 +62,14 @@ inline double tree_total_on_host(double* values) {
 // The group's square from its chunks' sums (every tensor's chunks, tensor by tensor, in order): thread t sums
 // chunk sums t, t + kThreads, ... in order, then the CTA's tree as above. A tensor's own square (written where
 // the caller asks for each tensor's) is the same over its chunks alone.
+// (On the device the sums are read through L2, __ldcg: other CTAs wrote them during this kernel.)
 QWEN3_HD double strided_sum(const double* chunk_sums, int64_t chunks, int thread) {
   double s = 0.0;
+#if defined(__CUDA_ARCH__)
+  for (int64_t i = thread; i < chunks; i += kThreads) s += __ldcg(chunk_sums + i);
+#else
   for (int64_t i = thread; i < chunks; i += kThreads) s += chunk_sums[i];
+#endif
   return s;
 }
 

@@ -36,12 +36,12 @@ at::Tensor square_sum_fp32(const at::Tensor& t) {
 
 namespace {
 
-// Where the clipping kernel takes the gradients: all on one CUDA device, fp32 or bf16 (the masters' dtypes).
+// Where the clipping kernel takes the gradients: all on one CUDA device (their dtype, the masters' fp32 or bf16,
+// the glue checks with a clear error).
 bool kernel_takes(const std::vector<at::Tensor>& grads) {
   if (grads.empty() || !grads.front().is_cuda()) return false;
   for (const at::Tensor& g : grads)
-    if (g.device() != grads.front().device() || (g.scalar_type() != at::kFloat && g.scalar_type() != at::kBFloat16))
-      return false;
+    if (g.device() != grads.front().device()) return false;
   return true;
 }
 

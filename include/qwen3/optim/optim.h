@@ -135,7 +135,7 @@ double clip_factor(double norm, double max_norm);
 // that no whole-tensor fp32 copy is made.
 at::Tensor square_sum_fp32(const at::Tensor& t);
 // Each gradient's sum of squares, fp32 [grads.size()] on the first one's device: on CUDA (every gradient on one
-// device, contiguous fp32/bf16) the clipping kernel's per-tensor fp64 sums (kernels/grad_clip.cu) rounded to
+// device; fp32 or bf16, the masters' dtypes, else an Error) the clipping kernel's per-tensor fp64 sums (kernels/grad_clip.cu) rounded to
 // fp32, one launch a 64 gradients; elsewhere square_sum_fp32 of each. grad_square_sum is their sum; a shared-out
 // state's owners form their parameters' entries with it, so that the ranks' sum has the one-process bits.
 at::Tensor square_sums_fp32(const std::vector<at::Tensor>& grads);

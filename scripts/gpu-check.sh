@@ -7,13 +7,15 @@
 # lease is 15 minutes of device time, and the first round measured what each stage takes):
 #   --call 1   env, build, test-gpu, smoke, train-2048:lean+fast+lean-unpacked+fast-unpacked (with their peers),
 #              and lean and fast unpacked with --overlap-update
-#   --call 2   sanitize, hf, bench, train-512:lean+fast, test-all
+#   --call 2   sanitize, hf, bench, train-512:lean+fast+fast-codes (fast with its codes, not its kept operands),
+#              test-all
 #   --call 3   train-512:fast-unpacked+grad-checkpoint (what is left, if the lease has time)
 # Every call works on a fresh machine: a stage that needs the build builds first when BUILD_DIR lacks it.
 # STAGE: env, build, test (= test-gpu, test-all), sanitize, bench, smoke, train (= smoke, train-2048,
 # train-512), hf, summary, or all (every stage). train-2048 and train-512 take the configurations to run after
 # a colon, joined by '+': lean, fast, grad-checkpoint, base, each packed, or with -unpacked; lean and fast also
-# with -overlap before it (--overlap-update: lean-overlap, fast-overlap-unpacked) (default: TRAIN_CONFIGS).
+# with -overlap before it (--overlap-update: lean-overlap, fast-overlap-unpacked), or -codes
+# (--keep-weight-operands off: fast-codes) (default: TRAIN_CONFIGS).
 # The build folder (BUILD_DIR, default build-gpu/, ignored) keeps the build and the status of every step run so
 # far (BUILD_DIR/gpu-check/status.tsv). RESULTS_DIR is rewritten after every step, so that a call cut short
 # still returns what it measured: summary.md (the table), status.tsv, bench_kernels.json and
@@ -39,7 +41,7 @@ set -u
 set -o pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 results=""
 dry_run=0
@@ -51,7 +53,7 @@ while [ $# -gt 0 ]; do
     --call) [ $# -ge 2 ] || usage
       case "$2" in
         1) stages+=(env build test-gpu smoke train-2048:lean+fast+lean-unpacked+fast-unpacked+lean-overlap-unpacked+fast-overlap-unpacked) ;;
-        2) stages+=(sanitize hf bench train-512:lean+fast test-all) ;;
+        2) stages+=(sanitize hf bench train-512:lean+fast+fast-codes test-all) ;;
         3) stages+=(train-512:fast-unpacked+grad-checkpoint) ;;
         *) echo "gpu-check: --call is 1, 2 or 3" >&2; usage ;;
       esac
@@ -967,12 +969,17 @@ stage_hf() {
 # Each is packed (whole samples in full rows, --pack); NAME-unpacked trains one sample a row from lines longer
 # than the row (every row full, split at row boundaries), the shape of the peer's random rows.
 # A configuration: its name, -unpacked (full rows), -overlap (--overlap-update: the in-backward updates on a
-# CUDA stream of their own), or both (NAME-overlap-unpacked).
+# CUDA stream of their own), -codes (--keep-weight-operands off: backward dequantizes each trained projection's
+# codes, where auto keeps its bf16 operand from forward when the step fits), or both (NAME-overlap-unpacked).
 config_flags() {
   local name=${1%-unpacked} extra=""
   if [[ "$name" == *-overlap ]]; then
     name=${name%-overlap}
     [ "$dry_run" = 1 ] || extra=" --overlap-update"  # a CUDA stream: the dry run's CPU takes the plain mode
+  fi
+  if [[ "$name" == *-codes ]]; then
+    name=${name%-codes}
+    extra+=" --keep-weight-operands off"
   fi
   case "$name" in
     lean) echo "--master-dtype bfloat16 --optimizer-state-mode nvfp4 --grad-checkpoint --fused-optimizer$extra" ;;
@@ -982,12 +989,18 @@ config_flags() {
     *) return 1 ;;
   esac
 }
+# The configuration a name modifies: NAME without its -unpacked, -overlap and -codes.
+base_config() {
+  local name=${1%-unpacked}
+  name=${name%-overlap}
+  name=${name%-codes}
+  echo "${name%-overlap}"
+}
 # The peer with the same parameter and optimizer dtypes (bench/hf_peer.py train): a bf16 master with 4-bit
 # moments (torchao's; bf16 moments where torchao is absent) for lean, an fp32 master computing in bf16 for the
 # others; checkpointing as the configuration has it.
 peer_flags() {
-  local name=${1%-unpacked}
-  case "${name%-overlap}" in
+  case "$(base_config "$1")" in
     lean) echo "--param-dtype bfloat16 --moments 4bit --grad-checkpoint on" ;;
     grad-checkpoint) echo "--param-dtype float32 --grad-checkpoint on" ;;
     fast|base) echo "--param-dtype float32 --grad-checkpoint off" ;;
@@ -995,8 +1008,7 @@ peer_flags() {
 }
 
 peer_name() {
-  local name=${1%-unpacked}
-  case "${name%-overlap}" in
+  case "$(base_config "$1")" in
     lean) echo bf16-4bit-gc ;;
     grad-checkpoint) echo fp32-gc ;;
     *) echo fp32 ;;

@@ -374,6 +374,8 @@ TEST(MemoryModel, CudaPredictionMatchesTheFirstGpuRound) {
     o.data.seq_len = 2048;
     o.data.batch_size = 1;
     o.fused_optimizer = true;
+    // As that round ran: the fast step kept its codes (auto now keeps the operands where the device holds them).
+    o.keep_weight_operands = m.lean ? KeepWeightOperands::auto_select : KeepWeightOperands::off;
     if (m.lean) {
       o.master_dtype = MasterDtype::bfloat16;
       o.adamw.moments = MomentStorage::nvfp4;
@@ -401,6 +403,7 @@ TEST(MemoryModel, OverlappedUpdatesKeepOneBlocksGradientsThroughTheNext) {
   TrainOptions o;
   o.data.seq_len = 2048;
   o.fused_optimizer = true;
+  o.keep_weight_operands = KeepWeightOperands::off;  // the saved activations this test's bounds count
   const StepMemoryPlan inline_plan = predict(o, config, cuda).memory;
   o.overlap_update = true;
   const StepMemoryPlan overlap_plan = predict(o, config, cuda).memory;
@@ -423,6 +426,88 @@ TEST(MemoryModel, OverlappedUpdatesKeepOneBlocksGradientsThroughTheNext) {
   const uint64_t cpu_inline = predict(o, config, cpu).memory.peak();
   o.overlap_update = true;
   EXPECT_EQ(predict(o, config, cpu).memory.peak(), cpu_inline);
+}
+
+// --keep-weight-operands on CUDA at training shapes: each trained projection holds its bf16 operand (2 bytes an
+// element) from forward to its backward where it held its codes (9/16): Qwen3-4B's fast step, fused, at 2048 tokens
+// (its peak in backward, where every block's saved tensors are alive) rises by exactly that difference over the
+// block projections; the optimizer step, after backward, does not move. On a CPU nothing is kept.
+TEST(MemoryModel, KeptWeightOperandsHoldTwoBytesAnElementUntilBackward) {
+  const Qwen3Config config = preset_config("qwen3-4b");
+  const c10::Device cuda(c10::kCUDA, 0);
+  TrainOptions o;
+  o.data.seq_len = 2048;
+  o.fused_optimizer = true;
+  o.keep_weight_operands = KeepWeightOperands::off;
+  const StepMemoryPlan codes = predict(o, config, cuda).memory;
+  o.keep_weight_operands = KeepWeightOperands::on;
+  const StepMemoryPlan kept = predict(o, config, cuda).memory;
+  const uint64_t H = 2560, I = 9728, Q = 32 * 128, KV = 8 * 128;
+  const uint64_t projections = 36 * (H * Q + 2 * H * KV + Q * H + 3 * H * I);
+  EXPECT_EQ(kept.saved_operands, 2 * projections);
+  EXPECT_EQ(kept.saved_codes, 0u);
+  EXPECT_EQ(codes.saved_codes, projections * 9 / 16);
+  EXPECT_EQ(codes.saved_operands, 0u);
+  const auto peak = [](const StepMemoryPlan& plan, const std::string& phase) {
+    for (const PhaseMemory& p : plan.phases)
+      if (p.phase == phase) return p.peak;
+    return uint64_t{0};
+  };
+  EXPECT_EQ(peak(kept, "forward_done") - peak(codes, "forward_done"), 2 * projections - projections * 9 / 16);
+  EXPECT_EQ(peak(kept, "backward_done") - peak(codes, "backward_done"), 2 * projections - projections * 9 / 16);
+  EXPECT_EQ(peak(kept, "optimizer_step_done"), peak(codes, "optimizer_step_done"));
+  // Below the one-pass shapes (the NVFP4 kernel reads the codes) and on a CPU: nothing to keep.
+  o.data.seq_len = 8;
+  EXPECT_EQ(predict(o, config, cuda).memory.saved_operands, 0u);
+  o.data.seq_len = 2048;
+  EXPECT_EQ(predict(o, config, c10::Device(c10::kCPU)).memory.saved_operands, 0u);
+}
+
+// auto decides by the memory model against the device: kept under --grad-checkpoint; without it on CUDA where the
+// peak with the operands stays within 90% of the device's memory (an H100's 80 GB holds the fast Qwen3-4B step at
+// 2048 tokens with them, not four such rows); codes on a CPU. on / off are taken as given. predict() counts what
+// the choice decides.
+TEST(MemoryModel, AutoKeepsWeightOperandsWhereTheStepStillFits) {
+  const Qwen3Config config = preset_config("qwen3-4b");
+  const c10::Device cuda(c10::kCUDA, 0), cpu(c10::kCPU);
+  TrainOptions o;
+  o.data.seq_len = 2048;
+  o.fused_optimizer = true;
+  o.predict_device = "h100";
+  const WeightOperandsChoice fits = choose_weight_operands(o, config, cuda);
+  EXPECT_TRUE(fits.keep) << fits.why;
+  EXPECT_NE(fits.why.find("within 90%"), std::string::npos) << fits.why;
+  EXPECT_GT(predict(o, config, cuda).memory.saved_operands, 0u);
+  o.data.batch_size = 4;
+  const WeightOperandsChoice too_big = choose_weight_operands(o, config, cuda);
+  EXPECT_FALSE(too_big.keep) << too_big.why;
+  EXPECT_NE(too_big.why.find("above 90%"), std::string::npos) << too_big.why;
+  EXPECT_EQ(predict(o, config, cuda).memory.saved_operands, 0u);
+  TrainOptions kept_anyway = o;
+  kept_anyway.keep_weight_operands = KeepWeightOperands::on;
+  EXPECT_TRUE(choose_weight_operands(kept_anyway, config, cuda).keep);
+  o.predict_device = "h200";  // 141 GB: four rows fit
+  EXPECT_TRUE(choose_weight_operands(o, config, cuda).keep);
+  o.grad_checkpoint = true;
+  o.predict_device = "h100";
+  EXPECT_TRUE(choose_weight_operands(o, config, cuda).keep);
+  o.keep_weight_operands = KeepWeightOperands::off;
+  EXPECT_FALSE(choose_weight_operands(o, config, cuda).keep);
+  EXPECT_EQ(predict(o, config, cuda).memory.saved_operands, 0u);
+  o.keep_weight_operands = KeepWeightOperands::auto_select;
+  o.grad_checkpoint = false;
+  o.data.batch_size = 1;
+  EXPECT_FALSE(choose_weight_operands(o, config, cpu).keep);
+  // No operand is made to keep with fp32 compute or below 17 tokens (the NVFP4 kernel reads the codes), whatever
+  // the flag says.
+  o.keep_weight_operands = KeepWeightOperands::on;
+  o.data.seq_len = 16;
+  EXPECT_FALSE(choose_weight_operands(o, config, cuda).keep);
+  o.data.seq_len = 2048;
+  o.compute_dtype = ComputeDtype::float32;
+  EXPECT_FALSE(choose_weight_operands(o, config, cuda).keep);
+  o.compute_dtype = ComputeDtype::bfloat16;
+  EXPECT_TRUE(choose_weight_operands(o, config, cuda).keep);
 }
 
 // --shard-optimizer-state with N ranks: a rank's moments are 1/N of them, the rest of its step unchanged; without

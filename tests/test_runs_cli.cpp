@@ -341,6 +341,47 @@ TEST(RunsCli, GpuOverlapUpdateTrainsTheSameBytes) {
   EXPECT_EQ(test::slurp(s.dir.file("a.dat")), test::slurp(s.dir.file("b.dat"))) << "the exported weights";
 }
 
+// --keep-weight-operands names one of auto, on, off; on holds the CUDA quantize pass's operands, so a CPU run
+// refuses it; the run records the choice as given.
+TEST(RunsCli, KeepWeightOperandsIsACudaChoice) {
+  RunSetup s;
+  auto r = run_cli(s.base + " --steps 1 --keep-weight-operands sometimes");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--keep-weight-operands"), std::string::npos) << r.err;
+  r = run_cli(s.base + " --steps 1 --keep-weight-operands on");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--keep-weight-operands on"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("needs --device cuda"), std::string::npos) << r.err;
+  r = run_cli(s.base + " --steps 1 --keep-weight-operands off --output-dir " + s.dir.file("out"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json run = nlohmann::json::parse(test::slurp(s.dir.file("out/run.json")));
+  EXPECT_EQ(run["options"]["keep_weight_operands"], "off");
+}
+
+// On CUDA at training shapes (bf16, 64 rows a product) the kept operands train the same bytes as the codes: the
+// losses and norms of three steps, and the exported weights; the log says which ran.
+TEST(RunsCli, GpuKeptWeightOperandsTrainTheSameBytes) {
+  QWEN3_GPU_TEST(at::hasCUDA());
+  RunSetup s;
+  const std::string base = s.base + " --device cuda --steps 3 --seq-len 32 --batch-size 2 --log-every 1";
+  auto r = run_cli(base + " --keep-weight-operands off --metrics-jsonl " + s.dir.file("a.jsonl") + " --output-dat " +
+                   s.dir.file("a.dat"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE((r.out + r.err).find("backward: codes (--keep-weight-operands off)"), std::string::npos) << r.out << r.err;
+  r = run_cli(base + " --keep-weight-operands on --metrics-jsonl " + s.dir.file("b.jsonl") + " --output-dat " +
+              s.dir.file("b.dat"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE((r.out + r.err).find("backward: kept (--keep-weight-operands on)"), std::string::npos) << r.out << r.err;
+  const auto a = jsonl(s.dir.file("a.jsonl")), b = jsonl(s.dir.file("b.jsonl"));
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(a[i]["loss"], b[i]["loss"]) << "step " << i + 1;
+    EXPECT_EQ(a[i]["grad_norm"], b[i]["grad_norm"]) << "step " << i + 1;
+  }
+  EXPECT_EQ(test::slurp(s.dir.file("a.dat")), test::slurp(s.dir.file("b.dat"))) << "the exported weights";
+}
+
 // On CUDA the profiler reports each phase scope twice (the host's range and a device-side annotation): the trace
 // and the table have each phase once, and the table's total is the phases' own time.
 TEST(RunsCli, GpuProfileStepHasEachPhaseOnce) {

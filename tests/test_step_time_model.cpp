@@ -114,7 +114,8 @@ TEST(StepTimeModel, RespondsToTheFlagsThatChangeTheWork) {
 
 // The bytes the code moves, term by term, at 2048 tokens on a GPU (bf16 compute, bf16 master, int8 moments):
 // the loss kernels' 2 and 3 bytes-per-logit passes against the CPU's libtorch ones, the one-pass operand (codes
-// written only where backward keeps them), the kept operand under checkpointing, the update's own floor.
+// written only where backward keeps them), the kept operand under checkpointing or --keep-weight-operands, the
+// update's own floor.
 TEST(StepTimeModel, CountsTheBytesTheGpuPathMoves) {
   const Qwen3Config c = qwen3_4b();
   const ModelShape s = c.shape();
@@ -145,6 +146,16 @@ TEST(StepTimeModel, CountsTheBytesTheGpuPathMoves) {
   EXPECT_NEAR(backward_ckpt - backward_plain, phase(recomputed, "forward_done").bytes - V * H * e - N * V * 2 * a -
                                                   trained * (codes + a),
               1e3);
+  // --keep-weight-operands without checkpointing: forward writes no codes, and dX reads the kept operand.
+  TrainOptions kept = options(2048);
+  kept.keep_weight_operands = KeepWeightOperands::on;
+  const StepTimePlan kept_plan = predict_step_time(c, false, kept, h100);
+  EXPECT_NEAR(phase(plain, "forward_done").bytes - phase(kept_plan, "forward_done").bytes, trained * codes, 1e3);
+  EXPECT_NEAR(backward_plain - phase(kept_plan, "backward_done").bytes, trained * (codes + a), 1e3);
+  // Checkpointed with the codes kept instead: the recompute writes them and dX dequantizes them.
+  ckpt.keep_weight_operands = KeepWeightOperands::off;
+  EXPECT_NEAR(phase(predict_step_time(c, false, ckpt, h100), "backward_done").bytes - backward_ckpt,
+              trained * (codes + codes + a), 1e3);
   // The update's floor: gradient read, master read and written, both moments read and written.
   EXPECT_NEAR(plain.update_floor_ms, 1e3 * (all * 3 * e + 2 * state) / (3350e9 * 0.85), 1e-9 * plain.update_floor_ms);
   // On CPU the loss moves libtorch's fp32 passes: far more per logit (fp32 compute: a CPU without bf16 products

@@ -52,7 +52,7 @@ struct TrainFlags {
   std::string model_dir, data_format = "auto", sample_mode = "random", pack_strategy = "best-fit",
               moments = "float32", scale_mode = "rne",
               system, test_prompt = "Who are you?", lr_schedule = "constant", master_dtype = "float32",
-              compute_dtype = "auto", loss = "ce";
+              compute_dtype = "auto", loss = "ce", keep_weight_operands = "auto";
   ChatTemplateFlags chat;
   std::string config_file;
   bool synthetic = false, overwrite = false;
@@ -87,10 +87,11 @@ void print_memory_plan(const StepMemoryPlan& plan, const c10::Device& device) {
   fmt::print("predicted memory of one step on {} (tensor MiB):\n", device.str());
   fmt::print("{:<22} {:>12} {:>12}\n", "phase", "peak", "at end");
   for (const auto& p : plan.phases) fmt::print("{:<22} {:>12.1f} {:>12.1f}\n", p.phase, p.peak / kMiB, p.end / kMiB);
-  fmt::print("weights {:.1f}, moments {:.1f}, gradients {:.1f}, saved activations {:.1f} (NVFP4 codes {:.1f}); "
+  fmt::print("weights {:.1f}, moments {:.1f}, gradients {:.1f}, saved activations {:.1f} ({} {:.1f}); "
              "peak {:.1f} MiB\n",
              plan.weights / kMiB, plan.moments / kMiB, plan.gradients / kMiB, plan.saved_activations / kMiB,
-             plan.saved_codes / kMiB, plan.peak() / kMiB);
+             plan.saved_operands > 0 ? "kept bf16 weight operands" : "NVFP4 codes",
+             (plan.saved_operands > 0 ? plan.saved_operands : plan.saved_codes) / kMiB, plan.peak() / kMiB);
 }
 
 void print_time_plan(const StepTimePlan& plan, const DeviceRates& rates, double update_g_per_s) {
@@ -190,6 +191,7 @@ void convert_flag_values(TrainFlags& f) {
   o.schedule.kind = parse_lr_schedule_kind(f.lr_schedule);
   o.master_dtype = parse_master_dtype(f.master_dtype);
   o.compute_dtype = parse_compute_dtype(f.compute_dtype);
+  o.keep_weight_operands = parse_keep_weight_operands(f.keep_weight_operands);
   o.loss = parse_loss_kind(f.loss);
   const TokenizerSource source = tokenizer_source(o.tokenizer, f.chat);
   o.tokenizer_config = source.config_path;
@@ -461,6 +463,13 @@ CLI::Option_group* add_train_flags(CLI::App* sub, const std::shared_ptr<TrainFla
   add_bool_flag(run, "--overlap-update", o.overlap_update,
                 "with --fused-optimizer on CUDA, one process: each block's update on a CUDA stream of its own, "
                 "beside the rest of backward (the same bytes; docs/trainer.md)");
+  run->add_option("--keep-weight-operands", f->keep_weight_operands,
+                  "CUDA: hold each trained projection's bf16 product operand from forward to backward instead of its "
+                  "NVFP4 codes (no dequantization in backward, 2 bytes an element held instead of 0.5625; the same "
+                  "bytes trained): auto (under --grad-checkpoint, else where the memory model says the step fits), "
+                  "on, off")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
   return run;
 }
 
@@ -557,6 +566,9 @@ Command add_vram_report_command(CLI::App& app) {
               const bool on_cpu = o.predict_device.empty() ? !c10::Device(o.device).is_cuda() : o.predict_device == "cpu";
               const c10::Device device = on_cpu ? c10::Device(c10::kCPU) : c10::Device(c10::kCUDA, 0);
               const StepPrediction prediction = predict(o, config, device);
+              if (device.is_cuda())
+                fmt::print("trained projections' product operands for backward: {}\n",
+                           choose_weight_operands(o, config, device).why);
               print_memory_plan(prediction.memory, device);
               print_time_plan(prediction.time, prediction.rates,
                               update_elements_per_s(prediction.rates, o.adamw.moments, o.master_dtype));

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "qwen3/memory/memory_probe.h"
 #include "qwen3/model/layout.h"
 #include "qwen3/model/model.h"
 #include "qwen3/nvfp4/nvfp4_linear.h"
@@ -54,14 +55,48 @@ struct BlockSizes {
 
 bool build_uses_sdpa() { return TORCH_VERSION_MAJOR >= 2; }
 
-StepPrediction predict(const TrainOptions& o, const Qwen3Config& config, const c10::Device& device,
+StepPrediction predict(const TrainOptions& options, const Qwen3Config& config, const c10::Device& device,
                        DenseFileType dense_file) {
   const bool separate_head = !config.tie_word_embeddings;
+  TrainOptions o = options;
+  o.keep_weight_operands = choose_weight_operands(options, config, device, dense_file).keep ? KeepWeightOperands::on
+                                                                                             : KeepWeightOperands::off;
   StepPrediction p;
   p.memory = predict_step_memory(config, separate_head, o, device, dense_file, device.is_cuda() || build_uses_sdpa());
   p.rates = device_rates(!o.predict_device.empty() ? o.predict_device : default_rates_name(device));
   p.time = predict_step_time(config, separate_head, o, p.rates);
   return p;
+}
+
+uint64_t device_memory_bytes(const c10::Device& device, const std::string& predict_device) {
+  if (const auto gpu = cuda_device_info(device)) return gpu->total_memory;
+  const DeviceRates rates = device_rates(!predict_device.empty() ? predict_device : default_rates_name(device));
+  return static_cast<uint64_t>(rates.memory_gb * 1e9);
+}
+
+WeightOperandsChoice choose_weight_operands(const TrainOptions& o, const Qwen3Config& config,
+                                            const c10::Device& device, DenseFileType dense_file) {
+  if (o.keep_weight_operands == KeepWeightOperands::off) return {false, "codes (--keep-weight-operands off)"};
+  if (!device.is_cuda()) return {false, "codes (a CPU has one path: the codes, dequantized for each product)"};
+  if (train_detail::compute_scalar_type(o, device) != at::kBFloat16 ||
+      o.data.batch_size * o.data.seq_len < nvfp4::kNvfp4KernelMaxRows)
+    return {false, fmt::format("codes (no bf16 operand is made to keep: that takes bf16 compute and {} tokens a "
+                               "micro-batch, below which the NVFP4 kernel reads the codes)",
+                               nvfp4::kNvfp4KernelMaxRows)};
+  if (o.keep_weight_operands == KeepWeightOperands::on) return {true, "kept (--keep-weight-operands on)"};
+  if (o.grad_checkpoint) return {true, "kept (--grad-checkpoint: one block's projections at a time)"};
+  // The step with every trained projection's operand held from its forward to its backward, against the device.
+  TrainOptions kept = o;
+  kept.keep_weight_operands = KeepWeightOperands::on;
+  const uint64_t peak = predict_step_memory(config, !config.tie_word_embeddings, kept, device, dense_file,
+                                            /*sdpa=*/true).peak();
+  const uint64_t memory = device_memory_bytes(device, o.predict_device);
+  const bool fits = static_cast<double>(peak) <= kWeightOperandsMemoryShare * static_cast<double>(memory);
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  return {fits, fmt::format("{} (auto: the memory model's peak with them {:.1f} GiB, {} {:.0f}% of the device's "
+                            "{:.1f} GiB)",
+                            fits ? "kept" : "codes", peak / kGiB, fits ? "within" : "above",
+                            100 * kWeightOperandsMemoryShare, memory / kGiB)};
 }
 
 u64 StepMemoryPlan::peak() const {
@@ -90,7 +125,9 @@ struct StepSizes {
   int64_t first_graph_block = 0;  // autograd records nothing before the first tensor that trains
   u64 scratch = 0;                // a GPU's reused dequantization buffer (nvfp4_linear.h)
   bool scratch_in_forward = false;
-  bool kept_operands = false;  // checkpointed CUDA training: each recompute keeps its bf16 product operands
+  // CUDA training at the one-pass shapes with --keep-weight-operands (checkpointed: each recompute's operands
+  // until its block's backward; else every trained projection's from its forward to its backward).
+  bool kept_operands = false;
   // What autograd keeps of one block per token, and the short-lived activations (docs/memory.md).
   u64 attention_forward_temp = 0;
   u64 width = 0;  // the cross-entropy's vocabulary slice
@@ -165,7 +202,8 @@ struct StepSizes {
     // kernel reads the codes), else from the first backward.
     scratch = cuda ? a * largest_block_projection : 0;
     scratch_in_forward = cuda && (N >= static_cast<u64>(nvfp4::kNvfp4KernelMaxRows) || !abf16);
-    kept_operands = o.grad_checkpoint && cuda && abf16 && N >= static_cast<u64>(nvfp4::kNvfp4KernelMaxRows);
+    kept_operands = train_detail::keeps_weight_operands(o) && cuda && abf16 &&
+                    N >= static_cast<u64>(nvfp4::kNvfp4KernelMaxRows);
   }
 
   void count_activations() {
@@ -270,7 +308,10 @@ std::vector<u64> forward_phase(const StepSizes& z, Timeline& t, StepMemoryPlan& 
   std::vector<u64> saved(z.s.layers);
   for (int64_t l = 0; l < z.s.layers; ++l) {
     const BlockSizes& b = z.blocks[l];
-    const u64 codes = b.trained_projections * StepSizes::kCodesPerElementX16 / 16;  // frozen ones are held already
+    // What a trained projection keeps for its dX (frozen ones hold their codes already): its codes, or its bf16
+    // operand (--keep-weight-operands).
+    const u64 for_dx = z.kept_operands ? b.trained_projections * 2
+                                       : b.trained_projections * StepSizes::kCodesPerElementX16 / 16;
     const u64 temp = z.projection_forward_temp(b.largest_projection) + z.attention_forward_temp;
     // Without a graph (frozen blocks ahead of the first trained tensor, checkpointed blocks) the block's q, k, v
     // (and their expanded copies) and norm outputs are short-lived too.
@@ -286,12 +327,12 @@ std::vector<u64> forward_phase(const StepSizes& z, Timeline& t, StepMemoryPlan& 
       t.spike(std::max(temp + attention_inputs, b.mlp_forward_temp + z.projection_forward_temp(b.largest_projection)));
       saved[l] = a * N * H;  // the block's input alone
     } else {
-      saved[l] = b.saved_per_token * N + codes + (z.o.fused_optimizer ? a * N * H : 0);
+      saved[l] = b.saved_per_token * N + for_dx + (z.o.fused_optimizer ? a * N * H : 0);
       t.spike(saved[l] + temp);
     }
     t.add(saved[l]);
     plan.saved_activations += saved[l];
-    if (!checkpoint) plan.saved_codes += codes;
+    if (!checkpoint) (z.kept_operands ? plan.saved_operands : plan.saved_codes) += for_dx;
   }
   return saved;
 }

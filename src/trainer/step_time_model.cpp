@@ -157,19 +157,20 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
   };
   // Below kNvfp4KernelMaxRows tokens on a GPU the NVFP4 kernel reads the codes (nothing else moves); from there a
   // trained weight's bf16 operand comes from one pass over its master (e + a: decoded from the codes in
-  // registers, nvfp4_kernels.md), which writes the codes too only where backward keeps them (no checkpointing;
-  // a checkpointed block's first forward keeps nothing, its recompute keeps the operand); a frozen one's operand
-  // is dequantized from its codes (codes + a). On CPU: an fp32 copy of the master, the codes, the fp32
+  // registers, nvfp4_kernels.md), which writes the codes too only where backward keeps them (neither a
+  // checkpointed block's first forward, which keeps nothing, nor a forward that keeps the operand); a frozen one's
+  // operand is dequantized from its codes (codes + a). On CPU: an fp32 copy of the master, the codes, the fp32
   // dequantization and its typed copy.
   const bool kernel_product = gpu && compute_bf16 && N < static_cast<double>(nvfp4::kNvfp4KernelMaxRows);
   const bool one_pass_operand = gpu && compute_bf16 && !kernel_product;
+  // dX's operand: dequantized from the codes (GPU: into the scratch), except where each trained projection keeps
+  // its operand from the (re)computed forward (--keep-weight-operands, as predict() decides it; ste_linear's
+  // keep_operand).
+  const bool kept_operand = one_pass_operand && train_detail::keeps_weight_operands(o);
   const double frozen_forward_per = kernel_product ? kCodeBytes : (gpu ? kCodeBytes + a : kCodeBytes + 4 + a);
   const double trained_forward_per = kernel_product       ? e + kCodeBytes + kCodeBytes
-                                     : one_pass_operand ? e + a + (o.grad_checkpoint ? 0 : kCodeBytes)
+                                     : one_pass_operand ? e + a + (o.grad_checkpoint || kept_operand ? 0 : kCodeBytes)
                                                         : e + kCodeBytes + kCodeBytes + 4 + a;
-  // dX's operand: dequantized from the codes (GPU: into the scratch), except that under --grad-checkpoint on a GPU
-  // at training shapes each trained projection keeps the recompute's operand (ste_linear's keep_operand).
-  const bool kept_operand = one_pass_operand && o.grad_checkpoint;
   const double dequantize_per = gpu ? kCodeBytes + a : kCodeBytes + 4 + a;
 
   PhaseTime forward{"forward_done"}, backward{"backward_done"}, optimizer{"optimizer_step_done"};
@@ -185,7 +186,10 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
     // dX's operands, then dW written in the master's dtype.
     backward.bytes += frozen * dequantize_per + trained_projections[l] * ((kept_operand ? 0 : dequantize_per) + e) +
                       activation_backward_bytes(l);
-    if (o.grad_checkpoint) backward.flops += block_forward_flops, backward.bytes += block_forward_bytes;
+    // The recompute: the block's forward again, whose one-pass operands write the codes where dX reads them.
+    if (o.grad_checkpoint)
+      backward.flops += block_forward_flops,
+          backward.bytes += block_forward_bytes + (one_pass_operand && !kept_operand ? trained_projections[l] * kCodeBytes : 0);
   }
   // The sliced loss: the head's product in forward; in backward the logits again, dX and (if it trains) dW.
   // Beyond the products: on a GPU each slice's logits are written by the product and read once by the statistics

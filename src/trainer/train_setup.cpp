@@ -35,6 +35,20 @@ MasterDtype parse_master_dtype(const std::string& name) {
   return enum_from_name(name, all, "--master-dtype");
 }
 
+const char* to_string(KeepWeightOperands keep) {
+  switch (keep) {
+    case KeepWeightOperands::auto_select: return "auto";
+    case KeepWeightOperands::on: return "on";
+    case KeepWeightOperands::off: return "off";
+  }
+  return "?";
+}
+
+KeepWeightOperands parse_keep_weight_operands(const std::string& name) {
+  const KeepWeightOperands all[] = {KeepWeightOperands::auto_select, KeepWeightOperands::on, KeepWeightOperands::off};
+  return enum_from_name(name, all, "--keep-weight-operands");
+}
+
 ComputeDtype parse_compute_dtype(const std::string& name) {
   const ComputeDtype all[] = {ComputeDtype::auto_select, ComputeDtype::float32, ComputeDtype::bfloat16};
   return enum_from_name(name, all, "--compute-dtype");
@@ -67,6 +81,7 @@ nlohmann::json to_json(const TrainOptions& o) {
           {"grad_checkpoint", o.grad_checkpoint},
           {"fused_optimizer", o.fused_optimizer},
           {"overlap_update", o.overlap_update},
+          {"keep_weight_operands", to_string(o.keep_weight_operands)},
           {"grad_accum_steps", o.grad_accum_steps},
           {"train_last_layers", o.train_last_layers},
           {"freeze_embeddings", o.freeze_embeddings},

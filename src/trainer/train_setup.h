@@ -25,10 +25,17 @@ TrainableSet select_trainable(Qwen3Model& model, const TrainOptions& opt);
 // bytes the straight-through forward would produce every step), its dense weight released. Products from
 // codes are counted into `frozen_products` when given (TrainSummary's diagnostic). `keep_operands`: the trained
 // projections keep their bf16 product operand for backward instead of their codes where the CUDA pass makes
-// one (nvfp4::ste_linear; the trainer asks for it under --grad-checkpoint). Call after select_trainable, which
+// one (nvfp4::ste_linear; the trainer's choice: choose_weight_operands). Call after select_trainable, which
 // decides what is frozen.
 void use_nvfp4_projections(Qwen3Model& model, nvfp4::ScaleMode mode, bool frozen_as_codes,
                            std::shared_ptr<int64_t> frozen_products = nullptr, bool keep_operands = false);
+
+// --keep-weight-operands as the models and the trainer read it: on, off, or auto not yet decided by
+// choose_weight_operands (memory_model.h): kept under --grad-checkpoint only.
+inline bool keeps_weight_operands(const TrainOptions& o) {
+  return o.keep_weight_operands == KeepWeightOperands::on ||
+         (o.keep_weight_operands == KeepWeightOperands::auto_select && o.grad_checkpoint);
+}
 
 // The rule select_trainable applies to one file key of a model with `layers` blocks.
 bool is_trainable(const std::string& key, int64_t layers, const TrainOptions& opt);

@@ -81,17 +81,16 @@ struct TrainModel {
 };
 
 TrainModel setup_model(const TrainOptions& o, const Qwen3Config& config, const DatReader& reader,
-                       const c10::Device& device) {
+                       const c10::Device& device, bool keep_operands) {
   TrainModel t;
   t.model = load_model(reader, config, master_scalar_type(o.master_dtype), device,
                        /*tie_head=*/config.tie_word_embeddings);
   Qwen3Model& model = *t.model;
   model.set_compute_dtype(compute_scalar_type(o, device));
   t.set = select_trainable(model, o);
-  // Under checkpointing a block's recompute is followed at once by its backward: keeping each product's bf16
-  // operand from the recompute costs one block's projections and saves their dequantization (docs/trainer.md).
-  use_nvfp4_projections(model, o.scale_mode, o.frozen_projections_as_codes, t.frozen_code_products,
-                        /*keep_operands=*/o.grad_checkpoint);
+  // keep_operands: each trained product's bf16 operand held for its dX instead of its codes, which saves their
+  // dequantization in backward (choose_weight_operands, docs/trainer.md).
+  use_nvfp4_projections(model, o.scale_mode, o.frozen_projections_as_codes, t.frozen_code_products, keep_operands);
   t.runner = std::make_unique<TrainingBlockRunner>(o.grad_checkpoint);
   model.set_block_runner(t.runner.get());
   return t;
@@ -155,14 +154,19 @@ class Trainer {
     hash_ = model_hash(config_, *reader_);
     run_ = run_record(o);
     check_ranks_agree(o, dp_, hash_, *reader_, run_);
-    model_ = setup_model(o, config_, *reader_, device_);
+    DenseFileType dense;
+    if (const DatEntry* e = reader_->find("model.embed_tokens.weight"))
+      dense = {static_cast<int>(elem_size(e->type)), scalar_type_of(e->type) == master_scalar_type(o.master_dtype)};
+    TrainOptions per_rank = o;  // what the models count: one rank's share
+    per_rank.predict_world_size = dp_.world_size();
+    if (o.keep_weight_operands == KeepWeightOperands::on && !device_.is_cuda())
+      throw UsageError("train: --keep-weight-operands on holds the CUDA quantize pass's bf16 operands: it needs "
+                       "--device cuda (a CPU has one path: the codes)");
+    const WeightOperandsChoice operands = choose_weight_operands(per_rank, config_, device_, dense);
+    if (device_.is_cuda()) spdlog::info("trained projections' product operands for backward: {}", operands.why);
+    model_ = setup_model(o, config_, *reader_, device_, operands.keep);
     set_up_mfu(o);
     if (report_) {
-      DenseFileType dense;
-      if (const DatEntry* e = reader_->find("model.embed_tokens.weight"))
-        dense = {static_cast<int>(elem_size(e->type)), scalar_type_of(e->type) == master_scalar_type(o.master_dtype)};
-      TrainOptions per_rank = o;
-      per_rank.predict_world_size = dp_.world_size();
       const StepPrediction prediction = predict(per_rank, config_, device_, dense);
       report_->set_plan(prediction.memory);
       report_->set_time_plan(prediction.time);

@@ -33,7 +33,10 @@ struct PhaseMemory {
 struct StepMemoryPlan {
   std::vector<PhaseMemory> phases;  // step_phases(), in order
   // The terms, for the report's summary and the docs' tables.
-  uint64_t weights = 0, moments = 0, gradients = 0, saved_activations = 0, saved_codes = 0;
+  uint64_t weights = 0, moments = 0, gradients = 0, saved_activations = 0;
+  // Of the saved activations, what the trained projections keep for their dX: codes, or bf16 operands
+  // (--keep-weight-operands without checkpointing).
+  uint64_t saved_codes = 0, saved_operands = 0;
   uint64_t peak() const;
 };
 
@@ -61,7 +64,26 @@ struct StepPrediction {
   DeviceRates rates;
   StepTimePlan time;
 };
+// --keep-weight-operands auto is decided here, as choose_weight_operands decides it.
 StepPrediction predict(const TrainOptions& options, const Qwen3Config& config, const c10::Device& device,
                        DenseFileType dense_file = {});
+
+// --keep-weight-operands for a run: on and off as given; auto keeps the operands under --grad-checkpoint (one
+// block's projections at a time, 2 bytes an element where their codes take 0.5625), and without it on CUDA where
+// the memory model's peak with every trained projection's operand held through backward stays within
+// kWeightOperandsMemoryShare of the device's memory (the device's own figure; with no device to read,
+// --predict-device's table entry); on a CPU nothing is kept (one path). `why` is the log's line. The choice
+// changes what is held, never a byte of the step (docs/trainer.md).
+struct WeightOperandsChoice {
+  bool keep = false;
+  std::string why;
+};
+// The share of the device's memory the predicted peak may take: the rest for the CUDA context, the caching
+// allocator's rounding and the model's own error (docs/trainer.md says what was measured).
+constexpr double kWeightOperandsMemoryShare = 0.9;
+WeightOperandsChoice choose_weight_operands(const TrainOptions& o, const Qwen3Config& config,
+                                            const c10::Device& device, DenseFileType dense_file = {});
+// The device's memory in bytes: a CUDA device's own, else the rates table's (predict_device, or the default).
+uint64_t device_memory_bytes(const c10::Device& device, const std::string& predict_device);
 
 }  // namespace qwen3

@@ -20,12 +20,15 @@ namespace qwen3 {
 enum class MasterDtype { float32, bfloat16 };          // --master-dtype
 enum class ComputeDtype { auto_select, float32, bfloat16 };  // --compute-dtype auto|float32|bfloat16
 enum class LossKind { cross_entropy, scalar_l1 };      // --loss ce|scalar
+enum class KeepWeightOperands { auto_select, on, off };  // --keep-weight-operands auto|on|off
 const char* to_string(MasterDtype dtype);
 const char* to_string(ComputeDtype dtype);
 const char* to_string(LossKind kind);
+const char* to_string(KeepWeightOperands keep);
 MasterDtype parse_master_dtype(const std::string& name);
 ComputeDtype parse_compute_dtype(const std::string& name);
 LossKind parse_loss_kind(const std::string& name);
+KeepWeightOperands parse_keep_weight_operands(const std::string& name);
 
 struct TrainOptions {
   std::string weights, config, tokenizer;
@@ -54,6 +57,12 @@ struct TrainOptions {
   bool fused_optimizer = false;  // update each block in backward and free its gradients (docs/trainer.md)
   // With fused_optimizer on CUDA: the blocks' updates on a stream of their own, beside the rest of backward.
   bool overlap_update = false;
+  // Each trained projection's bf16 product operand (deq(Q(W)), made in forward) kept for its backward's dX instead
+  // of its NVFP4 codes: no dequantization in backward for 2 bytes an element held where the codes take 0.5625.
+  // CUDA at training shapes only (elsewhere nothing changes); the same bytes either way. auto: kept under
+  // --grad-checkpoint (one block's projections at a time), and without it where the memory model says the step
+  // still fits (choose_weight_operands, memory_model.h; docs/trainer.md).
+  KeepWeightOperands keep_weight_operands = KeepWeightOperands::auto_select;
   // Micro-batches per optimizer step; the loss is the mean over all their loss tokens (not with fused_optimizer).
   int64_t grad_accum_steps = 1;
   std::string vram_report;       // write the first step's per-phase memory report (JSON) here

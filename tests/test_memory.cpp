@@ -28,6 +28,13 @@ namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
 
+// A phase's predicted peak (0 for a phase the plan lacks).
+uint64_t phase_peak(const StepMemoryPlan& plan, const std::string& phase) {
+  for (const PhaseMemory& p : plan.phases)
+    if (p.phase == phase) return p.peak;
+  return 0;
+}
+
 // Big enough that weights, moments, activations and temporaries all weigh something (a few MiB each), small
 // enough for a one-second step; vocabulary of the tiny test tokenizer.
 Qwen3Config report_config() {
@@ -382,11 +389,7 @@ TEST(MemoryModel, CudaPredictionMatchesTheFirstGpuRound) {
       o.grad_checkpoint = true;
     }
     const StepMemoryPlan plan = predict(o, config, cuda).memory;
-    const auto peak = [&](const std::string& phase) {
-      for (const PhaseMemory& p : plan.phases)
-        if (p.phase == phase) return static_cast<double>(p.peak) / kMiB;
-      return -1.0;
-    };
+    const auto peak = [&](const std::string& phase) { return static_cast<double>(phase_peak(plan, phase)) / kMiB; };
     EXPECT_NEAR(peak("forward_done"), m.forward, m.tolerance * m.forward) << m.name;
     EXPECT_NEAR(peak("backward_done"), m.backward, m.tolerance * m.backward) << m.name;
     EXPECT_NEAR(peak("optimizer_step_done"), m.optimizer, m.tolerance * m.optimizer) << m.name;
@@ -407,19 +410,14 @@ TEST(MemoryModel, OverlappedUpdatesKeepOneBlocksGradientsThroughTheNext) {
   const StepMemoryPlan inline_plan = predict(o, config, cuda).memory;
   o.overlap_update = true;
   const StepMemoryPlan overlap_plan = predict(o, config, cuda).memory;
-  const auto peak = [](const StepMemoryPlan& plan, const std::string& phase) {
-    for (const PhaseMemory& p : plan.phases)
-      if (p.phase == phase) return p.peak;
-    return uint64_t{0};
-  };
   // A block's trained parameters (fp32 gradients: 4 bytes each): its seven projections and two norms.
   const uint64_t H = 2560, I = 9728, Q = 32 * 128, KV = 8 * 128;
   const uint64_t block_grads = 4 * (H * Q + 2 * H * KV + Q * H + 3 * H * I + 2 * H + 2 * 128);
-  const uint64_t rise = peak(overlap_plan, "backward_done") - peak(inline_plan, "backward_done");
+  const uint64_t rise = phase_peak(overlap_plan, "backward_done") - phase_peak(inline_plan, "backward_done");
   EXPECT_GT(rise, block_grads / 4);
   EXPECT_LE(rise, 2 * block_grads);
-  EXPECT_EQ(peak(overlap_plan, "forward_done"), peak(inline_plan, "forward_done"));
-  EXPECT_EQ(peak(overlap_plan, "optimizer_step_done"), peak(inline_plan, "optimizer_step_done"));
+  EXPECT_EQ(phase_peak(overlap_plan, "forward_done"), phase_peak(inline_plan, "forward_done"));
+  EXPECT_EQ(phase_peak(overlap_plan, "optimizer_step_done"), phase_peak(inline_plan, "optimizer_step_done"));
   // On the CPU there is no stream to run beside: the same plan.
   const c10::Device cpu(c10::kCPU);
   o.overlap_update = false;
@@ -448,14 +446,9 @@ TEST(MemoryModel, KeptWeightOperandsHoldTwoBytesAnElementUntilBackward) {
   EXPECT_EQ(kept.saved_codes, 0u);
   EXPECT_EQ(codes.saved_codes, projections * 9 / 16);
   EXPECT_EQ(codes.saved_operands, 0u);
-  const auto peak = [](const StepMemoryPlan& plan, const std::string& phase) {
-    for (const PhaseMemory& p : plan.phases)
-      if (p.phase == phase) return p.peak;
-    return uint64_t{0};
-  };
-  EXPECT_EQ(peak(kept, "forward_done") - peak(codes, "forward_done"), 2 * projections - projections * 9 / 16);
-  EXPECT_EQ(peak(kept, "backward_done") - peak(codes, "backward_done"), 2 * projections - projections * 9 / 16);
-  EXPECT_EQ(peak(kept, "optimizer_step_done"), peak(codes, "optimizer_step_done"));
+  EXPECT_EQ(phase_peak(kept, "forward_done") - phase_peak(codes, "forward_done"), 2 * projections - projections * 9 / 16);
+  EXPECT_EQ(phase_peak(kept, "backward_done") - phase_peak(codes, "backward_done"), 2 * projections - projections * 9 / 16);
+  EXPECT_EQ(phase_peak(kept, "optimizer_step_done"), phase_peak(codes, "optimizer_step_done"));
   // Below the one-pass shapes (the NVFP4 kernel reads the codes) and on a CPU: nothing to keep.
   o.data.seq_len = 8;
   EXPECT_EQ(predict(o, config, cuda).memory.saved_operands, 0u);

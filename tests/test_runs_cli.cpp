@@ -308,6 +308,19 @@ TEST(RunsCli, PackStrategyIsRecordedAndOldPackedRunsAreNotSilentlyChanged) {
   EXPECT_EQ(r.code, 0) << r.err;
 }
 
+// Runs a and b (a.jsonl / a.dat, b.jsonl / b.dat in dir) trained the same bytes: each step's loss and norm, and the
+// exported weights.
+void expect_same_training(const test::TempDir& dir, size_t steps) {
+  const auto a = jsonl(dir.file("a.jsonl")), b = jsonl(dir.file("b.jsonl"));
+  ASSERT_EQ(a.size(), steps);
+  ASSERT_EQ(b.size(), steps);
+  for (size_t i = 0; i < steps; ++i) {
+    EXPECT_EQ(a[i]["loss"], b[i]["loss"]) << "step " << i + 1;
+    EXPECT_EQ(a[i]["grad_norm"], b[i]["grad_norm"]) << "step " << i + 1;
+  }
+  EXPECT_EQ(test::slurp(dir.file("a.dat")), test::slurp(dir.file("b.dat"))) << "the exported weights";
+}
+
 // --overlap-update applies to the in-backward update on CUDA in one process; elsewhere it is refused, naming why.
 TEST(RunsCli, OverlapUpdateNeedsTheFusedOptimizerOnCuda) {
   RunSetup s;
@@ -331,14 +344,7 @@ TEST(RunsCli, GpuOverlapUpdateTrainsTheSameBytes) {
   r = run_cli(base + " --overlap-update --metrics-jsonl " + s.dir.file("b.jsonl") + " --output-dat " +
               s.dir.file("b.dat"));
   ASSERT_EQ(r.code, 0) << r.err;
-  const auto a = jsonl(s.dir.file("a.jsonl")), b = jsonl(s.dir.file("b.jsonl"));
-  ASSERT_EQ(a.size(), 3u);
-  ASSERT_EQ(b.size(), 3u);
-  for (size_t i = 0; i < 3; ++i) {
-    EXPECT_EQ(a[i]["loss"], b[i]["loss"]) << "step " << i + 1;
-    EXPECT_EQ(a[i]["grad_norm"], b[i]["grad_norm"]) << "step " << i + 1;
-  }
-  EXPECT_EQ(test::slurp(s.dir.file("a.dat")), test::slurp(s.dir.file("b.dat"))) << "the exported weights";
+  expect_same_training(s.dir, 3);
 }
 
 // --keep-weight-operands names one of auto, on, off; on holds the CUDA quantize pass's operands, so a CPU run
@@ -372,14 +378,7 @@ TEST(RunsCli, GpuKeptWeightOperandsTrainTheSameBytes) {
               s.dir.file("b.dat"));
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE((r.out + r.err).find("backward: kept (--keep-weight-operands on)"), std::string::npos) << r.out << r.err;
-  const auto a = jsonl(s.dir.file("a.jsonl")), b = jsonl(s.dir.file("b.jsonl"));
-  ASSERT_EQ(a.size(), 3u);
-  ASSERT_EQ(b.size(), 3u);
-  for (size_t i = 0; i < 3; ++i) {
-    EXPECT_EQ(a[i]["loss"], b[i]["loss"]) << "step " << i + 1;
-    EXPECT_EQ(a[i]["grad_norm"], b[i]["grad_norm"]) << "step " << i + 1;
-  }
-  EXPECT_EQ(test::slurp(s.dir.file("a.dat")), test::slurp(s.dir.file("b.dat"))) << "the exported weights";
+  expect_same_training(s.dir, 3);
 }
 
 // On CUDA the profiler reports each phase scope twice (the host's range and a device-side annotation): the trace

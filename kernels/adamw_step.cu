@@ -1,5 +1,6 @@
 // The fused AdamW step on the GPU: one launch per parameter, the element rules of adamw_update.cuh (the same
 // functions the CPU step runs, pinned by its tests). Layout of work and its costs: kernels/adamw_step.md.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -8,6 +9,7 @@
 #include "adamw_int8_lanes.cuh"
 #include "adamw_nvfp4_lanes.cuh"
 #include "adamw_update.cuh"
+#include "nvfp4_block_lanes.cuh"
 #include "qwen3_kernels.h"
 
 namespace qwen3::kernels {
@@ -26,7 +28,30 @@ constexpr int kThreads = 256;
 // ran at ~88 µs for 10.5 M parameters whatever the bytes: kernels/adamw_step.md).
 constexpr int kPlainPerThread = 4;
 
-template <bool kBf16Moments>
+// --keep-weight-operands always: the stepped masters' bf16 operand deq(Q(master)) for the next forward. Element k
+// of lane l is element tile + k * kThreads + l, so a warp's 16-lane halves hold whole 16-blocks (tiles and warps
+// start at multiples of 32; cols, a multiple of 16, keeps blocks within rows) and each block's scale comes from
+// its lanes (nvfp4_block_lanes.cuh); every lane takes part, a lane past the end with 0 and no store (the tensor
+// ends on a block boundary, so a block is all in or all out). The values are the quantize pass's, byte for byte.
+__device__ __forceinline__ void write_operand(const ParamView& p, int64_t tile, int64_t total,
+                                              const float (&master)[kPlainPerThread]) {
+  auto* operand = reinterpret_cast<__nv_bfloat16*>(p.operand);
+#pragma unroll
+  for (int k = 0; k < kPlainPerThread; ++k) {
+    const int64_t i = tile + k * kThreads + threadIdx.x;
+    const bool here = i < total;
+    const float x = here ? master[k] : 0.0f;
+    const uint8_t code = block_lanes::scale_code(x, p.operand_search != 0);
+    if (!here) continue;
+    operand[i] = __float2bfloat16_rn(block_lanes::operand(x, code));
+    if (code == codec::kNonFiniteBlockScale && p.operand_nonfinite_flag != nullptr && threadIdx.x % codec::kBlock == 0)
+      *p.operand_nonfinite_flag = 1;
+  }
+}
+
+// kOperand: an instantiation of its own, so that the update without it keeps five CTAs an SM (48 and 40 registers,
+// where the operand's exchanges take 52 and 58: kernels/adamw_step.md).
+template <bool kBf16Moments, bool kOperand>
 __global__ void __launch_bounds__(kThreads) plain_kernel(ParamView p, StepScalars s) {
   if (!adamw::take_device_grad_scale(s)) return;
   using State = typename std::conditional<kBf16Moments, uint16_t, float>::type;
@@ -60,13 +85,14 @@ __global__ void __launch_bounds__(kThreads) plain_kernel(ParamView p, StepScalar
         const adamw::ElementDraws draws = adamw::element_draws(s.random_key, static_cast<uint64_t>(i));
         exp_avg[i] = adamw::bf16_stochastic(m[k], adamw::sixteen_bits_of_draw(draws.m));
         exp_avg_sq[i] = adamw::bf16_stochastic(v[k], adamw::sixteen_bits_of_draw(draws.v));
-        adamw::step_master(p, s, i, master[k], m[k], v[k], draws.master);
+        master[k] = adamw::step_master(p, s, i, master[k], m[k], v[k], draws.master);
       } else {
         exp_avg[i] = m[k];
         exp_avg_sq[i] = v[k];
-        adamw::step_master_drawing(p, s, i, master[k], m[k], v[k], static_cast<uint64_t>(i));
+        master[k] = adamw::step_master_drawing(p, s, i, master[k], m[k], v[k], static_cast<uint64_t>(i));
       }
     }
+    if constexpr (kOperand) write_operand(p, tile, total, master);
   }
 }
 
@@ -192,15 +218,22 @@ int grid_for(int64_t work_items, int items_per_cta) {
 int launch_adamw_step(const adamw::ParamView& p, const adamw::StepScalars& s, void* stream) {
   if (p.rows < 0 || p.cols < 0 || p.stored_cols < p.cols || !p.master || !p.grad || !p.exp_avg || !p.exp_avg_sq)
     return static_cast<int>(cudaErrorInvalidValue);
+  // The operand: plain moments only, whole 16-blocks a row.
+  if (p.operand != nullptr && ((p.moments != Moments::f32 && p.moments != Moments::bf16) || p.cols % codec::kBlock != 0))
+    return static_cast<int>(cudaErrorInvalidValue);
   if (p.rows == 0 || p.cols == 0) return 0;
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
   switch (p.moments) {
     case Moments::f32:
-      plain_kernel<false><<<grid_for(p.rows * p.cols, kThreads * kPlainPerThread), kThreads, 0, cuda_stream>>>(p, s);
+    case Moments::bf16: {
+      const int grid = grid_for(p.rows * p.cols, kThreads * kPlainPerThread);
+      const bool bf16 = p.moments == Moments::bf16, operand = p.operand != nullptr;
+      if (bf16 && operand) plain_kernel<true, true><<<grid, kThreads, 0, cuda_stream>>>(p, s);
+      if (bf16 && !operand) plain_kernel<true, false><<<grid, kThreads, 0, cuda_stream>>>(p, s);
+      if (!bf16 && operand) plain_kernel<false, true><<<grid, kThreads, 0, cuda_stream>>>(p, s);
+      if (!bf16 && !operand) plain_kernel<false, false><<<grid, kThreads, 0, cuda_stream>>>(p, s);
       break;
-    case Moments::bf16:
-      plain_kernel<true><<<grid_for(p.rows * p.cols, kThreads * kPlainPerThread), kThreads, 0, cuda_stream>>>(p, s);
-      break;
+    }
     case Moments::int8:
       if (p.stored_cols % adamw::kInt8Block != 0 || !p.exp_avg_scale || !p.exp_avg_sq_scale)
         return static_cast<int>(cudaErrorInvalidValue);

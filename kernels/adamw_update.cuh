@@ -72,6 +72,13 @@ struct ParamView {
   float* exp_avg_sq_row_scale;  // nvfp4 only
   int64_t rows, cols, stored_cols;
   Moments moments;
+  // --keep-weight-operands always (plain moments, CUDA): where set, the stepped master's bf16 operand deq(Q(master))
+  // for the next forward, [rows, cols] with cols a multiple of 16, written in the same pass; operand_search: the
+  // scale mode (rne 0, search 1); operand_nonfinite_flag (nullable): raised to 1 for a block with an infinite or
+  // NaN master, as the quantize kernels raise it.
+  uint16_t* operand;
+  int operand_search;
+  int* operand_nonfinite_flag;
 };
 
 // ---- counter-based random bits ---------------------------------------------------------------------------------
@@ -230,22 +237,25 @@ QWEN3_HD float grad_of(const ParamView& p, const StepScalars& s, int64_t row, in
 QWEN3_HD float master_of(const ParamView& p, int64_t index) {
   return p.master_bf16 ? master_at<true>(p.master, index) : master_at<false>(p.master, index);
 }
-QWEN3_HD void step_master(const ParamView& p, const StepScalars& s, int64_t index, float master, float m, float v,
-                          uint32_t master_draw) {
+// Returns the master as stored (a bf16 one after its rounding), as a float.
+QWEN3_HD float step_master(const ParamView& p, const StepScalars& s, int64_t index, float master, float m, float v,
+                           uint32_t master_draw) {
   const float updated = updated_master(master, m, v, s);
-  if (p.master_bf16)
-    store_master_at<true>(p.master, index, updated, master_draw);
-  else
-    store_master_at<false>(p.master, index, updated, master_draw);
+  if (p.master_bf16) {
+    const uint16_t stored = bf16_stochastic(updated, master_draw);
+    static_cast<uint16_t*>(p.master)[index] = stored;
+    return bf16_to_float(stored);
+  }
+  static_cast<float*>(p.master)[index] = updated;
+  return updated;
 }
 // The same where nothing else of the element is rounded (fp32 moments): the draws are made only for a bf16
 // master, from the element's state index `draw_index`.
-QWEN3_HD void step_master_drawing(const ParamView& p, const StepScalars& s, int64_t index, float master, float m, float v,
-                                  uint64_t draw_index) {
+QWEN3_HD float step_master_drawing(const ParamView& p, const StepScalars& s, int64_t index, float master, float m,
+                                   float v, uint64_t draw_index) {
   if (p.master_bf16)  // a branch, not a select: an fp32 master's (the fast configuration's) update makes no hash
-    step_master(p, s, index, master, m, v, element_draws(s.random_key, draw_index).master);
-  else
-    step_master(p, s, index, master, m, v, 0u);
+    return step_master(p, s, index, master, m, v, element_draws(s.random_key, draw_index).master);
+  return step_master(p, s, index, master, m, v, 0u);
 }
 
 // ---- int8: m linear with a step per 64-block, v on a log2 grid under the block maximum ---------------------------

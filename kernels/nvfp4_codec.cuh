@@ -264,21 +264,32 @@ QWEN3_HD uint8_t rne_scale_code(float amax) {
 // CPU codec (src/nvfp4/nvfp4.cpp) computes it: d_i = |x_i| - q_i*s (the product is exact), e_i = d_i*d_i,
 // summed as the butterfly e_i + e_{i+8}, then +4, +2, +1. The order and the rounding decide ties between
 // candidates, so they are part of the byte contract. Scale 0 gives d_i = |x_i| (the all-zero block).
+// One element's term of it: (|x| - q*s)^2 for scale s > 0 with reciprocal RN(1/s), |x|^2 for s = 0.
+QWEN3_HD float element_squared_error(float x, float scale, float reciprocal) {
+  const float magnitude = fabsf(x);
+  const float quantized =
+      scale > 0.0f ? e2m1_magnitude(e2m1_magnitude_code_from_bits(divide_by_scale(magnitude, scale, reciprocal))) * scale
+                   : 0.0f;
+  const float difference = sub_rn(magnitude, quantized);
+  return mul_rn(difference, difference);
+}
+
 QWEN3_HD float block_squared_error(const float* x, uint8_t scale_code) {
   const float scale = e4m3_to_float(scale_code);
   float squared[kBlock];
   const float reciprocal = scale > 0.0f ? recip_rn(scale) : 0.0f;
-  for (int i = 0; i < kBlock; ++i) {
-    const float magnitude = fabsf(x[i]);
-    const float quantized =
-        scale > 0.0f ? e2m1_magnitude(e2m1_magnitude_code_from_bits(divide_by_scale(magnitude, scale, reciprocal))) * scale
-                     : 0.0f;
-    const float difference = sub_rn(magnitude, quantized);
-    squared[i] = mul_rn(difference, difference);
-  }
+  for (int i = 0; i < kBlock; ++i) squared[i] = element_squared_error(x[i], scale, reciprocal);
   for (int width = kBlock / 2; width >= 1; width /= 2)
     for (int i = 0; i < width; ++i) squared[i] = add_rn(squared[i], squared[i + width]);
   return squared[0];
+}
+
+// Candidate `k` (0..4) of the search around `center`: the code center - 2 + k, and whether it is one (E4M3 codes
+// 0..0x7E only). The candidates in increasing order, as search_scale_code tries them.
+QWEN3_HD int search_candidate(int center, int k, bool& valid) {
+  const int code = center - 2 + k;
+  valid = code >= 0 && code <= kE4m3MaxCode;
+  return valid ? code : center;
 }
 
 // The search mode's choice: c0 = rne_scale_code(amax) and its two E4M3 neighbours either side (codes 0..0x7E
@@ -288,8 +299,10 @@ QWEN3_HD uint8_t search_scale_code(const float* x, float amax) {
   int best_code = center;
   float best_error = 0.0f;
   bool have_best = false;
-  for (int code = center - 2; code <= center + 2; ++code) {
-    if (code < 0 || code > kE4m3MaxCode) continue;
+  for (int k = 0; k < 5; ++k) {
+    bool valid = false;
+    const int code = search_candidate(center, k, valid);
+    if (!valid) continue;
     const float error = block_squared_error(x, static_cast<uint8_t>(code));
     if (!have_best || error < best_error) {
       best_code = code;
@@ -298,6 +311,12 @@ QWEN3_HD uint8_t search_scale_code(const float* x, float amax) {
     }
   }
   return static_cast<uint8_t>(best_code);
+}
+
+// One element's value in the dense operand deq(Q(x)): its E2M1 code decoded times the block's scale (exact in
+// fp32 and in bf16), 0 for scale 0 (an all-zero block), NaN for a non-finite block's NaN scale.
+QWEN3_HD float element_operand(float x, float scale, float reciprocal) {
+  return scale > 0.0f ? e2m1_to_float(e2m1_encode(x, scale, reciprocal)) * scale : 0.0f * scale;
 }
 
 // Quantizes one block of 16 fp32 values into 8 code bytes (element 2j in the low nibble of byte j) and

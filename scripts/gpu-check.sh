@@ -7,15 +7,15 @@
 # lease is 15 minutes of device time, and the first round measured what each stage takes):
 #   --call 1   env, build, test-gpu, smoke, train-2048:lean+fast+lean-unpacked+fast-unpacked (with their peers),
 #              and lean and fast unpacked with --overlap-update
-#   --call 2   sanitize, hf, bench, train-512:lean+fast+fast-codes (fast with its codes, not its kept operands),
-#              test-all
+#   --call 2   sanitize, hf, bench, train-512:lean+fast+fast-codes+fast-always (fast with its codes, and with its
+#              operands kept across steps), test-all
 #   --call 3   train-512:fast-unpacked+grad-checkpoint (what is left, if the lease has time)
 # Every call works on a fresh machine: a stage that needs the build builds first when BUILD_DIR lacks it.
 # STAGE: env, build, test (= test-gpu, test-all), sanitize, bench, smoke, train (= smoke, train-2048,
 # train-512), hf, summary, or all (every stage). train-2048 and train-512 take the configurations to run after
 # a colon, joined by '+': lean, fast, grad-checkpoint, base, each packed, or with -unpacked; lean and fast also
-# with -overlap before it (--overlap-update: lean-overlap, fast-overlap-unpacked), or -codes
-# (--keep-weight-operands off: fast-codes) (default: TRAIN_CONFIGS).
+# with -overlap before it (--overlap-update: lean-overlap, fast-overlap-unpacked), or -codes / -always
+# (--keep-weight-operands off / always: fast-codes, fast-always) (default: TRAIN_CONFIGS).
 # The build folder (BUILD_DIR, default build-gpu/, ignored) keeps the build and the status of every step run so
 # far (BUILD_DIR/gpu-check/status.tsv). RESULTS_DIR is rewritten after every step, so that a call cut short
 # still returns what it measured: summary.md (the table), status.tsv, bench_kernels.json and
@@ -53,7 +53,7 @@ while [ $# -gt 0 ]; do
     --call) [ $# -ge 2 ] || usage
       case "$2" in
         1) stages+=(env build test-gpu smoke train-2048:lean+fast+lean-unpacked+fast-unpacked+lean-overlap-unpacked+fast-overlap-unpacked) ;;
-        2) stages+=(sanitize hf bench train-512:lean+fast+fast-codes test-all) ;;
+        2) stages+=(sanitize hf bench train-512:lean+fast+fast-codes+fast-always test-all) ;;
         3) stages+=(train-512:fast-unpacked+grad-checkpoint) ;;
         *) echo "gpu-check: --call is 1, 2 or 3" >&2; usage ;;
       esac
@@ -970,7 +970,8 @@ stage_hf() {
 # than the row (every row full, split at row boundaries), the shape of the peer's random rows.
 # A configuration: its name, -unpacked (full rows), -overlap (--overlap-update: the in-backward updates on a
 # CUDA stream of their own), -codes (--keep-weight-operands off: backward dequantizes each trained projection's
-# codes, where auto keeps its bf16 operand from forward when the step fits), or both (NAME-overlap-unpacked).
+# codes, where auto keeps its bf16 operand from forward when the step fits) or -always (--keep-weight-operands
+# always: the operands kept across steps, written by the update), or several (NAME-overlap-unpacked).
 config_flags() {
   local name=${1%-unpacked} extra=""
   if [[ "$name" == *-overlap ]]; then
@@ -980,6 +981,9 @@ config_flags() {
   if [[ "$name" == *-codes ]]; then
     name=${name%-codes}
     extra+=" --keep-weight-operands off"
+  elif [[ "$name" == *-always ]]; then
+    name=${name%-always}
+    [ "$dry_run" = 1 ] || extra+=" --keep-weight-operands always"  # CUDA only: the dry run's CPU keeps the codes
   fi
   case "$name" in
     lean) echo "--master-dtype bfloat16 --optimizer-state-mode nvfp4 --grad-checkpoint --fused-optimizer$extra" ;;
@@ -989,11 +993,12 @@ config_flags() {
     *) return 1 ;;
   esac
 }
-# The configuration a name modifies: NAME without its -unpacked, -overlap and -codes.
+# The configuration a name modifies: NAME without its -unpacked, -overlap and -codes or -always.
 base_config() {
   local name=${1%-unpacked}
   name=${name%-overlap}
   name=${name%-codes}
+  name=${name%-always}
   echo "${name%-overlap}"
 }
 # The peer with the same parameter and optimizer dtypes (bench/hf_peer.py train): a bf16 master with 4-bit

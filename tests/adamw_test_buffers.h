@@ -59,6 +59,16 @@ struct HostParam {
       std::memcpy(&buffer[4 * i], &x, 4);
     }
   }
+  static float read(const std::vector<uint8_t>& buffer, bool bf16, int64_t i) {
+    if (bf16) {
+      uint16_t b;
+      std::memcpy(&b, &buffer[2 * i], 2);
+      return ka::bf16_to_float(b);
+    }
+    float x;
+    std::memcpy(&x, &buffer[4 * i], 4);
+    return x;
+  }
   void set_grad(uint64_t step) {
     for (int64_t i = 0; i < rows * cols; ++i) {
       const uint32_t h = hash32(step * 1000003 + i);

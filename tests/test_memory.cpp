@@ -438,7 +438,7 @@ TEST(MemoryModel, KeptWeightOperandsHoldTwoBytesAnElementUntilBackward) {
   o.fused_optimizer = true;
   o.keep_weight_operands = KeepWeightOperands::off;
   const StepMemoryPlan codes = predict(o, config, cuda).memory;
-  o.keep_weight_operands = KeepWeightOperands::on;
+  o.keep_weight_operands = KeepWeightOperands::backward;
   const StepMemoryPlan kept = predict(o, config, cuda).memory;
   const uint64_t H = 2560, I = 9728, Q = 32 * 128, KV = 8 * 128;
   const uint64_t projections = 36 * (H * Q + 2 * H * KV + Q * H + 3 * H * I);
@@ -449,6 +449,16 @@ TEST(MemoryModel, KeptWeightOperandsHoldTwoBytesAnElementUntilBackward) {
   EXPECT_EQ(phase_peak(kept, "forward_done") - phase_peak(codes, "forward_done"), 2 * projections - projections * 9 / 16);
   EXPECT_EQ(phase_peak(kept, "backward_done") - phase_peak(codes, "backward_done"), 2 * projections - projections * 9 / 16);
   EXPECT_EQ(phase_peak(kept, "optimizer_step_done"), phase_peak(codes, "optimizer_step_done"));
+  // Kept across steps (always): the operands are held the whole run, counted in the weights, and nothing more is
+  // saved for backward than with them kept until backward less the operands themselves.
+  o.keep_weight_operands = KeepWeightOperands::always;
+  const StepMemoryPlan persistent = predict(o, config, cuda).memory;
+  EXPECT_EQ(persistent.weights, codes.weights + 2 * projections);
+  EXPECT_EQ(persistent.saved_operands, 0u);
+  EXPECT_EQ(persistent.saved_codes, 0u);
+  EXPECT_EQ(phase_peak(persistent, "backward_done"), phase_peak(kept, "backward_done"));
+  EXPECT_EQ(phase_peak(persistent, "optimizer_step_done"), phase_peak(codes, "optimizer_step_done") + 2 * projections);
+  o.keep_weight_operands = KeepWeightOperands::backward;
   // Below the one-pass shapes (the NVFP4 kernel reads the codes) and on a CPU: nothing to keep.
   o.data.seq_len = 8;
   EXPECT_EQ(predict(o, config, cuda).memory.saved_operands, 0u);
@@ -477,7 +487,7 @@ TEST(MemoryModel, AutoKeepsWeightOperandsWhereTheStepStillFits) {
   EXPECT_NE(too_big.why.find("above 90%"), std::string::npos) << too_big.why;
   EXPECT_EQ(predict(o, config, cuda).memory.saved_operands, 0u);
   TrainOptions kept_anyway = o;
-  kept_anyway.keep_weight_operands = KeepWeightOperands::on;
+  kept_anyway.keep_weight_operands = KeepWeightOperands::backward;
   EXPECT_TRUE(choose_weight_operands(kept_anyway, config, cuda).keep);
   o.predict_device = "h200";  // 141 GB: four rows fit
   EXPECT_TRUE(choose_weight_operands(o, config, cuda).keep);
@@ -493,7 +503,7 @@ TEST(MemoryModel, AutoKeepsWeightOperandsWhereTheStepStillFits) {
   EXPECT_FALSE(choose_weight_operands(o, config, cpu).keep);
   // No operand is made to keep with fp32 compute or below 17 tokens (the NVFP4 kernel reads the codes), whatever
   // the flag says.
-  o.keep_weight_operands = KeepWeightOperands::on;
+  o.keep_weight_operands = KeepWeightOperands::backward;
   o.data.seq_len = 16;
   EXPECT_FALSE(choose_weight_operands(o, config, cuda).keep);
   o.data.seq_len = 2048;
@@ -501,6 +511,11 @@ TEST(MemoryModel, AutoKeepsWeightOperandsWhereTheStepStillFits) {
   EXPECT_FALSE(choose_weight_operands(o, config, cuda).keep);
   o.compute_dtype = ComputeDtype::bfloat16;
   EXPECT_TRUE(choose_weight_operands(o, config, cuda).keep);
+  EXPECT_FALSE(choose_weight_operands(o, config, cuda).persistent);
+  // Across steps only when asked: auto never chooses it before the GPU round has measured it.
+  o.keep_weight_operands = KeepWeightOperands::always;
+  const WeightOperandsChoice always = choose_weight_operands(o, config, cuda);
+  EXPECT_TRUE(always.keep && always.persistent) << always.why;
 }
 
 // --shard-optimizer-state with N ranks: a rank's moments are 1/N of them, the rest of its step unchanged; without

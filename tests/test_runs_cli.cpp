@@ -347,38 +347,53 @@ TEST(RunsCli, GpuOverlapUpdateTrainsTheSameBytes) {
   expect_same_training(s.dir, 3);
 }
 
-// --keep-weight-operands names one of auto, on, off; on holds the CUDA quantize pass's operands, so a CPU run
-// refuses it; the run records the choice as given.
+// --keep-weight-operands names one of auto, off, backward, always; the last two hold the CUDA quantize pass's
+// operands, so a CPU run refuses them; run.json records the flag as given and what was decided.
 TEST(RunsCli, KeepWeightOperandsIsACudaChoice) {
   RunSetup s;
   auto r = run_cli(s.base + " --steps 1 --keep-weight-operands sometimes");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("--keep-weight-operands"), std::string::npos) << r.err;
-  r = run_cli(s.base + " --steps 1 --keep-weight-operands on");
-  EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.err.find("--keep-weight-operands on"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("needs --device cuda"), std::string::npos) << r.err;
+  for (const char* keep : {"backward", "always"}) {
+    r = run_cli(s.base + " --steps 1 --keep-weight-operands " + keep);
+    EXPECT_EQ(r.code, 2);
+    EXPECT_NE(r.err.find(std::string("--keep-weight-operands ") + keep), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("needs --device cuda"), std::string::npos) << r.err;
+  }
   r = run_cli(s.base + " --steps 1 --keep-weight-operands off --output-dir " + s.dir.file("out"));
   ASSERT_EQ(r.code, 0) << r.err;
   const nlohmann::json run = nlohmann::json::parse(test::slurp(s.dir.file("out/run.json")));
   EXPECT_EQ(run["options"]["keep_weight_operands"], "off");
+  EXPECT_EQ(run["weight_operands"], "codes");
+  r = run_cli(s.base + " --steps 1 --output-dir " + s.dir.file("auto"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json auto_run = nlohmann::json::parse(test::slurp(s.dir.file("auto/run.json")));
+  EXPECT_EQ(auto_run["options"]["keep_weight_operands"], "auto");
+  EXPECT_EQ(auto_run["weight_operands"], "codes") << "a CPU keeps nothing";
 }
 
-// On CUDA at training shapes (bf16, 64 rows a product) the kept operands train the same bytes as the codes: the
-// losses and norms of three steps, and the exported weights; the log says which ran.
+// On CUDA at training shapes (bf16, 64 rows a product) the operands kept until backward, or across steps and
+// written by the update, train the same bytes as the codes: the losses and norms of three steps, and the exported
+// weights; the log says which ran. Both fused and not (the update in backward, or after it), both scale modes.
 TEST(RunsCli, GpuKeptWeightOperandsTrainTheSameBytes) {
   QWEN3_GPU_TEST(at::hasCUDA());
-  RunSetup s;
-  const std::string base = s.base + " --device cuda --steps 3 --seq-len 32 --batch-size 2 --log-every 1";
-  auto r = run_cli(base + " --keep-weight-operands off --metrics-jsonl " + s.dir.file("a.jsonl") + " --output-dat " +
-                   s.dir.file("a.dat"));
-  ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE((r.out + r.err).find("backward: codes (--keep-weight-operands off)"), std::string::npos) << r.out << r.err;
-  r = run_cli(base + " --keep-weight-operands on --metrics-jsonl " + s.dir.file("b.jsonl") + " --output-dat " +
-              s.dir.file("b.dat"));
-  ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE((r.out + r.err).find("backward: kept (--keep-weight-operands on)"), std::string::npos) << r.out << r.err;
-  expect_same_training(s.dir, 3);
+  for (const char* flags : {"", " --fused-optimizer --scale-mode search"}) {
+    RunSetup s;
+    const std::string base = s.base + " --device cuda --steps 3 --seq-len 32 --batch-size 2 --log-every 1" + flags;
+    auto r = run_cli(base + " --keep-weight-operands off --metrics-jsonl " + s.dir.file("a.jsonl") + " --output-dat " +
+                     s.dir.file("a.dat"));
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_NE((r.out + r.err).find("backward: codes (--keep-weight-operands off)"), std::string::npos) << r.out << r.err;
+    for (const char* keep : {"backward", "always"}) {
+      r = run_cli(base + " --keep-weight-operands " + keep + " --metrics-jsonl " + s.dir.file("b.jsonl") +
+                  " --output-dat " + s.dir.file("b.dat") + " --overwrite");
+      ASSERT_EQ(r.code, 0) << r.err;
+      EXPECT_NE((r.out + r.err).find(std::string("(--keep-weight-operands ") + keep + ")"), std::string::npos)
+          << r.out << r.err;
+      expect_same_training(s.dir, 3);
+      std::filesystem::remove(s.dir.file("b.jsonl"));
+    }
+  }
 }
 
 // On CUDA the profiler reports each phase scope twice (the host's range and a device-side annotation): the trace

@@ -148,10 +148,21 @@ TEST(StepTimeModel, CountsTheBytesTheGpuPathMoves) {
               1e3);
   // --keep-weight-operands without checkpointing: forward writes no codes, and dX reads the kept operand.
   TrainOptions kept = options(2048);
-  kept.keep_weight_operands = KeepWeightOperands::on;
+  kept.keep_weight_operands = KeepWeightOperands::backward;
   const StepTimePlan kept_plan = predict_step_time(c, false, kept, h100);
   EXPECT_NEAR(phase(plain, "forward_done").bytes - phase(kept_plan, "forward_done").bytes, trained * codes, 1e3);
   EXPECT_NEAR(backward_plain - phase(kept_plan, "backward_done").bytes, trained * (codes + a), 1e3);
+  // Kept across steps (always): forward makes no operand at all (e + a + codes less), dX reads it as above, and the
+  // update writes it (a bytes an element more in the optimizer phase).
+  TrainOptions always = options(2048);
+  always.keep_weight_operands = KeepWeightOperands::always;
+  const StepTimePlan always_plan = predict_step_time(c, false, always, h100);
+  EXPECT_NEAR(phase(plain, "forward_done").bytes - phase(always_plan, "forward_done").bytes, trained * (e + a + codes),
+              1e3);
+  EXPECT_NEAR(phase(always_plan, "backward_done").bytes, phase(kept_plan, "backward_done").bytes, 1e3);
+  EXPECT_NEAR(phase(always_plan, "optimizer_step_done").update_bytes -
+                  phase(plain, "optimizer_step_done").update_bytes,
+              trained * a, 1e3);
   // Checkpointed with the codes kept instead: the recompute writes them and dX dequantizes them.
   ckpt.keep_weight_operands = KeepWeightOperands::off;
   EXPECT_NEAR(phase(predict_step_time(c, false, ckpt, h100), "backward_done").bytes - backward_ckpt,

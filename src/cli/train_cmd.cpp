@@ -464,11 +464,12 @@ CLI::Option_group* add_train_flags(CLI::App* sub, const std::shared_ptr<TrainFla
                 "with --fused-optimizer on CUDA, one process: each block's update on a CUDA stream of its own, "
                 "beside the rest of backward (the same bytes; docs/trainer.md)");
   run->add_option("--keep-weight-operands", f->keep_weight_operands,
-                  "CUDA: hold each trained projection's bf16 product operand from forward to backward instead of its "
-                  "NVFP4 codes (no dequantization in backward, 2 bytes an element held instead of 0.5625; the same "
-                  "bytes trained): auto (under --grad-checkpoint, else where the memory model says the step fits), "
-                  "on, off")
-      ->check(CLI::IsMember({"auto", "on", "off"}))
+                  "CUDA: what each trained projection holds for backward (the same bytes trained): off its NVFP4 "
+                  "codes (dequantized in backward); backward its bf16 product operand from forward (2 bytes an "
+                  "element instead of 0.5625, no dequantization); always that operand across steps, written by the "
+                  "update (forward makes none); auto: backward under --grad-checkpoint, else where the memory model "
+                  "says the step fits (docs/trainer.md)")
+      ->check(CLI::IsMember({"auto", "off", "backward", "always"}))
       ->capture_default_str();
   return run;
 }

@@ -72,6 +72,11 @@ void quantize_cuda(const at::Tensor& x, ScaleMode mode, bool check_finite, const
   }
 }
 
+at::Tensor nonfinite_flag_of(const at::Device& device) {
+  if (!device.is_cuda()) return at::Tensor();
+  return nonfinite_flag(device);
+}
+
 bool take_nonfinite_flag(const at::Device& device) {
   if (!device.is_cuda()) return false;
   const c10::cuda::CUDAGuard device_guard(device);
@@ -230,6 +235,7 @@ at::Tensor dequantize_into_scratch_cuda(const at::Tensor&, const at::Tensor&, at
 at::Tensor matmul_cuda(const at::Tensor&, const at::Tensor&, const at::Tensor&) { no_cuda(); }
 bool take_nonfinite_flag(const at::Device&) { return false; }
 at::Tensor take_nonfinite_flag_async(const at::Device&) { return at::Tensor(); }
+at::Tensor nonfinite_flag_of(const at::Device&) { return at::Tensor(); }
 
 }  // namespace qwen3::nvfp4
 #endif

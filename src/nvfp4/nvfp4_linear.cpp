@@ -45,12 +45,24 @@ class SteLinearFunction : public torch::autograd::Function<SteLinearFunction> {
   // recorded: a graph keeps this node (backward may run). keep_operand: save the bf16 operand for dX instead of the
   // codes (no dequantization in backward; 2 bytes an element held instead of 0.5625), where the fused pass makes
   // it. The fused pass writes the codes only when they are saved.
+  // persistent: the weight's operand kept across steps (ste_linear_persistent), made here only when stale.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, ScaleMode mode,
-                            bool keep_operand, bool recorded) {
+                            bool keep_operand, bool recorded, PersistentOperand* persistent) {
     const at::Tensor x2d = x.reshape({-1, x.size(-1)});
     std::vector<int64_t> out_sizes(x.sizes().begin(), x.sizes().end());
     out_sizes.back() = weight.size(0);
     ctx->saved_data["weight_dtype"] = static_cast<int64_t>(weight.scalar_type());
+    if (persistent != nullptr && operand_in_quantize_pass(x2d, weight)) {
+      if (persistent->version != weight._version()) {
+        quantize_with_operand_cuda(weight.detach().contiguous(), mode, at::Tensor(), at::Tensor(), persistent->operand);
+        persistent->version = weight._version();
+      }
+      if (recorded) {
+        ctx->save_for_backward({x, persistent->operand});
+        ctx->saved_data["kept_operand"] = true;
+      }
+      return at::_unsafe_view(x2d.mm(persistent->operand.t()), out_sizes);
+    }
     if (operand_in_quantize_pass(x2d, weight)) {
       const at::Tensor w = weight.detach().contiguous();
       const bool kept = recorded && keep_operand, codes_saved = recorded && !keep_operand;
@@ -91,7 +103,7 @@ class SteLinearFunction : public torch::autograd::Function<SteLinearFunction> {
       const auto weight_dtype = static_cast<at::ScalarType>(ctx->saved_data["weight_dtype"].toInt());
       grad_weight = product_in_dtype(grad_y2d.t(), x.reshape({-1, x.size(-1)}), weight_dtype);
     }
-    return {grad_x, grad_weight, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad_x, grad_weight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -228,7 +240,22 @@ at::Tensor ste_linear(const at::Tensor& x, const at::Tensor& weight, ScaleMode m
   // Only a recorded node keeps anything: without a graph the operand goes to the reused scratch buffer and no codes
   // are written.
   const bool recorded = at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad());
-  return SteLinearFunction::apply(x, weight, mode, keep_operand, recorded);
+  return SteLinearFunction::apply(x, weight, mode, keep_operand, recorded, static_cast<PersistentOperand*>(nullptr));
+}
+
+at::Tensor ste_linear_persistent(const at::Tensor& x, PersistentOperand& kept, ScaleMode mode) {
+  const at::Tensor& weight = kept.weight;
+  if (weight.dim() != 2 || x.dim() < 1 || x.size(-1) != weight.size(1))
+    throw Error("nvfp4 linear: input " + shape_text(x.sizes()) + " does not match weight " + shape_text(weight.sizes()) +
+                " ([..., in] and [out, in])");
+  if (x.device() != weight.device())
+    throw Error("nvfp4 linear: input on " + x.device().str() + " but weight on " + weight.device().str());
+  if (!kept.operand.defined() || kept.operand.scalar_type() != at::kBFloat16 || !kept.operand.is_contiguous() ||
+      !kept.operand.sizes().equals(weight.sizes()) || kept.operand.device() != weight.device())
+    throw Error("nvfp4 linear: a kept operand of weight " + shape_text(weight.sizes()) +
+                " must be a contiguous bf16 tensor of its shape on its device");
+  const bool recorded = at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad());
+  return SteLinearFunction::apply(x, weight, mode, /*keep_operand=*/false, recorded, &kept);
 }
 
 bool native_grouped_product(const at::Tensor& rows) {

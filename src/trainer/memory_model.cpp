@@ -2,6 +2,7 @@
 // phases allocate and free, with the short-lived temporaries of each operation as spikes above it.
 #include "qwen3/trainer/memory_model.h"
 
+#include <fmt/format.h>
 #include <torch/version.h>
 
 #include <algorithm>
@@ -59,8 +60,10 @@ StepPrediction predict(const TrainOptions& options, const Qwen3Config& config, c
                        DenseFileType dense_file) {
   const bool separate_head = !config.tie_word_embeddings;
   TrainOptions o = options;
-  o.keep_weight_operands = choose_weight_operands(options, config, device, dense_file).keep ? KeepWeightOperands::on
-                                                                                             : KeepWeightOperands::off;
+  const WeightOperandsChoice operands = choose_weight_operands(options, config, device, dense_file);
+  o.keep_weight_operands = operands.persistent ? KeepWeightOperands::always
+                           : operands.keep     ? KeepWeightOperands::backward
+                                               : KeepWeightOperands::off;
   StepPrediction p;
   p.memory = predict_step_memory(config, separate_head, o, device, dense_file, device.is_cuda() || build_uses_sdpa());
   p.rates = device_rates(!o.predict_device.empty() ? o.predict_device : default_rates_name(device));
@@ -76,27 +79,36 @@ uint64_t device_memory_bytes(const c10::Device& device, const std::string& predi
 
 WeightOperandsChoice choose_weight_operands(const TrainOptions& o, const Qwen3Config& config,
                                             const c10::Device& device, DenseFileType dense_file) {
-  if (o.keep_weight_operands == KeepWeightOperands::off) return {false, "codes (--keep-weight-operands off)"};
-  if (!device.is_cuda()) return {false, "codes (a CPU has one path: the codes, dequantized for each product)"};
-  if (train_detail::compute_scalar_type(o, device) != at::kBFloat16 ||
-      o.data.batch_size * o.data.seq_len < nvfp4::kNvfp4KernelMaxRows)
-    return {false, fmt::format("codes (no bf16 operand is made to keep: that takes bf16 compute and {} tokens a "
-                               "micro-batch, below which the NVFP4 kernel reads the codes)",
-                               nvfp4::kNvfp4KernelMaxRows)};
-  if (o.keep_weight_operands == KeepWeightOperands::on) return {true, "kept (--keep-weight-operands on)"};
-  if (o.grad_checkpoint) return {true, "kept (--grad-checkpoint: one block's projections at a time)"};
+  if (o.keep_weight_operands == KeepWeightOperands::off) return {false, false, "codes (--keep-weight-operands off)"};
+  if (!device.is_cuda()) return {false, false, "codes (a CPU has one path: the codes, dequantized for each product)"};
+  if (!weight_operands_made(o, device))
+    return {false, false,
+            fmt::format("codes (no bf16 operand is made to keep: that takes bf16 compute and {} tokens a "
+                        "micro-batch, below which the NVFP4 kernel reads the codes)",
+                        nvfp4::kNvfp4KernelMaxRows)};
+  if (o.keep_weight_operands == KeepWeightOperands::always)
+    return {true, true, "kept across steps, written by the update (--keep-weight-operands always)"};
+  if (o.keep_weight_operands == KeepWeightOperands::backward)
+    return {true, false, "kept until backward (--keep-weight-operands backward)"};
+  if (o.grad_checkpoint) return {true, false, "kept until backward (--grad-checkpoint: one block's projections at a time)"};
   // The step with every trained projection's operand held from its forward to its backward, against the device.
   TrainOptions kept = o;
-  kept.keep_weight_operands = KeepWeightOperands::on;
+  kept.keep_weight_operands = KeepWeightOperands::backward;
   const uint64_t peak = predict_step_memory(config, !config.tie_word_embeddings, kept, device, dense_file,
                                             /*sdpa=*/true).peak();
   const uint64_t memory = device_memory_bytes(device, o.predict_device);
   const bool fits = static_cast<double>(peak) <= kWeightOperandsMemoryShare * static_cast<double>(memory);
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-  return {fits, fmt::format("{} (auto: the memory model's peak with them {:.1f} GiB, {} {:.0f}% of the device's "
-                            "{:.1f} GiB)",
-                            fits ? "kept" : "codes", peak / kGiB, fits ? "within" : "above",
-                            100 * kWeightOperandsMemoryShare, memory / kGiB)};
+  return {fits, false,
+          fmt::format("{} (auto: the memory model's peak with them {:.1f} GiB, {} {:.0f}% of the device's "
+                      "{:.1f} GiB)",
+                      fits ? "kept until backward" : "codes", peak / kGiB, fits ? "within" : "above",
+                      100 * kWeightOperandsMemoryShare, memory / kGiB)};
+}
+
+bool weight_operands_made(const TrainOptions& o, const c10::Device& device) {
+  return device.is_cuda() && train_detail::compute_scalar_type(o, device) == at::kBFloat16 &&
+         o.data.batch_size * o.data.seq_len >= nvfp4::kNvfp4KernelMaxRows;
 }
 
 u64 StepMemoryPlan::peak() const {
@@ -128,6 +140,8 @@ struct StepSizes {
   // CUDA training at the one-pass shapes with --keep-weight-operands (checkpointed: each recompute's operands
   // until its block's backward; else every trained projection's from its forward to its backward).
   bool kept_operands = false;
+  bool persistent_operands = false;  // --keep-weight-operands always: held across steps
+  u64 operand_weights = 0;           // their bytes, allocated after loading, counted in the plan's weights
   // What autograd keeps of one block per token, and the short-lived activations (docs/memory.md).
   u64 attention_forward_temp = 0;
   u64 width = 0;  // the cross-entropy's vocabulary slice
@@ -204,6 +218,9 @@ struct StepSizes {
     scratch_in_forward = cuda && (N >= static_cast<u64>(nvfp4::kNvfp4KernelMaxRows) || !abf16);
     kept_operands = train_detail::keeps_weight_operands(o) && cuda && abf16 &&
                     N >= static_cast<u64>(nvfp4::kNvfp4KernelMaxRows);
+    persistent_operands = kept_operands && train_detail::weight_operands_persist(o);
+    if (persistent_operands)  // every trained projection's operand, made at setup and held the whole run
+      for (const BlockSizes& b : blocks) operand_weights += 2 * b.trained_projections;
   }
 
   void count_activations() {
@@ -295,6 +312,7 @@ void load_phase(const StepSizes& z, DenseFileType dense_file, Timeline& t) {
   t.spike(std::max(dense_load_temp, quantized_load_temp));
   t.spike(z.largest_frozen * (z.bf16 ? 4 : 0) + z.largest_frozen * 9 / 16);
   t.sub(z.dense_weights - z.weights);
+  t.add(z.operand_weights);
 }
 
 // Forward: returns what each block keeps for backward; adds the plan's saved activations and codes.
@@ -310,8 +328,9 @@ std::vector<u64> forward_phase(const StepSizes& z, Timeline& t, StepMemoryPlan& 
     const BlockSizes& b = z.blocks[l];
     // What a trained projection keeps for its dX (frozen ones hold their codes already): its codes, or its bf16
     // operand (--keep-weight-operands).
-    const u64 for_dx = z.kept_operands ? b.trained_projections * 2
-                                       : b.trained_projections * StepSizes::kCodesPerElementX16 / 16;
+    const u64 for_dx = z.persistent_operands ? 0  // the operand kept across steps, counted in the weights
+                       : z.kept_operands         ? b.trained_projections * 2
+                                                 : b.trained_projections * StepSizes::kCodesPerElementX16 / 16;
     const u64 temp = z.projection_forward_temp(b.largest_projection) + z.attention_forward_temp;
     // Without a graph (frozen blocks ahead of the first trained tensor, checkpointed blocks) the block's q, k, v
     // (and their expanded copies) and norm outputs are short-lived too.
@@ -398,8 +417,9 @@ void backward_phase(const StepSizes& z, const std::vector<u64>& saved, Timeline&
     // Checkpointed: the recompute's saved tensors; each trained projection keeps its bf16 product operand where
     // the CUDA quantize pass makes one (nvfp4::ste_linear's keep_operand), else its codes.
     if (z.o.grad_checkpoint)
-      temp += b.saved_per_token * N + (z.kept_operands ? b.trained_projections * 2
-                                                             : b.trained_projections * StepSizes::kCodesPerElementX16 / 16);
+      temp += b.saved_per_token * N + (z.persistent_operands ? 0
+                                       : z.kept_operands       ? b.trained_projections * 2
+                                                               : b.trained_projections * StepSizes::kCodesPerElementX16 / 16);
     t.spike(temp);
     // Fused: the block's update runs after its graph is gone, with only the gradients and a piece's temporaries.
     const u64 update_working_set =
@@ -434,7 +454,7 @@ StepMemoryPlan predict_step_memory(const Qwen3Config& config, bool separate_head
                                    const c10::Device& device, DenseFileType dense_file, bool sdpa) {
   const StepSizes z(config, separate_head, o, device, sdpa);
   StepMemoryPlan plan;
-  plan.weights = z.weights;
+  plan.weights = z.weights + z.operand_weights;
   // --shard-optimizer-state: a rank holds its share of the moments (shares balanced to within one tensor).
   const u64 shards = state_shards(z);
   plan.moments = (z.moments + shards - 1) / shards;

@@ -167,8 +167,12 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
   // its operand from the (re)computed forward (--keep-weight-operands, as predict() decides it; ste_linear's
   // keep_operand).
   const bool kept_operand = one_pass_operand && train_detail::keeps_weight_operands(o);
+  // --keep-weight-operands always: the operand is the update's (a bytes an element written beside the master,
+  // counted with the update below), so forward and the recompute make none: cuBLAS reads it.
+  const bool persistent_operand = kept_operand && train_detail::weight_operands_persist(o);
   const double frozen_forward_per = kernel_product ? kCodeBytes : (gpu ? kCodeBytes + a : kCodeBytes + 4 + a);
   const double trained_forward_per = kernel_product       ? e + kCodeBytes + kCodeBytes
+                                     : persistent_operand ? 0
                                      : one_pass_operand ? e + a + (o.grad_checkpoint || kept_operand ? 0 : kCodeBytes)
                                                         : e + kCodeBytes + kCodeBytes + 4 + a;
   const double dequantize_per = gpu ? kCodeBytes + a : kCodeBytes + 4 + a;
@@ -213,10 +217,14 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
   const double update_floor_bytes = trainable * (e + 2 * e) + 2 * state_bytes;
   // --fused-optimizer: the blocks' updates run inside backward; the optimizer phase has the rest.
   const double in_backward = o.fused_optimizer ? 1 : 0;
-  backward.update_bytes = in_backward * update_bytes(trainable_in_blocks, state_bytes_in_blocks);
+  double operand_bytes = 0;  // --keep-weight-operands always: the update writes each trained projection's operand
+  if (persistent_operand)
+    for (int64_t l = 0; l < s.layers; ++l) operand_bytes += a * trained_projections[l];
+  backward.update_bytes = in_backward * (update_bytes(trainable_in_blocks, state_bytes_in_blocks) + operand_bytes);
   backward.updated = in_backward * trainable_in_blocks;
   backward.bytes += backward.update_bytes;
-  optimizer.update_bytes = update_bytes(trainable - in_backward * trainable_in_blocks, state_bytes - in_backward * state_bytes_in_blocks);
+  optimizer.update_bytes = update_bytes(trainable - in_backward * trainable_in_blocks, state_bytes - in_backward * state_bytes_in_blocks) +
+                           (1 - in_backward) * operand_bytes;
   optimizer.updated = trainable - in_backward * trainable_in_blocks;
   optimizer.bytes = optimizer.update_bytes;
 

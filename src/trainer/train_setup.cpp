@@ -38,14 +38,16 @@ MasterDtype parse_master_dtype(const std::string& name) {
 const char* to_string(KeepWeightOperands keep) {
   switch (keep) {
     case KeepWeightOperands::auto_select: return "auto";
-    case KeepWeightOperands::on: return "on";
     case KeepWeightOperands::off: return "off";
+    case KeepWeightOperands::backward: return "backward";
+    case KeepWeightOperands::always: return "always";
   }
   return "?";
 }
 
 KeepWeightOperands parse_keep_weight_operands(const std::string& name) {
-  const KeepWeightOperands all[] = {KeepWeightOperands::auto_select, KeepWeightOperands::on, KeepWeightOperands::off};
+  const KeepWeightOperands all[] = {KeepWeightOperands::auto_select, KeepWeightOperands::off,
+                                    KeepWeightOperands::backward, KeepWeightOperands::always};
   return enum_from_name(name, all, "--keep-weight-operands");
 }
 
@@ -224,8 +226,11 @@ namespace {
 
 class SteProjection final : public ProjectionKernel {
  public:
-  SteProjection(nvfp4::ScaleMode mode, bool keep_operand) : mode_(mode), keep_operand_(keep_operand) {}
+  SteProjection(nvfp4::ScaleMode mode, bool keep_operand, std::shared_ptr<PersistentOperands> persistent)
+      : mode_(mode), keep_operand_(keep_operand), persistent_(std::move(persistent)) {}
   at::Tensor apply(const at::Tensor& x, const at::Tensor& weight) const override {
+    if (persistent_)
+      if (nvfp4::PersistentOperand* kept = persistent_->find(weight)) return nvfp4::ste_linear_persistent(x, *kept, mode_);
     return nvfp4::ste_linear(x, weight, mode_, keep_operand_);
   }
   // A sparse block's experts as one grouped GEMM a projection kind where libtorch has one (CUDA, PyTorch 2.8+);
@@ -241,6 +246,7 @@ class SteProjection final : public ProjectionKernel {
  private:
   nvfp4::ScaleMode mode_;
   bool keep_operand_;
+  std::shared_ptr<PersistentOperands> persistent_;
 };
 
 class FrozenCodesProjection final : public ProjectionKernel {
@@ -259,9 +265,24 @@ class FrozenCodesProjection final : public ProjectionKernel {
 
 }  // namespace
 
+nvfp4::PersistentOperand* PersistentOperands::find(const at::Tensor& weight) {
+  for (nvfp4::PersistentOperand& e : entries)
+    if (e.weight.unsafeGetTensorImpl() == weight.unsafeGetTensorImpl()) return &e;
+  return nullptr;
+}
+
+std::shared_ptr<PersistentOperands> make_persistent_operands(Qwen3Model& model) {
+  auto kept = std::make_shared<PersistentOperands>();
+  for (Projection* p : model.projections())
+    if (p->weight.defined() && p->weight.requires_grad())
+      kept->entries.push_back({p->weight, at::empty(p->weight.sizes(), p->weight.options().dtype(at::kBFloat16)), -1});
+  return kept;
+}
+
 void use_nvfp4_projections(Qwen3Model& model, nvfp4::ScaleMode mode, bool frozen_as_codes,
-                           std::shared_ptr<int64_t> frozen_products, bool keep_operands) {
-  const auto ste = std::make_shared<const SteProjection>(mode, keep_operands);
+                           std::shared_ptr<int64_t> frozen_products, bool keep_operands,
+                           std::shared_ptr<PersistentOperands> persistent) {
+  const auto ste = std::make_shared<const SteProjection>(mode, keep_operands, std::move(persistent));
   torch::NoGradGuard no_grad;
   for (Projection* p : model.projections()) {
     if (!frozen_as_codes || p->weight.requires_grad()) {

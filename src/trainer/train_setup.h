@@ -7,6 +7,7 @@
 #include "qwen3/data/data.h"
 #include "qwen3/dat/dat.h"
 #include "qwen3/model/model.h"
+#include "qwen3/nvfp4/nvfp4_linear.h"
 #include "qwen3/nvfp4/nvfp4_ops.h"
 #include "qwen3/optim/optim.h"
 #include "qwen3/checkpoint/checkpoint.h"
@@ -25,16 +26,32 @@ TrainableSet select_trainable(Qwen3Model& model, const TrainOptions& opt);
 // bytes the straight-through forward would produce every step), its dense weight released. Products from
 // codes are counted into `frozen_products` when given (TrainSummary's diagnostic). `keep_operands`: the trained
 // projections keep their bf16 product operand for backward instead of their codes where the CUDA pass makes
-// one (nvfp4::ste_linear; the trainer's choice: choose_weight_operands). Call after select_trainable, which
-// decides what is frozen.
-void use_nvfp4_projections(Qwen3Model& model, nvfp4::ScaleMode mode, bool frozen_as_codes,
-                           std::shared_ptr<int64_t> frozen_products = nullptr, bool keep_operands = false);
+// one (nvfp4::ste_linear; the trainer's choice: choose_weight_operands); with `persistent`, those of its entries
+// across steps instead. Call after select_trainable, which decides what is frozen.
+// --keep-weight-operands always: each trained projection's bf16 operand kept across steps (nvfp4_linear.h's
+// PersistentOperand), made by the first forward and then written by the CUDA update that steps the weight
+// (OptimParam::operand). Built once, after select_trainable, before the optimizer: entries never move.
+struct PersistentOperands {
+  std::vector<nvfp4::PersistentOperand> entries;
+  nvfp4::PersistentOperand* find(const at::Tensor& weight);
+};
+// An operand buffer for every trained projection of the model (its weight's shape, bf16, on its device).
+std::shared_ptr<PersistentOperands> make_persistent_operands(Qwen3Model& model);
 
-// --keep-weight-operands as the models and the trainer read it: on, off, or auto not yet decided by
-// choose_weight_operands (memory_model.h): kept under --grad-checkpoint only.
+void use_nvfp4_projections(Qwen3Model& model, nvfp4::ScaleMode mode, bool frozen_as_codes,
+                           std::shared_ptr<int64_t> frozen_products = nullptr, bool keep_operands = false,
+                           std::shared_ptr<PersistentOperands> persistent = nullptr);
+
+// --keep-weight-operands as the models and the trainer read it, auto not yet decided by choose_weight_operands
+// (memory_model.h) counting as kept under --grad-checkpoint only: whether dX reads the operand (kept to backward,
+// or across steps), and whether it is kept across steps (written by the update; forward makes none).
 inline bool keeps_weight_operands(const TrainOptions& o) {
-  return o.keep_weight_operands == KeepWeightOperands::on ||
+  return o.keep_weight_operands == KeepWeightOperands::backward ||
+         o.keep_weight_operands == KeepWeightOperands::always ||
          (o.keep_weight_operands == KeepWeightOperands::auto_select && o.grad_checkpoint);
+}
+inline bool weight_operands_persist(const TrainOptions& o) {
+  return o.keep_weight_operands == KeepWeightOperands::always;
 }
 
 // The rule select_trainable applies to one file key of a model with `layers` blocks.

@@ -14,6 +14,7 @@
 #include "adamw_test_buffers.h"
 #include "gpu/gpu_test_util.h"
 #include "optim/adamw_step.h"
+#include "qwen3/nvfp4/nvfp4.h"
 #include "qwen3_kernels.h"
 
 namespace qwen3 {
@@ -79,6 +80,77 @@ INSTANTIATE_TEST_SUITE_P(
                       KernelCase{ka::Moments::nvfp4, false, true}),
     [](const ::testing::TestParamInfo<KernelCase>& info) { return case_name(info.param); });
 
+// --keep-weight-operands always: the plain kernels write the stepped master's bf16 operand deq(Q(master)) in the
+// same pass. Master and state bytes as without it (the CPU step's); the operand equal to the CPU codec's quantize
+// and dequantize of the master after each step, in both scale modes; a non-finite master block gives NaN values and
+// raises the flag.
+TEST(GpuAdamWKernelOperand, IsTheCodecsOperandOfTheSteppedMaster) {
+  QWEN3_REQUIRE_GPU();
+  for (const ka::Moments moments : {ka::Moments::f32, ka::Moments::bf16})
+    for (const bool bf16_master : {false, true})
+      for (const bool search : {false, true})
+        for (const auto& shape : {std::pair<int64_t, int64_t>{70, 2560}, {3, 48}, {300, 80}}) {
+          const std::string name = case_name({moments, bf16_master, bf16_master}) + (search ? " search " : " rne ") +
+                                   std::to_string(shape.first) + " x " + std::to_string(shape.second);
+          HostParam cpu(shape.first, shape.second, moments, bf16_master, bf16_master);
+          const int64_t n = shape.first * shape.second;
+          if (name.find("3 x 48") != std::string::npos) HostParam::write(cpu.master, bf16_master, 17, INFINITY);
+          std::vector<std::vector<uint8_t>*> buffers{&cpu.master, &cpu.grad, &cpu.exp_avg, &cpu.exp_avg_sq};
+          std::vector<std::unique_ptr<DeviceBuffer>> device;
+          for (auto* b : buffers) device.push_back(std::make_unique<DeviceBuffer>(b->size() + 16));
+          for (size_t i = 0; i < buffers.size(); ++i)
+            QWEN3_CUDA_OK(cudaMemcpy(device[i]->at(), buffers[i]->data(), buffers[i]->size(), cudaMemcpyHostToDevice));
+          DeviceBuffer operand(2 * n), flag(sizeof(int));
+          QWEN3_CUDA_OK(cudaMemset(flag.at(), 0, sizeof(int)));
+          for (int step = 1; step <= 2; ++step) {
+            cpu.set_grad(step);
+            QWEN3_CUDA_OK(cudaMemcpy(device[1]->at(), cpu.grad.data(), cpu.grad.size(), cudaMemcpyHostToDevice));
+            const ka::StepScalars s = scalars_for(step, step == 2);
+            optim_detail::adamw_step_cpu(cpu.view(cpu.master.data(), cpu.grad.data(), cpu.exp_avg.data(),
+                                                  cpu.exp_avg_sq.data(), nullptr, nullptr, nullptr, nullptr),
+                                         s, 0);
+            ka::ParamView p = cpu.view(device[0]->at(), device[1]->at(), device[2]->at(), device[3]->at(), nullptr,
+                                       nullptr, nullptr, nullptr);
+            p.operand = reinterpret_cast<uint16_t*>(operand.at());
+            p.operand_search = search ? 1 : 0;
+            p.operand_nonfinite_flag = reinterpret_cast<int*>(flag.at());
+            ASSERT_EQ(kernels::launch_adamw_step(p, s, nullptr), 0) << name;
+            QWEN3_CUDA_OK(cudaDeviceSynchronize());
+            std::vector<uint8_t> back(cpu.master.size());
+            QWEN3_CUDA_OK(cudaMemcpy(back.data(), device[0]->at(), back.size(), cudaMemcpyDeviceToHost));
+            ASSERT_EQ(back, cpu.master) << name << ", step " << step;
+            // The codec on the CPU step's master, block by block (a non-finite block: NaN values, no codes).
+            std::vector<float> master(n), want(n);
+            for (int64_t i = 0; i < n; ++i) master[i] = HostParam::read(cpu.master, bf16_master, i);
+            for (int64_t b = 0; b < n / 16; ++b) {
+              bool finite = true;
+              for (int i = 0; i < 16; ++i) finite = finite && std::isfinite(master[b * 16 + i]);
+              uint8_t codes[8], scale = 0;
+              if (finite) {
+                nvfp4::quantize_rows_cpu(master.data() + b * 16, 1, 16, codes, &scale,
+                                         search ? nvfp4::ScaleMode::search : nvfp4::ScaleMode::rne);
+                nvfp4::dequantize_rows_cpu(codes, &scale, 1, 16, want.data() + b * 16);
+              } else {
+                for (int i = 0; i < 16; ++i) want[b * 16 + i] = NAN;
+              }
+            }
+            std::vector<uint16_t> got(n);
+            QWEN3_CUDA_OK(cudaMemcpy(got.data(), operand.at(), 2 * n, cudaMemcpyDeviceToHost));
+            int64_t wrong = 0;
+            for (int64_t i = 0; i < n; ++i) {
+              uint32_t bits;
+              std::memcpy(&bits, &want[i], 4);
+              const bool same = std::isnan(want[i]) ? (got[i] & 0x7FFF) > 0x7F80 : got[i] == (bits >> 16);
+              if (!same && wrong++ < 3) ADD_FAILURE() << name << ", step " << step << ", element " << i;
+            }
+            EXPECT_EQ(wrong, 0) << name;
+          }
+          int raised = 0;
+          QWEN3_CUDA_OK(cudaMemcpy(&raised, flag.at(), sizeof raised, cudaMemcpyDeviceToHost));
+          EXPECT_EQ(raised, name.find("3 x 48") != std::string::npos ? 1 : 0) << name;
+        }
+}
+
 // Bad sizes and missing buffers are refused before anything is launched (no GPU needed).
 TEST(AdamWKernelLaunch, RejectsBadArgumentsWithoutLaunching) {
   ka::ParamView p{};
@@ -95,6 +167,11 @@ TEST(AdamWKernelLaunch, RejectsBadArgumentsWithoutLaunching) {
   EXPECT_EQ(kInvalidValue, kernels::launch_adamw_step(p, s, nullptr));  // nvfp4 without its row scales
   p.rows = 0;
   EXPECT_EQ(kernels::launch_adamw_step(p, s, nullptr), 0);  // nothing to do is success
+  uint16_t operand[4];
+  p.rows = 2, p.operand = operand;
+  EXPECT_EQ(kInvalidValue, kernels::launch_adamw_step(p, s, nullptr));  // an operand with nvfp4 moments
+  p.moments = ka::Moments::f32, p.cols = 40, p.stored_cols = 40;
+  EXPECT_EQ(kInvalidValue, kernels::launch_adamw_step(p, s, nullptr));  // an operand of rows not whole 16-blocks
 }
 
 }  // namespace

@@ -33,6 +33,22 @@ at::Tensor quantized_product(const at::Tensor& x2d, const at::Tensor& codes, con
 at::Tensor ste_linear(const at::Tensor& x, const at::Tensor& weight, ScaleMode mode = ScaleMode::rne,
                       bool keep_operand = false);
 
+// A trained weight's bf16 operand kept across steps (--keep-weight-operands always, docs/trainer.md): deq(Q(W)) of
+// the weight as it was at its autograd version `version`. The optimizer's CUDA update writes `operand` beside the
+// weight it steps (OptimParam::operand) by a raw write, which leaves the version alone; anything else that changes
+// the weight in place (a resume's copy_) moves the version, and the next forward makes the operand again. `weight`
+// holds the weight's storage alive, so no other tensor can take its address while the entry lives.
+struct PersistentOperand {
+  at::Tensor weight;
+  at::Tensor operand;     // bf16, the weight's shape, contiguous, on its device
+  int64_t version = -1;   // the weight's version the operand was made from (-1: never made)
+};
+
+// ste_linear whose operand is `kept`'s where it is current: on CUDA with bf16 activations at training shapes the
+// forward multiplies kept.operand (made first by the quantize pass when the weight's version moved) and backward's
+// dX reads it; no codes are made and nothing per step is allocated for the weight. Elsewhere ste_linear itself.
+at::Tensor ste_linear_persistent(const at::Tensor& x, PersistentOperand& kept, ScaleMode mode = ScaleMode::rne);
+
 // a · b (2-D, one dtype) as a tensor of `dtype`. On CUDA with bf16/fp16 operands and an fp32 `dtype` (libtorch
 // 2.9+), cuBLAS writes its fp32 accumulator as it is (aten::mm.dtype): the gradient of an fp32 master is then not
 // rounded to the activations' 8 significant bits, and no half-precision product is widened afterwards. Elsewhere

@@ -31,5 +31,8 @@ bool take_nonfinite_flag(const at::Device& device);
 // The same without synchronizing: the flag's value as an int32 [1] tensor on the device (undefined for a CPU
 // device), the flag itself cleared in stream order, for the caller to read with its other step results.
 at::Tensor take_nonfinite_flag_async(const at::Device& device);
+// The flag itself (int32 [1] on the device; undefined for a CPU device or a build without CUDA), for a kernel
+// outside this module that quantizes and raises it the same way (the AdamW update writing a weight's operand).
+at::Tensor nonfinite_flag_of(const at::Device& device);
 
 }  // namespace qwen3::nvfp4

@@ -49,6 +49,13 @@ struct OptimParam {
   // negative. An optimizer holding a rank's share of the parameters (--shard-optimizer-state) gives each its
   // position in the whole list, so the bytes do not depend on how the parameters are shared out.
   int64_t stream_index = -1;
+  // --keep-weight-operands always: the parameter's bf16 operand deq(Q(param)) (its shape, contiguous), which the
+  // CUDA update writes beside the stepped parameter (fp32 or bf16 moments only; elsewhere an error); undefined:
+  // none. operand_search: the NVFP4 search scale mode (else rne). operand_nonfinite_flag: an int32 device flag
+  // raised for a block with an infinite or NaN element, as the quantize kernels raise theirs (may be undefined).
+  at::Tensor operand{};
+  bool operand_search = false;
+  at::Tensor operand_nonfinite_flag{};
 };
 
 // Rows of a [rows, cols] parameter that one optimizer piece covers (--optimizer-step-chunk-rows, or the

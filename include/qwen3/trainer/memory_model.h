@@ -75,9 +75,12 @@ StepPrediction predict(const TrainOptions& options, const Qwen3Config& config, c
 // --predict-device's table entry); on a CPU nothing is kept (one path). `why` is the log's line. The choice
 // changes what is held, never a byte of the step (docs/trainer.md).
 struct WeightOperandsChoice {
-  bool keep = false;
+  bool keep = false;        // dX reads the operand, not the codes
+  bool persistent = false;  // kept across steps (always: never chosen by auto until measured)
   std::string why;
 };
+// Whether the step makes a bf16 operand at all: CUDA, bf16 compute, kNvfp4KernelMaxRows tokens a micro-batch.
+bool weight_operands_made(const TrainOptions& o, const c10::Device& device);
 // The share of the device's memory the predicted peak may take: the rest for the CUDA context, the caching
 // allocator's rounding and the model's own error (docs/trainer.md says what was measured).
 constexpr double kWeightOperandsMemoryShare = 0.9;

@@ -20,7 +20,7 @@ namespace qwen3 {
 enum class MasterDtype { float32, bfloat16 };          // --master-dtype
 enum class ComputeDtype { auto_select, float32, bfloat16 };  // --compute-dtype auto|float32|bfloat16
 enum class LossKind { cross_entropy, scalar_l1 };      // --loss ce|scalar
-enum class KeepWeightOperands { auto_select, on, off };  // --keep-weight-operands auto|on|off
+enum class KeepWeightOperands { auto_select, off, backward, always };  // --keep-weight-operands auto|off|backward|always
 const char* to_string(MasterDtype dtype);
 const char* to_string(ComputeDtype dtype);
 const char* to_string(LossKind kind);
@@ -57,11 +57,12 @@ struct TrainOptions {
   bool fused_optimizer = false;  // update each block in backward and free its gradients (docs/trainer.md)
   // With fused_optimizer on CUDA: the blocks' updates on a stream of their own, beside the rest of backward.
   bool overlap_update = false;
-  // Each trained projection's bf16 product operand (deq(Q(W)), made in forward) kept for its backward's dX instead
-  // of its NVFP4 codes: no dequantization in backward for 2 bytes an element held where the codes take 0.5625.
-  // CUDA at training shapes only (elsewhere nothing changes); the same bytes either way. auto: kept under
-  // --grad-checkpoint (one block's projections at a time), and without it where the memory model says the step
-  // still fits (choose_weight_operands, memory_model.h; docs/trainer.md).
+  // Each trained projection's bf16 product operand deq(Q(W)) on CUDA at training shapes (the same bytes trained
+  // whatever is chosen; docs/trainer.md, "Weight operands"): off holds its NVFP4 codes for backward, which
+  // dequantizes them; backward holds the operand forward made until its backward's dX (2 bytes an element where
+  // the codes take 0.5625); always keeps it across steps, written by the update that steps the weight, so forward
+  // makes none. auto: backward under --grad-checkpoint, and without it where the memory model says the step still
+  // fits (choose_weight_operands, memory_model.h).
   KeepWeightOperands keep_weight_operands = KeepWeightOperands::auto_select;
   // Micro-batches per optimizer step; the loss is the mean over all their loss tokens (not with fused_optimizer).
   int64_t grad_accum_steps = 1;

@@ -188,6 +188,65 @@ TEST(SteLinear, GpuOperandFromTheQuantizePassGivesTheSameBytes) {
   }
 }
 
+// A weight's operand kept across steps (--keep-weight-operands always): on a CPU nothing is kept (the one path:
+// ste_linear's bytes, the buffer untouched); a buffer that is not a bf16 tensor of the weight's shape is refused.
+TEST(SteLinear, PersistentOperandIsSteLinearOnACpu) {
+  at::manual_seed(28);
+  const at::Tensor weight = (at::randn({48, 64}) * 0.05).requires_grad_(true);
+  const at::Tensor x = at::randn({20, 64}).requires_grad_(true);
+  const at::Tensor grad_y = at::randn({20, 48});
+  const at::Tensor y_want = ste_linear(x, weight);
+  y_want.backward(grad_y);
+  const at::Tensor grad_x_want = x.grad().clone(), grad_w_want = weight.grad().clone();
+  x.grad().zero_(), weight.grad().zero_();
+  PersistentOperand kept{weight, at::zeros({48, 64}, at::kBFloat16), -1};
+  const at::Tensor y = ste_linear_persistent(x, kept);
+  y.backward(grad_y);
+  EXPECT_TRUE(y.equal(y_want));
+  EXPECT_TRUE(x.grad().equal(grad_x_want));
+  EXPECT_TRUE(weight.grad().equal(grad_w_want));
+  EXPECT_EQ(kept.version, -1) << "nothing made on a CPU";
+  EXPECT_EQ(kept.operand.abs().sum().item<float>(), 0.0f);
+  PersistentOperand wrong{weight, at::zeros({64, 48}, at::kBFloat16), -1};
+  EXPECT_THROW(ste_linear_persistent(x, wrong), Error);
+  PersistentOperand fp32{weight, at::zeros({48, 64}), -1};
+  EXPECT_THROW(ste_linear_persistent(x, fp32), Error);
+}
+
+// On CUDA at training shapes: the first forward makes the operand (the bytes of ste_linear's, output and gradients
+// too); while the weight's version stands the next forward multiplies the buffer as it is (what the update wrote:
+// here a value written into it by hand shows it is read, not remade); an in-place change of the weight moves its
+// version and the operand is made again.
+TEST(SteLinear, GpuPersistentOperandIsMadeOnceAndRemadeWhenTheWeightChanges) {
+  QWEN3_GPU_TEST(at::hasCUDA());
+  at::manual_seed(29);
+  const at::Tensor w = (at::randn({384, 512}) * 0.05).to(at::kCUDA).requires_grad_(true);
+  const at::Tensor x0 = at::randn({1024, 512}).to(at::kBFloat16).to(at::kCUDA);
+  const at::Tensor grad_y = at::randn({1024, 384}).to(at::kBFloat16).to(at::kCUDA);
+  const at::Tensor x = x0.clone().requires_grad_(true);
+  const at::Tensor y_want = ste_linear(x, w);
+  y_want.backward(grad_y);
+  const at::Tensor grad_x_want = x.grad().clone(), grad_w_want = w.grad().clone();
+  PersistentOperand kept{w, at::empty({384, 512}, w.options().dtype(at::kBFloat16).requires_grad(false)), -1};
+  const at::Tensor x1 = x0.clone().requires_grad_(true);
+  w.grad().zero_();
+  const at::Tensor y = ste_linear_persistent(x1, kept);
+  y.backward(grad_y);
+  EXPECT_TRUE(y.equal(y_want));
+  EXPECT_TRUE(x1.grad().equal(grad_x_want));
+  EXPECT_TRUE(w.grad().equal(grad_w_want));
+  EXPECT_EQ(kept.version, w._version());
+  const Quantized q = quantize(w.detach());
+  EXPECT_TRUE(kept.operand.equal(dequantize(q.codes, q.scales, at::kBFloat16)));
+  const at::NoGradGuard no_grad;
+  kept.operand.fill_(0.5);  // as a raw write would: the weight's version does not move
+  EXPECT_TRUE(ste_linear_persistent(x0, kept).equal(x0.mm(kept.operand.t())));
+  w.mul_(2.0);  // an in-place change: the version moves, the operand is made again
+  const Quantized q2 = quantize(w.detach());
+  EXPECT_TRUE(ste_linear_persistent(x0, kept).equal(x0.mm(dequantize(q2.codes, q2.scales, at::kBFloat16).t())));
+  EXPECT_EQ(kept.version, w._version());
+}
+
 TEST(SteLinear, OnlyRequestedGradientsAreComputed) {
   const at::Tensor weight = (at::randn({16, 32}) * 0.05).requires_grad_(true);
   const at::Tensor x = at::randn({4, 32});

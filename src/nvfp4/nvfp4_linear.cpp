@@ -231,12 +231,18 @@ at::Tensor frozen_nvfp4_linear(const at::Tensor& x, const Quantized& weight) {
   return FrozenLinearFunction::apply(x, weight.codes, weight.scales);
 }
 
-at::Tensor ste_linear(const at::Tensor& x, const at::Tensor& weight, ScaleMode mode, bool keep_operand) {
+namespace {
+void check_linear_input(const at::Tensor& x, const at::Tensor& weight) {
   if (weight.dim() != 2 || x.dim() < 1 || x.size(-1) != weight.size(1))
     throw Error("nvfp4 linear: input " + shape_text(x.sizes()) + " does not match weight " + shape_text(weight.sizes()) +
                 " ([..., in] and [out, in])");
   if (x.device() != weight.device())
     throw Error("nvfp4 linear: input on " + x.device().str() + " but weight on " + weight.device().str());
+}
+}  // namespace
+
+at::Tensor ste_linear(const at::Tensor& x, const at::Tensor& weight, ScaleMode mode, bool keep_operand) {
+  check_linear_input(x, weight);
   // Only a recorded node keeps anything: without a graph the operand goes to the reused scratch buffer and no codes
   // are written.
   const bool recorded = at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad());
@@ -245,11 +251,7 @@ at::Tensor ste_linear(const at::Tensor& x, const at::Tensor& weight, ScaleMode m
 
 at::Tensor ste_linear_persistent(const at::Tensor& x, PersistentOperand& kept, ScaleMode mode) {
   const at::Tensor& weight = kept.weight;
-  if (weight.dim() != 2 || x.dim() < 1 || x.size(-1) != weight.size(1))
-    throw Error("nvfp4 linear: input " + shape_text(x.sizes()) + " does not match weight " + shape_text(weight.sizes()) +
-                " ([..., in] and [out, in])");
-  if (x.device() != weight.device())
-    throw Error("nvfp4 linear: input on " + x.device().str() + " but weight on " + weight.device().str());
+  check_linear_input(x, weight);
   if (!kept.operand.defined() || kept.operand.scalar_type() != at::kBFloat16 || !kept.operand.is_contiguous() ||
       !kept.operand.sizes().equals(weight.sizes()) || kept.operand.device() != weight.device())
     throw Error("nvfp4 linear: a kept operand of weight " + shape_text(weight.sizes()) +

@@ -27,8 +27,8 @@ at::Tensor quantized_product(const at::Tensor& x2d, const at::Tensor& codes, con
 // product is quantized_product's; backward's dX = dY · deq(Q(W)) dequantizes into the same scratch on CUDA.
 // On CUDA with bf16 activations at training shapes, one kernel writes the codes and the bf16 operand together;
 // with keep_operand the node saves that operand instead of the codes (2 bytes an element held until backward,
-// no dequantization there): what the trainer asks for under --grad-checkpoint, where a block's recompute and
-// its backward follow each other (docs/trainer.md). Elsewhere keep_operand changes nothing.
+// no dequantization there): --keep-weight-operands backward, auto's choice under --grad-checkpoint, where a
+// block's recompute and its backward follow each other (docs/trainer.md). Elsewhere keep_operand changes nothing.
 // dW = dYᵀ·X in the weight's dtype (product_in_dtype).
 at::Tensor ste_linear(const at::Tensor& x, const at::Tensor& weight, ScaleMode mode = ScaleMode::rne,
                       bool keep_operand = false);

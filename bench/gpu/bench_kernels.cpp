@@ -269,7 +269,9 @@ double adamw_bytes_per_param(qwen3::kernels::adamw::Moments moments, bool bf16_m
   return grad + 2 * master + 2 * state[static_cast<int>(moments)];
 }
 
-void BM_AdamWStep(benchmark::State& state, qwen3::kernels::adamw::Moments moments, bool bf16_master) {
+// operand: --keep-weight-operands always's write of the stepped master's bf16 operand (rne) in the same pass, 2
+// bytes a parameter more (fp32 and bf16 moments only).
+void BM_AdamWStep(benchmark::State& state, qwen3::kernels::adamw::Moments moments, bool bf16_master, bool operand) {
   namespace ka = qwen3::kernels::adamw;
   const int64_t rows = 4096, cols = 2560, n = rows * cols;
   const int64_t block = moments == ka::Moments::int8 ? ka::kInt8Block : (moments == ka::Moments::nvfp4 ? ka::kNvfp4Block : 1);
@@ -300,6 +302,8 @@ void BM_AdamWStep(benchmark::State& state, qwen3::kernels::adamw::Moments moment
   p.exp_avg = m.ptr, p.exp_avg_sq = v.ptr, p.exp_avg_scale = ms.ptr, p.exp_avg_sq_scale = vs.ptr;
   p.exp_avg_row_scale = mr.as<float>(), p.exp_avg_sq_row_scale = vr.as<float>();
   p.rows = rows, p.cols = cols, p.stored_cols = cols, p.moments = moments;
+  DeviceMemory operand_buffer(operand ? n * 2 : 16);
+  if (operand) p.operand = operand_buffer.as<uint16_t>();
   ka::StepScalars sc{};
   sc.beta1 = 0.9f, sc.one_minus_beta1 = 0.1f, sc.beta2 = 0.999f, sc.one_minus_beta2 = 0.001f;
   sc.bias_correction2_sqrt = 0.1f, sc.eps = 1e-8f, sc.neg_step_size = -1e-5f, sc.decay_factor = 1.0f, sc.grad_scale = 1.0f;
@@ -313,8 +317,9 @@ void BM_AdamWStep(benchmark::State& state, qwen3::kernels::adamw::Moments moment
     });
     state.SetIterationTime(step_s);
   }
-  const double rate = adamw_bytes_per_param(moments, bf16_master) * n / step_s, copy_rate = 2.0 * n * elem / copy_s;
-  state.counters["bytes_per_param"] = adamw_bytes_per_param(moments, bf16_master);
+  const double bytes_per_param = adamw_bytes_per_param(moments, bf16_master) + (operand ? 2 : 0);
+  const double rate = bytes_per_param * n / step_s, copy_rate = 2.0 * n * elem / copy_s;
+  state.counters["bytes_per_param"] = bytes_per_param;
   state.counters["GB/s"] = rate * 1e-9;
   state.counters["of_copy"] = rate / copy_rate;
   state.counters["ms_per_Mparam"] = step_s * 1e3 / (n * 1e-6);
@@ -459,14 +464,16 @@ int main(int argc, char** argv) {
   namespace ka = qwen3::kernels::adamw;
   const char* moment_names[] = {"f32", "bf16", "int8", "nvfp4"};
   for (ka::Moments moments : {ka::Moments::f32, ka::Moments::bf16, ka::Moments::int8, ka::Moments::nvfp4})
-    for (bool bf16_master : {false, true}) {
-      const std::string name = std::string("adamw/") + moment_names[static_cast<int>(moments)] + "_moments/" +
-                               (bf16_master ? "bf16" : "fp32") + "_master";
-      benchmark::RegisterBenchmark(name.c_str(), BM_AdamWStep, moments, bf16_master)
-          ->UseManualTime()
-          ->Iterations(3)
-          ->Unit(benchmark::kMicrosecond);
-    }
+    for (bool bf16_master : {false, true})
+      for (bool operand : {false, true}) {
+        if (operand && moments != ka::Moments::f32 && moments != ka::Moments::bf16) continue;
+        const std::string name = std::string("adamw/") + moment_names[static_cast<int>(moments)] + "_moments/" +
+                                 (bf16_master ? "bf16" : "fp32") + "_master" + (operand ? "_operand" : "");
+        benchmark::RegisterBenchmark(name.c_str(), BM_AdamWStep, moments, bf16_master, operand)
+            ->UseManualTime()
+            ->Iterations(3)
+            ->Unit(benchmark::kMicrosecond);
+      }
   for (KernelDType type : {KernelDType::f32, KernelDType::bf16})
     benchmark::RegisterBenchmark((std::string("grad_clip/qwen3_4b_block/") + type_name(type)).c_str(), BM_GradClip, type)
         ->UseManualTime()

@@ -466,6 +466,33 @@ TEST(MemoryModel, KeptWeightOperandsHoldTwoBytesAnElementUntilBackward) {
   EXPECT_EQ(predict(o, config, c10::Device(c10::kCPU)).memory.saved_operands, 0u);
 }
 
+// A sparse block's experts on CUDA run as grouped products, which save their codes whatever --keep-weight-operands
+// says: under checkpointing Qwen3-30B-A3B's backward spike holds the other projections' operands (2 bytes an element
+// where their codes took 9/16) and the experts' codes either way.
+TEST(MemoryModel, GroupedExpertsKeepTheirCodes) {
+  const Qwen3Config config = preset_config("qwen3-30b-a3b");
+  const c10::Device cuda(c10::kCUDA, 0);
+  uint64_t others = 0;  // one block's trained projections outside the experts
+  for (const auto& spec : qwen3_tensors(config.shape(), !config.tie_word_embeddings))
+    if (spec.quantizable && spec.key.rfind("model.layers.0.", 0) == 0 &&
+        spec.key.find(".mlp.experts.") == std::string::npos) {
+      uint64_t n = 1;
+      for (int64_t d : spec.shape) n *= static_cast<uint64_t>(d);
+      others += n;
+    }
+  TrainOptions o;
+  o.data.seq_len = 2048;
+  o.master_dtype = MasterDtype::bfloat16;
+  o.adamw.moments = MomentStorage::nvfp4;
+  o.grad_checkpoint = true;
+  o.fused_optimizer = true;
+  o.keep_weight_operands = KeepWeightOperands::off;
+  const StepMemoryPlan codes = predict(o, config, cuda).memory;
+  o.keep_weight_operands = KeepWeightOperands::backward;
+  const StepMemoryPlan kept = predict(o, config, cuda).memory;
+  EXPECT_EQ(phase_peak(kept, "backward_done") - phase_peak(codes, "backward_done"), 2 * others - others * 9 / 16);
+}
+
 // auto decides by the memory model against the device: kept under --grad-checkpoint; without it on CUDA where the
 // peak with the operands stays within 90% of the device's memory (an H100's 80 GB holds the fast Qwen3-4B step at
 // 2048 tokens with them, not four such rows); codes on a CPU. on / off are taken as given. predict() counts what

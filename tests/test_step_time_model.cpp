@@ -7,6 +7,7 @@
 
 #include "cli_test_util.h"
 #include "qwen3/base/error.h"
+#include "qwen3/config/config.h"
 #include "qwen3/model/layout.h"
 #include "qwen3/trainer/step_time_model.h"
 
@@ -175,6 +176,32 @@ TEST(StepTimeModel, CountsTheBytesTheGpuPathMoves) {
   cpu_options.compute_dtype = ComputeDtype::float32;
   const StepTimePlan cpu = predict_step_time(c, false, cpu_options, device_rates("cpu"));
   EXPECT_GT(phase(cpu, "forward_done").bytes - phase(plain, "forward_done").bytes, N * V * 20);
+}
+
+// A sparse block's experts on a GPU run as grouped products, which write their codes in the (re)computed forward and
+// dequantize them in backward whatever --keep-weight-operands says: keeping the operands takes from Qwen3-30B-A3B's
+// checkpointed step only the other projections' codes (the recompute's) and dequantization, never the experts'.
+TEST(StepTimeModel, GroupedExpertsAlwaysMoveTheirCodes) {
+  const Qwen3Config c = preset_config("qwen3-30b-a3b");
+  double others = 0, experts = 0;
+  for (const auto& spec : qwen3_tensors(c.shape(), !c.tie_word_embeddings)) {
+    if (!spec.quantizable || spec.key.rfind("model.layers.", 0) != 0) continue;
+    double n = 1;
+    for (int64_t d : spec.shape) n *= static_cast<double>(d);
+    (spec.key.find(".mlp.experts.") != std::string::npos ? experts : others) += n;
+  }
+  ASSERT_GT(experts, 10 * others);
+  TrainOptions o = options(2048);
+  o.adamw.moments = MomentStorage::nvfp4;
+  o.grad_checkpoint = true;
+  o.fused_optimizer = true;
+  o.keep_weight_operands = KeepWeightOperands::off;
+  const DeviceRates h200 = device_rates("h200");
+  const double codes_bytes = phase(predict_step_time(c, !c.tie_word_embeddings, o, h200), "backward_done").bytes;
+  o.keep_weight_operands = KeepWeightOperands::backward;
+  const double kept_bytes = phase(predict_step_time(c, !c.tie_word_embeddings, o, h200), "backward_done").bytes;
+  const double code = 9.0 / 16, a = 2;
+  EXPECT_NEAR(codes_bytes - kept_bytes, others * (code + code + a), 1e3);
 }
 
 // The rates the second GPU round measured (H200): products at 60% of the bf16 peak, the update at 85% of the

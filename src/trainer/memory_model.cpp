@@ -44,6 +44,7 @@ u64 optimizer_temp_per_element(bool bf16_master) { return bf16_master ? 8 : 4; }
 struct BlockSizes {
   u64 projections = 0;      // elements of the seven projection matrices
   u64 trained_projections = 0;
+  u64 trained_experts = 0;  // of them, a sparse block's routed experts
   u64 largest_projection = 0;
   u64 parameters = 0;       // every element of the block
   u64 trainable = 0;        // elements that train
@@ -198,6 +199,7 @@ struct StepSizes {
         if (trains) b.trainable += n;
         if (spec.quantizable) b.projections += n, b.largest_projection = std::max(b.largest_projection, n);
         if (spec.quantizable && trains) b.trained_projections += n;
+        if (spec.quantizable && trains && spec.key.find(".mlp.experts.") != std::string::npos) b.trained_experts += n;
       } else if (trains) {
         nonblock_grad += n * e;
         nonblock_piece_max = std::max(nonblock_piece_max, piece);
@@ -220,7 +222,7 @@ struct StepSizes {
                     N >= static_cast<u64>(nvfp4::kNvfp4KernelMaxRows);
     persistent_operands = kept_operands && train_detail::weight_operands_persist(o);
     if (persistent_operands)  // every trained projection's operand, made at setup and held the whole run
-      for (const BlockSizes& b : blocks) operand_weights += 2 * b.trained_projections;
+      for (const BlockSizes& b : blocks) operand_weights += 2 * (b.trained_projections - b.trained_experts);
   }
 
   void count_activations() {
@@ -292,6 +294,17 @@ struct StepSizes {
     width = std::min<u64>(V, std::max<u64>(256, (u64{1} << 24) / std::max<u64>(N, 1)));
   }
 
+  // What a block's trained projections keep for their dX: their codes, or their bf16 operands where they are kept
+  // until backward, except a sparse block's experts on CUDA, whose grouped products save the codes whatever the
+  // flag (ste_grouped_linear); nothing beyond that for operands kept across steps (counted with the weights).
+  u64 codes_for_dx(const BlockSizes& b) const {
+    return (kept_operands ? b.trained_experts : b.trained_projections) * kCodesPerElementX16 / 16;
+  }
+  u64 operands_for_dx(const BlockSizes& b) const {
+    return kept_operands && !persistent_operands ? (b.trained_projections - b.trained_experts) * 2 : 0;
+  }
+  u64 kept_for_dx(const BlockSizes& b) const { return codes_for_dx(b) + operands_for_dx(b); }
+
   // The straight-through linear's temporaries for a projection of n elements: on CPU the weight is quantized
   // from an fp32 copy and dequantized (to fp32, then the compute dtype) for the product; on a GPU the kernel
   // reads the codes directly in forward and backward dequantizes once, into the scratch buffer.
@@ -328,9 +341,7 @@ std::vector<u64> forward_phase(const StepSizes& z, Timeline& t, StepMemoryPlan& 
     const BlockSizes& b = z.blocks[l];
     // What a trained projection keeps for its dX (frozen ones hold their codes already): its codes, or its bf16
     // operand (--keep-weight-operands).
-    const u64 for_dx = z.persistent_operands ? 0  // the operand kept across steps, counted in the weights
-                       : z.kept_operands         ? b.trained_projections * 2
-                                                 : b.trained_projections * StepSizes::kCodesPerElementX16 / 16;
+    const u64 for_dx = z.kept_for_dx(b);
     const u64 temp = z.projection_forward_temp(b.largest_projection) + z.attention_forward_temp;
     // Without a graph (frozen blocks ahead of the first trained tensor, checkpointed blocks) the block's q, k, v
     // (and their expanded copies) and norm outputs are short-lived too.
@@ -351,7 +362,7 @@ std::vector<u64> forward_phase(const StepSizes& z, Timeline& t, StepMemoryPlan& 
     }
     t.add(saved[l]);
     plan.saved_activations += saved[l];
-    if (!checkpoint) (z.kept_operands ? plan.saved_operands : plan.saved_codes) += for_dx;
+    if (!checkpoint) plan.saved_codes += z.codes_for_dx(b), plan.saved_operands += z.operands_for_dx(b);
   }
   return saved;
 }
@@ -417,9 +428,7 @@ void backward_phase(const StepSizes& z, const std::vector<u64>& saved, Timeline&
     // Checkpointed: the recompute's saved tensors; each trained projection keeps its bf16 product operand where
     // the CUDA quantize pass makes one (nvfp4::ste_linear's keep_operand), else its codes.
     if (z.o.grad_checkpoint)
-      temp += b.saved_per_token * N + (z.persistent_operands ? 0
-                                       : z.kept_operands       ? b.trained_projections * 2
-                                                               : b.trained_projections * StepSizes::kCodesPerElementX16 / 16);
+      temp += b.saved_per_token * N + z.kept_for_dx(b);
     t.spike(temp);
     // Fused: the block's update runs after its graph is gone, with only the gradients and a piece's temporaries.
     const u64 update_working_set =

@@ -99,6 +99,10 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
 
   // What trains, per block, and outside the blocks.
   std::vector<double> projections(s.layers, 0), trained_projections(s.layers, 0);
+  // Of them, a sparse block's routed experts: on a GPU they run as grouped products (ste_grouped_linear), whose
+  // forward writes every expert's codes with its operand wherever backward reads them and whose backward
+  // dequantizes them; no operand is kept for them (--keep-weight-operands concerns the other projections).
+  std::vector<double> trained_experts(s.layers, 0);
   // A sparse block's products: a token goes through its k experts of E (and the router), so it multiplies by
   // k/E of the experts' elements; every expert's weights still move once a step (projections above).
   std::vector<double> active(s.layers, 0), trained_active(s.layers, 0);
@@ -119,6 +123,7 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
       if (spec.quantizable) projections[l] += n, trained_projections[l] += trains ? n : 0;
       const bool expert = spec.key.find(".mlp.experts.") != std::string::npos;
       const bool router = spec.key.find(".mlp.gate.weight") != std::string::npos;
+      if (spec.quantizable && expert && trains) trained_experts[l] += n;
       if (spec.quantizable || router) {
         const double used = expert ? n * routed_share : n;
         active[l] += used;
@@ -178,22 +183,30 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
   const double dequantize_per = gpu ? kCodeBytes + a : kCodeBytes + 4 + a;
 
   PhaseTime forward{"forward_done"}, backward{"backward_done"}, optimizer{"optimizer_step_done"};
+  // The grouped experts on a GPU at training shapes: codes and operand from one pass (the codes where backward
+  // reads them: not in a checkpointed block's first forward), dequantized again in backward.
+  const bool grouped_experts = one_pass_operand;
+  const auto expert_forward_per = [&](bool recorded) {
+    return grouped_experts ? e + a + (recorded ? kCodeBytes : 0) : trained_forward_per;
+  };
   for (int64_t l = 0; l < s.layers; ++l) {
     const double block_forward_flops = 2 * N * active[l] + attention_flops;
     const double frozen = projections[l] - trained_projections[l];
-    const double block_forward_bytes =
-        frozen * frozen_forward_per + trained_projections[l] * trained_forward_per + activation_bytes(l);
+    const double experts = grouped_experts ? trained_experts[l] : 0, others = trained_projections[l] - experts;
+    const double block_forward_bytes = frozen * frozen_forward_per + others * trained_forward_per +
+                                       experts * expert_forward_per(!o.grad_checkpoint) + activation_bytes(l);
     forward.flops += block_forward_flops;
     forward.bytes += block_forward_bytes;
     if (l < first_graph_block) continue;  // no graph, no backward
     backward.flops += 2 * N * active[l] + 2 * N * trained_active[l] + 2 * attention_flops;
     // dX's operands, then dW written in the master's dtype.
-    backward.bytes += frozen * dequantize_per + trained_projections[l] * ((kept_operand ? 0 : dequantize_per) + e) +
-                      activation_backward_bytes(l);
+    backward.bytes += frozen * dequantize_per + others * ((kept_operand ? 0 : dequantize_per) + e) +
+                      experts * (dequantize_per + e) + activation_backward_bytes(l);
     // The recompute: the block's forward again, whose one-pass operands write the codes where dX reads them.
     if (o.grad_checkpoint)
       backward.flops += block_forward_flops,
-          backward.bytes += block_forward_bytes + (one_pass_operand && !kept_operand ? trained_projections[l] * kCodeBytes : 0);
+          backward.bytes += block_forward_bytes + (one_pass_operand && !kept_operand ? others * kCodeBytes : 0) +
+                            experts * kCodeBytes;
   }
   // The sliced loss: the head's product in forward; in backward the logits again, dX and (if it trains) dW.
   // Beyond the products: on a GPU each slice's logits are written by the product and read once by the statistics
@@ -219,7 +232,7 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
   const double in_backward = o.fused_optimizer ? 1 : 0;
   double operand_bytes = 0;  // --keep-weight-operands always: the update writes each trained projection's operand
   if (persistent_operand)
-    for (int64_t l = 0; l < s.layers; ++l) operand_bytes += a * trained_projections[l];
+    for (int64_t l = 0; l < s.layers; ++l) operand_bytes += a * (trained_projections[l] - trained_experts[l]);
   backward.update_bytes = in_backward * (update_bytes(trainable_in_blocks, state_bytes_in_blocks) + operand_bytes);
   backward.updated = in_backward * trainable_in_blocks;
   backward.bytes += backward.update_bytes;

@@ -1129,7 +1129,40 @@ PY
     # The peer right after, once per shape and peer configuration (packed and unpacked share it).
     hf_peer_train "$name" "$m" "$seq" "$batch" "$c"
   done
+  compare_variants "$name" "$d" "${configs[@]}"
   stage_end "$name"
+}
+
+# Each run of a stage that differs from another of the stage by one modifier (-codes, -always, -overlap) against it:
+# the ratio of their steady ms/step (steps after the first 3, the last left out: the fast runs profile it), one
+# row for the stage (what --keep-weight-operands and --overlap-update gain, measured in the same call).
+compare_variants() {
+  local name=$1 d=$2
+  shift 2
+  local figures
+  figures=$(py - "$d" "$@" <<'PY'
+import json, os, sys
+d, configs = sys.argv[1], sys.argv[2:]
+def ms(c):
+    try:
+        rows = [json.loads(l) for l in open(os.path.join(d, "train-%s.jsonl" % c)) if l.startswith("{") and '"step"' in l]
+    except OSError:
+        return None
+    rows = [r for r in rows if r.get("step_ms")][3:-1]
+    return sum(r["step_ms"] for r in rows) / len(rows) if rows else None
+out = []
+for c in configs:
+    for mod in ("-codes", "-always", "-overlap"):
+        if mod not in c:
+            continue
+        base = c.replace(mod, "", 1)
+        if base in configs and ms(c) and ms(base):
+            out.append("%s %.1f / %s %.1f ms = %.3f" % (c, ms(c), base, ms(base), ms(c) / ms(base)))
+print("; ".join(out))
+PY
+)
+  [ -n "$figures" ] && record "$name" compare-variants ok 0 "$figures"
+  return 0
 }
 
 # The steps after the first 3 of a metrics JSONL (as hf_peer.py times them), but a profiled one (second argument,

@@ -570,6 +570,16 @@ TEST(VramReportCli, PredictOnlyAndBadFlags) {
                                           " --seq-len 64 --fused-optimizer --grad-checkpoint --device cuda");
   EXPECT_EQ(p.code, 0) << p.err;
   for (const std::string& phase : step_phases()) EXPECT_NE(p.out.find(phase), std::string::npos) << phase;
+  // What --keep-weight-operands decided, and the codes and operands each saved for backward (none under
+  // checkpointing; without it, auto keeps the operands: the tiny step fits any device).
+  EXPECT_NE(p.out.find("product operands for backward: kept until backward (--grad-checkpoint"), std::string::npos)
+      << p.out;
+  EXPECT_NE(p.out.find("(NVFP4 codes 0.0, bf16 weight operands 0.0)"), std::string::npos) << p.out;
+  const test::CliResult unchecked = test::run_cli("vram-report --predict-only --config " + m.config_path +
+                                                  " --seq-len 64 --device cuda");
+  EXPECT_EQ(unchecked.code, 0) << unchecked.err;
+  // 2 blocks x (q 64x64, k and v 32x64, o 64x64, gate, up and down 64x128) = 73,728 elements x 2 bytes = 0.14 MiB.
+  EXPECT_NE(unchecked.out.find("(NVFP4 codes 0.0, bf16 weight operands 0.1)"), std::string::npos) << unchecked.out;
   const test::CliResult no_out = test::run_cli("vram-report --weights " + m.dat_path + " --config " + m.config_path);
   EXPECT_EQ(no_out.code, 2);
   EXPECT_NE(no_out.err.find("--out"), std::string::npos) << no_out.err;

@@ -87,11 +87,10 @@ void print_memory_plan(const StepMemoryPlan& plan, const c10::Device& device) {
   fmt::print("predicted memory of one step on {} (tensor MiB):\n", device.str());
   fmt::print("{:<22} {:>12} {:>12}\n", "phase", "peak", "at end");
   for (const auto& p : plan.phases) fmt::print("{:<22} {:>12.1f} {:>12.1f}\n", p.phase, p.peak / kMiB, p.end / kMiB);
-  fmt::print("weights {:.1f}, moments {:.1f}, gradients {:.1f}, saved activations {:.1f} ({} {:.1f}); "
-             "peak {:.1f} MiB\n",
+  fmt::print("weights {:.1f}, moments {:.1f}, gradients {:.1f}, saved activations {:.1f} (NVFP4 codes {:.1f}, bf16 "
+             "weight operands {:.1f}); peak {:.1f} MiB\n",
              plan.weights / kMiB, plan.moments / kMiB, plan.gradients / kMiB, plan.saved_activations / kMiB,
-             plan.saved_operands > 0 ? "kept bf16 weight operands" : "NVFP4 codes",
-             (plan.saved_operands > 0 ? plan.saved_operands : plan.saved_codes) / kMiB, plan.peak() / kMiB);
+             plan.saved_codes / kMiB, plan.saved_operands / kMiB, plan.peak() / kMiB);
 }
 
 void print_time_plan(const StepTimePlan& plan, const DeviceRates& rates, double update_g_per_s) {

@@ -37,6 +37,7 @@
 #include "step_profiler.h"
 #include "step_record.h"
 #include "tensorboard_writer.h"
+#include "train_model.h"
 #include "train_setup.h"
 #include "trainer_checkpoint.h"
 
@@ -58,59 +59,6 @@ int64_t total_steps(const TrainOptions& o, const TrainingData& data, int world_s
   const int64_t per_epoch = o.steps_per_epoch > 0 ? o.steps_per_epoch : steps_per_pass(o, data, world_size);
   return std::max<int64_t>(1, o.epochs) * per_epoch;
 }
-
-}  // namespace
-
-namespace {
-
-// The model as training runs it: loaded in the master dtype (a tied config trains one tensor for the embedding
-// and the head, as HF does: model_loader.h), computing in the compute dtype, the trainable set chosen, frozen
-// projections held as their codes only (no dense copy outlives its use) and trained ones through the
-// straight-through linear from their master weights.
-struct TrainModel {
-  std::shared_ptr<Qwen3Model> model;
-  TrainableSet set;
-  std::unique_ptr<TrainingBlockRunner> runner;  // activation checkpointing and the in-backward update
-  std::shared_ptr<int64_t> frozen_code_products = std::make_shared<int64_t>(0);  // TrainSummary's diagnostic
-  std::shared_ptr<PersistentOperands> persistent_operands;  // --keep-weight-operands always
-  TrainModel() = default;
-  TrainModel(TrainModel&&) = default;
-  TrainModel& operator=(TrainModel&&) = default;
-  ~TrainModel() {
-    if (model) model->set_block_runner(nullptr);  // the model may outlive its runner
-  }
-};
-
-TrainModel setup_model(const TrainOptions& o, const Qwen3Config& config, const DatReader& reader,
-                       const c10::Device& device, const WeightOperandsChoice& operands) {
-  TrainModel t;
-  t.model = load_model(reader, config, master_scalar_type(o.master_dtype), device,
-                       /*tie_head=*/config.tie_word_embeddings);
-  Qwen3Model& model = *t.model;
-  model.set_compute_dtype(compute_scalar_type(o, device));
-  t.set = select_trainable(model, o);
-  // Each trained product's bf16 operand held for its dX instead of its codes, which saves their dequantization in
-  // backward, or kept across steps: made by the first forward, then written by the update that steps the weight
-  // (the optimizer gets the buffers; choose_weight_operands, docs/trainer.md).
-  if (operands.persistent) t.persistent_operands = make_persistent_operands(model);
-  use_nvfp4_projections(model, o.scale_mode, o.frozen_projections_as_codes, t.frozen_code_products, operands.keep,
-                        t.persistent_operands);
-  t.runner = std::make_unique<TrainingBlockRunner>(o.grad_checkpoint);
-  model.set_block_runner(t.runner.get());
-  return t;
-}
-
-// The trained model into a new .dat beside the input's layout (--output-dat): trained tensors re-quantized from
-// their masters, a tied head written from the trained embedding, everything else copied (exporter.h).
-void export_trained(const TrainOptions& o, const TrainableSet& set, const Qwen3Model& model, const DatReader& reader) {
-  NamedTensors trained;
-  for (const auto& p : set.params) trained.emplace_back(p.name, p.param.detach());
-  trained = with_tied_head(std::move(trained), !model.has_separate_lm_head(), reader);
-  const ExportReport rep = export_dat(reader, o.output_dat, trained, o.scale_mode);
-  spdlog::info("exported {}: {} entries ({} rewritten, {} copied)", o.output_dat, rep.entries, rep.rewritten,
-               rep.copied);
-}
-
 
 }  // namespace
 
@@ -163,7 +111,7 @@ class Trainer {
       dense = {static_cast<int>(elem_size(e->type)), scalar_type_of(e->type) == master_scalar_type(o.master_dtype)};
     TrainOptions per_rank = o;  // what the models count: one rank's share
     per_rank.predict_world_size = dp_.world_size();
-    check_weight_operands(o);
+    check_weight_operands(o, device_, dp_.world_size(), config_);
     const WeightOperandsChoice operands = choose_weight_operands(per_rank, config_, device_, dense);
     if (device_.is_cuda()) spdlog::info("trained projections' product operands for backward: {}", operands.why);
     run_["weight_operands"] = operands.persistent ? "kept across steps" : operands.keep ? "kept" : "codes";
@@ -452,49 +400,14 @@ class Trainer {
                    std::count(owners_.begin(), owners_.end(), dp_.rank()), all.size(), load[dp_.rank()]);
     }
     std::vector<OptimParam> mine;
-    size_t with_operand = 0;
     for (size_t i = 0; i < all.size(); ++i) {
       if (shard && owners_[i] != dp_.rank()) continue;
       OptimParam p = all[i];
       p.stream_index = static_cast<int64_t>(i);
-      if (model_.persistent_operands)
-        if (const nvfp4::PersistentOperand* kept = model_.persistent_operands->find(p.param)) {
-          p.operand = kept->operand;
-          p.operand_search = o.scale_mode == nvfp4::ScaleMode::search;
-          p.operand_nonfinite_flag = nvfp4::nonfinite_flag_of(device_);
-          ++with_operand;
-        }
       mine.push_back(std::move(p));
     }
-    // A kept operand whose weight the update does not know would go stale without its version moving.
-    if (model_.persistent_operands && with_operand != model_.persistent_operands->entries.size())
-      throw Error(fmt::format("--keep-weight-operands always: {} of {} kept operands belong to no optimizer parameter",
-                              model_.persistent_operands->entries.size() - with_operand,
-                              model_.persistent_operands->entries.size()));
+    hand_operands_to_update(model_, o.scale_mode, device_, mine);
     return mine;
-  }
-
-  // --keep-weight-operands other than auto and off asks for an operand this run must make, and always for an
-  // update that writes it: refused where it would change nothing or could not be kept current (exit 2).
-  void check_weight_operands(const TrainOptions& o) const {
-    const KeepWeightOperands keep = o.keep_weight_operands;
-    if (keep == KeepWeightOperands::auto_select || keep == KeepWeightOperands::off) return;
-    const std::string flag = std::string("train: --keep-weight-operands ") + to_string(keep);
-    if (!device_.is_cuda())
-      throw UsageError(flag + " holds the CUDA quantize pass's bf16 operands: it needs --device cuda (a CPU has one "
-                       "path: the codes)");
-    if (!weight_operands_made(o, device_))
-      throw UsageError(fmt::format("{}: this run makes no bf16 operand (that takes bf16 compute and {} tokens a "
-                                   "micro-batch, --batch-size x --seq-len)",
-                                   flag, nvfp4::kNvfp4KernelMaxRows));
-    if (keep != KeepWeightOperands::always) return;
-    if (o.adamw.moments != MomentStorage::float32 && o.adamw.moments != MomentStorage::bfloat16)
-      throw UsageError(flag + ": the update writes the operand with float32 or bfloat16 moments only (the int8 and "
-                       "nvfp4 moment kernels do not)");
-    if (dp_.world_size() > 1)
-      throw UsageError(flag + " is for one process (data parallel's collectives change weights outside the update)");
-    if (config_.is_moe())
-      throw UsageError(flag + ": not for mixture-of-experts models yet (their experts run as grouped products)");
   }
 
   // Every parameter's optimizer state in the trainable set's order, as the checkpoint writer fetches it: the

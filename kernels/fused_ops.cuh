@@ -101,6 +101,18 @@ QWEN3_HD void rope_pair_backward(float& dy1, float& dy2, float c1, float s1, flo
   dy2 = d2;
 }
 
+// ---- The q/k norms and RoPE as one pass (fused_ops.cu's head_norm_rope kernels) --------------------------------
+
+// Lanes a head row takes when its RMSNorm and RoPE run as one pass, or 0 where they do not: the row in 8-element
+// pieces, a lane each, as the RMSNorm kernels' vector path lays out a narrow row (the same lanes, so the same sum
+// of squares), and a RoPE pair's second element head_dim / 2 further, in the lane half a row away, which one
+// shuffle reaches. So head_dim / 8 is a power of two from 2 to 32: 16, 32, 64, 128 (Qwen3: 16 lanes) or 256.
+QWEN3_HD constexpr int head_norm_rope_lanes(int64_t head_dim) {
+  return head_dim >= 16 && head_dim <= 256 && head_dim % 8 == 0 && ((head_dim / 8) & (head_dim / 8 - 1)) == 0
+             ? static_cast<int>(head_dim / 8)
+             : 0;
+}
+
 // ---- SwiGLU: h = T(silu(g)) * u, rounded ---------------------------------------------------------------------
 
 QWEN3_HD float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }

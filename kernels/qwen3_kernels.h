@@ -124,6 +124,21 @@ int launch_rmsnorm_backward(const void* dy, const void* x, KernelDType x_type, c
 int launch_rope(const void* x, void* out, KernelDType type, int64_t batch, int64_t seq, int64_t heads,
                 int64_t head_dim, const float* cos, const float* sin, int64_t table_rows, int backward, void* stream);
 
+// The q/k norms and RoPE as one pass: y = rope(rmsnorm(x, w)) over x [batch, seq, heads, head_dim] (contiguous),
+// byte for byte launch_rmsnorm_forward over [batch * seq * heads, head_dim] followed by launch_rope (rstd [batch *
+// seq * heads] as the norm writes it), without the normalized row going to memory. head_dim: one that
+// fused::head_norm_rope_lanes takes (16, 32, 64, 128, 256); every pointer aligned for 8-element pieces (16 bytes).
+// Tables as launch_rope's.
+int launch_head_norm_rope_forward(const void* x, KernelDType x_type, const void* w, KernelDType w_type, int64_t batch,
+                                  int64_t seq, int64_t heads, int64_t head_dim, float eps, const float* cos,
+                                  const float* sin, int64_t table_rows, void* y, float* rstd, void* stream);
+// Its backward from dy (the gradient of y): dx and dw byte for byte launch_rope's backward followed by
+// launch_rmsnorm_backward; workspace: rmsnorm_backward_workspace_floats(batch * seq * heads, head_dim) floats.
+int launch_head_norm_rope_backward(const void* dy, const void* x, KernelDType x_type, const void* w, KernelDType w_type,
+                                   const float* rstd, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
+                                   const float* cos, const float* sin, int64_t table_rows, void* dx, float* dw,
+                                   float* workspace, void* stream);
+
 // out = T(silu(gate)) * up over n elements; and its backward (dgate, dup from dout).
 int launch_swiglu_forward(const void* gate, const void* up, void* out, KernelDType type, int64_t n, void* stream);
 int launch_swiglu_backward(const void* dout, const void* gate, const void* up, void* dgate, void* dup, KernelDType type,

@@ -219,6 +219,57 @@ TEST_P(FusedOps, GpuNodesFollowTheReferenceForms) {
   EXPECT_TRUE(close(u1.grad(), u2.grad()));
 }
 
+// The q/k norms and RoPE as one node (head_norm_rotary): on a GPU the fused kernels' node, whose bytes are the
+// two nodes' it replaces (rms_norm's, then rotary's), forward and both gradients, with the rows' tables and with a
+// table row a token, an fp32 and a bf16 weight; a width the kernels do not take goes to the two nodes.
+TEST_P(FusedOps, GpuHeadNormRopeNodeGivesTheTwoNodesBytes) {
+  QWEN3_GPU_TEST(at::hasCUDA());
+  const at::ScalarType dtype = GetParam();
+  const at::Device cuda(at::kCUDA, 0);
+  at::manual_seed(11);
+  const at::Tensor x = at::randn({2, 64, 8, 128}, at::TensorOptions().device(cuda)).to(dtype);
+  const at::Tensor positions = at::arange(64, at::kLong).remainder(at::tensor({13, 29}, at::kLong).unsqueeze(1)).to(cuda);
+  const auto [row_cos, row_sin] = rope_tables(128, 1e6, 0, 64, cuda);
+  const auto [token_cos, token_sin] = rope_tables_at(128, 1e6, positions);
+  for (const at::ScalarType weight_dtype : {at::kFloat, at::kBFloat16})
+    for (const bool per_token : {false, true}) {
+      const at::Tensor& cos = per_token ? token_cos : row_cos;
+      const at::Tensor& sin = per_token ? token_sin : row_sin;
+      const at::Tensor w = (1 + 0.1 * at::randn({128}, at::TensorOptions().device(cuda))).to(weight_dtype);
+      at::Tensor x1 = x.clone().requires_grad_(true), w1 = w.clone().requires_grad_(true);
+      at::Tensor x2 = x.clone().requires_grad_(true), w2 = w.clone().requires_grad_(true);
+      const at::Tensor y1 = head_norm_rotary(x1, w1, 1e-6, cos, sin), y2 = rotary(rms_norm(x2, w2, 1e-6), cos, sin);
+      EXPECT_NE(y1.grad_fn()->name().find("HeadNormRopeFunction"), std::string::npos) << y1.grad_fn()->name();
+      const at::Tensor dy = at::randn_like(y2);
+      y1.backward(dy);
+      y2.backward(dy);
+      EXPECT_TRUE(y1.equal(y2)) << per_token;
+      EXPECT_TRUE(x1.grad().equal(x2.grad())) << per_token;
+      EXPECT_TRUE(w1.grad().equal(w2.grad())) << per_token;
+    }
+  const at::Tensor wide = at::randn({1, 4, 2, 136}, at::TensorOptions().device(cuda)).to(dtype);
+  const auto [wide_cos, wide_sin] = rope_tables(136, 1e6, 0, 4, cuda);
+  const at::Tensor y = head_norm_rotary(wide.requires_grad_(true), at::ones({136}, wide.options()), 1e-6, wide_cos, wide_sin);
+  EXPECT_EQ(y.grad_fn()->name().find("HeadNormRopeFunction"), std::string::npos) << y.grad_fn()->name();
+}
+
+// Elsewhere (this CPU) head_norm_rotary is the two ops; the widths the fused kernels take.
+TEST(FusedOpsHeadNormRope, IsTheNormThenRopeOnTheCpu) {
+  for (const int64_t d : {16, 32, 64, 128, 256}) EXPECT_TRUE(fused_head_norm_rope_takes(d)) << d;
+  for (const int64_t d : {0, 8, 24, 48, 96, 136, 512}) EXPECT_FALSE(fused_head_norm_rope_takes(d)) << d;
+  at::manual_seed(3);
+  const at::Tensor x = at::randn({2, 5, 3, 64});
+  const at::Tensor w = 1 + 0.1 * at::randn({64});
+  const auto [cos, sin] = rope_tables(64, 1e6, 2, 5, at::kCPU);
+  at::Tensor x1 = x.clone().requires_grad_(true), x2 = x.clone().requires_grad_(true);
+  const at::Tensor y1 = head_norm_rotary(x1, w, 1e-6, cos, sin);
+  const at::Tensor y2 = reference::rotary(reference::rms_norm(x2, w, 1e-6), cos, sin);
+  EXPECT_TRUE(y1.equal(y2));
+  y1.sum().backward();
+  y2.sum().backward();
+  EXPECT_TRUE(x1.grad().equal(x2.grad()));
+}
+
 INSTANTIATE_TEST_SUITE_P(Fp32AndBf16, FusedOps, ::testing::Values(at::kFloat, at::kBFloat16),
                          [](const ::testing::TestParamInfo<at::ScalarType>& info) {
                            return std::string(info.param == at::kFloat ? "float32" : "bfloat16");

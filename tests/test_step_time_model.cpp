@@ -9,6 +9,7 @@
 #include "qwen3/base/error.h"
 #include "qwen3/config/config.h"
 #include "qwen3/model/layout.h"
+#include "qwen3/model/model.h"
 #include "qwen3/trainer/step_time_model.h"
 
 namespace qwen3 {
@@ -132,11 +133,37 @@ TEST(StepTimeModel, CountsTheBytesTheGpuPathMoves) {
   const double N = 2048, a = 2, e = 2, codes = 9.0 / 16, H = s.hidden, V = s.vocab, Q = s.heads * s.head_dim,
                KV = s.kv_heads * s.head_dim, I = s.intermediate;
   const StepTimePlan plain = predict_step_time(c, false, options(2048), h100);
-  // Forward: each trained projection's operand from its master, codes kept; the activations' passes as counted;
-  // the head's cast and the loss's 2 bytes a logit.
-  const double activations = s.layers * N * a * (10 * H + 4 * (Q + KV) + 2 * Q + 3 * I);
+  // Forward: each trained projection's operand from its master, codes kept; the activations' passes as counted
+  // (the q/k norms and RoPE one pass: 2(Q+KV)); the head's cast and the loss's 2 bytes a logit.
+  const double activations = s.layers * N * a * (10 * H + 2 * (Q + KV) + 2 * Q + 3 * I);
   const double forward = trained * (e + codes + a) + activations + V * H * e + N * V * 2 * a;
   EXPECT_NEAR(phase(plain, "forward_done").bytes, forward, 1e-9 * forward);
+  {
+    // Heads of 136 (not 8-element pieces in a power of two): the norm and RoPE as two passes each way, 2(Q+KV)
+    // more forward and 4(Q+KV) more backward, at the same weights' bytes.
+    Qwen3Config wide = c;
+    wide.head_dim = 136;
+    const ModelShape w = wide.shape();
+    ASSERT_FALSE(fused_head_norm_rope_takes(136));
+    ASSERT_TRUE(fused_head_norm_rope_takes(s.head_dim));
+    const double Qw = w.heads * w.head_dim, KVw = w.kv_heads * w.head_dim;
+    double trained_w = 0;
+    for (const auto& spec : qwen3_tensors(w, false))
+      if (spec.quantizable) trained_w += static_cast<double>(spec.shape[0] * spec.shape[1]);
+    const StepTimePlan unfused = predict_step_time(wide, false, options(2048), h100);
+    const double forward_w = trained_w * (e + codes + a) + w.layers * N * a * (10 * H + 4 * (Qw + KVw) + 2 * Qw + 3 * I) +
+                             V * H * e + N * V * 2 * a;
+    EXPECT_NEAR(phase(unfused, "forward_done").bytes, forward_w, 1e-9 * forward_w);
+    // Backward beside the fused width's: the activations' 25H + q/k (3 or 7)(Q+KV) + 2Q + 5I, the weights' dX
+    // operands and dW in proportion to the projections.
+    const double backward_acts = s.layers * N * a * (25 * H + 3 * (Q + KV) + 2 * Q + 5 * I);
+    const double backward_acts_w = w.layers * N * a * (25 * H + 7 * (Qw + KVw) + 2 * Qw + 5 * I);
+    const double weights = phase(plain, "backward_done").bytes - phase(plain, "backward_done").update_bytes - backward_acts;
+    const double weights_w =
+        phase(unfused, "backward_done").bytes - phase(unfused, "backward_done").update_bytes - backward_acts_w;
+    EXPECT_NEAR(weights - V * H * e * 2 - N * V * 3 * a, trained * (codes + a + e), 1e3);
+    EXPECT_NEAR(weights_w - V * H * e * 2 - N * V * 3 * a, trained_w * (codes + a + e), 1e3);
+  }
   // Checkpointed: no codes in either forward, and dX reads the kept operand (no dequantization).
   TrainOptions ckpt = options(2048);
   ckpt.grad_checkpoint = true;

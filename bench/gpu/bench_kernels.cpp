@@ -368,10 +368,12 @@ void BM_GradClip(benchmark::State& state, KernelDType type) {
 
 // kind: 0 rmsnorm forward, 1 rmsnorm backward, 2 rope, 3 swiglu forward, 4 swiglu backward, 5 the loss slice's
 // statistics, 6 its gradient, 7 and 8 the q norm's forward and backward (2,048 tokens x 32 heads rows of 128: its
-// weight gradient sums 2,048 chunks of partials); bf16 activations.
+// weight gradient sums 2,048 chunks of partials), 9 and 10 the q norm with RoPE as one pass (forward, backward),
+// 11 and 12 the same as the two kernels it replaces (the norm then RoPE; RoPE's backward then the norm's: the bytes
+// of 9 and 10 over their time, so the of_copy ratios compare the two forms); bf16 activations.
 void BM_FusedOp(benchmark::State& state, int kind) {
   const int64_t tokens = 2048, hidden = 2560, inter = 9728, heads = 32, head_dim = 128, slice = 8192;
-  const bool q_norm = kind >= 7;
+  const bool q_norm = kind >= 7;  // 7 to 12: the q norm's shape
   const int64_t norm_rows = q_norm ? tokens * heads : tokens, norm_cols = q_norm ? head_dim : hidden;
   const int64_t n = kind <= 1 || q_norm ? norm_rows * norm_cols
                                         : (kind == 2 ? tokens * heads * head_dim : (kind <= 4 ? tokens * inter : tokens * slice));
@@ -390,10 +392,14 @@ void BM_FusedOp(benchmark::State& state, int kind) {
   const auto* target_ids = static_cast<const int64_t*>(targets.ptr);
   const auto bf16 = KernelDType::bf16;
   const char* names[] = {"rmsnorm_forward", "rmsnorm_backward", "rope",         "swiglu_forward",
-                         "swiglu_backward", "loss_statistics",  "loss_gradient", "q_norm_forward", "q_norm_backward"};
+                         "swiglu_backward", "loss_statistics",  "loss_gradient", "q_norm_forward", "q_norm_backward",
+                         "q_norm_rope_forward", "q_norm_rope_backward", "q_norm_then_rope", "rope_then_q_norm_backward"};
   // Bytes each must move: reads and writes of activations (2 bytes an element).
   const double moved[] = {2.0 * n * 2, 4.0 * n * 2, 2.0 * n * 2, 3.0 * n * 2, 5.0 * n * 2,
-                          1.0 * n * 2, 2.0 * n * 2, 2.0 * n * 2, 4.0 * n * 2};
+                          1.0 * n * 2, 2.0 * n * 2, 2.0 * n * 2, 4.0 * n * 2,
+                          2.0 * n * 2, 3.0 * n * 2, 2.0 * n * 2, 3.0 * n * 2};
+  const float* cos = tables.as<float>();
+  const float* sin = tables.as<float>() + tokens * head_dim;
   double op_s = 0, copy_s = 0;
   for (auto _ : state) {
     op_s = seconds_per_call([&](int) {
@@ -404,6 +410,16 @@ void BM_FusedOp(benchmark::State& state, int kind) {
         case 3: check(qwen3::kernels::launch_swiglu_forward(a.ptr, b.ptr, d.ptr, bf16, n, nullptr), "swiglu"); break;
         case 5: check(qwen3::kernels::launch_loss_slice_stats(a.ptr, bf16, tokens, slice, 0, target_ids, rows, rows + tokens, rows + 2 * tokens, nullptr), "loss statistics"); break;
         case 6: check(qwen3::kernels::launch_loss_slice_gradient(a.ptr, b.ptr, bf16, tokens, slice, 0, target_ids, rows + 3 * tokens, rows + 4 * tokens, nullptr), "loss gradient"); break;
+        case 9: check(qwen3::kernels::launch_head_norm_rope_forward(a.ptr, bf16, w.ptr, KernelDType::f32, 1, tokens, heads, head_dim, 1e-6f, cos, sin, tokens, b.ptr, rstd.as<float>(), nullptr), "q norm rope"); break;
+        case 10: check(qwen3::kernels::launch_head_norm_rope_backward(c.ptr, a.ptr, bf16, w.ptr, KernelDType::f32, rstd.as<float>(), 1, tokens, heads, head_dim, cos, sin, tokens, d.ptr, dw.as<float>(), work.as<float>(), nullptr), "q norm rope backward"); break;
+        case 11:
+          check(qwen3::kernels::launch_rmsnorm_forward(a.ptr, bf16, w.ptr, KernelDType::f32, norm_rows, norm_cols, 1e-6f, e.ptr, rstd.as<float>(), nullptr), "rmsnorm");
+          check(qwen3::kernels::launch_rope(e.ptr, b.ptr, bf16, 1, tokens, heads, head_dim, cos, sin, tokens, 0, nullptr), "rope");
+          break;
+        case 12:
+          check(qwen3::kernels::launch_rope(c.ptr, e.ptr, bf16, 1, tokens, heads, head_dim, cos, sin, tokens, 1, nullptr), "rope backward");
+          check(qwen3::kernels::launch_rmsnorm_backward(e.ptr, a.ptr, bf16, w.ptr, KernelDType::f32, rstd.as<float>(), norm_rows, norm_cols, d.ptr, dw.as<float>(), work.as<float>(), nullptr), "rmsnorm backward");
+          break;
         default: check(qwen3::kernels::launch_swiglu_backward(c.ptr, a.ptr, b.ptr, d.ptr, e.ptr, bf16, n, nullptr), "swiglu backward"); break;
       }
     });
@@ -479,7 +495,7 @@ int main(int argc, char** argv) {
         ->UseManualTime()
         ->Iterations(3)
         ->Unit(benchmark::kMicrosecond);
-  for (int kind = 0; kind < 9; ++kind)
+  for (int kind = 0; kind < 13; ++kind)
     benchmark::RegisterBenchmark(("fused/" + std::to_string(kind)).c_str(), BM_FusedOp, kind)
         ->UseManualTime()
         ->Iterations(3)

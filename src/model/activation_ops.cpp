@@ -5,9 +5,12 @@
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 
+#include <cstdint>
 #include <string>
 
+#include "fused_ops.cuh"
 #include "qwen3/base/error.h"
+#include "qwen3/model/model.h"
 
 #include "model/kernel_glue.h"
 #ifdef QWEN3_MODEL_KERNELS
@@ -106,6 +109,46 @@ class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
   }
 };
 
+// rotary(rms_norm(x, w), cos, sin) over x [B, T, heads, head_dim] as one kernel each way (the q and k norms): the
+// norm's saved input and rstd as RmsNormFunction keeps them, the tables as RotaryFunction does.
+class HeadNormRopeFunction : public torch::autograd::Function<HeadNormRopeFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, double eps,
+                            const at::Tensor& cos, const at::Tensor& sin) {
+    const c10::cuda::CUDAGuard guard(x.device());
+    const at::Tensor xc = x.contiguous(), w = weight.contiguous(), c = cos.contiguous().to(at::kFloat),
+                     s = sin.contiguous().to(at::kFloat);
+    const int64_t table_rows = c.dim() == 3 ? xc.size(0) * xc.size(1) : xc.size(1);
+    at::Tensor y = at::empty_like(xc);
+    at::Tensor rstd = at::empty({xc.numel() / xc.size(3)}, xc.options().dtype(at::kFloat));
+    check_launch(kernels::launch_head_norm_rope_forward(xc.data_ptr(), activation_dtype(xc), w.data_ptr(), activation_dtype(w),
+                                                        xc.size(0), xc.size(1), xc.size(2), xc.size(3), static_cast<float>(eps),
+                                                        c.data_ptr<float>(), s.data_ptr<float>(), table_rows, y.data_ptr(),
+                                                        rstd.data_ptr<float>(), current_stream(xc)),
+                 "q/k norm and rope");
+    ctx->save_for_backward({xc, w, rstd, c, s});
+    ctx->saved_data["table_rows"] = table_rows;
+    return y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &w = saved[1], &rstd = saved[2], &c = saved[3], &s = saved[4];
+    const c10::cuda::CUDAGuard guard(x.device());
+    const at::Tensor dy = grads[0].contiguous();
+    at::Tensor dx = at::empty_like(x);
+    at::Tensor dw = at::empty({x.size(3)}, x.options().dtype(at::kFloat));
+    at::Tensor workspace =
+        at::empty({kernels::rmsnorm_backward_workspace_floats(x.numel() / x.size(3), x.size(3))}, dw.options());
+    check_launch(kernels::launch_head_norm_rope_backward(
+                     dy.data_ptr(), x.data_ptr(), activation_dtype(x), w.data_ptr(), activation_dtype(w),
+                     rstd.data_ptr<float>(), x.size(0), x.size(1), x.size(2), x.size(3), c.data_ptr<float>(),
+                     s.data_ptr<float>(), ctx->saved_data["table_rows"].toInt(), dx.data_ptr(), dw.data_ptr<float>(),
+                     workspace.data_ptr<float>(), current_stream(x)),
+                 "q/k norm and rope backward");
+    return {dx, dw.to(w.scalar_type()), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
@@ -159,6 +202,25 @@ at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {
   return SwigluFunction::apply(gate, up);
 }
 
+namespace {
+bool aligned_16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
+}  // namespace
+
+at::Tensor head_norm_rotary(const at::Tensor& x, const at::Tensor& weight, double eps, const at::Tensor& cos,
+                            const at::Tensor& sin) {
+  const bool weight_ok = (weight.scalar_type() == at::kFloat || weight.scalar_type() == at::kBFloat16) &&
+                         weight.dim() == 1 && x.dim() == 4 && weight.size(0) == x.size(3);
+  const bool shared = cos.dim() == 2 && x.dim() == 4 && cos.size(0) == x.size(1);
+  const bool per_row = cos.dim() == 3 && x.dim() == 4 && cos.size(0) == x.size(0) && cos.size(1) == x.size(1);
+  // The fused pass where it takes the width (head_norm_rope_lanes) and 16-byte aligned rows (a fresh product's
+  // output is; its contiguous view of heads too); anything else, the two nodes it replaces.
+  if (!fused_activation_ops_take(x) || !weight_ok || !(shared || per_row) || !cos.sizes().equals(sin.sizes()) ||
+      cos.size(-1) != x.size(-1) || !fused_head_norm_rope_takes(x.size(3)) || !x.is_contiguous() || !aligned_16(x) ||
+      !aligned_16(weight))
+    return rotary(rms_norm(x, weight, eps), cos, sin);
+  return HeadNormRopeFunction::apply(x, weight, eps, cos, sin);
+}
+
 #else  // no CUDA kernels or a CPU-only libtorch: libtorch ops everywhere
 
 bool fused_activation_ops_take(const at::Tensor&) { return false; }
@@ -169,7 +231,13 @@ at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
   return reference::rotary(x, cos, sin);
 }
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) { return reference::swiglu(gate, up); }
+at::Tensor head_norm_rotary(const at::Tensor& x, const at::Tensor& weight, double eps, const at::Tensor& cos,
+                            const at::Tensor& sin) {
+  return rotary(rms_norm(x, weight, eps), cos, sin);
+}
 
 #endif
+
+bool fused_head_norm_rope_takes(int64_t head_dim) { return kernels::fused::head_norm_rope_lanes(head_dim) > 0; }
 
 }  // namespace qwen3

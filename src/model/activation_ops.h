@@ -11,6 +11,11 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 // x [B, T, heads, head_dim]; cos/sin [T, head_dim] (or [B, T, head_dim]) fp32, applied in x's dtype:
 // x cos + rotate_half(x) sin. The fused kernel takes the [T, head_dim] form.
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+// The q/k norms then RoPE, x [B, T, heads, head_dim]: rotary(rms_norm(x, weight, eps), cos, sin), on CUDA one
+// fused kernel each way (the same bytes, the normalized heads never in memory) where fused_head_norm_rope_takes
+// the width (qwen3/model/model.h).
+at::Tensor head_norm_rotary(const at::Tensor& x, const at::Tensor& weight, double eps, const at::Tensor& cos,
+                            const at::Tensor& sin);
 // silu(gate) * up in their dtype.
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);
 

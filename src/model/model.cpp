@@ -258,8 +258,9 @@ at::Tensor Qwen3Model::block_forward(const Qwen3Block& b, at::Tensor x, const at
   const int64_t nh = config_.num_attention_heads, nkv = config_.num_key_value_heads, hd = config_.head_dim;
   const at::Tensor h = rmsnorm(x, b.input_layernorm);
   // RoPE on [B, T, heads, d] (one pass over q and k each), then heads first for attention.
-  const at::Tensor q = rotary(rmsnorm(b.q_proj(h).view({B, T, nh, hd}), b.q_norm), cos, sin).transpose(1, 2);
-  at::Tensor k = rotary(rmsnorm(b.k_proj(h).view({B, T, nkv, hd}), b.k_norm), cos, sin).transpose(1, 2);
+  const double eps = config_.rms_norm_eps;
+  const at::Tensor q = head_norm_rotary(b.q_proj(h).view({B, T, nh, hd}), b.q_norm, eps, cos, sin).transpose(1, 2);
+  at::Tensor k = head_norm_rotary(b.k_proj(h).view({B, T, nkv, hd}), b.k_norm, eps, cos, sin).transpose(1, 2);
   at::Tensor v = b.v_proj(h).view({B, T, nkv, hd}).transpose(1, 2);
   if (cache) {
     cache->keys[layer].narrow(2, offset, T).copy_(k);

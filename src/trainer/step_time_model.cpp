@@ -6,6 +6,7 @@
 #include "qwen3/base/error.h"
 #include "qwen3/memory/memory_probe.h"
 #include "qwen3/model/layout.h"
+#include "qwen3/model/model.h"
 #include "qwen3/nvfp4/nvfp4_linear.h"
 #include "qwen3/optim/optim.h"
 #include "train_setup.h"
@@ -143,11 +144,14 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
   // Per block: the attention's products (causal: half of the T x T scores), the activations' elementwise
   // traffic per token, and the weight bytes a product moves besides its operands. On a GPU the activations'
   // passes are counted as the block runs them with the fused kernels (docs/performance.md, "The step-time
-  // model"): forward the two norms (2H each), the q/k norms and RoPE (2(Q+KV) each), the merged heads' copy (2Q),
-  // the two residual adds (3H each), SwiGLU (3I); backward the two norms' dx and dw passes (5H each), the q/k
-  // norms' (5(Q+KV)) and RoPE's (2(Q+KV)), SwiGLU's (5I), the residual stream's two gradient sums (3H each), the
-  // sums of q/k/v's and of gate/up's dX (6H and 3H), the heads' copy (2Q). On CPU libtorch's unfused ops: an
-  // estimate of their passes.
+  // model"): forward the two norms (2H each), the q/k norms with RoPE (2(Q+KV): one pass, head_norm_rotary, where
+  // the kernel takes the head width; else the norm and RoPE 2(Q+KV) each), the merged heads' copy (2Q), the two
+  // residual adds (3H each), SwiGLU (3I); backward the two norms' dx and dw passes (5H each), the q/k norms with
+  // RoPE (3(Q+KV): dy and x read, dx written; else the norms' 5(Q+KV) and RoPE's 2(Q+KV)), SwiGLU's (5I), the
+  // residual stream's two gradient sums (3H each), the sums of q/k/v's and of gate/up's dX (6H and 3H), the heads'
+  // copy (2Q). On CPU libtorch's unfused ops: an estimate of their passes.
+  const bool fused_qk = fused_head_norm_rope_takes(s.head_dim);
+  const double qk_forward = fused_qk ? 2 : 4, qk_backward = fused_qk ? 3 : 7;
   const double attention_flops = 2 * B * nh * T * T * hd;
   // A sparse block's MLP is k experts wide a token, and each routed row is gathered, and added back, once more.
   const double k = static_cast<double>(std::max<int64_t>(config.num_experts_per_tok, 1));
@@ -155,10 +159,10 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
   const auto routed_rows = [&](int64_t l) { return s.moe_layer(l) ? k * H : 0.0; };
   const auto activation_bytes = [&](int64_t l) {
     const double w = mlp_width(l);
-    return N * a * ((gpu ? 10 * H + 4 * (Q + KV) + 2 * Q + 3 * w : 12 * H + 2 * (Q + 2 * KV) + 6 * w) + 4 * routed_rows(l));
+    return N * a * ((gpu ? 10 * H + qk_forward * (Q + KV) + 2 * Q + 3 * w : 12 * H + 2 * (Q + 2 * KV) + 6 * w) + 4 * routed_rows(l));
   };
   const auto activation_backward_bytes = [&](int64_t l) {
-    return gpu ? N * a * (25 * H + 7 * (Q + KV) + 2 * Q + 5 * mlp_width(l) + 6 * routed_rows(l)) : 2 * activation_bytes(l);
+    return gpu ? N * a * (25 * H + qk_backward * (Q + KV) + 2 * Q + 5 * mlp_width(l) + 6 * routed_rows(l)) : 2 * activation_bytes(l);
   };
   // Below kNvfp4KernelMaxRows tokens on a GPU the NVFP4 kernel reads the codes (nothing else moves); from there a
   // trained weight's bf16 operand comes from one pass over its master (e + a: decoded from the codes in

@@ -211,6 +211,91 @@ INSTANTIATE_TEST_SUITE_P(Widths, GpuRmsNormKernels,
                          ::testing::Values(NormShape{517, 2560}, NormShape{517, 132}, NormShape{517, 131},
                                            NormShape{65536, 128}, NormShape{517, 64}));
 
+// The q/k norm and RoPE as one pass against the two kernels it replaces (launch_rmsnorm_* over [rows, d], then
+// launch_rope), byte for byte: y and rstd forward, dx and dw backward. Widths 64, 128 and 256 (8, 16 and 32 lanes a
+// row: 4, 2 and 1 rows a warp), bf16 and fp32 activations, fp32 and bf16 weights, the rows' tables and a table row a
+// token, 2 x 33 x 5 rows (the last warp's rows partly past the end, a chunk's last wave short), and a q norm's
+// 2,048 tokens x 32 heads (2,048 chunks; 256 tokens under the sanitizers).
+struct HeadNormCase {
+  int64_t batch, seq, heads, head_dim;
+  bool bf16_x, bf16_w, table_per_token;
+};
+
+class GpuHeadNormRope : public ::testing::TestWithParam<HeadNormCase> {};
+
+TEST_P(GpuHeadNormRope, IsTheNormThenRopeByteForByte) {
+  QWEN3_REQUIRE_GPU();
+  HeadNormCase p = GetParam();
+  if (test::small_gpu_shapes()) p.seq = std::min<int64_t>(p.seq, 256);
+  const int64_t d = p.head_dim, rows = p.batch * p.seq * p.heads, n = rows * d;
+  const int64_t table_rows = p.table_per_token ? p.batch * p.seq : p.seq;
+  const KernelDType xt = p.bf16_x ? KernelDType::bf16 : KernelDType::f32, wt = p.bf16_w ? KernelDType::bf16 : KernelDType::f32;
+  const size_t xs = p.bf16_x ? 2 : 4, ws = p.bf16_w ? 2 : 4;
+  // Activations as bf16 values, widened for fp32 runs (exact); the weight near 1.
+  const auto widen = [&](const std::vector<uint16_t>& v, bool bf16) {
+    std::vector<uint8_t> bytes(v.size() * (bf16 ? 2 : 4));
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (bf16) std::memcpy(&bytes[i * 2], &v[i], 2);
+      else {
+        const float f = bf(v[i]);
+        std::memcpy(&bytes[i * 4], &f, 4);
+      }
+    }
+    return bytes;
+  };
+  std::vector<uint16_t> w16(d);
+  for (int64_t c = 0; c < d; ++c) w16[c] = kernels::adamw::bf16_nearest(1.0f + 0.1f * bf(bf16_values(1, 40 + c, 1.0f)[0]));
+  const std::vector<uint8_t> x = widen(bf16_values(n, 31, 3.0f), p.bf16_x), dy = widen(bf16_values(n, 32, 1.0f), p.bf16_x),
+                             w = widen(w16, p.bf16_w);
+  std::vector<float> cos(table_rows * d), sin(table_rows * d);
+  for (int64_t r = 0; r < table_rows; ++r) {
+    const int64_t position = p.table_per_token ? (r % p.seq) % (5 + 6 * (r / p.seq)) : r;
+    for (int64_t i = 0; i < d; ++i) {
+      const double angle = position * std::pow(1e6, -2.0 * (i % (d / 2)) / d);
+      cos[r * d + i] = static_cast<float>(std::cos(angle)), sin[r * d + i] = static_cast<float>(std::sin(angle));
+    }
+  }
+  const int64_t work_floats = kernels::rmsnorm_backward_workspace_floats(rows, d);
+  DeviceBuffer dx_in(n * xs), ddy(n * xs), dw_in(d * ws), dcos(cos.size() * 4), dsin(sin.size() * 4), normed(n * xs),
+      y_two(n * xs), y_one(n * xs), rstd_two(rows * 4), rstd_one(rows * 4), g(n * xs), dx_two(n * xs), dx_one(n * xs),
+      dw_two(d * 4), dw_one(d * 4), work(work_floats * 4);
+  upload(dx_in, x), upload(ddy, dy), upload(dw_in, w), upload(dcos, cos), upload(dsin, sin);
+  const auto* c = reinterpret_cast<const float*>(dcos.at());
+  const auto* s = reinterpret_cast<const float*>(dsin.at());
+  const auto f32 = [](DeviceBuffer& b) { return reinterpret_cast<float*>(b.at()); };
+  // The two kernels: norm, then RoPE; RoPE backward, then the norm's.
+  ASSERT_EQ(kernels::launch_rmsnorm_forward(dx_in.at(), xt, dw_in.at(), wt, rows, d, 1e-6f, normed.at(), f32(rstd_two), nullptr), 0);
+  ASSERT_EQ(kernels::launch_rope(normed.at(), y_two.at(), xt, p.batch, p.seq, p.heads, d, c, s, table_rows, 0, nullptr), 0);
+  ASSERT_EQ(kernels::launch_rope(ddy.at(), g.at(), xt, p.batch, p.seq, p.heads, d, c, s, table_rows, 1, nullptr), 0);
+  ASSERT_EQ(kernels::launch_rmsnorm_backward(g.at(), dx_in.at(), xt, dw_in.at(), wt, f32(rstd_two), rows, d, dx_two.at(),
+                                             f32(dw_two), f32(work), nullptr), 0);
+  // The one pass each way.
+  ASSERT_EQ(kernels::launch_head_norm_rope_forward(dx_in.at(), xt, dw_in.at(), wt, p.batch, p.seq, p.heads, d, 1e-6f, c, s,
+                                                   table_rows, y_one.at(), f32(rstd_one), nullptr), 0);
+  ASSERT_EQ(kernels::launch_head_norm_rope_backward(ddy.at(), dx_in.at(), xt, dw_in.at(), wt, f32(rstd_one), p.batch, p.seq,
+                                                    p.heads, d, c, s, table_rows, dx_one.at(), f32(dw_one), f32(work), nullptr), 0);
+  const auto same = [&](const DeviceBuffer& a, const DeviceBuffer& b, size_t bytes) {
+    std::vector<uint8_t> ha(bytes), hb(bytes);
+    EXPECT_EQ(cudaMemcpy(ha.data(), a.at(), bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(hb.data(), b.at(), bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    size_t differ = 0;
+    for (size_t i = 0; i < bytes; ++i) differ += ha[i] != hb[i];
+    return differ;
+  };
+  EXPECT_EQ(same(y_one, y_two, n * xs), 0u) << "y";
+  EXPECT_EQ(same(rstd_one, rstd_two, rows * 4), 0u) << "rstd";
+  EXPECT_EQ(same(dx_one, dx_two, n * xs), 0u) << "dx";
+  EXPECT_EQ(same(dw_one, dw_two, d * 4), 0u) << "dw";
+  // Not vacuous: the rotation moved the normalized values.
+  EXPECT_GT(same(y_one, normed, n * xs), n * xs / 4);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Widths, GpuHeadNormRope,
+    ::testing::Values(HeadNormCase{2, 33, 5, 128, true, false, false}, HeadNormCase{2, 33, 5, 128, true, true, true},
+                      HeadNormCase{2, 33, 5, 64, true, false, true}, HeadNormCase{2, 33, 5, 256, false, false, false},
+                      HeadNormCase{2, 33, 5, 128, false, true, true}, HeadNormCase{1, 2048, 32, 128, true, false, false}));
+
 TEST(FusedKernelLaunch, RejectsBadArgumentsWithoutLaunching) {
   float dummy[4] = {};  // never read: every call is refused before a launch
   EXPECT_EQ(kInvalidValue, kernels::launch_rope(dummy, dummy, KernelDType::bf16, 1, 1, 1, 3, dummy, dummy, 1, 0, nullptr));  // odd d
@@ -223,6 +308,20 @@ TEST(FusedKernelLaunch, RejectsBadArgumentsWithoutLaunching) {
   EXPECT_EQ(kInvalidValue, kernels::launch_rmsnorm_backward(dummy, dummy, KernelDType::f32, dummy, KernelDType::f32, dummy, 1, 4, dummy,
                                              dummy, nullptr, nullptr));  // no workspace
   EXPECT_EQ(kernels::launch_swiglu_forward(dummy, dummy, dummy, KernelDType::f32, 0, nullptr), 0);  // nothing to do
+  // The fused q/k norm and RoPE: widths it does not take (136: 17 pieces; 512: 64 lanes; 8: one piece, no partner),
+  // a misaligned activation, tables of neither form, no workspace.
+  alignas(16) float buf[64] = {};
+  for (const int64_t d : {int64_t{136}, int64_t{512}, int64_t{8}})
+    EXPECT_EQ(kInvalidValue, kernels::launch_head_norm_rope_forward(buf, KernelDType::f32, buf, KernelDType::f32, 1, 1, 1, d, 1e-6f,
+                                                                    buf, buf, 1, buf, buf, nullptr)) << d;
+  EXPECT_EQ(kInvalidValue, kernels::launch_head_norm_rope_forward(buf + 1, KernelDType::f32, buf, KernelDType::f32, 1, 1, 1, 16,
+                                                                  1e-6f, buf, buf, 1, buf, buf, nullptr));
+  EXPECT_EQ(kInvalidValue, kernels::launch_head_norm_rope_forward(buf, KernelDType::bf16, buf, KernelDType::f32, 2, 3, 1, 16,
+                                                                  1e-6f, buf, buf, 4, buf, buf, nullptr));
+  EXPECT_EQ(kInvalidValue, kernels::launch_head_norm_rope_backward(buf, buf, KernelDType::bf16, buf, KernelDType::f32, buf, 1,
+                                                                   1, 1, 16, buf, buf, 1, buf, buf, nullptr, nullptr));
+  EXPECT_EQ(kernels::launch_head_norm_rope_forward(buf, KernelDType::bf16, buf, KernelDType::f32, 0, 1, 1, 16, 1e-6f, buf, buf,
+                                                   1, buf, buf, nullptr), 0);  // no rows: nothing to do
   EXPECT_EQ(kernels::rmsnorm_backward_workspace_floats(513, 10), 17 * 10);  // chunks of 32 rows
   // Past 65,535 chunks of 32 the chunks grow: the grid's y limit is never passed.
   EXPECT_EQ(kernels::rmsnorm_rows_per_chunk(2048), 32);

@@ -191,6 +191,10 @@ class Qwen3Model {
   std::vector<std::pair<std::string, at::Tensor*>> fields_;  // file key -> field, in file order
 };
 
+// Whether the q and k norms and RoPE run as one fused pass each way on CUDA for heads of this width (16, 32, 64,
+// 128, 256: kernels/fused_ops.md), whatever this build has: the step-time model counts the GPU path by it.
+bool fused_head_norm_rope_takes(int64_t head_dim);
+
 // Rotary embedding tables [T, head_dim] (fp32) for positions offset .. offset+T-1.
 std::pair<at::Tensor, at::Tensor> rope_tables(int64_t head_dim, double theta, int64_t offset, int64_t length,
                                               at::Device device);

@@ -819,6 +819,8 @@ EOF
               "q-norm|rmsnorm_forward_kernel|fused/7" \
               "q-norm-dw-sum|sum_chunks_kernel|fused/8" \
               "rope|rope_kernel|fused/2" \
+              "q-norm-rope|head_norm_rope_forward_kernel|fused/9" \
+              "q-norm-rope-backward|head_norm_rope_backward_kernel|fused/10" \
               "swiglu-backward|swiglu_backward_kernel|fused/4"; do
     IFS='|' read -r name kernel filter <<<"$spec"
     if ! have ncu; then record bench "ncu-$name" skipped 0 "ncu absent"; continue; fi

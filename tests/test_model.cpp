@@ -354,6 +354,53 @@ class CountingSteKernel final : public ProjectionKernel {
   int64_t* products_;
 };
 
+// A kernel that offers the shared-input node on any device (the trainer's offers it on CUDA), counting its calls.
+class SharedInputCountingKernel final : public ProjectionKernel {
+ public:
+  SharedInputCountingKernel(int64_t* single, int64_t* shared) : single_(single), shared_(shared) {}
+  at::Tensor apply(const at::Tensor& x, const at::Tensor& weight) const override {
+    ++*single_;
+    return nvfp4::ste_linear(x, weight);
+  }
+  bool offers_shared_input(const at::Tensor&) const override { return true; }
+  std::vector<at::Tensor> apply_shared_input(const std::vector<const Projection*>& group,
+                                             const at::Tensor& x) const override {
+    ++*shared_;
+    std::vector<at::Tensor> weights;
+    for (const Projection* p : group) weights.push_back(p->weight);
+    return nvfp4::ste_linear_shared_input(x, weights, std::vector<nvfp4::PersistentOperand*>(group.size(), nullptr));
+  }
+
+ private:
+  int64_t *single_, *shared_;
+};
+
+// Where the kernels offer it, a block's q, k, v and its gate, up run as two shared-input nodes (o and down alone),
+// with the logits of one product a projection; a group whose kernels are not all of one type runs one a projection.
+TEST(Model, SharedInputProjectionsRunAsOneNodeWhereOffered) {
+  Qwen3Model m(tiny_config(false), at::kFloat, at::kCPU, true);
+  randomize(m, 23);
+  const at::Tensor ids = at::randint(0, 97, {2, 9}, at::kLong);
+  int64_t plain_products = 0;
+  const auto plain = std::make_shared<const CountingSteKernel>(&plain_products);
+  for (Projection* p : m.projections()) p->kernel = plain;
+  const at::Tensor want = m.forward(ids);
+  int64_t single = 0, shared = 0;
+  const auto kernel = std::make_shared<const SharedInputCountingKernel>(&single, &shared);
+  for (Projection* p : m.projections()) p->kernel = kernel;
+  const at::Tensor got = m.forward(ids);
+  const auto layers = static_cast<int64_t>(m.blocks.size());
+  EXPECT_EQ(shared, 2 * layers);
+  EXPECT_EQ(single, 2 * layers);
+  EXPECT_TRUE(got.equal(want));
+  single = shared = plain_products = 0;
+  for (Qwen3Block& b : m.blocks) b.k_proj.kernel = plain;  // q, k, v no longer of one kernel type
+  EXPECT_TRUE(m.forward(ids).equal(want));
+  EXPECT_EQ(shared, layers);
+  EXPECT_EQ(single, 4 * layers);
+  EXPECT_EQ(plain_products, layers);
+}
+
 // The trainer's block runner with activation checkpointing gives the gradients of the model's own run, and
 // really recomputes (the counts fail with recompute off).
 TEST(BlockRunner, ActivationCheckpointingGivesIdenticalGradients) {

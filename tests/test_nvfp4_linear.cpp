@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <sstream>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -258,6 +259,80 @@ TEST(SteLinear, OnlyRequestedGradientsAreComputed) {
 TEST(SteLinear, MismatchedShapesAreErrors) {
   EXPECT_THROW(ste_linear(at::randn({2, 32}), at::randn({8, 48})), Error);
   EXPECT_THROW(ste_linear(at::randn({2, 24}), at::randn({8, 24})), Error);  // 24 is not a multiple of 16
+}
+
+// Projections of one input as one node (a block's q, k and v): each output and weight gradient is ste_linear's bit
+// for bit, dX is the sum of theirs (each product adding into one buffer: the same terms, rounded in another
+// order), an output that no loss reaches gives no gradient through it, and its refusals. fp32 on the CPU, and on
+// a GPU at training shapes: bf16 activations with fp32 and bf16 masters, the codes or the operand kept, and kept
+// operands across steps.
+void expect_shared_input_is_separate_nodes(const at::Tensor& x0, const std::vector<at::Tensor>& weights0,
+                                           bool keep_operand, bool persistent, const std::string& what) {
+  std::vector<at::Tensor> grads_y;
+  for (const at::Tensor& w : weights0) grads_y.push_back(at::randn({x0.size(0), w.size(0)}).to(x0.dtype()).to(x0.device()));
+  // Separate nodes.
+  const at::Tensor x1 = x0.clone().requires_grad_(true);
+  std::vector<at::Tensor> w1, y1;
+  for (const at::Tensor& w : weights0) w1.push_back(w.clone().requires_grad_(true));
+  for (const at::Tensor& w : w1) y1.push_back(ste_linear(x1, w, ScaleMode::rne, keep_operand));
+  torch::autograd::backward(y1, grads_y);
+  // One node.
+  const at::Tensor x2 = x0.clone().requires_grad_(true);
+  std::vector<at::Tensor> w2;
+  for (const at::Tensor& w : weights0) w2.push_back(w.clone().requires_grad_(true));
+  std::vector<PersistentOperand> entries;
+  for (const at::Tensor& w : w2) entries.push_back({w, at::empty(w.sizes(), w.options().dtype(at::kBFloat16).requires_grad(false)), -1});
+  std::vector<PersistentOperand*> kept;
+  for (PersistentOperand& e : entries) kept.push_back(persistent ? &e : nullptr);
+  const std::vector<at::Tensor> y2 = ste_linear_shared_input(x2, w2, kept, ScaleMode::rne, keep_operand);
+  ASSERT_EQ(y2.size(), weights0.size()) << what;
+  EXPECT_NE(y2[0].grad_fn()->name().find("SteSharedInputFunction"), std::string::npos) << what;
+  torch::autograd::backward(y2, grads_y);
+  for (size_t i = 0; i < weights0.size(); ++i) {
+    EXPECT_TRUE(y2[i].equal(y1[i])) << what << " output " << i;
+    EXPECT_TRUE(w2[i].grad().equal(w1[i].grad())) << what << " weight gradient " << i;
+  }
+  const at::Tensor a = x2.grad().to(at::kFloat), b = x1.grad().to(at::kFloat);
+  const double scale = b.abs().max().item<double>();
+  const double bound = x0.scalar_type() == at::kBFloat16 ? 1.0 / 64 : 1e-5;
+  EXPECT_LE((a - b).abs().max().item<double>(), bound * scale) << what << ": dX is the sum of the products";
+  EXPECT_GT(scale, 0) << what;
+}
+
+TEST(SteSharedInput, IsTheSeparateNodesOnTheCpu) {
+  at::manual_seed(31);
+  const at::Tensor x = at::randn({20, 64});
+  const std::vector<at::Tensor> weights = {at::randn({48, 64}) * 0.05, at::randn({16, 64}) * 0.05, at::randn({16, 64}) * 0.05};
+  expect_shared_input_is_separate_nodes(x, weights, false, false, "cpu");
+  expect_shared_input_is_separate_nodes(x, weights, true, true, "cpu, operands asked for");
+  // Only the first and last outputs reach the loss: the middle weight gets no gradient, dX is theirs.
+  const at::Tensor xs = x.clone().requires_grad_(true);
+  std::vector<at::Tensor> ws;
+  for (const at::Tensor& w : weights) ws.push_back(w.clone().requires_grad_(true));
+  const std::vector<at::Tensor> y = ste_linear_shared_input(xs, ws, {nullptr, nullptr, nullptr});
+  (y[0].sum() + y[2].sum()).backward();
+  EXPECT_FALSE(ws[1].grad().defined());
+  const at::Tensor xr = x.clone().requires_grad_(true);
+  (ste_linear(xr, weights[0]).sum() + ste_linear(xr, weights[2]).sum()).backward();
+  EXPECT_TRUE(at::allclose(xs.grad(), xr.grad(), 1e-5, 1e-6));
+  // Refusals: no weights, a kept-operand list of another length, a weight of another width.
+  EXPECT_THROW(ste_linear_shared_input(x, {}, {}), Error);
+  EXPECT_THROW(ste_linear_shared_input(x, weights, {nullptr}), Error);
+  EXPECT_THROW(ste_linear_shared_input(x, {weights[0], at::randn({16, 48})}, {nullptr, nullptr}), Error);
+}
+
+TEST(SteSharedInput, GpuIsTheSeparateNodes) {
+  QWEN3_GPU_TEST(at::hasCUDA());
+  at::manual_seed(32);
+  const at::Tensor x = at::randn({1024, 512}).to(at::kBFloat16).to(at::kCUDA);
+  for (const at::ScalarType master : {at::kFloat, at::kBFloat16}) {
+    const std::vector<at::Tensor> weights = {(at::randn({512, 512}) * 0.05).to(master).to(at::kCUDA),
+                                             (at::randn({128, 512}) * 0.05).to(master).to(at::kCUDA),
+                                             (at::randn({128, 512}) * 0.05).to(master).to(at::kCUDA)};
+    for (const bool keep : {false, true})
+      expect_shared_input_is_separate_nodes(x, weights, keep, false, std::string(c10::toString(master)) + (keep ? " kept" : " codes"));
+    expect_shared_input_is_separate_nodes(x, weights, false, true, std::string(c10::toString(master)) + " across steps");
+  }
 }
 
 // The grouped straight-through linear (a sparse block's experts): each group's rows times its weight as

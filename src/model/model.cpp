@@ -28,6 +28,21 @@ at::Tensor Projection::operator()(const at::Tensor& x) const {
   return at::linear(x, weight.to(x.scalar_type()));  // the cast is a no-op when the dtypes agree
 }
 
+std::vector<at::Tensor> ProjectionKernel::apply_shared_input(const std::vector<const Projection*>&,
+                                                             const at::Tensor&) const {
+  throw Error("a projection kernel that offers no shared-input product was asked for one");
+}
+
+std::vector<at::Tensor> project_shared_input(const std::vector<const Projection*>& group, const at::Tensor& x) {
+  const ProjectionKernel* first = group.front()->kernel.get();
+  bool shared = first != nullptr && first->offers_shared_input(x);
+  for (const Projection* p : group) shared = shared && p->kernel != nullptr && typeid(*p->kernel) == typeid(*first);
+  if (shared) return first->apply_shared_input(group, x);
+  std::vector<at::Tensor> out;
+  for (const Projection* p : group) out.push_back((*p)(x));
+  return out;
+}
+
 std::vector<const at::Tensor*> Qwen3Block::tensors() const {
   std::vector<const at::Tensor*> out = {&q_proj.weight, &k_proj.weight, &v_proj.weight, &o_proj.weight, &q_norm, &k_norm};
   if (sparse()) {
@@ -259,9 +274,10 @@ at::Tensor Qwen3Model::block_forward(const Qwen3Block& b, at::Tensor x, const at
   const at::Tensor h = rmsnorm(x, b.input_layernorm);
   // RoPE on [B, T, heads, d] (one pass over q and k each), then heads first for attention.
   const double eps = config_.rms_norm_eps;
-  const at::Tensor q = head_norm_rotary(b.q_proj(h).view({B, T, nh, hd}), b.q_norm, eps, cos, sin).transpose(1, 2);
-  at::Tensor k = head_norm_rotary(b.k_proj(h).view({B, T, nkv, hd}), b.k_norm, eps, cos, sin).transpose(1, 2);
-  at::Tensor v = b.v_proj(h).view({B, T, nkv, hd}).transpose(1, 2);
+  const std::vector<at::Tensor> qkv = project_shared_input({&b.q_proj, &b.k_proj, &b.v_proj}, h);
+  const at::Tensor q = head_norm_rotary(qkv[0].view({B, T, nh, hd}), b.q_norm, eps, cos, sin).transpose(1, 2);
+  at::Tensor k = head_norm_rotary(qkv[1].view({B, T, nkv, hd}), b.k_norm, eps, cos, sin).transpose(1, 2);
+  at::Tensor v = qkv[2].view({B, T, nkv, hd}).transpose(1, 2);
   if (cache) {
     cache->keys[layer].narrow(2, offset, T).copy_(k);
     cache->values[layer].narrow(2, offset, T).copy_(v);
@@ -275,7 +291,8 @@ at::Tensor Qwen3Model::block_forward(const Qwen3Block& b, at::Tensor x, const at
 
 at::Tensor Qwen3Model::mlp(const Qwen3Block& b, const at::Tensor& h) const {
   if (b.sparse()) return moe_mlp(b, h);
-  return b.down_proj(swiglu(b.gate_proj(h), b.up_proj(h)));
+  const std::vector<at::Tensor> gate_up = project_shared_input({&b.gate_proj, &b.up_proj}, h);
+  return b.down_proj(swiglu(gate_up[0], gate_up[1]));
 }
 
 at::Tensor ProjectionKernel::apply_grouped(const std::vector<const Projection*>&, const at::Tensor&,

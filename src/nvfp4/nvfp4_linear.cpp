@@ -40,51 +40,76 @@ bool operand_in_quantize_pass(const at::Tensor& x2d, const at::Tensor& weight) {
          !(x2d.size(0) < kNvfp4KernelMaxRows && matmul_cuda_supports(x2d));
 }
 
+// One trained weight's product in forward and what its backward keeps for dX: the bf16 operand (`kept_operand`),
+// the codes and scales, or nothing (a forward no graph records, on the fused path).
+struct SteProduct {
+  at::Tensor y2d;
+  std::vector<at::Tensor> saved;
+  bool kept_operand = false;
+};
+
+// recorded: a graph keeps this node (backward may run). keep_operand: save the bf16 operand for dX instead of the
+// codes (no dequantization in backward; 2 bytes an element held instead of 0.5625), where the fused pass makes
+// it. The fused pass writes the codes only when they are saved.
+// persistent: the weight's operand kept across steps (ste_linear_persistent), made here only when stale.
+SteProduct ste_product(const at::Tensor& x2d, const at::Tensor& weight, ScaleMode mode, bool keep_operand,
+                       bool recorded, PersistentOperand* persistent) {
+  SteProduct p;
+  if (persistent != nullptr && operand_in_quantize_pass(x2d, weight)) {
+    if (persistent->version != weight._version()) {
+      quantize_with_operand_cuda(weight.detach().contiguous(), mode, at::Tensor(), at::Tensor(), persistent->operand);
+      persistent->version = weight._version();
+    }
+    if (recorded) p.saved = {persistent->operand}, p.kept_operand = true;
+    p.y2d = x2d.mm(persistent->operand.t());
+    return p;
+  }
+  if (operand_in_quantize_pass(x2d, weight)) {
+    const at::Tensor w = weight.detach().contiguous();
+    const bool kept = recorded && keep_operand, codes_saved = recorded && !keep_operand;
+    const auto bytes = w.options().dtype(at::kByte);
+    Quantized q;
+    if (codes_saved) q = {at::empty({w.size(0), w.size(1) / 2}, bytes), at::empty({w.size(0), w.size(1) / kBlock}, bytes)};
+    const at::Tensor operand = kept ? at::empty(w.sizes(), w.options().dtype(at::kBFloat16))
+                                    : scratch_operand_cuda(w.device(), w.size(0), w.size(1));
+    quantize_with_operand_cuda(w, mode, q.codes, q.scales, operand);
+    if (kept) p.saved = {operand}, p.kept_operand = true;
+    else if (codes_saved) p.saved = {q.codes, q.scales};
+    p.y2d = x2d.mm(operand.t());
+    return p;
+  }
+  const Quantized quantized = quantize(weight.detach(), mode);
+  p.saved = {quantized.codes, quantized.scales};
+  p.y2d = quantized_product(x2d, quantized.codes, quantized.scales);
+  return p;
+}
+
+// dX's operand for one weight from what its forward saved (`saved` starting at its first tensor): the kept
+// operand, or the codes dequantized (on CUDA into the reused scratch).
+at::Tensor input_gradient_operand(const variable_list& saved, size_t first, bool kept, at::ScalarType dtype) {
+  return kept ? saved[first].to(dtype) : dequantized_for_product(saved[first], saved[first + 1], dtype);
+}
+
+// _unsafe_view: an ordinary view as the output of a custom function would be tracked as a view of a temporary
+// and refuse later in-place use; the product has no other user.
+at::Tensor shaped_output(const at::Tensor& y2d, const at::Tensor& x) {
+  std::vector<int64_t> sizes(x.sizes().begin(), x.sizes().end());
+  sizes.back() = y2d.size(1);
+  return at::_unsafe_view(y2d, sizes);
+}
+
 class SteLinearFunction : public torch::autograd::Function<SteLinearFunction> {
  public:
-  // recorded: a graph keeps this node (backward may run). keep_operand: save the bf16 operand for dX instead of the
-  // codes (no dequantization in backward; 2 bytes an element held instead of 0.5625), where the fused pass makes
-  // it. The fused pass writes the codes only when they are saved.
-  // persistent: the weight's operand kept across steps (ste_linear_persistent), made here only when stale.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, ScaleMode mode,
                             bool keep_operand, bool recorded, PersistentOperand* persistent) {
-    const at::Tensor x2d = x.reshape({-1, x.size(-1)});
-    std::vector<int64_t> out_sizes(x.sizes().begin(), x.sizes().end());
-    out_sizes.back() = weight.size(0);
+    SteProduct p = ste_product(x.reshape({-1, x.size(-1)}), weight, mode, keep_operand, recorded, persistent);
     ctx->saved_data["weight_dtype"] = static_cast<int64_t>(weight.scalar_type());
-    if (persistent != nullptr && operand_in_quantize_pass(x2d, weight)) {
-      if (persistent->version != weight._version()) {
-        quantize_with_operand_cuda(weight.detach().contiguous(), mode, at::Tensor(), at::Tensor(), persistent->operand);
-        persistent->version = weight._version();
-      }
-      if (recorded) {
-        ctx->save_for_backward({x, persistent->operand});
-        ctx->saved_data["kept_operand"] = true;
-      }
-      return at::_unsafe_view(x2d.mm(persistent->operand.t()), out_sizes);
+    if (!p.saved.empty()) {
+      p.saved.insert(p.saved.begin(), x);
+      ctx->save_for_backward(p.saved);
+      if (p.kept_operand) ctx->saved_data["kept_operand"] = true;
     }
-    if (operand_in_quantize_pass(x2d, weight)) {
-      const at::Tensor w = weight.detach().contiguous();
-      const bool kept = recorded && keep_operand, codes_saved = recorded && !keep_operand;
-      const auto bytes = w.options().dtype(at::kByte);
-      Quantized q;
-      if (codes_saved) q = {at::empty({w.size(0), w.size(1) / 2}, bytes), at::empty({w.size(0), w.size(1) / kBlock}, bytes)};
-      const at::Tensor operand = kept ? at::empty(w.sizes(), w.options().dtype(at::kBFloat16))
-                                      : scratch_operand_cuda(w.device(), w.size(0), w.size(1));
-      quantize_with_operand_cuda(w, mode, q.codes, q.scales, operand);
-      if (kept) {
-        ctx->save_for_backward({x, operand});
-        ctx->saved_data["kept_operand"] = true;
-      } else if (codes_saved) {
-        ctx->save_for_backward({x, q.codes, q.scales});
-      }
-      return at::_unsafe_view(x2d.mm(operand.t()), out_sizes);
-    }
-    const Quantized quantized = quantize(weight.detach(), mode);
-    ctx->save_for_backward({x, quantized.codes, quantized.scales});
-    // _unsafe_view: an ordinary view as the output of a custom function would be tracked as a view of a
-    // temporary and refuse later in-place use; this product has no other user.
-    return at::_unsafe_view(quantized_product(x2d, quantized.codes, quantized.scales), out_sizes);
+    return shaped_output(p.y2d, x);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
@@ -94,16 +119,69 @@ class SteLinearFunction : public torch::autograd::Function<SteLinearFunction> {
     const int64_t out_features = saved[1].size(0);
     const at::Tensor grad_y2d = grad_outputs[0].reshape({-1, out_features});
     at::Tensor grad_x, grad_weight;
-    if (ctx->needs_input_grad(0)) {
-      const at::Tensor w = kept ? saved[1].to(grad_y2d.scalar_type())
-                                : dequantized_for_product(saved[1], saved[2], grad_y2d.scalar_type());
-      grad_x = grad_y2d.mm(w).view(x.sizes());
-    }
+    if (ctx->needs_input_grad(0))
+      grad_x = grad_y2d.mm(input_gradient_operand(saved, 1, kept, grad_y2d.scalar_type())).view(x.sizes());
     if (ctx->needs_input_grad(1)) {
       const auto weight_dtype = static_cast<at::ScalarType>(ctx->saved_data["weight_dtype"].toInt());
       grad_weight = product_in_dtype(grad_y2d.t(), x.reshape({-1, x.size(-1)}), weight_dtype);
     }
     return {grad_x, grad_weight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// ste_linear_shared_input's node: x, the weights (an input each), then the kept operands' entries, the mode,
+// keep_operand and recorded (not inputs). Saved: x, then each weight's saved tensors (counts and kinds in
+// saved_data).
+class SteSharedInputFunction : public torch::autograd::Function<SteSharedInputFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList weights,
+                               const std::vector<PersistentOperand*>& persistent, ScaleMode mode, bool keep_operand,
+                               bool recorded) {
+    // An output no loss reaches comes to backward undefined, not as zeros: no product for it, as for a separate node
+    // that never ran backward.
+    ctx->set_materialize_grads(false);
+    const at::Tensor x2d = x.reshape({-1, x.size(-1)});
+    variable_list outputs, saved{x};
+    std::vector<int64_t> saved_counts, kept, weight_dtypes;
+    for (size_t i = 0; i < weights.size(); ++i) {
+      SteProduct p = ste_product(x2d, weights[i], mode, keep_operand, recorded, persistent[i]);
+      outputs.push_back(shaped_output(p.y2d, x));
+      saved_counts.push_back(static_cast<int64_t>(p.saved.size()));
+      kept.push_back(p.kept_operand ? 1 : 0);
+      weight_dtypes.push_back(static_cast<int64_t>(weights[i].scalar_type()));
+      saved.insert(saved.end(), p.saved.begin(), p.saved.end());
+    }
+    if (saved.size() > 1) ctx->save_for_backward(saved);
+    ctx->saved_data["saved_counts"] = saved_counts;
+    ctx->saved_data["kept"] = kept;
+    ctx->saved_data["weight_dtypes"] = weight_dtypes;
+    return outputs;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor x2d = x.reshape({-1, x.size(-1)});
+    const std::vector<int64_t> counts = ctx->saved_data["saved_counts"].toIntVector();
+    const std::vector<int64_t> kept = ctx->saved_data["kept"].toIntVector();
+    const std::vector<int64_t> weight_dtypes = ctx->saved_data["weight_dtypes"].toIntVector();
+    const size_t n = counts.size();
+    variable_list grads(n + 5);  // x, the weights, persistent, mode, keep_operand, recorded
+    at::Tensor grad_x;  // [rows, in]: the first product writes it, each later one adds into it (beta = 1)
+    size_t first = 1;
+    for (size_t i = 0; i < n; first += static_cast<size_t>(counts[i]), ++i) {
+      if (!grad_outputs[i].defined()) continue;  // an output no loss reached: no gradient through it
+      const at::Tensor grad_y2d = grad_outputs[i].reshape({-1, saved[first].size(0)});
+      if (ctx->needs_input_grad(0)) {
+        const at::Tensor w = input_gradient_operand(saved, first, kept[i] != 0, grad_y2d.scalar_type());
+        if (grad_x.defined()) grad_x.addmm_(grad_y2d, w);
+        else grad_x = grad_y2d.mm(w);
+      }
+      if (ctx->needs_input_grad(i + 1))
+        grads[i + 1] = product_in_dtype(grad_y2d.t(), x2d, static_cast<at::ScalarType>(weight_dtypes[i]));
+    }
+    if (grad_x.defined()) grads[0] = grad_x.view(x.sizes());
+    return grads;
   }
 };
 
@@ -239,6 +317,13 @@ void check_linear_input(const at::Tensor& x, const at::Tensor& weight) {
   if (x.device() != weight.device())
     throw Error("nvfp4 linear: input on " + x.device().str() + " but weight on " + weight.device().str());
 }
+void check_kept_operand(const PersistentOperand& kept, const at::Tensor& weight) {
+  if (!kept.weight.is_same(weight) || !kept.operand.defined() || kept.operand.scalar_type() != at::kBFloat16 ||
+      !kept.operand.is_contiguous() || !kept.operand.sizes().equals(weight.sizes()) ||
+      kept.operand.device() != weight.device())
+    throw Error("nvfp4 linear: a kept operand of weight " + shape_text(weight.sizes()) +
+                " must be a contiguous bf16 tensor of its shape on its device");
+}
 }  // namespace
 
 at::Tensor ste_linear(const at::Tensor& x, const at::Tensor& weight, ScaleMode mode, bool keep_operand) {
@@ -252,12 +337,25 @@ at::Tensor ste_linear(const at::Tensor& x, const at::Tensor& weight, ScaleMode m
 at::Tensor ste_linear_persistent(const at::Tensor& x, PersistentOperand& kept, ScaleMode mode) {
   const at::Tensor& weight = kept.weight;
   check_linear_input(x, weight);
-  if (!kept.operand.defined() || kept.operand.scalar_type() != at::kBFloat16 || !kept.operand.is_contiguous() ||
-      !kept.operand.sizes().equals(weight.sizes()) || kept.operand.device() != weight.device())
-    throw Error("nvfp4 linear: a kept operand of weight " + shape_text(weight.sizes()) +
-                " must be a contiguous bf16 tensor of its shape on its device");
+  check_kept_operand(kept, weight);
   const bool recorded = at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad());
   return SteLinearFunction::apply(x, weight, mode, /*keep_operand=*/false, recorded, &kept);
+}
+
+std::vector<at::Tensor> ste_linear_shared_input(const at::Tensor& x, const std::vector<at::Tensor>& weights,
+                                                const std::vector<PersistentOperand*>& kept, ScaleMode mode,
+                                                bool keep_operand) {
+  if (weights.empty() || kept.size() != weights.size())
+    throw Error("nvfp4 linear: " + std::to_string(weights.size()) + " weights with " + std::to_string(kept.size()) +
+                " kept-operand entries for one input");
+  bool any_grad = x.requires_grad();
+  for (size_t i = 0; i < weights.size(); ++i) {
+    check_linear_input(x, weights[i]);
+    if (kept[i] != nullptr) check_kept_operand(*kept[i], weights[i]);
+    any_grad = any_grad || weights[i].requires_grad();
+  }
+  const bool recorded = at::GradMode::is_enabled() && any_grad;
+  return SteSharedInputFunction::apply(x, at::TensorList(weights), kept, mode, keep_operand, recorded);
 }
 
 bool native_grouped_product(const at::Tensor& rows) {

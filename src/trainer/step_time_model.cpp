@@ -148,8 +148,10 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
   // the kernel takes the head width; else the norm and RoPE 2(Q+KV) each), the merged heads' copy (2Q), the two
   // residual adds (3H each), SwiGLU (3I); backward the two norms' dx and dw passes (5H each), the q/k norms with
   // RoPE (3(Q+KV): dy and x read, dx written; else the norms' 5(Q+KV) and RoPE's 2(Q+KV)), SwiGLU's (5I), the
-  // residual stream's two gradient sums (3H each), the sums of q/k/v's and of gate/up's dX (6H and 3H), the heads'
-  // copy (2Q). On CPU libtorch's unfused ops: an estimate of their passes.
+  // residual stream's two gradient sums (3H each), the sums of q/k/v's and of gate/up's dX (6H and 3H: none where
+  // the projections train, whose shared-input nodes add each dX into one buffer in the product,
+  // ste_linear_shared_input; a frozen block's codes products still leave autograd to sum them), the heads' copy
+  // (2Q). On CPU libtorch's unfused ops: an estimate of their passes.
   const bool fused_qk = fused_head_norm_rope_takes(s.head_dim);
   const double qk_forward = fused_qk ? 2 : 4, qk_backward = fused_qk ? 3 : 7;
   const double attention_flops = 2 * B * nh * T * T * hd;
@@ -161,8 +163,11 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
     const double w = mlp_width(l);
     return N * a * ((gpu ? 10 * H + qk_forward * (Q + KV) + 2 * Q + 3 * w : 12 * H + 2 * (Q + 2 * KV) + 6 * w) + 4 * routed_rows(l));
   };
-  const auto activation_backward_bytes = [&](int64_t l) {
-    return gpu ? N * a * (25 * H + qk_backward * (Q + KV) + 2 * Q + 5 * mlp_width(l) + 6 * routed_rows(l)) : 2 * activation_bytes(l);
+  const auto activation_backward_bytes = [&](int64_t l, bool trained) {
+    const double dx_sums = trained ? 0 : 6 * H + (s.moe_layer(l) ? 0 : 3 * H);
+    return gpu ? N * a * (16 * H + dx_sums + (s.moe_layer(l) ? 3 * H : 0) + qk_backward * (Q + KV) + 2 * Q +
+                          5 * mlp_width(l) + 6 * routed_rows(l))
+               : 2 * activation_bytes(l);
   };
   // Below kNvfp4KernelMaxRows tokens on a GPU the NVFP4 kernel reads the codes (nothing else moves); from there a
   // trained weight's bf16 operand comes from one pass over its master (e + a: decoded from the codes in
@@ -205,7 +210,7 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
     backward.flops += 2 * N * active[l] + 2 * N * trained_active[l] + 2 * attention_flops;
     // dX's operands, then dW written in the master's dtype.
     backward.bytes += frozen * dequantize_per + others * ((kept_operand ? 0 : dequantize_per) + e) +
-                      experts * (dequantize_per + e) + activation_backward_bytes(l);
+                      experts * (dequantize_per + e) + activation_backward_bytes(l, others > 0);
     // The recompute: the block's forward again, whose one-pass operands write the codes where dX reads them.
     if (o.grad_checkpoint)
       backward.flops += block_forward_flops,

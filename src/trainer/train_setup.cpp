@@ -233,6 +233,19 @@ class SteProjection final : public ProjectionKernel {
       if (nvfp4::PersistentOperand* kept = persistent_->find(weight)) return nvfp4::ste_linear_persistent(x, *kept, mode_);
     return nvfp4::ste_linear(x, weight, mode_, keep_operand_);
   }
+  // A block's q, k and v (its gate and up) as one node on CUDA: their dX summed by the products themselves. The
+  // CPU keeps a node a projection, the reference the GPU test compares the node with.
+  bool offers_shared_input(const at::Tensor& x) const override { return x.is_cuda(); }
+  std::vector<at::Tensor> apply_shared_input(const std::vector<const Projection*>& group,
+                                             const at::Tensor& x) const override {
+    std::vector<at::Tensor> weights;
+    std::vector<nvfp4::PersistentOperand*> kept;
+    for (const Projection* p : group) {
+      weights.push_back(p->weight);
+      kept.push_back(persistent_ ? persistent_->find(p->weight) : nullptr);
+    }
+    return nvfp4::ste_linear_shared_input(x, weights, kept, mode_, keep_operand_);
+  }
   // A sparse block's experts as one grouped GEMM a projection kind where libtorch has one (CUDA, PyTorch 2.8+);
   // on the CPU one product an expert is as fast and stays the reference.
   bool offers_grouped(const at::Tensor& rows) const override { return nvfp4::native_grouped_product(rows); }

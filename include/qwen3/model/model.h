@@ -38,6 +38,13 @@ class ProjectionKernel {
   virtual bool offers_grouped(const at::Tensor& rows) const { return false; }
   virtual at::Tensor apply_grouped(const std::vector<const Projection*>& group, const at::Tensor& rows,
                                    const RowGroups& groups) const;
+  // Several projections of one input x (a block's q, k and v; its gate and up; every kernel of `group` of this
+  // kernel's type): projection i's output [..., out_i] each, from one node, where that is the faster form (one
+  // buffer for the input's gradient, which each product adds into, instead of a sum a projection). Where not
+  // offered, the model runs one product per projection.
+  virtual bool offers_shared_input(const at::Tensor& x) const { return false; }
+  virtual std::vector<at::Tensor> apply_shared_input(const std::vector<const Projection*>& group,
+                                                     const at::Tensor& x) const;
 };
 
 // One projection: its dense weight (what loading fills and the optimizer trains; undefined once a kernel
@@ -47,6 +54,10 @@ struct Projection {
   std::shared_ptr<const ProjectionKernel> kernel;
   at::Tensor operator()(const at::Tensor& x) const;
 };
+
+// The projections of `group` (not empty) over one input x, in order: one shared-input node where their kernels
+// (all of one type) offer it for x, else one product each.
+std::vector<at::Tensor> project_shared_input(const std::vector<const Projection*>& group, const at::Tensor& x);
 
 // Post-RoPE keys and values per layer, unexpanded [B, kv_heads, capacity, head_dim]; `length` positions used.
 struct KVCache {

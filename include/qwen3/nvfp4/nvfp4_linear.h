@@ -49,6 +49,17 @@ struct PersistentOperand {
 // dX reads it; no codes are made and nothing per step is allocated for the weight. Elsewhere ste_linear itself.
 at::Tensor ste_linear_persistent(const at::Tensor& x, PersistentOperand& kept, ScaleMode mode = ScaleMode::rne);
 
+// Projections of one input (a block's q, k and v; its gate and up) as one autograd node: output i is what
+// ste_linear(x, weights[i], mode, keep_operand) gives, or ste_linear_persistent(x, *kept[i], mode) where kept[i]
+// is set (its weight is weights[i]), and so are the weight gradients. dX = Σ dY_i · deq(Q(W_i)) is formed in one
+// buffer, each product after the first adding into it (cuBLAS's beta = 1): separate nodes leave autograd to add
+// their dX with a pass each, reading two [tokens, in] tensors and writing one. In the weights' order, each
+// product rounded once with what it adds to: not the separate nodes' dX bit for bit, whose sum autograd rounds
+// after each product.
+std::vector<at::Tensor> ste_linear_shared_input(const at::Tensor& x, const std::vector<at::Tensor>& weights,
+                                                const std::vector<PersistentOperand*>& kept,
+                                                ScaleMode mode = ScaleMode::rne, bool keep_operand = false);
+
 // a · b (2-D, one dtype) as a tensor of `dtype`. On CUDA with bf16/fp16 operands and an fp32 `dtype` (libtorch
 // 2.9+), cuBLAS writes its fp32 accumulator as it is (aten::mm.dtype): the gradient of an fp32 master is then not
 // rounded to the activations' 8 significant bits, and no half-precision product is widened afterwards. Elsewhere

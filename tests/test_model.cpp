@@ -354,6 +354,39 @@ class CountingSteKernel final : public ProjectionKernel {
   int64_t* products_;
 };
 
+// The embedding's gradient goes into the table's .grad(), added to what is there (a tied head's gradient), each
+// token's rows summed: on the CPU in their order (index_add_); on a GPU with many repeats of few tokens, the same
+// bytes every run (no atomics) and the sums within fp32 rounding of float64 ones.
+void expect_embedding_gradient_sums_rows(const at::Device device) {
+  at::manual_seed(41);
+  const int64_t vocab = 16, hidden = 64;
+  const at::Tensor ids = at::randint(0, vocab, {8, 512}, at::kLong).to(device);
+  const at::Tensor grad_rows = at::randn({8, 512, hidden}).to(device);
+  const at::Tensor before = at::randn({vocab, hidden}).to(device);
+  std::vector<at::Tensor> runs;
+  for (int run = 0; run < 3; ++run) {
+    const at::Tensor table = at::randn({vocab, hidden}).to(device).requires_grad_(true);
+    table.mutable_grad() = before.clone();
+    train_detail::embedding_into_grad(table, ids).backward(grad_rows);
+    runs.push_back(table.grad().clone());
+  }
+  for (int run = 1; run < 3; ++run) EXPECT_TRUE(runs[run].equal(runs[0])) << device << " run " << run;
+  const at::Tensor want = before.to(at::kDouble).cpu().index_add(0, ids.reshape({-1}).cpu(),
+                                                                  grad_rows.reshape({-1, hidden}).to(at::kDouble).cpu());
+  EXPECT_LE((runs[0].cpu().to(at::kDouble) - want).abs().max().item<double>(), 1e-4 * want.abs().max().item<double>());
+  if (!device.is_cuda()) {
+    const at::Tensor exact = before.clone().index_add_(0, ids.reshape({-1}), grad_rows.reshape({-1, hidden}));
+    EXPECT_TRUE(runs[0].equal(exact)) << "the CPU adds the rows in their order";
+  }
+}
+
+TEST(BlockRunner, EmbeddingGradientSumsEachTokensRows) { expect_embedding_gradient_sums_rows(at::kCPU); }
+
+TEST(BlockRunner, GpuEmbeddingGradientIsTheSameEveryRun) {
+  QWEN3_GPU_TEST(at::hasCUDA());
+  expect_embedding_gradient_sums_rows(at::Device(at::kCUDA, 0));
+}
+
 // A kernel that offers the shared-input node on any device (the trainer's offers it on CUDA), counting its calls.
 class SharedInputCountingKernel final : public ProjectionKernel {
  public:

@@ -347,6 +347,31 @@ TEST(RunsCli, GpuOverlapUpdateTrainsTheSameBytes) {
   expect_same_training(s.dir, 3);
 }
 
+// The same run twice on CUDA trains the same bytes: the losses and norms of three steps, and the exported weights.
+// Nothing on the GPU path may add by atomics in no fixed order (the embedding's gradient sums a token's rows in
+// order: BlockRunner.GpuEmbeddingGradientIsTheSameEveryRun). Full rows of 256 tokens, so that attention's backward
+// spans several blocks of keys, and the text repeats its words, so that the embedding sees each token many times.
+TEST(RunsCli, GpuTrainingIsTheSameBytesRunToRun) {
+  QWEN3_GPU_TEST(at::hasCUDA());
+  RunSetup s;
+  {
+    std::ofstream text(s.dir.file("long.txt"));
+    for (int line = 0; line < 8; ++line) {
+      for (int word = 0; word < 400; ++word) text << (word % 7 == 0 ? "the " : "cat sat ") << ((line + word) % 5 ? "on " : "mat ");
+      text << "\n";
+    }
+  }
+  const std::string base = "train --weights " + s.model.dat_path + " --config " + s.model.config_path + " --tokenizer " +
+                           test::tiny_tokenizer_path() + " --train-data " + s.dir.file("long.txt") +
+                           " --log-every 0 --device cuda --steps 3 --seq-len 256 --batch-size 2";
+  for (const char* run : {"a", "b"}) {
+    const auto r = run_cli(base + " --metrics-jsonl " + s.dir.file(std::string(run) + ".jsonl") + " --output-dat " +
+                           s.dir.file(std::string(run) + ".dat"));
+    ASSERT_EQ(r.code, 0) << r.err;
+  }
+  expect_same_training(s.dir, 3);
+}
+
 // --keep-weight-operands names one of auto, off, backward, always; the last two hold the CUDA quantize pass's
 // operands, so a CPU run refuses them; run.json records the flag as given and what was decided.
 TEST(RunsCli, KeepWeightOperandsIsACudaChoice) {

@@ -106,7 +106,14 @@ class EmbeddingIntoGrad : public torch::autograd::Function<EmbeddingIntoGrad> {
     const at::Tensor ids = ctx->saved_data["ids"].toTensor();
     at::Tensor& g = table.mutable_grad();
     if (!g.defined()) g = at::zeros_like(table, at::MemoryFormat::Contiguous);
-    g.index_add_(0, ids.reshape({-1}), grad_outputs[0].reshape({-1, table.size(1)}).to(g.scalar_type()));
+    const at::Tensor rows = grad_outputs[0].reshape({-1, table.size(1)}).to(g.scalar_type());
+    if (g.is_cuda()) {
+      // index_add_ on CUDA adds a repeated token's rows by atomics, in no fixed order: fp32 sums whose bits change
+      // from run to run. index_put_ with accumulate sorts the ids (stably) and adds each token's rows in order.
+      g.index_put_({ids.reshape({-1})}, rows, /*accumulate=*/true);
+    } else {
+      g.index_add_(0, ids.reshape({-1}), rows);  // sequential: the rows in their order
+    }
     return {at::Tensor(), at::Tensor()};
   }
 };

@@ -182,5 +182,34 @@ TEST(LinearCrossEntropy, GpuFusedSlicesFollowTheCpuPath) {
   }
 }
 
+// On CUDA the head's gradient, made by backward, has each slice's rows written once (no zeroed buffer, no sum):
+// every row as the CPU path forms it (within the products' rounding), whether handed to autograd or written into a
+// fresh .grad(), for an fp32 (a master) and a bf16 weight; a second backward adds into the .grad() that is there.
+TEST(LinearCrossEntropy, GpuGradientRowsAreWrittenOnceThenAddedTo) {
+  QWEN3_GPU_TEST(at::hasCUDA());
+  const at::Device cuda(at::kCUDA, 0);
+  at::manual_seed(13);
+  const int64_t n = 64, h = 64, vocab = 5000;  // slices of 4096 rows: the last one short
+  const at::Tensor hidden = at::randn({n, h}).to(at::kBFloat16);
+  const at::Tensor targets = at::randint(0, vocab, {n}, at::kLong);
+  for (const at::ScalarType weight_dtype : {at::kFloat, at::kBFloat16}) {
+    const at::Tensor weight = (at::randn({vocab, h}) * 0.1).to(weight_dtype);
+    const at::Tensor on_cpu = weight.clone().requires_grad_(true);
+    linear_cross_entropy(hidden.to(at::kFloat), on_cpu, targets, n * 4096).backward();
+    const at::Tensor want = on_cpu.grad().to(at::kFloat);
+    const double bound = (weight_dtype == at::kBFloat16 ? 1.0 / 32 : 1.0 / 64) * want.abs().max().item<double>();
+    const at::Tensor returned = weight.to(cuda).requires_grad_(true);
+    linear_cross_entropy(hidden.to(cuda), returned, targets.to(cuda), n * 4096).backward();
+    const at::Tensor into = weight.to(cuda).requires_grad_(true);
+    linear_cross_entropy(hidden.to(cuda), into, targets.to(cuda), n * 4096, /*accumulate_into_weight_grad=*/true).backward();
+    ASSERT_TRUE(into.grad().defined() && returned.grad().defined());
+    EXPECT_LE((returned.grad().cpu().to(at::kFloat) - want).abs().max().item<double>(), bound) << at::toString(weight_dtype);
+    EXPECT_TRUE(into.grad().equal(returned.grad())) << at::toString(weight_dtype);
+    const at::Tensor once = into.grad().clone();
+    linear_cross_entropy(hidden.to(cuda), into, targets.to(cuda), n * 4096, true).backward();
+    EXPECT_LE((into.grad().cpu().to(at::kFloat) - 2 * want).abs().max().item<double>(), 2 * bound) << at::toString(weight_dtype);
+  }
+}
+
 }  // namespace
 }  // namespace qwen3

@@ -107,14 +107,23 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
     // Either the leaf's own .grad() (accumulated into, slice by slice, with no [V, H] temporary), or a returned
     // gradient (only if autograd asks for one).
     at::Tensor grad_weight;
+    // On CUDA a gradient made here is not zeroed and then added to: the slices cover its rows once each, and each
+    // slice's product is written into its rows (product_into). On the CPU, zeros and sums as before (its bytes).
+    const bool write_rows = hidden.is_cuda();
+    bool fresh = false;
     const bool into_leaf = ctx->saved_data.count("weight_leaf") > 0;
     if (into_leaf) {
       at::Tensor leaf = ctx->saved_data["weight_leaf"].toTensor();
       at::Tensor& g = leaf.mutable_grad();
-      if (!g.defined()) g = at::zeros_like(leaf, at::MemoryFormat::Contiguous);
+      if (!g.defined()) {
+        fresh = write_rows;
+        g = write_rows ? at::empty_like(leaf, at::MemoryFormat::Contiguous) : at::zeros_like(leaf, at::MemoryFormat::Contiguous);
+      }
       grad_weight = g;
     } else if (ctx->needs_input_grad(1)) {
-      grad_weight = at::zeros_like(weight, at::MemoryFormat::Contiguous);
+      fresh = write_rows;
+      grad_weight = write_rows ? at::empty_like(weight, at::MemoryFormat::Contiguous)
+                               : at::zeros_like(weight, at::MemoryFormat::Contiguous);
     }
     for (int64_t v0 = 0; v0 < vocab; v0 += width) {
       const int64_t w = std::min(width, vocab - v0);
@@ -143,7 +152,9 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
       grad_hidden.add_(nvfp4::product_in_dtype(d_typed, wslice, at::kFloat));
       if (grad_weight.defined()) {
         at::Tensor target = grad_weight.narrow(0, v0, w);
-        if (target.scalar_type() == hidden.scalar_type()) {
+        if (fresh) {
+          nvfp4::product_into(target, d_typed.t(), hidden);
+        } else if (target.scalar_type() == hidden.scalar_type()) {
           target.addmm_(d_typed.t(), hidden);
         } else {  // an fp32 master's gradient: the product in fp32 where cuBLAS gives it (product_in_dtype)
           target.add_(nvfp4::product_in_dtype(d_typed.t(), hidden, target.scalar_type()));

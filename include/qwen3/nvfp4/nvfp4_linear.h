@@ -67,6 +67,12 @@ std::vector<at::Tensor> ste_linear_shared_input(const at::Tensor& x, const std::
 // gradient use.
 at::Tensor product_in_dtype(const at::Tensor& a, const at::Tensor& b, at::ScalarType dtype);
 
+// out = a · b (2-D, a and b of one dtype) in out's dtype, written into out: on CUDA into out itself where out is
+// contiguous (with half-precision operands and an fp32 out, libtorch 2.9+, cuBLAS's fp32 accumulator as
+// product_in_dtype gives it); elsewhere product_in_dtype's tensor, copied in. For a gradient whose rows are each
+// written once (the sliced loss's head): no zeroed buffer and no sum.
+void product_into(at::Tensor out, const at::Tensor& a, const at::Tensor& b);
+
 // Grouped products (a mixture-of-experts block's experts over its tokens sorted by expert): group g owns the
 // counts[g] rows ending at ends[g]; `ends` int32 [G] on the rows' device, `counts` on the host.
 //

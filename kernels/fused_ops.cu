@@ -97,9 +97,11 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_forward_kernel(const void* x
 }
 
 template <bool kBf16, bool kBf16Weight>
+// dx_add (nullable, x's dtype): a gradient the row's x also gets by another path (the residual stream's), added to
+// dx as autograd would add the two: the norm's dx rounded to the activation dtype, then the sum rounded.
 __global__ void __launch_bounds__(kThreads) rmsnorm_dx_kernel(const void* dy, const void* x, const void* w,
                                                               const float* rstd, int64_t rows, int64_t cols, void* dx,
-                                                              int vectorized, int row_lanes) {
+                                                              const void* dx_add, int vectorized, int row_lanes) {
   const int lane = threadIdx.x % 32;
   for_each_row(rows, row_lanes, [&](int64_t row, bool in, int row_lane) {
     const int64_t base = row * cols;
@@ -135,13 +137,19 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_dx_kernel(const void* dy, co
         load_piece(c, xv, dyv, wv);
         for (int k = 0; k < kVec; ++k)
           xv[k] = f::rmsnorm_dx(f::rmsnorm_grad_n<kBf16>(dyv[k], wv[k]), f::mul_rn(xv[k], r), mean, r);
+        if (dx_add) {
+          float addv[kVec];
+          vec::load<kBf16, kVec>(dx_add, base + c, addv);
+          for (int k = 0; k < kVec; ++k) xv[k] = f::add_rn(f::round_to<kBf16>(xv[k]), addv[k]);
+        }
         vec::store<kBf16, kVec>(dx, base + c, xv);
       }
     } else {
       for (int64_t c = lane; c < cols; c += 32) {
         const float n = f::mul_rn(f::load<kBf16>(x, base + c), r);
         const float g = f::rmsnorm_grad_n<kBf16>(f::load<kBf16>(dy, base + c), f::load<kBf16Weight>(w, c));
-        f::store<kBf16>(dx, base + c, f::rmsnorm_dx(g, n, mean, r));
+        const float d = f::rmsnorm_dx(g, n, mean, r);
+        f::store<kBf16>(dx, base + c, dx_add ? f::add_rn(f::round_to<kBf16>(d), f::load<kBf16>(dx_add, base + c)) : d);
       }
     }
   });
@@ -474,7 +482,7 @@ int64_t rmsnorm_backward_workspace_floats(int64_t rows, int64_t cols) {
 
 int launch_rmsnorm_backward(const void* dy, const void* x, KernelDType x_type, const void* w, KernelDType w_type,
                             const float* rstd, int64_t rows, int64_t cols, void* dx, float* dw, float* workspace,
-                            void* stream) {
+                            void* stream, const void* dx_add) {
   if (!supported(x_type) || !supported(w_type) || rows < 0 || cols <= 0 || !dy || !x || !w || !rstd || !dx || !dw ||
       !workspace)
     return static_cast<int>(cudaErrorInvalidValue);
@@ -482,13 +490,13 @@ int launch_rmsnorm_backward(const void* dy, const void* x, KernelDType x_type, c
   const bool bx = x_type == KernelDType::bf16, bw = w_type == KernelDType::bf16;
   if (rows > 0) {
     const int v = cols % kVec == 0 && aligned<kVec>(x, x_type) && aligned<kVec>(dy, x_type) &&
-                  aligned<kVec>(dx, x_type) && aligned<kVec>(w, w_type);
+                  aligned<kVec>(dx, x_type) && aligned<kVec>(w, w_type) && (!dx_add || aligned<kVec>(dx_add, x_type));
     const int lanes = rmsnorm_row_lanes(cols, v);
     const int grid = rmsnorm_grid(rows, lanes);
-    if (bx && bw) rmsnorm_dx_kernel<true, true><<<grid, kThreads, 0, s>>>(dy, x, w, rstd, rows, cols, dx, v, lanes);
-    else if (bx) rmsnorm_dx_kernel<true, false><<<grid, kThreads, 0, s>>>(dy, x, w, rstd, rows, cols, dx, v, lanes);
-    else if (bw) rmsnorm_dx_kernel<false, true><<<grid, kThreads, 0, s>>>(dy, x, w, rstd, rows, cols, dx, v, lanes);
-    else rmsnorm_dx_kernel<false, false><<<grid, kThreads, 0, s>>>(dy, x, w, rstd, rows, cols, dx, v, lanes);
+    if (bx && bw) rmsnorm_dx_kernel<true, true><<<grid, kThreads, 0, s>>>(dy, x, w, rstd, rows, cols, dx, dx_add, v, lanes);
+    else if (bx) rmsnorm_dx_kernel<true, false><<<grid, kThreads, 0, s>>>(dy, x, w, rstd, rows, cols, dx, dx_add, v, lanes);
+    else if (bw) rmsnorm_dx_kernel<false, true><<<grid, kThreads, 0, s>>>(dy, x, w, rstd, rows, cols, dx, dx_add, v, lanes);
+    else rmsnorm_dx_kernel<false, false><<<grid, kThreads, 0, s>>>(dy, x, w, rstd, rows, cols, dx, dx_add, v, lanes);
   }
   const int64_t per_chunk = rmsnorm_rows_per_chunk(rows);
   const int64_t chunks = rmsnorm_backward_workspace_floats(rows, cols) / cols;

@@ -112,10 +112,12 @@ int64_t rmsnorm_rows_per_chunk(int64_t rows);
 int64_t rmsnorm_backward_workspace_floats(int64_t rows, int64_t cols);
 
 // dx [rows, cols] (x's dtype) and dw [cols] (fp32, the sum over rows, in a fixed order) from dy, x, w and the
-// forward's rstd; workspace: rmsnorm_backward_workspace_floats(rows, cols) floats of device memory.
+// forward's rstd; workspace: rmsnorm_backward_workspace_floats(rows, cols) floats of device memory. dx_add
+// (nullable, [rows, cols] of x's dtype, not dx): a gradient x gets by another path (the residual stream's), added
+// into dx as autograd adds two gradients (dx rounded to x's dtype, then the sum): one pass instead of two.
 int launch_rmsnorm_backward(const void* dy, const void* x, KernelDType x_type, const void* w, KernelDType w_type,
                             const float* rstd, int64_t rows, int64_t cols, void* dx, float* dw, float* workspace,
-                            void* stream);
+                            void* stream, const void* dx_add = nullptr);
 
 // HF's rotary embedding of x [batch, seq, heads, head_dim] (contiguous) into out (which may be x: in place) with
 // fp32 tables cos/sin [table_rows, head_dim]: table_rows == seq (every row of the batch at positions 0..seq-1) or

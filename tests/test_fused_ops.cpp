@@ -253,6 +253,38 @@ TEST_P(FusedOps, GpuHeadNormRopeNodeGivesTheTwoNodesBytes) {
   EXPECT_EQ(y.grad_fn()->name().find("HeadNormRopeFunction"), std::string::npos) << y.grad_fn()->name();
 }
 
+// RMSNorm handing its input on (rms_norm_and_input): on a GPU the gradient the stream gives x is added by the
+// norm's backward kernel, with the bytes of autograd's sum of the two (rms_norm's node, then the stream's use of x).
+TEST_P(FusedOps, GpuNormAndInputGivesAutogradsSum) {
+  QWEN3_GPU_TEST(at::hasCUDA());
+  const at::ScalarType dtype = GetParam();
+  const at::Device cuda(at::kCUDA, 0);
+  at::manual_seed(17);
+  const at::Tensor x = at::randn({2, 100, 2560}, at::TensorOptions().device(cuda)).to(dtype);
+  const at::Tensor w = 1 + 0.1 * at::randn({2560}, at::TensorOptions().device(cuda));
+  const at::Tensor delta = at::randn_like(x), dy = at::randn_like(x), dout = at::randn_like(x);
+  at::Tensor x1 = x.clone().requires_grad_(true), w1 = w.clone().requires_grad_(true);
+  at::Tensor x2 = x.clone().requires_grad_(true), w2 = w.clone().requires_grad_(true);
+  const auto [y1, passed] = rms_norm_and_input(x1, w1, 1e-6);
+  EXPECT_NE(y1.grad_fn()->name().find("RmsNormAndInputFunction"), std::string::npos) << y1.grad_fn()->name();
+  const at::Tensor y2 = rms_norm(x2, w2, 1e-6);
+  EXPECT_TRUE(y1.equal(y2));
+  EXPECT_TRUE(passed.equal(x1));
+  torch::autograd::backward({y1, passed + delta}, {dy, dout});
+  torch::autograd::backward({y2, x2 + delta}, {dy, dout});
+  EXPECT_TRUE(x1.grad().equal(x2.grad()));
+  EXPECT_TRUE(w1.grad().equal(w2.grad()));
+}
+
+// Elsewhere (this CPU) rms_norm_and_input is the norm and x itself.
+TEST(FusedOpsNormAndInput, IsTheNormAndTheInputOnTheCpu) {
+  at::manual_seed(5);
+  const at::Tensor x = at::randn({3, 7, 64}), w = 1 + 0.1 * at::randn({64});
+  const auto [y, passed] = rms_norm_and_input(x, w, 1e-6);
+  EXPECT_TRUE(passed.is_same(x));
+  EXPECT_TRUE(y.equal(reference::rms_norm(x, w, 1e-6)));
+}
+
 // Elsewhere (this CPU) head_norm_rotary is the two ops; the widths the fused kernels take.
 TEST(FusedOpsHeadNormRope, IsTheNormThenRopeOnTheCpu) {
   for (const int64_t d : {16, 32, 64, 128, 256}) EXPECT_TRUE(fused_head_norm_rope_takes(d)) << d;

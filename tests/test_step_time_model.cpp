@@ -154,11 +154,11 @@ TEST(StepTimeModel, CountsTheBytesTheGpuPathMoves) {
     const double forward_w = trained_w * (e + codes + a) + w.layers * N * a * (10 * H + 4 * (Qw + KVw) + 2 * Qw + 3 * I) +
                              V * H * e + N * V * 2 * a;
     EXPECT_NEAR(phase(unfused, "forward_done").bytes, forward_w, 1e-9 * forward_w);
-    // Backward beside the fused width's: the activations' 16H (the norms' 10H, the residual stream's sums 6H; no
-    // sums of q/k/v's or gate/up's dX: the shared-input nodes add them in the products) + q/k (3 or 7)(Q+KV) + 2Q
-    // + 5I, the weights' dX operands and dW in proportion to the projections.
-    const double backward_acts = s.layers * N * a * (16 * H + 3 * (Q + KV) + 2 * Q + 5 * I);
-    const double backward_acts_w = w.layers * N * a * (16 * H + 7 * (Qw + KVw) + 2 * Qw + 5 * I);
+    // Backward beside the fused width's: the activations' 12H (the norms' 10H and their reads of the stream's
+    // gradient 2H; no sums of q/k/v's or gate/up's dX: the shared-input nodes add them in the products) + q/k (3 or
+    // 7)(Q+KV) + 2Q + 5I, the weights' dX operands and dW in proportion to the projections.
+    const double backward_acts = s.layers * N * a * (12 * H + 3 * (Q + KV) + 2 * Q + 5 * I);
+    const double backward_acts_w = w.layers * N * a * (12 * H + 7 * (Qw + KVw) + 2 * Qw + 5 * I);
     const double weights = phase(plain, "backward_done").bytes - phase(plain, "backward_done").update_bytes - backward_acts;
     const double weights_w =
         phase(unfused, "backward_done").bytes - phase(unfused, "backward_done").update_bytes - backward_acts_w;

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "fused_ops.cuh"
 #include "qwen3/base/error.h"
@@ -77,6 +78,45 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
                                            rstd.data_ptr<float>(), rows, cols, dx.data_ptr(), dw.data_ptr<float>(),
                                            workspace.data_ptr<float>(), current_stream(x)),
           "rmsnorm backward");
+    return {dx, dw.to(w.scalar_type()), at::Tensor()};
+  }
+};
+
+// RMSNorm that also hands its input on ({y, x}; x as a view of itself, through this node): the block's residual
+// stream uses the second output, so the gradient x gets by the stream arrives here with the norm's, and one kernel
+// writes their sum (launch_rmsnorm_backward's dx_add), where autograd would add the two with a pass of its own.
+class RmsNormAndInputFunction : public torch::autograd::Function<RmsNormAndInputFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, double eps) {
+    ctx->set_materialize_grads(false);
+    const c10::cuda::CUDAGuard guard(x.device());
+    const at::Tensor xc = x.contiguous(), w = weight.contiguous();
+    const int64_t cols = x.size(-1), rows = xc.numel() / cols;
+    at::Tensor y = at::empty_like(xc);
+    at::Tensor rstd = at::empty({rows}, xc.options().dtype(at::kFloat));
+    check_launch(kernels::launch_rmsnorm_forward(xc.data_ptr(), activation_dtype(xc), w.data_ptr(), activation_dtype(w), rows,
+                                                 cols, static_cast<float>(eps), y.data_ptr(), rstd.data_ptr<float>(),
+                                                 current_stream(xc)),
+                 "rmsnorm forward");
+    ctx->save_for_backward({xc, w, rstd});
+    return {y, x};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &w = saved[1], &rstd = saved[2];
+    const c10::cuda::CUDAGuard guard(x.device());
+    const at::Tensor passed = grads[1].defined() ? grads[1].contiguous() : at::Tensor();
+    if (!grads[0].defined()) return {passed, at::Tensor(), at::Tensor()};  // the norm's output reached no loss
+    const at::Tensor dy = grads[0].contiguous();
+    const int64_t cols = x.size(-1), rows = x.numel() / cols;
+    at::Tensor dx = at::empty_like(x);
+    at::Tensor dw = at::empty({cols}, x.options().dtype(at::kFloat));
+    at::Tensor workspace = at::empty({kernels::rmsnorm_backward_workspace_floats(rows, cols)}, dw.options());
+    check_launch(kernels::launch_rmsnorm_backward(dy.data_ptr(), x.data_ptr(), activation_dtype(x), w.data_ptr(),
+                                                  activation_dtype(w), rstd.data_ptr<float>(), rows, cols, dx.data_ptr(),
+                                                  dw.data_ptr<float>(), workspace.data_ptr<float>(), current_stream(x),
+                                                  passed.defined() ? passed.data_ptr() : nullptr),
+                 "rmsnorm backward");
     return {dx, dw.to(w.scalar_type()), at::Tensor()};
   }
 };
@@ -202,6 +242,13 @@ at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {
   return SwigluFunction::apply(gate, up);
 }
 
+std::pair<at::Tensor, at::Tensor> rms_norm_and_input(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const bool weight_ok = weight.scalar_type() == at::kFloat || weight.scalar_type() == at::kBFloat16;
+  if (!fused_activation_ops_take(x) || !weight_ok) return {rms_norm(x, weight, eps), x};
+  const variable_list out = RmsNormAndInputFunction::apply(x, weight, eps);
+  return {out[0], out[1]};
+}
+
 namespace {
 bool aligned_16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 }  // namespace
@@ -234,6 +281,9 @@ at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) { return referen
 at::Tensor head_norm_rotary(const at::Tensor& x, const at::Tensor& weight, double eps, const at::Tensor& cos,
                             const at::Tensor& sin) {
   return rotary(rms_norm(x, weight, eps), cos, sin);
+}
+std::pair<at::Tensor, at::Tensor> rms_norm_and_input(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  return {rms_norm(x, weight, eps), x};
 }
 
 #endif

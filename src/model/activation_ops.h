@@ -4,10 +4,16 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include <utility>
+
 namespace qwen3 {
 
 // x [..., H]: fp32 mean of squares, the weight applied in x's dtype (cast when the parameter's differs).
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+// {rms_norm(x, weight, eps), x}: the input handed on for the residual stream, so that on CUDA the gradient the
+// stream gives x and the norm's are summed by the norm's backward kernel, not by a pass of autograd's (the same
+// bytes). Elsewhere x itself.
+std::pair<at::Tensor, at::Tensor> rms_norm_and_input(const at::Tensor& x, const at::Tensor& weight, double eps);
 // x [B, T, heads, head_dim]; cos/sin [T, head_dim] (or [B, T, head_dim]) fp32, applied in x's dtype:
 // x cos + rotate_half(x) sin. The fused kernel takes the [T, head_dim] form.
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);

@@ -271,9 +271,11 @@ at::Tensor Qwen3Model::block_forward(const Qwen3Block& b, at::Tensor x, const at
                                      KVCache* cache, int64_t layer, int64_t offset, const at::Tensor& allowed) {
   const int64_t B = x.size(0), T = x.size(1);
   const int64_t nh = config_.num_attention_heads, nkv = config_.num_key_value_heads, hd = config_.head_dim;
-  const at::Tensor h = rmsnorm(x, b.input_layernorm);
-  // RoPE on [B, T, heads, d] (one pass over q and k each), then heads first for attention.
   const double eps = config_.rms_norm_eps;
+  // The residual stream goes on from the norms' second outputs (x itself): on CUDA each norm's backward adds the
+  // stream's gradient into its own (rms_norm_and_input).
+  const auto [h, x_in] = rms_norm_and_input(x, b.input_layernorm, eps);
+  // RoPE on [B, T, heads, d] (one pass over q and k each), then heads first for attention.
   const std::vector<at::Tensor> qkv = project_shared_input({&b.q_proj, &b.k_proj, &b.v_proj}, h);
   const at::Tensor q = head_norm_rotary(qkv[0].view({B, T, nh, hd}), b.q_norm, eps, cos, sin).transpose(1, 2);
   at::Tensor k = head_norm_rotary(qkv[1].view({B, T, nkv, hd}), b.k_norm, eps, cos, sin).transpose(1, 2);
@@ -285,8 +287,8 @@ at::Tensor Qwen3Model::block_forward(const Qwen3Block& b, at::Tensor x, const at
     v = cache->values[layer].narrow(2, 0, offset + T);
   }
   const at::Tensor attn = causal_attention(q, k, v, allowed).transpose(1, 2).reshape({B, T, nh * hd});
-  x = x + b.o_proj(attn);
-  return x + mlp(b, rmsnorm(x, b.post_attention_layernorm));
+  const auto [h2, x1] = rms_norm_and_input(x_in + b.o_proj(attn), b.post_attention_layernorm, eps);
+  return x1 + mlp(b, h2);
 }
 
 at::Tensor Qwen3Model::mlp(const Qwen3Block& b, const at::Tensor& h) const {

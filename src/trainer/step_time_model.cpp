@@ -146,12 +146,13 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
   // passes are counted as the block runs them with the fused kernels (docs/performance.md, "The step-time
   // model"): forward the two norms (2H each), the q/k norms with RoPE (2(Q+KV): one pass, head_norm_rotary, where
   // the kernel takes the head width; else the norm and RoPE 2(Q+KV) each), the merged heads' copy (2Q), the two
-  // residual adds (3H each), SwiGLU (3I); backward the two norms' dx and dw passes (5H each), the q/k norms with
-  // RoPE (3(Q+KV): dy and x read, dx written; else the norms' 5(Q+KV) and RoPE's 2(Q+KV)), SwiGLU's (5I), the
-  // residual stream's two gradient sums (3H each), the sums of q/k/v's and of gate/up's dX (6H and 3H: none where
-  // the projections train, whose shared-input nodes add each dX into one buffer in the product,
-  // ste_linear_shared_input; a frozen block's codes products still leave autograd to sum them), the heads' copy
-  // (2Q). On CPU libtorch's unfused ops: an estimate of their passes.
+  // residual adds (3H each), SwiGLU (3I); backward the two norms' dx and dw passes (5H each) and their reads of
+  // the residual stream's gradient, which their dx kernels add in (1H each: rms_norm_and_input; autograd's sums
+  // moved 3H each), the q/k norms with RoPE (3(Q+KV): dy and x read, dx written; else the norms' 5(Q+KV) and
+  // RoPE's 2(Q+KV)), SwiGLU's (5I), the sums of q/k/v's and of gate/up's dX (6H and 3H: none where the projections
+  // train, whose shared-input nodes add each dX into one buffer in the product, ste_linear_shared_input; a frozen
+  // block's codes products still leave autograd to sum them), the heads' copy (2Q). On CPU libtorch's unfused
+  // ops: an estimate of their passes.
   const bool fused_qk = fused_head_norm_rope_takes(s.head_dim);
   const double qk_forward = fused_qk ? 2 : 4, qk_backward = fused_qk ? 3 : 7;
   const double attention_flops = 2 * B * nh * T * T * hd;
@@ -165,7 +166,7 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
   };
   const auto activation_backward_bytes = [&](int64_t l, bool trained) {
     const double dx_sums = trained ? 0 : 6 * H + (s.moe_layer(l) ? 0 : 3 * H);
-    return gpu ? N * a * (16 * H + dx_sums + (s.moe_layer(l) ? 3 * H : 0) + qk_backward * (Q + KV) + 2 * Q +
+    return gpu ? N * a * (12 * H + dx_sums + (s.moe_layer(l) ? 3 * H : 0) + qk_backward * (Q + KV) + 2 * Q +
                           5 * mlp_width(l) + 6 * routed_rows(l))
                : 2 * activation_bytes(l);
   };

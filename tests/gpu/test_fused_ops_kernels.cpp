@@ -211,6 +211,58 @@ INSTANTIATE_TEST_SUITE_P(Widths, GpuRmsNormKernels,
                          ::testing::Values(NormShape{517, 2560}, NormShape{517, 132}, NormShape{517, 131},
                                            NormShape{65536, 128}, NormShape{517, 64}));
 
+// RMSNorm's backward adding the residual stream's gradient (dx_add) gives the bytes of dx, rounded, plus that
+// gradient, rounded: what autograd's separate sum gave. bf16 and fp32, on the vector path (2560) and off it (131).
+TEST(GpuFusedKernels, RmsNormBackwardAddsTheStreamsGradientAsAutogradDid) {
+  QWEN3_REQUIRE_GPU();
+  for (const bool bf16 : {true, false})
+    for (const int64_t cols : {int64_t{2560}, int64_t{131}}) {
+      const int64_t rows = 97, n = rows * cols;
+      const size_t es = bf16 ? 2 : 4;
+      const KernelDType t = bf16 ? KernelDType::bf16 : KernelDType::f32;
+      std::vector<uint8_t> x(n * es), dy(n * es), add(n * es);
+      const std::vector<uint16_t> xv = bf16_values(n, 51, 2.0f), dyv = bf16_values(n, 52, 1.0f), addv = bf16_values(n, 53, 1.0f);
+      for (int64_t i = 0; i < n; ++i) {
+        if (bf16) {
+          std::memcpy(&x[i * 2], &xv[i], 2), std::memcpy(&dy[i * 2], &dyv[i], 2), std::memcpy(&add[i * 2], &addv[i], 2);
+        } else {
+          const float a = bf(xv[i]), b = bf(dyv[i]), c = bf(addv[i]) * 1.3f;  // fp32 values off the bf16 grid
+          std::memcpy(&x[i * 4], &a, 4), std::memcpy(&dy[i * 4], &b, 4), std::memcpy(&add[i * 4], &c, 4);
+        }
+      }
+      std::vector<float> w(cols, 1.0f);
+      for (int64_t c = 0; c < cols; ++c) w[c] += 0.1f * bf(bf16_values(1, 60 + c, 1.0f)[0]);
+      DeviceBuffer dx_in(n * es), ddy(n * es), dadd(n * es), dw_in(cols * 4), y(n * es), rstd(rows * 4), plain(n * es),
+          summed(n * es), dw(cols * 4), work(kernels::rmsnorm_backward_workspace_floats(rows, cols) * 4);
+      upload(dx_in, x), upload(ddy, dy), upload(dadd, add), upload(dw_in, w);
+      auto* r = reinterpret_cast<float*>(rstd.at());
+      ASSERT_EQ(kernels::launch_rmsnorm_forward(dx_in.at(), t, dw_in.at(), KernelDType::f32, rows, cols, 1e-6f, y.at(), r, nullptr), 0);
+      ASSERT_EQ(kernels::launch_rmsnorm_backward(ddy.at(), dx_in.at(), t, dw_in.at(), KernelDType::f32, r, rows, cols, plain.at(),
+                                                 reinterpret_cast<float*>(dw.at()), reinterpret_cast<float*>(work.at()), nullptr), 0);
+      ASSERT_EQ(kernels::launch_rmsnorm_backward(ddy.at(), dx_in.at(), t, dw_in.at(), KernelDType::f32, r, rows, cols, summed.at(),
+                                                 reinterpret_cast<float*>(dw.at()), reinterpret_cast<float*>(work.at()), nullptr,
+                                                 dadd.at()), 0);
+      std::vector<uint8_t> p(n * es), q(n * es);
+      download(p, plain), download(q, summed);
+      int64_t differ = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        float a, b, c;
+        if (bf16) {
+          uint16_t pa, qa, ad;
+          std::memcpy(&pa, &p[i * 2], 2), std::memcpy(&qa, &q[i * 2], 2), std::memcpy(&ad, &add[i * 2], 2);
+          a = bf(pa), c = bf(ad);
+          b = bf(qa);
+          differ += kernels::adamw::bf16_nearest(f::add_rn(a, c)) != qa;
+        } else {
+          std::memcpy(&a, &p[i * 4], 4), std::memcpy(&b, &q[i * 4], 4), std::memcpy(&c, &add[i * 4], 4);
+          const float want = f::add_rn(a, c);
+          differ += std::memcmp(&want, &b, 4) != 0;
+        }
+      }
+      EXPECT_EQ(differ, 0) << (bf16 ? "bf16 " : "fp32 ") << cols << " columns";
+    }
+}
+
 // The q/k norm and RoPE as one pass against the two kernels it replaces (launch_rmsnorm_* over [rows, d], then
 // launch_rope), byte for byte: y and rstd forward, dx and dw backward. Widths 64, 128 and 256 (8, 16 and 32 lanes a
 // row: 4, 2 and 1 rows a warp), bf16 and fp32 activations, fp32 and bf16 weights, the rows' tables and a table row a

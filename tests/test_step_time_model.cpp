@@ -2,6 +2,7 @@
 // and the CLI that prints it.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
 #include <string>
 
@@ -136,8 +137,17 @@ TEST(StepTimeModel, CountsTheBytesTheGpuPathMoves) {
   // Forward: each trained projection's operand from its master, codes kept; the activations' passes as counted
   // (the q/k norms and RoPE one pass: 2(Q+KV)); the head's cast and the loss's 2 bytes a logit.
   const double activations = s.layers * N * a * (10 * H + 2 * (Q + KV) + 2 * Q + 3 * I);
-  const double forward = trained * (e + codes + a) + activations + V * H * e + N * V * 2 * a;
+  // A bf16 master is the compute dtype: the head's slices are read by their products as they are (no cast).
+  const double forward = trained * (e + codes + a) + activations + N * V * 2 * a;
   EXPECT_NEAR(phase(plain, "forward_done").bytes, forward, 1e-9 * forward);
+  {
+    // An fp32 master: its one pass reads 4 bytes an element, and the head is cast a slice at a time (4 read, 2
+    // written), in forward and again in backward.
+    TrainOptions fp32_master = options(2048);
+    fp32_master.master_dtype = MasterDtype::float32;
+    const StepTimePlan p = predict_step_time(c, false, fp32_master, h100);
+    EXPECT_NEAR(phase(p, "forward_done").bytes - forward, trained * 2 + V * H * 6, 1e3);
+  }
   {
     // Heads of 136 (not 8-element pieces in a power of two): the norm and RoPE as two passes each way, 2(Q+KV)
     // more forward and 4(Q+KV) more backward, at the same weights' bytes.
@@ -152,7 +162,7 @@ TEST(StepTimeModel, CountsTheBytesTheGpuPathMoves) {
       if (spec.quantizable) trained_w += static_cast<double>(spec.shape[0] * spec.shape[1]);
     const StepTimePlan unfused = predict_step_time(wide, false, options(2048), h100);
     const double forward_w = trained_w * (e + codes + a) + w.layers * N * a * (10 * H + 4 * (Qw + KVw) + 2 * Qw + 3 * I) +
-                             V * H * e + N * V * 2 * a;
+                             N * V * 2 * a;
     EXPECT_NEAR(phase(unfused, "forward_done").bytes, forward_w, 1e-9 * forward_w);
     // Backward beside the fused width's: the activations' 12H (the norms' 10H and their reads of the stream's
     // gradient 2H; no sums of q/k/v's or gate/up's dX: the shared-input nodes add them in the products) + q/k (3 or
@@ -162,8 +172,11 @@ TEST(StepTimeModel, CountsTheBytesTheGpuPathMoves) {
     const double weights = phase(plain, "backward_done").bytes - phase(plain, "backward_done").update_bytes - backward_acts;
     const double weights_w =
         phase(unfused, "backward_done").bytes - phase(unfused, "backward_done").update_bytes - backward_acts_w;
-    EXPECT_NEAR(weights - V * H * e * 2 - N * V * 3 * a, trained * (codes + a + e), 1e3);
-    EXPECT_NEAR(weights_w - V * H * e * 2 - N * V * 3 * a, trained_w * (codes + a + e), 1e3);
+    // The loss's backward: the head's gradient written (V·H·e), 3a bytes a logit, and each of the 19 slices' fp32
+    // dX added to the sum before it (12 bytes an element of [N, H]: 2^24 logits a slice, 8,192 columns at 2048 rows).
+    const double sums = std::ceil(V / 8192.0) * 12 * N * H;
+    EXPECT_NEAR(weights - V * H * e - N * V * 3 * a - sums, trained * (codes + a + e), 1e3);
+    EXPECT_NEAR(weights_w - V * H * e - N * V * 3 * a - sums, trained_w * (codes + a + e), 1e3);
   }
   // Checkpointed: no codes in either forward, and dX reads the kept operand (no dequantization).
   TrainOptions ckpt = options(2048);
@@ -172,7 +185,7 @@ TEST(StepTimeModel, CountsTheBytesTheGpuPathMoves) {
   EXPECT_NEAR(phase(plain, "forward_done").bytes - phase(recomputed, "forward_done").bytes, trained * codes, 1e3);
   const double backward_plain = phase(plain, "backward_done").bytes;
   const double backward_ckpt = phase(recomputed, "backward_done").bytes;
-  EXPECT_NEAR(backward_ckpt - backward_plain, phase(recomputed, "forward_done").bytes - V * H * e - N * V * 2 * a -
+  EXPECT_NEAR(backward_ckpt - backward_plain, phase(recomputed, "forward_done").bytes - N * V * 2 * a -
                                                   trained * (codes + a),
               1e3);
   // --keep-weight-operands without checkpointing: forward writes no codes, and dX reads the kept operand.

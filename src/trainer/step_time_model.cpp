@@ -2,6 +2,7 @@
 #include "qwen3/trainer/step_time_model.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "qwen3/base/error.h"
 #include "qwen3/memory/memory_probe.h"
@@ -221,14 +222,20 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
   // The sliced loss: the head's product in forward; in backward the logits again, dX and (if it trains) dW.
   // Beyond the products: on a GPU each slice's logits are written by the product and read once by the statistics
   // kernel (forward), and written, then read and overwritten by the gradient kernel (backward): 2a and 3a bytes a
-  // logit (kernels/lm_loss_slice.md); on CPU libtorch's fp32 passes, 2a + 28 and 3a + 32.
-  const double head_cast_bytes = V * H * (e + (a != e ? a : 0));
+  // logit (kernels/lm_loss_slice.md); on CPU libtorch's fp32 passes, 2a + 28 and 3a + 32. The head is cast to the
+  // compute dtype a slice at a time (read e, written a) where the master's dtype differs; where it is the compute
+  // dtype the product reads it as it is (an operand, not a pass). Each slice's dX, an fp32 [N, H], is added to the
+  // ones before it (the product's tensor and the sum read, the sum written: 12 bytes an element), slices of
+  // lm_loss's width: 2^24 logits over the rows.
+  const double head_cast_bytes = a != e ? V * H * (e + a) : 0;
   const double forward_logit_bytes = N * V * (gpu ? 2 * a : 2 * a + 28);
   const double backward_logit_bytes = N * V * (gpu ? 3 * a : 3 * a + 32);
+  const double slice = std::min(V, std::max(256.0, std::floor(16777216.0 / std::max(N, 1.0))));
+  const double input_gradient_sums = std::ceil(V / slice) * 12 * N * H;
   forward.flops += 2 * N * H * V;
   forward.bytes += head_cast_bytes + forward_logit_bytes;
   backward.flops += 2 * N * H * V * (head_grad ? 3 : 2);
-  backward.bytes += head_cast_bytes + backward_logit_bytes + (head_grad ? V * H * e : 0);
+  backward.bytes += head_cast_bytes + backward_logit_bytes + input_gradient_sums + (head_grad ? V * H * e : 0);
   // The optimizer: the norm reads every gradient once; the fused update reads gradient, master and state and
   // writes master and state (nvfp4 on a GPU reads the gradient and its state twice, for the row scale).
   const bool reread = gpu && o.adamw.moments == MomentStorage::nvfp4;

@@ -1,12 +1,13 @@
 // RMSNorm forward/backward, RoPE in place, SwiGLU forward/backward: one pass each over the activations, by the
-// element rules of fused_ops.cuh. Layout of work and why: kernels/fused_ops.md.
+// element rules of fused_ops.cuh (the q/k norms with RoPE: head_norm_rope.cu). Layout of work and why:
+// kernels/fused_ops.md.
 #include <cuda_runtime.h>
 
 #include <climits>
 #include <cstdint>
-#include <initializer_list>
 
 #include "fused_ops.cuh"
+#include "fused_rows.cuh"
 #include "qwen3_kernels.h"
 #include "vector_access.cuh"
 
@@ -14,45 +15,12 @@ namespace qwen3::kernels {
 namespace {
 
 namespace f = fused;
-constexpr int kThreads = 256;
-constexpr int kWarpsPerCta = kThreads / 32;
-// Elements a thread reads at once on the vector paths: 16 bytes of bf16 (two 16-byte loads of fp32).
-constexpr int kVec = 8;
+using namespace rows;  // kThreads, kVec, row_sum, for_each_row, grid_for, supported, aligned, rmsnorm_grid
 // Columns a thread of the RMSNorm weight-gradient kernel sums (a 4-byte bf16 pair).
 constexpr int kDwCols = 2;
 
-int grid_for(int64_t items, int64_t per_cta) {
-  const int64_t ctas = (items + per_cta - 1) / per_cta;
-  return static_cast<int>(ctas < 1 ? 1 : (ctas > 65535 ? 65535 : ctas));
-}
-
 // ---- RMSNorm: a warp per row, or per two or more narrow rows (the rows are tokens, or tokens x heads for the
 // q/k norms) -------------------------------------------------------------------------------------------------------
-
-// The vector path (`vectorized`: rows of whole 8-element pieces, every pointer aligned for them): a lane reads 8
-// consecutive elements at a time, so a warp reads 512 contiguous bytes of a bf16 row instead of 64. A row of at
-// most 16 pieces (the q/k norms: 128 columns, 16 pieces) takes `row_lanes` lanes, the power of two that covers its
-// pieces, and a warp takes 32 / row_lanes rows: a warp a 128-wide row left half its lanes idle. The sums meet by
-// a butterfly over the row's lanes, which gives the bits of the whole warp's butterfly the kernels used before
-// (the lanes beyond a row's pieces held zeros, which the first steps added exactly).
-__device__ __forceinline__ float row_sum(float x, int row_lanes) {
-  for (int offset = row_lanes / 2; offset > 0; offset /= 2) x += __shfl_xor_sync(0xFFFFFFFFu, x, offset);
-  return x;
-}
-
-// Calls body(row, in, row_lane) for this lane's rows: a warp takes 32 / row_lanes rows at a time, row_lanes lanes
-// each, and walks them grid-stride. Every lane of a warp makes the same calls (the shuffles need all 32): `in` is
-// false for a lane whose row is past the last, which reads and writes nothing.
-template <typename Body>
-__device__ __forceinline__ void for_each_row(int64_t rows, int row_lanes, Body body) {
-  const int lane = threadIdx.x % 32, rows_per_warp = 32 / row_lanes;
-  const int row_lane = lane % row_lanes, sub_row = lane / row_lanes;
-  for (int64_t group = blockIdx.x * static_cast<int64_t>(kWarpsPerCta) + threadIdx.x / 32; group * rows_per_warp < rows;
-       group += static_cast<int64_t>(gridDim.x) * kWarpsPerCta) {
-    const int64_t row = group * rows_per_warp + sub_row;
-    body(row, row < rows, row_lane);
-  }
-}
 
 template <bool kBf16, bool kBf16Weight>
 __global__ void __launch_bounds__(kThreads) rmsnorm_forward_kernel(const void* x, const void* w, int64_t rows,
@@ -269,124 +237,6 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const void* x, void* out
   }
 }
 
-// ---- The q/k norms and RoPE in one pass: a head row [head_dim] normalized, scaled and rotated in registers ------
-// A lane takes a piece of 8 elements (fused::head_norm_rope_lanes lanes a row: 16 for 128), as the RMSNorm kernels'
-// vector path takes a narrow row, so the sum of squares meets by the same butterfly; a piece's RoPE partners
-// (head_dim / 2 further on, or back) are the piece of the lane half a row away (lane ^ lanes / 2), read by a
-// shuffle. Each value is the one the separate kernels store between them (the norm's output going into RoPE,
-// RoPE backward's gradient going into the norm's), so the outputs are their bytes, and the normalized row never
-// goes to memory: forward reads x once and writes y once, backward reads dy and x once and writes dx once.
-
-// The tables at the row's position: 8 values from the first half's index i, 8 from i + head_dim / 2.
-struct RopePieceTables {
-  float c1[kVec], s1[kVec], c2[kVec], s2[kVec];
-};
-
-__device__ __forceinline__ void load_rope_piece_tables(const float* cos, const float* sin, int64_t table_row,
-                                                       int64_t head_dim, int64_t i, RopePieceTables& t) {
-  const int64_t a = table_row * head_dim + i, b = a + head_dim / 2;
-  vec::load<false, kVec>(cos, a, t.c1);
-  vec::load<false, kVec>(sin, a, t.s1);
-  vec::load<false, kVec>(cos, b, t.c2);
-  vec::load<false, kVec>(sin, b, t.s2);
-}
-
-// RoPE (or its backward) on the row's pieces: v is this lane's piece (in the first half where `first`), replaced
-// by its part of the result. Every lane of the warp calls it (the shuffles need all 32).
-template <bool kBf16, bool kBackward>
-__device__ __forceinline__ void rotate_piece(float (&v)[kVec], int partner_lanes, bool first, const RopePieceTables& t) {
-#pragma unroll
-  for (int k = 0; k < kVec; ++k) {
-    const float other = __shfl_xor_sync(0xFFFFFFFFu, v[k], partner_lanes);
-    float x1 = first ? v[k] : other, x2 = first ? other : v[k];
-    if (kBackward)
-      f::rope_pair_backward<kBf16>(x1, x2, t.c1[k], t.s1[k], t.c2[k], t.s2[k]);
-    else
-      f::rope_pair<kBf16>(x1, x2, t.c1[k], t.s1[k], t.c2[k], t.s2[k]);
-    v[k] = first ? x1 : x2;
-  }
-}
-
-// x, y [rows, head_dim] with rows = (batch, seq, heads) flattened; the table row of a row: its token's position.
-template <bool kBf16, bool kBf16Weight>
-__global__ void __launch_bounds__(kThreads) head_norm_rope_forward_kernel(const void* x, const void* w, int64_t rows,
-                                                                          int64_t head_dim, int64_t heads, float eps,
-                                                                          const float* cos, const float* sin,
-                                                                          int64_t table_rows, void* y, float* rstd,
-                                                                          int row_lanes) {
-  const int half_lanes = row_lanes / 2;
-  for_each_row(rows, row_lanes, [&](int64_t row, bool in, int row_lane) {
-    const int64_t c = static_cast<int64_t>(row_lane) * kVec, base = row * head_dim;
-    const bool first = row_lane < half_lanes;
-    float v[kVec] = {}, wv[kVec];
-    if (in) vec::load<kBf16, kVec>(x, base + c, v);
-    float squares = 0.0f;
-    for (int k = 0; k < kVec; ++k) squares = fmaf(v[k], v[k], squares);
-    const float r = f::rmsnorm_rstd(row_sum(squares, row_lanes), head_dim, eps);
-    vec::load<kBf16Weight, kVec>(w, c, wv);
-    for (int k = 0; k < kVec; ++k) v[k] = f::rmsnorm_output<kBf16>(v[k], r, wv[k]);
-    RopePieceTables t;
-    load_rope_piece_tables(cos, sin, in ? (row / heads) % table_rows : 0, head_dim, first ? c : c - head_dim / 2, t);
-    rotate_piece<kBf16, false>(v, half_lanes, first, t);
-    if (!in) return;
-    vec::store<kBf16, kVec>(y, base + c, v);
-    if (row_lane == 0) rstd[row] = r;
-  });
-}
-
-// dx and the weight gradient's partial sums: a CTA takes whole chunks of rows (rmsnorm_rows_per_chunk), in waves of
-// kWarpsPerCta * 32 / lanes rows; each wave's dw terms go to shared memory, where thread j (j < head_dim) adds
-// column j's in row order, so partial[chunk][j] is the sum rmsnorm_dw_partial_kernel forms, bit for bit, and
-// sum_chunks_kernel finishes it as for any norm.
-template <bool kBf16, bool kBf16Weight>
-__global__ void __launch_bounds__(kThreads) head_norm_rope_backward_kernel(
-    const void* dy, const void* x, const void* w, const float* rstd, int64_t rows, int64_t head_dim, int64_t heads,
-    const float* cos, const float* sin, int64_t table_rows, int64_t rows_per_chunk, int64_t chunks, void* dx,
-    float* partial, int row_lanes) {
-  // A wave's terms: (32 / lanes rows a warp) x (8 lanes x 8 elements a row) = kVec x 32 a warp, whatever the width.
-  __shared__ float terms[kWarpsPerCta * 32 * kVec];
-  const int lane = threadIdx.x % 32, rows_per_warp = 32 / row_lanes;
-  const int row_lane = lane % row_lanes, half_lanes = row_lanes / 2;
-  const int local = static_cast<int>(threadIdx.x / 32) * rows_per_warp + lane / row_lanes;  // its row in a wave
-  const int64_t rows_per_wave = static_cast<int64_t>(kWarpsPerCta) * rows_per_warp;
-  const int64_t c = static_cast<int64_t>(row_lane) * kVec;
-  const bool first = row_lane < half_lanes;
-  float wv[kVec];
-  vec::load<kBf16Weight, kVec>(w, c, wv);
-  for (int64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
-    const int64_t first_row = chunk * rows_per_chunk;
-    const int64_t last = first_row + rows_per_chunk < rows ? first_row + rows_per_chunk : rows;
-    float sum = 0.0f;  // column threadIdx.x's partial
-    for (int64_t wave = first_row; wave < last; wave += rows_per_wave) {
-      const int64_t row = wave + local, base = row * head_dim;
-      const bool in = row < last;
-      float g[kVec] = {}, xv[kVec] = {}, out[kVec];
-      if (in) vec::load<kBf16, kVec>(dy, base + c, g);
-      RopePieceTables t;
-      load_rope_piece_tables(cos, sin, in ? (row / heads) % table_rows : 0, head_dim, first ? c : c - head_dim / 2, t);
-      rotate_piece<kBf16, true>(g, half_lanes, first, t);  // g: the gradient reaching the norm's output
-      if (in) vec::load<kBf16, kVec>(x, base + c, xv);
-      const float r = in ? rstd[row] : 0.0f;
-      float dot = 0.0f;
-      for (int k = 0; k < kVec; ++k) dot = fmaf(f::rmsnorm_grad_n<kBf16>(g[k], wv[k]), f::mul_rn(xv[k], r), dot);
-      const float mean = row_sum(dot, row_lanes) / static_cast<float>(head_dim);
-      for (int k = 0; k < kVec; ++k) {
-        const float n = f::mul_rn(xv[k], r);
-        out[k] = f::rmsnorm_dx(f::rmsnorm_grad_n<kBf16>(g[k], wv[k]), n, mean, r);
-        terms[local * head_dim + c + k] = f::rmsnorm_dw_term<kBf16>(g[k], n);
-      }
-      if (in) vec::store<kBf16, kVec>(dx, base + c, out);
-      __syncthreads();
-      if (threadIdx.x < head_dim) {
-        const int64_t wave_rows = last - wave < rows_per_wave ? last - wave : rows_per_wave;
-        for (int64_t i = 0; i < wave_rows; ++i) sum = f::add_rn(sum, terms[i * head_dim + threadIdx.x]);
-      }
-      __syncthreads();
-    }
-    if (threadIdx.x < head_dim) partial[chunk * head_dim + threadIdx.x] = sum;
-  }
-}
-
 // ---- SwiGLU: 8 elements a thread where every pointer is aligned for them (the last n % 8 one a thread), else
 // one a thread ------------------------------------------------------------------------------------------------------
 
@@ -428,21 +278,14 @@ __global__ void __launch_bounds__(kThreads) swiglu_backward_kernel(const void* d
   }
 }
 
-bool supported(KernelDType t) { return t == KernelDType::f32 || t == KernelDType::bf16; }
-
-// Whether element 0 of p starts a K-element piece of its dtype (so does every K-th element after it).
-template <int K>
-bool aligned(const void* p, KernelDType t) {
-  return t == KernelDType::bf16 ? vec::aligned_for<true, K>(p) : vec::aligned_for<false, K>(p);
-}
-
-// CTAs for `rows` rows at `lanes` lanes a row: 32 / lanes rows a warp.
-int rmsnorm_grid(int64_t rows, int lanes) {
-  const int rows_per_warp = 32 / lanes;
-  return grid_for((rows + rows_per_warp - 1) / rows_per_warp, kWarpsPerCta);
-}
-
 }  // namespace
+
+namespace rows {
+void launch_sum_chunks(const float* partial, int64_t chunks, int64_t cols, float* dw, cudaStream_t stream) {
+  sum_chunks_kernel<<<static_cast<unsigned>((cols + kSumColumns - 1) / kSumColumns), dim3(kSumColumns, f::kDwRuns), 0,
+                      stream>>>(partial, chunks, cols, dw);
+}
+}  // namespace rows
 
 int launch_rmsnorm_forward(const void* x, KernelDType x_type, const void* w, KernelDType w_type, int64_t rows,
                            int64_t cols, float eps, void* y, float* rstd, void* stream) {
@@ -509,8 +352,7 @@ int launch_rmsnorm_backward(const void* dy, const void* x, KernelDType x_type, c
   else
     rmsnorm_dw_partial_kernel<false><<<partial_grid, kThreads, 0, s>>>(dy, x, rstd, rows, cols, per_chunk, chunks,
                                                                        pairs_across, workspace, pairs);
-  sum_chunks_kernel<<<static_cast<unsigned>((cols + kSumColumns - 1) / kSumColumns), dim3(kSumColumns, f::kDwRuns), 0,
-                      s>>>(workspace, chunks, cols, dw);
+  rows::launch_sum_chunks(workspace, chunks, cols, dw, s);
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -536,69 +378,6 @@ int launch_rope(const void* x, void* out, KernelDType type, int64_t batch, int64
     rope_kernel<false, uint32_t><<<grid, kThreads, 0, s>>>(x, out, batch, seq, heads, head_dim, cos, sin, table_rows, backward, v);
   else
     rope_kernel<false, int64_t><<<grid, kThreads, 0, s>>>(x, out, batch, seq, heads, head_dim, cos, sin, table_rows, backward, v);
-  return static_cast<int>(cudaGetLastError());
-}
-
-namespace {
-// The fused q/k norm + RoPE's common checks: dtypes, a width it takes, the tables' rows, every pointer aligned
-// for 8-element pieces.
-bool head_norm_rope_arguments(KernelDType x_type, KernelDType w_type, int64_t batch, int64_t seq, int64_t heads,
-                              int64_t head_dim, int64_t table_rows, std::initializer_list<const void*> activations,
-                              const void* w, const float* cos, const float* sin) {
-  bool ok = supported(x_type) && supported(w_type) && fused::head_norm_rope_lanes(head_dim) > 0 && batch >= 0 &&
-            seq >= 0 && heads >= 0 && w && cos && sin && (table_rows == seq || table_rows == batch * seq) &&
-            aligned<kVec>(w, w_type) && aligned<kVec>(cos, KernelDType::f32) && aligned<kVec>(sin, KernelDType::f32);
-  for (const void* p : activations) ok = ok && p && aligned<kVec>(p, x_type);
-  return ok;
-}
-}  // namespace
-
-int launch_head_norm_rope_forward(const void* x, KernelDType x_type, const void* w, KernelDType w_type, int64_t batch,
-                                  int64_t seq, int64_t heads, int64_t head_dim, float eps, const float* cos,
-                                  const float* sin, int64_t table_rows, void* y, float* rstd, void* stream) {
-  if (!head_norm_rope_arguments(x_type, w_type, batch, seq, heads, head_dim, table_rows, {x, y}, w, cos, sin) || !rstd)
-    return static_cast<int>(cudaErrorInvalidValue);
-  const int64_t rows = batch * seq * heads;
-  if (rows == 0) return 0;
-  const auto s = static_cast<cudaStream_t>(stream);
-  const int lanes = fused::head_norm_rope_lanes(head_dim);
-  const int grid = rmsnorm_grid(rows, lanes);
-  const bool bx = x_type == KernelDType::bf16, bw = w_type == KernelDType::bf16;
-#define QWEN3_HEAD_NORM_ROPE_FORWARD(BX, BW)                                                                    \
-  head_norm_rope_forward_kernel<BX, BW><<<grid, kThreads, 0, s>>>(x, w, rows, head_dim, heads, eps, cos, sin, \
-                                                                  table_rows, y, rstd, lanes)
-  if (bx && bw) QWEN3_HEAD_NORM_ROPE_FORWARD(true, true);
-  else if (bx) QWEN3_HEAD_NORM_ROPE_FORWARD(true, false);
-  else if (bw) QWEN3_HEAD_NORM_ROPE_FORWARD(false, true);
-  else QWEN3_HEAD_NORM_ROPE_FORWARD(false, false);
-#undef QWEN3_HEAD_NORM_ROPE_FORWARD
-  return static_cast<int>(cudaGetLastError());
-}
-
-int launch_head_norm_rope_backward(const void* dy, const void* x, KernelDType x_type, const void* w, KernelDType w_type,
-                                   const float* rstd, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
-                                   const float* cos, const float* sin, int64_t table_rows, void* dx, float* dw,
-                                   float* workspace, void* stream) {
-  if (!head_norm_rope_arguments(x_type, w_type, batch, seq, heads, head_dim, table_rows, {dy, x, dx}, w, cos, sin) ||
-      !rstd || !dw || !workspace)
-    return static_cast<int>(cudaErrorInvalidValue);
-  const int64_t rows = batch * seq * heads;
-  const auto s = static_cast<cudaStream_t>(stream);
-  const int lanes = fused::head_norm_rope_lanes(head_dim);
-  const int64_t per_chunk = rmsnorm_rows_per_chunk(rows);
-  const int64_t chunks = rmsnorm_backward_workspace_floats(rows, head_dim) / head_dim;
-  const bool bx = x_type == KernelDType::bf16, bw = w_type == KernelDType::bf16;
-  const auto grid = static_cast<unsigned>(chunks);  // at most 65,535 (rmsnorm_rows_per_chunk)
-#define QWEN3_HEAD_NORM_ROPE_BACKWARD(BX, BW)                                                                      \
-  head_norm_rope_backward_kernel<BX, BW><<<grid, kThreads, 0, s>>>(dy, x, w, rstd, rows, head_dim, heads, cos, sin, \
-                                                                   table_rows, per_chunk, chunks, dx, workspace, lanes)
-  if (bx && bw) QWEN3_HEAD_NORM_ROPE_BACKWARD(true, true);
-  else if (bx) QWEN3_HEAD_NORM_ROPE_BACKWARD(true, false);
-  else if (bw) QWEN3_HEAD_NORM_ROPE_BACKWARD(false, true);
-  else QWEN3_HEAD_NORM_ROPE_BACKWARD(false, false);
-#undef QWEN3_HEAD_NORM_ROPE_BACKWARD
-  sum_chunks_kernel<<<static_cast<unsigned>((head_dim + kSumColumns - 1) / kSumColumns), dim3(kSumColumns, f::kDwRuns), 0,
-                      s>>>(workspace, chunks, head_dim, dw);
   return static_cast<int>(cudaGetLastError());
 }
 

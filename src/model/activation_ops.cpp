@@ -51,41 +51,22 @@ using kernel_glue::activation_dtype;
 using kernel_glue::check_launch;
 using kernel_glue::current_stream;
 
-class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
- public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, double eps) {
-    const c10::cuda::CUDAGuard guard(x.device());
-    const at::Tensor xc = x.contiguous(), w = weight.contiguous();
-    const int64_t cols = x.size(-1), rows = xc.numel() / cols;
-    at::Tensor y = at::empty_like(xc);
-    at::Tensor rstd = at::empty({rows}, xc.options().dtype(at::kFloat));
-    check_launch(kernels::launch_rmsnorm_forward(xc.data_ptr(), activation_dtype(xc), w.data_ptr(), activation_dtype(w), rows, cols,
-                                          static_cast<float>(eps), y.data_ptr(), rstd.data_ptr<float>(), current_stream(xc)),
-          "rmsnorm forward");
-    ctx->save_for_backward({xc, w, rstd});
-    return y;
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const at::Tensor &x = saved[0], &w = saved[1], &rstd = saved[2];
-    const c10::cuda::CUDAGuard guard(x.device());
-    const at::Tensor dy = grads[0].contiguous();
-    const int64_t cols = x.size(-1), rows = x.numel() / cols;
-    at::Tensor dx = at::empty_like(x);
-    at::Tensor dw = at::empty({cols}, x.options().dtype(at::kFloat));
-    at::Tensor workspace = at::empty({kernels::rmsnorm_backward_workspace_floats(rows, cols)}, dw.options());
-    check_launch(kernels::launch_rmsnorm_backward(dy.data_ptr(), x.data_ptr(), activation_dtype(x), w.data_ptr(), activation_dtype(w),
-                                           rstd.data_ptr<float>(), rows, cols, dx.data_ptr(), dw.data_ptr<float>(),
-                                           workspace.data_ptr<float>(), current_stream(x)),
-          "rmsnorm backward");
-    return {dx, dw.to(w.scalar_type()), at::Tensor()};
-  }
+// The gradient buffers of a norm's backward kernel (launch_rmsnorm_backward, launch_head_norm_rope_backward) over
+// x's rows: dx, the fp32 dw and the workspace of its chunks' partial sums.
+struct NormGradients {
+  at::Tensor dx, dw, workspace;
+  explicit NormGradients(const at::Tensor& x)
+      : dx(at::empty_like(x)),
+        dw(at::empty({x.size(-1)}, x.options().dtype(at::kFloat))),
+        workspace(at::empty({kernels::rmsnorm_backward_workspace_floats(x.numel() / x.size(-1), x.size(-1))},
+                            x.options().dtype(at::kFloat))) {}
 };
 
-// RMSNorm that also hands its input on ({y, x}; x as a view of itself, through this node): the block's residual
-// stream uses the second output, so the gradient x gets by the stream arrives here with the norm's, and one kernel
-// writes their sum (launch_rmsnorm_backward's dx_add), where autograd would add the two with a pass of its own.
-class RmsNormAndInputFunction : public torch::autograd::Function<RmsNormAndInputFunction> {
+// RMSNorm, its input handed on as a second output ({y, x}; x as a view of itself, through this node). Where the
+// residual stream goes on from that output (rms_norm_and_input), the gradient it gives x arrives here with the
+// norm's, and the backward kernel writes their sum (launch_rmsnorm_backward's dx_add) where autograd would add the
+// two with a pass of its own; rms_norm leaves it unused.
+class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, double eps) {
     ctx->set_materialize_grads(false);
@@ -109,15 +90,13 @@ class RmsNormAndInputFunction : public torch::autograd::Function<RmsNormAndInput
     if (!grads[0].defined()) return {passed, at::Tensor(), at::Tensor()};  // the norm's output reached no loss
     const at::Tensor dy = grads[0].contiguous();
     const int64_t cols = x.size(-1), rows = x.numel() / cols;
-    at::Tensor dx = at::empty_like(x);
-    at::Tensor dw = at::empty({cols}, x.options().dtype(at::kFloat));
-    at::Tensor workspace = at::empty({kernels::rmsnorm_backward_workspace_floats(rows, cols)}, dw.options());
+    NormGradients g(x);
     check_launch(kernels::launch_rmsnorm_backward(dy.data_ptr(), x.data_ptr(), activation_dtype(x), w.data_ptr(),
-                                                  activation_dtype(w), rstd.data_ptr<float>(), rows, cols, dx.data_ptr(),
-                                                  dw.data_ptr<float>(), workspace.data_ptr<float>(), current_stream(x),
+                                                  activation_dtype(w), rstd.data_ptr<float>(), rows, cols, g.dx.data_ptr(),
+                                                  g.dw.data_ptr<float>(), g.workspace.data_ptr<float>(), current_stream(x),
                                                   passed.defined() ? passed.data_ptr() : nullptr),
                  "rmsnorm backward");
-    return {dx, dw.to(w.scalar_type()), at::Tensor()};
+    return {g.dx, g.dw.to(w.scalar_type()), at::Tensor()};
   }
 };
 
@@ -175,17 +154,14 @@ class HeadNormRopeFunction : public torch::autograd::Function<HeadNormRopeFuncti
     const at::Tensor &x = saved[0], &w = saved[1], &rstd = saved[2], &c = saved[3], &s = saved[4];
     const c10::cuda::CUDAGuard guard(x.device());
     const at::Tensor dy = grads[0].contiguous();
-    at::Tensor dx = at::empty_like(x);
-    at::Tensor dw = at::empty({x.size(3)}, x.options().dtype(at::kFloat));
-    at::Tensor workspace =
-        at::empty({kernels::rmsnorm_backward_workspace_floats(x.numel() / x.size(3), x.size(3))}, dw.options());
+    NormGradients g(x);
     check_launch(kernels::launch_head_norm_rope_backward(
                      dy.data_ptr(), x.data_ptr(), activation_dtype(x), w.data_ptr(), activation_dtype(w),
                      rstd.data_ptr<float>(), x.size(0), x.size(1), x.size(2), x.size(3), c.data_ptr<float>(),
-                     s.data_ptr<float>(), ctx->saved_data["table_rows"].toInt(), dx.data_ptr(), dw.data_ptr<float>(),
-                     workspace.data_ptr<float>(), current_stream(x)),
+                     s.data_ptr<float>(), ctx->saved_data["table_rows"].toInt(), g.dx.data_ptr(), g.dw.data_ptr<float>(),
+                     g.workspace.data_ptr<float>(), current_stream(x)),
                  "q/k norm and rope backward");
-    return {dx, dw.to(w.scalar_type()), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {g.dx, g.dw.to(w.scalar_type()), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -220,52 +196,51 @@ bool fused_activation_ops_take(const at::Tensor& x) {
   return x.is_cuda() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16);
 }
 
+namespace {
+// An RMSNorm weight the kernels read: fp32 (a master) or bf16.
+bool norm_weight_taken(const at::Tensor& weight) {
+  return weight.scalar_type() == at::kFloat || weight.scalar_type() == at::kBFloat16;
+}
+// RoPE tables the kernels take for x [B, T, heads, d]: of the rows' positions [T, d] or every token's [B, T, d].
+bool rope_tables_taken(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const bool shared = cos.dim() == 2 && x.dim() == 4 && cos.size(0) == x.size(1);
+  const bool per_row = cos.dim() == 3 && x.dim() == 4 && cos.size(0) == x.size(0) && cos.size(1) == x.size(1);
+  return (shared || per_row) && cos.sizes().equals(sin.sizes()) && cos.size(-1) == x.size(-1);
+}
+bool aligned_16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
+}  // namespace
+
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  const bool weight_ok = weight.scalar_type() == at::kFloat || weight.scalar_type() == at::kBFloat16;
-  if (!fused_activation_ops_take(x) || !weight_ok) return reference::rms_norm(x, weight, eps);
-  return RmsNormFunction::apply(x, weight, eps);
+  if (!fused_activation_ops_take(x) || !norm_weight_taken(weight)) return reference::rms_norm(x, weight, eps);
+  return RmsNormFunction::apply(x, weight, eps)[0];
+}
+
+std::pair<at::Tensor, at::Tensor> rms_norm_and_input(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  if (!fused_activation_ops_take(x) || !norm_weight_taken(weight)) return {reference::rms_norm(x, weight, eps), x};
+  const variable_list out = RmsNormFunction::apply(x, weight, eps);
+  return {out[0], out[1]};
 }
 
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  // The kernel takes tables of the rows' positions [T, d] or of every token's [B, T, d] (packed rows).
-  const bool shared = cos.dim() == 2 && x.dim() == 4 && cos.size(0) == x.size(1);
-  const bool per_row = cos.dim() == 3 && x.dim() == 4 && cos.size(0) == x.size(0) && cos.size(1) == x.size(1);
-  if (!fused_activation_ops_take(x) || !(shared || per_row) || !cos.sizes().equals(sin.sizes()) ||
-      cos.size(-1) != x.size(-1))
-    return reference::rotary(x, cos, sin);
+  if (!fused_activation_ops_take(x) || !rope_tables_taken(x, cos, sin)) return reference::rotary(x, cos, sin);
   return RotaryFunction::apply(x, cos, sin);
+}
+
+at::Tensor head_norm_rotary(const at::Tensor& x, const at::Tensor& weight, double eps, const at::Tensor& cos,
+                            const at::Tensor& sin) {
+  // The fused pass where it takes the width (head_norm_rope_lanes) and 16-byte aligned rows (a fresh product's
+  // output is; its contiguous view of heads too); anything else, the two nodes it replaces.
+  const bool weight_fits = norm_weight_taken(weight) && weight.dim() == 1 && x.dim() == 4 && weight.size(0) == x.size(3);
+  if (!fused_activation_ops_take(x) || !weight_fits || !rope_tables_taken(x, cos, sin) ||
+      !fused_head_norm_rope_takes(x.size(3)) || !x.is_contiguous() || !aligned_16(x) || !aligned_16(weight))
+    return rotary(rms_norm(x, weight, eps), cos, sin);
+  return HeadNormRopeFunction::apply(x, weight, eps, cos, sin);
 }
 
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {
   if (!fused_activation_ops_take(gate) || gate.scalar_type() != up.scalar_type() || !gate.sizes().equals(up.sizes()))
     return reference::swiglu(gate, up);
   return SwigluFunction::apply(gate, up);
-}
-
-std::pair<at::Tensor, at::Tensor> rms_norm_and_input(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  const bool weight_ok = weight.scalar_type() == at::kFloat || weight.scalar_type() == at::kBFloat16;
-  if (!fused_activation_ops_take(x) || !weight_ok) return {rms_norm(x, weight, eps), x};
-  const variable_list out = RmsNormAndInputFunction::apply(x, weight, eps);
-  return {out[0], out[1]};
-}
-
-namespace {
-bool aligned_16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
-}  // namespace
-
-at::Tensor head_norm_rotary(const at::Tensor& x, const at::Tensor& weight, double eps, const at::Tensor& cos,
-                            const at::Tensor& sin) {
-  const bool weight_ok = (weight.scalar_type() == at::kFloat || weight.scalar_type() == at::kBFloat16) &&
-                         weight.dim() == 1 && x.dim() == 4 && weight.size(0) == x.size(3);
-  const bool shared = cos.dim() == 2 && x.dim() == 4 && cos.size(0) == x.size(1);
-  const bool per_row = cos.dim() == 3 && x.dim() == 4 && cos.size(0) == x.size(0) && cos.size(1) == x.size(1);
-  // The fused pass where it takes the width (head_norm_rope_lanes) and 16-byte aligned rows (a fresh product's
-  // output is; its contiguous view of heads too); anything else, the two nodes it replaces.
-  if (!fused_activation_ops_take(x) || !weight_ok || !(shared || per_row) || !cos.sizes().equals(sin.sizes()) ||
-      cos.size(-1) != x.size(-1) || !fused_head_norm_rope_takes(x.size(3)) || !x.is_contiguous() || !aligned_16(x) ||
-      !aligned_16(weight))
-    return rotary(rms_norm(x, weight, eps), cos, sin);
-  return HeadNormRopeFunction::apply(x, weight, eps, cos, sin);
 }
 
 #else  // no CUDA kernels or a CPU-only libtorch: libtorch ops everywhere

@@ -109,21 +109,19 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
     at::Tensor grad_weight;
     // On CUDA a gradient made here is not zeroed and then added to: the slices cover its rows once each, and each
     // slice's product is written into its rows (product_into). On the CPU, zeros and sums as before (its bytes).
-    const bool write_rows = hidden.is_cuda();
-    bool fresh = false;
+    bool fresh = false;  // a gradient made here: each slice writes its rows
+    const auto new_gradient = [&](const at::Tensor& like) {
+      fresh = hidden.is_cuda();
+      return fresh ? at::empty_like(like, at::MemoryFormat::Contiguous) : at::zeros_like(like, at::MemoryFormat::Contiguous);
+    };
     const bool into_leaf = ctx->saved_data.count("weight_leaf") > 0;
     if (into_leaf) {
       at::Tensor leaf = ctx->saved_data["weight_leaf"].toTensor();
       at::Tensor& g = leaf.mutable_grad();
-      if (!g.defined()) {
-        fresh = write_rows;
-        g = write_rows ? at::empty_like(leaf, at::MemoryFormat::Contiguous) : at::zeros_like(leaf, at::MemoryFormat::Contiguous);
-      }
+      if (!g.defined()) g = new_gradient(leaf);
       grad_weight = g;
     } else if (ctx->needs_input_grad(1)) {
-      fresh = write_rows;
-      grad_weight = write_rows ? at::empty_like(weight, at::MemoryFormat::Contiguous)
-                               : at::zeros_like(weight, at::MemoryFormat::Contiguous);
+      grad_weight = new_gradient(weight);
     }
     for (int64_t v0 = 0; v0 < vocab; v0 += width) {
       const int64_t w = std::min(width, vocab - v0);

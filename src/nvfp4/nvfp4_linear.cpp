@@ -303,20 +303,19 @@ at::Tensor product_in_dtype(const at::Tensor& a, const at::Tensor& b, at::Scalar
 }
 
 void product_into(at::Tensor out, const at::Tensor& a, const at::Tensor& b) {
-  const bool half = a.scalar_type() == at::kBFloat16 || a.scalar_type() == at::kHalf;
   if (out.is_cuda() && out.is_contiguous() && b.scalar_type() == a.scalar_type()) {
     if (out.scalar_type() == a.scalar_type()) {
       at::mm_out(out, a, b);
       return;
     }
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
+    const bool half = a.scalar_type() == at::kBFloat16 || a.scalar_type() == at::kHalf;
     if (half && out.scalar_type() == at::kFloat) {
       at::mm_out(out, a, b, at::kFloat);  // aten::mm.dtype_out: product_in_dtype's mm.dtype, written into out
       return;
     }
 #endif
   }
-  (void)half;
   out.copy_(product_in_dtype(a, b, out.scalar_type()));
 }
 

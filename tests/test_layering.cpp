@@ -28,7 +28,7 @@ int rank(const std::string& module) {
   return -1;
 }
 
-std::string slurp(const fs::path& p) {
+std::string source_text(const fs::path& p) {
   std::ifstream in(p);
   std::ostringstream s;
   s << in.rdbuf();
@@ -54,7 +54,7 @@ TEST(Layering, ModulesIncludeOnlyWhatLiesBelowThem) {
   const std::regex private_include(R"(#include\s+"([a-z_0-9]+)/[a-z_0-9]+\.h")");
   size_t checked = 0;
   for (const auto& [file, module] : files) {
-    const std::string text = slurp(file);
+    const std::string text = source_text(file);
     const std::string where = fs::relative(file, root).string() + " (" + module + ")";
     for (auto it = std::sregex_iterator(text.begin(), text.end(), public_include); it != std::sregex_iterator(); ++it) {
       const std::string target = (*it)[1].str();
@@ -84,7 +84,7 @@ TEST(TestConventions, GpuTestsSkipOnlyThroughTheMacro) {
     for (const auto& entry : fs::directory_iterator(root / folder)) {
       const std::string name = entry.path().filename().string();
       if (!entry.is_regular_file() || name.rfind("test_", 0) != 0) continue;
-      std::istringstream lines(slurp(entry.path()));
+      std::istringstream lines(source_text(entry.path()));
       std::string line;
       for (int n = 1; std::getline(lines, line); ++n) {
         if (!std::regex_search(line, device_check)) continue;

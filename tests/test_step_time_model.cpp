@@ -135,8 +135,10 @@ TEST(StepTimeModel, CountsTheBytesTheGpuPathMoves) {
                KV = s.kv_heads * s.head_dim, I = s.intermediate;
   const StepTimePlan plain = predict_step_time(c, false, options(2048), h100);
   // Forward: each trained projection's operand from its master, codes kept; the activations' passes as counted
-  // (the q/k norms and RoPE one pass: 2(Q+KV)); the head's cast and the loss's 2 bytes a logit.
-  const double activations = s.layers * N * a * (10 * H + 2 * (Q + KV) + 2 * Q + 3 * I);
+  // (the q/k norms and RoPE one pass: 2(Q+KV); no copy to merge the heads, the flash node's output being laid out
+  // [B, T, heads, d]); the head's cast and the loss's 2 bytes a logit.
+  ASSERT_TRUE(flash_attention_takes(at::kCUDA, at::kBFloat16, s.head_dim));
+  const double activations = s.layers * N * a * (10 * H + 2 * (Q + KV) + 3 * I);
   // A bf16 master is the compute dtype: the head's slices are read by their products as they are (no cast).
   const double forward = trained * (e + codes + a) + activations + N * V * 2 * a;
   EXPECT_NEAR(phase(plain, "forward_done").bytes, forward, 1e-9 * forward);
@@ -149,12 +151,14 @@ TEST(StepTimeModel, CountsTheBytesTheGpuPathMoves) {
     EXPECT_NEAR(phase(p, "forward_done").bytes - forward, trained * 2 + V * H * 6, 1e3);
   }
   {
-    // Heads of 136 (not 8-element pieces in a power of two): the norm and RoPE as two passes each way, 2(Q+KV)
-    // more forward and 4(Q+KV) more backward, at the same weights' bytes.
+    // Heads of 132 (not 8-element pieces in a power of two): the norm and RoPE as two passes each way, 2(Q+KV)
+    // more forward and 4(Q+KV) more backward, and (not a multiple of 8: no flash node) the merged heads copied
+    // each way (2Q), at the same weights' bytes.
     Qwen3Config wide = c;
-    wide.head_dim = 136;
+    wide.head_dim = 132;
     const ModelShape w = wide.shape();
-    ASSERT_FALSE(fused_head_norm_rope_takes(136));
+    ASSERT_FALSE(fused_head_norm_rope_takes(132));
+    ASSERT_FALSE(flash_attention_takes(at::kCUDA, at::kBFloat16, 132));
     ASSERT_TRUE(fused_head_norm_rope_takes(s.head_dim));
     const double Qw = w.heads * w.head_dim, KVw = w.kv_heads * w.head_dim;
     double trained_w = 0;
@@ -166,8 +170,9 @@ TEST(StepTimeModel, CountsTheBytesTheGpuPathMoves) {
     EXPECT_NEAR(phase(unfused, "forward_done").bytes, forward_w, 1e-9 * forward_w);
     // Backward beside the fused width's: the activations' 12H (the norms' 10H and their reads of the stream's
     // gradient 2H; no sums of q/k/v's or gate/up's dX: the shared-input nodes add them in the products) + q/k (3 or
-    // 7)(Q+KV) + 2Q + 5I, the weights' dX operands and dW in proportion to the projections.
-    const double backward_acts = s.layers * N * a * (12 * H + 3 * (Q + KV) + 2 * Q + 5 * I);
+    // 7)(Q+KV) (+ 2Q where the heads' merge copied) + 5I, the weights' dX operands and dW in proportion to the
+    // projections.
+    const double backward_acts = s.layers * N * a * (12 * H + 3 * (Q + KV) + 5 * I);
     const double backward_acts_w = w.layers * N * a * (12 * H + 7 * (Qw + KVw) + 2 * Qw + 5 * I);
     const double weights = phase(plain, "backward_done").bytes - phase(plain, "backward_done").update_bytes - backward_acts;
     const double weights_w =

@@ -2,24 +2,16 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>  // at::NoGradGuard: ATen.h stopped including it in PyTorch 2.x
-#include <torch/version.h>
 
 #include "model/activation_ops.h"
 #include "qwen3/base/error.h"
 #include "qwen3/model/layout.h"
 
 #include <algorithm>
-#include <cmath>
-#include <limits>
 #include <vector>
 #include <string>
 #include <string_view>
 #include <typeinfo>
-
-// SDPA's enable_gqa (PyTorch 2.5+): causal attention hands it grouped k/v heads without copies.
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
-#define QWEN3_SDPA_GROUPED_HEADS 1
-#endif
 
 namespace qwen3 {
 
@@ -182,89 +174,6 @@ std::pair<at::Tensor, at::Tensor> rope_tables_at(int64_t head_dim, double theta,
   const at::Tensor angles = positions.to(at::kFloat).unsqueeze(-1) * inv_freq;
   const at::Tensor emb = at::cat({angles, angles}, -1);
   return {emb.cos(), emb.sin()};
-}
-
-at::Tensor packed_attention_mask(const at::Tensor& documents) {
-  const int64_t T = documents.size(1);
-  const auto idx = at::TensorOptions().dtype(at::kLong).device(documents.device());
-  const at::Tensor causal = at::arange(T, idx).unsqueeze(0) <= at::arange(T, idx).unsqueeze(1);  // [T(query), T(key)]
-  const at::Tensor same = documents.unsqueeze(2) == documents.unsqueeze(1);                    // [B, T, T]
-  return (same & causal).unsqueeze(1);
-}
-
-at::Tensor packed_segment_offsets(const at::Tensor& documents) {
-  const at::Tensor docs = documents.to(at::kLong).contiguous();
-  const auto d = docs.accessor<int64_t, 2>();
-  const int64_t T = docs.size(1);
-  std::vector<int32_t> offsets{0};
-  for (int64_t r = 0; r < docs.size(0); ++r)
-    for (int64_t j = 0; j < T; ++j)
-      if ((j == 0 && r > 0) || (j > 0 && d[r][j] != d[r][j - 1])) offsets.push_back(static_cast<int32_t>(r * T + j));
-  if (docs.numel() > 0) offsets.push_back(static_cast<int32_t>(docs.numel()));
-  return at::tensor(offsets, at::kInt);
-}
-
-bool packed_rows_run_per_sample(at::Device device, at::ScalarType dtype, int64_t head_dim) {
-  return device.is_cuda() && (dtype == at::kBFloat16 || dtype == at::kHalf) && head_dim <= 256;
-}
-
-bool sdpa_takes_grouped_heads() {
-#ifdef QWEN3_SDPA_GROUPED_HEADS
-  return true;
-#else
-  return false;
-#endif
-}
-
-at::Tensor packed_attention_layout(const at::Tensor& documents, at::Device device, at::ScalarType dtype,
-                                   int64_t head_dim) {
-#if TORCH_VERSION_MAJOR >= 2 && defined(QWEN3_TORCH_HAS_CUDA)
-  // The flash kernel needs no mask (no B·T² bytes) and runs each sample alone, where SDPA under a mask falls back
-  // to the memory-efficient kernel over full rows.
-  if (packed_rows_run_per_sample(device, dtype, head_dim)) return packed_segment_offsets(documents.cpu()).to(device);
-#endif
-  return packed_attention_mask(documents.to(device));
-}
-
-at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask) {
-  const int64_t groups = q.size(1) / k.size(1);
-  const int64_t T = q.size(2), S = k.size(2);
-#if TORCH_VERSION_MAJOR >= 2 && defined(QWEN3_TORCH_HAS_CUDA)
-  if (mask.defined() && mask.scalar_type() == at::kInt) {
-    // Packed rows as segments: the rows flattened to [B·T, heads, d] (q, k and v are views of [B, T, heads, d]
-    // tensors, so this copies nothing), k and v with their own heads (flash takes grouped heads). max_q and max_k
-    // size the kernel's grid: the row width bounds every segment, and the offsets give each its length.
-    const int64_t B = q.size(0), nh = q.size(1), nkv = k.size(1), d = q.size(3);
-    const at::Tensor qf = q.transpose(1, 2).reshape({B * T, nh, d});
-    const at::Tensor kf = k.transpose(1, 2).reshape({B * T, nkv, d});
-    const at::Tensor vf = v.transpose(1, 2).reshape({B * T, nkv, d});
-    const at::Tensor out =
-        std::get<0>(at::_flash_attention_forward(qf, kf, vf, mask, mask, T, T, 0.0, /*is_causal=*/true, false));
-    return out.view({B, T, nh, d}).transpose(1, 2);
-  }
-#endif
-#ifdef QWEN3_SDPA_GROUPED_HEADS
-  // Training and prefill without a mask: SDPA's causal kernel (flash on CUDA) takes the grouped key/value heads
-  // as they are (enable_gqa, PyTorch 2.5+), with no copy of k and v for each query head of a group.
-  if (T == S && !mask.defined()) return at::scaled_dot_product_attention(q, k, v, {}, 0.0, true, {}, groups > 1);
-#endif
-  // Elsewhere every query head gets its own copy of its group's k and v: a mask sends SDPA to kernels that do
-  // not take grouped heads (on CUDA the memory-efficient one), and libtorch before 2.5 has no such flag.
-  const at::Tensor ke = groups == 1 ? k : k.repeat_interleave(groups, 1);
-  const at::Tensor ve = groups == 1 ? v : v.repeat_interleave(groups, 1);
-  // Query i is at absolute position (S - T) + i and sees keys j <= (S - T) + i.
-  const auto idx = at::TensorOptions().dtype(at::kLong).device(q.device());
-  const at::Tensor allowed =
-      mask.defined() ? mask : at::arange(S, idx).unsqueeze(0) <= (at::arange(T, idx) + (S - T)).unsqueeze(1);
-#if TORCH_VERSION_MAJOR >= 2
-  if (T == S && !mask.defined()) return at::scaled_dot_product_attention(q, ke, ve, {}, 0.0, /*is_causal=*/true);
-  return at::scaled_dot_product_attention(q, ke, ve, allowed, 0.0, false);
-#else
-  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-  at::Tensor scores = at::matmul(q, ke.transpose(-2, -1)).to(at::kFloat) * scale;
-  scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity());
-  return at::matmul(at::softmax(scores, -1).to(q.scalar_type()), ve);
-#endif
 }
 
 at::Tensor Qwen3Model::block_forward(const Qwen3Block& b, at::Tensor x, const at::Tensor& cos, const at::Tensor& sin,

@@ -130,6 +130,10 @@ struct StepSizes {
   u64 B = 0, T = 0, N = 0, H = 0, Q = 0, KV = 0, I = 0, V = 0, nh = 0;
   int64_t experts_per_token = 0;  // a MoE model's k
   bool grouped = false, kv_copies = false;
+  // Whether our flash attention node runs attention (a CUDA device, flash_attention_takes; attention.cpp). Its
+  // output is [B, T, heads, d] in memory, so the merged heads o_proj saves are a view of it (elsewhere a copy);
+  // its deterministic backward adds dq into an fp32 workspace a split.
+  bool flash_node = false;
   std::vector<BlockSizes> blocks;
   u64 weights = 0, moments = 0, gradients = 0;  // the plan's totals
   u64 largest_dense = 0, largest_quantized = 0, nonblock_grad = 0, dense_weights = 0, largest_frozen = 0;
@@ -147,6 +151,7 @@ struct StepSizes {
   u64 attention_forward_temp = 0;
   u64 width = 0;  // the cross-entropy's vocabulary slice
 
+  static constexpr u64 kFlashSms = 132;
   static constexpr u64 kCodesPerElementX16 = 9;  // 8 bits of codes + 1 byte of scale per 16 elements: 9/16 byte
 
   StepSizes(const Qwen3Config& config, bool separate, const TrainOptions& options, const c10::Device& device,
@@ -168,6 +173,8 @@ struct StepSizes {
     const bool flash_varlen =
         packed_rows_run_per_sample(device, abf16 ? at::kBFloat16 : at::kFloat, static_cast<int64_t>(s.head_dim));
     kv_copies = grouped && !(sdpa && (cuda || sdpa_takes_grouped_heads()) && (!o.data.pack || flash_varlen));
+    flash_node = sdpa && flash_attention_takes(device, abf16 ? at::kBFloat16 : at::kFloat,
+                                               static_cast<int64_t>(s.head_dim));
     count_tensors(device);
     count_activations();
   }
@@ -235,7 +242,7 @@ struct StepSizes {
     const bool fused = cuda;
     const u64 norm_saved = fused ? 2 * a * H + 4 : (4 + 2 * a) * H + 4;  // (fp32 copy,) input, output; rstd
     const u64 qk_saved = (fused ? a : 4 + a) * (Q + KV) + 4 * (nh + s.kv_heads);
-    u64 attention_saved = a * Q /*q after RoPE*/ + a * Q /*the merged heads, copied for o_proj*/;
+    u64 attention_saved = a * Q /*q after RoPE*/ + (flash_node ? 0 : a * Q /*the merged heads, copied*/);
     if (sdpa) {  // flash attention (CUDA, and PyTorch 2.x's CPU kernel): output and log-sum-exp, no scores
       attention_saved += (kv_copies ? 2 * a * Q : 2 * a * KV) + a * Q /*output*/ + 4 * nh /*log-sum-exp*/;
     } else {
@@ -250,7 +257,10 @@ struct StepSizes {
     const bool explicit_scores = !sdpa;
     const u64 scores = B * nh * T * T;
     attention_forward_temp = explicit_scores ? scores * 8 : 0;
-    const u64 attention_backward_temp = explicit_scores ? scores * 8 : N * 3 * a * Q;
+    // The flash node's deterministic backward: an fp32 [splits, N, heads, d] workspace for dq, the splits
+    // ceil(SMs / (B · heads)) (libtorch's flash kernel) at the H100's and H200's 132 SMs.
+    const u64 flash_splits = flash_node ? (kFlashSms + B * nh - 1) / (B * nh) : 0;
+    const u64 attention_backward_temp = explicit_scores ? scores * 8 : N * 3 * a * Q + flash_splits * N * 4 * Q;
     for (int64_t l = 0; l < s.layers; ++l) {
       BlockSizes& b = blocks[static_cast<size_t>(l)];
       // A sparse block runs each token through k experts of width moe_intermediate_size: the dense block's

@@ -146,16 +146,19 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
   // traffic per token, and the weight bytes a product moves besides its operands. On a GPU the activations'
   // passes are counted as the block runs them with the fused kernels (docs/performance.md, "The step-time
   // model"): forward the two norms (2H each), the q/k norms with RoPE (2(Q+KV): one pass, head_norm_rotary, where
-  // the kernel takes the head width; else the norm and RoPE 2(Q+KV) each), the merged heads' copy (2Q), the two
+  // the kernel takes the head width; else the norm and RoPE 2(Q+KV) each), the merged heads' copy (2Q: none where
+  // the flash node runs attention, whose output is laid out [B, T, heads, d], flash_attention_takes), the two
   // residual adds (3H each), SwiGLU (3I); backward the two norms' dx and dw passes (5H each) and their reads of
   // the residual stream's gradient, which their dx kernels add in (1H each: rms_norm_and_input; autograd's sums
   // moved 3H each), the q/k norms with RoPE (3(Q+KV): dy and x read, dx written; else the norms' 5(Q+KV) and
   // RoPE's 2(Q+KV)), SwiGLU's (5I), the sums of q/k/v's and of gate/up's dX (6H and 3H: none where the projections
   // train, whose shared-input nodes add each dX into one buffer in the product, ste_linear_shared_input; a frozen
-  // block's codes products still leave autograd to sum them), the heads' copy (2Q). On CPU libtorch's unfused
-  // ops: an estimate of their passes.
+  // block's codes products still leave autograd to sum them), the heads' copy (2Q, or none as in forward). On CPU
+  // libtorch's unfused ops: an estimate of their passes.
   const bool fused_qk = fused_head_norm_rope_takes(s.head_dim);
   const double qk_forward = fused_qk ? 2 : 4, qk_backward = fused_qk ? 3 : 7;
+  const double heads_copy =
+      flash_attention_takes(as_device, compute_bf16 ? at::kBFloat16 : at::kFloat, s.head_dim) ? 0 : 2 * Q;
   const double attention_flops = 2 * B * nh * T * T * hd;
   // A sparse block's MLP is k experts wide a token, and each routed row is gathered, and added back, once more.
   const double k = static_cast<double>(std::max<int64_t>(config.num_experts_per_tok, 1));
@@ -163,11 +166,11 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
   const auto routed_rows = [&](int64_t l) { return s.moe_layer(l) ? k * H : 0.0; };
   const auto activation_bytes = [&](int64_t l) {
     const double w = mlp_width(l);
-    return N * a * ((gpu ? 10 * H + qk_forward * (Q + KV) + 2 * Q + 3 * w : 12 * H + 2 * (Q + 2 * KV) + 6 * w) + 4 * routed_rows(l));
+    return N * a * ((gpu ? 10 * H + qk_forward * (Q + KV) + heads_copy + 3 * w : 12 * H + 2 * (Q + 2 * KV) + 6 * w) + 4 * routed_rows(l));
   };
   const auto activation_backward_bytes = [&](int64_t l, bool trained) {
     const double dx_sums = trained ? 0 : 6 * H + (s.moe_layer(l) ? 0 : 3 * H);
-    return gpu ? N * a * (12 * H + dx_sums + (s.moe_layer(l) ? 3 * H : 0) + qk_backward * (Q + KV) + 2 * Q +
+    return gpu ? N * a * (12 * H + dx_sums + (s.moe_layer(l) ? 3 * H : 0) + qk_backward * (Q + KV) + heads_copy +
                           5 * mlp_width(l) + 6 * routed_rows(l))
                : 2 * activation_bytes(l);
   };

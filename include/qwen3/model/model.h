@@ -225,6 +225,11 @@ at::Tensor packed_attention_layout(const at::Tensor& documents, at::Device devic
 // The variable-length flash kernel's own conditions: a CUDA device, bf16/fp16 activations, head_dim <= 256. The
 // memory model asks this for a GPU it predicts from any build (it takes the GPU machine's libtorch to be 2.x).
 bool packed_rows_run_per_sample(at::Device device, at::ScalarType dtype, int64_t head_dim);
+// Whether causal attention of dense rows (and packed ones) runs as the flash node of a CUDA libtorch 2.x
+// (attention.cpp): the conditions above and a head width that is a multiple of 8. Its output is [B, T, heads, d]
+// in memory, so the block merges the heads for o_proj as a view, and its backward gives the same bytes every
+// run. The memory and step-time models ask this for a GPU they predict from any build.
+bool flash_attention_takes(at::Device device, at::ScalarType dtype, int64_t head_dim);
 // Whether this build's SDPA takes grouped key/value heads without copies (enable_gqa, libtorch 2.5+); causal
 // attention without a mask then hands it k and v as they are.
 bool sdpa_takes_grouped_heads();

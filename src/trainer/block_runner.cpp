@@ -44,8 +44,10 @@ class BlockSegment : public torch::autograd::Function<BlockSegment> {
     }
     ctx->saved_data["input"] = input;
     ctx->saved_data["output"] = y;
-    // A fresh tensor: the returned one gets this node as its grad_fn, `y` keeps the inner graph.
-    return y.detach().clone();
+    // A second handle on y's bytes (detach shares them, and their version counter, without a copy): the returned
+    // one gets this node as its grad_fn, `y` keeps the inner graph. A clone here moved a·H bytes a token each way
+    // and held them until backward, a block's output twice.
+    return y.detach();
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {

@@ -367,7 +367,8 @@ std::vector<u64> forward_phase(const StepSizes& z, Timeline& t, StepMemoryPlan& 
       t.spike(std::max(temp + attention_inputs, b.mlp_forward_temp + z.projection_forward_temp(b.largest_projection)));
       saved[l] = a * N * H;  // the block's input alone
     } else {
-      saved[l] = b.saved_per_token * N + for_dx + (z.o.fused_optimizer ? a * N * H : 0);
+      // (With --fused-optimizer the block runner hands on the block's output itself, no copy: block_runner.cpp.)
+      saved[l] = b.saved_per_token * N + for_dx;
       t.spike(saved[l] + temp);
     }
     t.add(saved[l]);

@@ -41,23 +41,24 @@ double relative_error(const at::Tensor& got, const at::Tensor& want) {
 // Three forward and backward runs of causal_attention with the same inputs and output gradient: the bytes of
 // the output and of dq, dk, dv the same each time, and within bf16's rounding of the fp32 reference's. On CUDA
 // the flash node runs (segments for packed rows, and an output whose heads merge as a view); on the CPU
-// libtorch's path, which the same checks hold the test itself to.
+// libtorch's path in fp32 (some CPUs' libtorch has no bf16 product), which the same checks hold the test itself to.
 void expect_attention_is_the_reference_every_run(const AttentionShape& s, bool packed, at::Device device) {
   at::manual_seed(7);
   const bool cuda = device.is_cuda();
-  const auto bf16 = at::TensorOptions().dtype(at::kBFloat16).device(device);
+  const at::ScalarType dtype = cuda ? at::kBFloat16 : at::kFloat;
+  const auto options = at::TensorOptions().dtype(dtype).device(device);
   // The rows as the block makes them: [B, T, heads, d], attention taking them heads first (views).
-  const at::Tensor q_rows = at::randn({s.rows, s.length, s.heads, s.width}, bf16).requires_grad_(true);
-  const at::Tensor k_rows = at::randn({s.rows, s.length, s.kv_heads, s.width}, bf16).requires_grad_(true);
-  const at::Tensor v_rows = at::randn({s.rows, s.length, s.kv_heads, s.width}, bf16).requires_grad_(true);
-  const at::Tensor grad_out = at::randn({s.rows, s.heads, s.length, s.width}, bf16);
+  const at::Tensor q_rows = at::randn({s.rows, s.length, s.heads, s.width}, options).requires_grad_(true);
+  const at::Tensor k_rows = at::randn({s.rows, s.length, s.kv_heads, s.width}, options).requires_grad_(true);
+  const at::Tensor v_rows = at::randn({s.rows, s.length, s.kv_heads, s.width}, options).requires_grad_(true);
+  const at::Tensor grad_out = at::randn({s.rows, s.heads, s.length, s.width}, options);
   at::Tensor documents, layout;
   if (packed) {  // three documents a row: half the row, then two quarters
     const int64_t half = s.length / 2, quarter = s.length / 4;
     const at::Tensor row = at::cat({at::zeros({half}, at::kLong), at::ones({quarter}, at::kLong),
                                     at::full({s.length - half - quarter}, 2, at::kLong)});
     documents = row.unsqueeze(0).repeat({s.rows, 1});
-    layout = packed_attention_layout(documents, device, at::kBFloat16, s.width);
+    layout = packed_attention_layout(documents, device, dtype, s.width);
     if (cuda) ASSERT_EQ(layout.scalar_type(), at::kInt) << "packed rows did not take the flash kernel's segments";
   }
   std::vector<std::vector<at::Tensor>> runs;

@@ -299,6 +299,10 @@ TEST(Model, PackedSegmentOffsetsFollowTheDocumentRuns) {
   EXPECT_TRUE(offsets.equal(at::tensor({0, 3, 5, 6, 7, 10, 12}, at::kInt))) << offsets;
   // One document a row (every row starts a segment even when its id equals the last row's).
   EXPECT_TRUE(packed_segment_offsets(at::zeros({3, 4}, at::kLong)).equal(at::tensor({0, 4, 8, 12}, at::kInt)));
+  // The longest segment sizes the flash kernel's grid: here the second row's 1, 1, 1 (3 tokens), not a row's 6.
+  EXPECT_EQ(longest_segment(offsets), 3);
+  EXPECT_EQ(longest_segment(at::tensor({0, 2, 9, 10}, at::kInt)), 7) << "the longest in the middle";
+  EXPECT_EQ(longest_segment(at::tensor({0}, at::kInt)), 0);
   // The flash kernel's conditions (which the memory model shares): CUDA, half precision, head_dim <= 256.
   EXPECT_TRUE(packed_rows_run_per_sample(at::kCUDA, at::kBFloat16, 128));
   EXPECT_FALSE(packed_rows_run_per_sample(at::kCPU, at::kBFloat16, 128));

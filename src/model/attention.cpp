@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <torch/version.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -130,6 +131,14 @@ bool packed_rows_run_per_sample(at::Device device, at::ScalarType dtype, int64_t
   return device.is_cuda() && (dtype == at::kBFloat16 || dtype == at::kHalf) && head_dim <= 256;
 }
 
+int64_t longest_segment(const at::Tensor& offsets) {
+  const at::Tensor host = offsets.to(at::kCPU, at::kInt).contiguous();  // the host's offsets: no copy
+  const auto o = host.accessor<int32_t, 1>();
+  int64_t longest = 0;
+  for (int64_t i = 1; i < o.size(0); ++i) longest = std::max<int64_t>(longest, o[i] - o[i - 1]);
+  return longest;
+}
+
 bool flash_attention_takes(at::Device device, at::ScalarType dtype, int64_t head_dim) {
   return packed_rows_run_per_sample(device, dtype, head_dim) && head_dim % 8 == 0;
 }
@@ -146,9 +155,12 @@ at::Tensor packed_attention_layout(const at::Tensor& documents, at::Device devic
                                    int64_t head_dim) {
 #ifdef QWEN3_FLASH_ATTENTION
   // The flash kernel needs no mask (no B·T² bytes) and runs each sample alone, where SDPA under a mask falls back
-  // to the memory-efficient kernel over full rows.
+  // to the memory-efficient kernel over full rows. The offsets stay on the host (pinned): each attention call
+  // copies them to the device without waiting and reads the longest segment from them, which sizes the kernel's
+  // grid (the row width would launch blocks for every segment as if it were a whole row, which exit at once, and
+  // size its per-segment buffers so).
   if (packed_rows_run_per_sample(device, dtype, head_dim) && flash_kernel_on(device))
-    return packed_segment_offsets(documents.cpu()).to(device);
+    return packed_segment_offsets(documents.cpu()).pin_memory();
 #endif
   return packed_attention_mask(documents.to(device));
 }
@@ -161,11 +173,13 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   if (segments || (T == S && !mask.defined() && flash_attention_runs(q, k, v))) {
     // [B, T, heads, d]: q, k and v are views of such tensors (the q/k norms' outputs, v's projection), so these
     // copy nothing, and neither does the caller's merge of the output's heads. Packed rows as segments: the rows
-    // flattened to [B·T, heads, d]; the row width bounds every segment, and the offsets give each its length.
+    // flattened to [B·T, heads, d]; the offsets give each segment its length, the longest one the kernel's grid.
     const int64_t B = q.size(0), nh = q.size(1), nkv = k.size(1), d = q.size(3);
     at::Tensor qt = q.transpose(1, 2), kt = k.transpose(1, 2), vt = v.transpose(1, 2);
-    if (segments) qt = qt.reshape({B * T, nh, d}), kt = kt.reshape({B * T, nkv, d}), vt = vt.reshape({B * T, nkv, d});
-    const at::Tensor out = FlashAttentionFunction::apply(qt, kt, vt, segments ? mask : at::Tensor(), T);
+    if (!segments) return FlashAttentionFunction::apply(qt, kt, vt, at::Tensor(), T).transpose(1, 2);
+    qt = qt.reshape({B * T, nh, d}), kt = kt.reshape({B * T, nkv, d}), vt = vt.reshape({B * T, nkv, d});
+    const at::Tensor offsets = mask.to(q.device(), /*non_blocking=*/true);
+    const at::Tensor out = FlashAttentionFunction::apply(qt, kt, vt, offsets, longest_segment(mask));
     return out.view({B, T, nh, d}).transpose(1, 2);
   }
 #endif

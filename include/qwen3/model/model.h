@@ -217,9 +217,12 @@ at::Tensor packed_attention_mask(const at::Tensor& documents);
 // segment for each run of one document id in a row (a run of padding is one too), int32 [segments + 1] offsets
 // from 0 to B·T. documents: int64 [B, T] on the CPU.
 at::Tensor packed_segment_offsets(const at::Tensor& documents);
+// The longest segment of such offsets (0 for none).
+int64_t longest_segment(const at::Tensor& offsets);
 // What attention gets for packed rows: where packed_rows_run_per_sample (and the libtorch is a CUDA 2.x), the
-// segment offsets (on the device), so each sample runs alone through the variable-length flash kernel; else the
-// mask [B, 1, T, T]. documents: int64 [B, T] on any device.
+// segment offsets (on the host, pinned: attention copies them to the device and sizes the kernel by the longest
+// segment), so each sample runs alone through the variable-length flash kernel; else the mask [B, 1, T, T] on
+// `device`. documents: int64 [B, T] on any device.
 at::Tensor packed_attention_layout(const at::Tensor& documents, at::Device device, at::ScalarType dtype,
                                    int64_t head_dim);
 // The variable-length flash kernel's own conditions: a CUDA device, bf16/fp16 activations, head_dim <= 256. The

@@ -5,6 +5,7 @@
 // and column, the narrow division, padding, the draws' indices) is checked on every CI run, GPU or not.
 #pragma once
 #include <cstdint>
+#include <cstring>
 
 #include "adamw_update.cuh"
 
@@ -33,6 +34,83 @@ QWEN3_HD LanePosition position(const ParamView& p, int64_t block, int lane, bool
   return {row, col0, row * p.stored_cols + col0};
 }
 
+// Whether lanes whose eight elements all lie in the row move them as whole pieces: master and gradient by 16-byte
+// accesses (two for fp32), each code array by one 8-byte access, where every element was an access of its own (a
+// warp's 1- and 2-byte accesses, lanes 8 or 16 bytes apart, each touching the same lines again): 56 memory
+// instructions a lane for 8 elements become 7 (bf16 master and gradient) or 10 (fp32). A lane's first element
+// index is a multiple of 8 wherever cols is (the state's, row * stored_cols + col0, always is), so buffers
+// aligned to a piece keep every piece aligned. The kernel asks once; lanes at a row's padded end, or any lane
+// where this is false, take elements.
+QWEN3_HD bool aligned_to(const void* pointer, uint64_t bytes) {
+  return reinterpret_cast<uintptr_t>(pointer) % bytes == 0;
+}
+QWEN3_HD bool moves_whole_pieces(const ParamView& p) {
+  return p.cols % kPerLane == 0 && aligned_to(p.master, 16) && aligned_to(p.grad, 16) && aligned_to(p.exp_avg, 8) &&
+         aligned_to(p.exp_avg_sq, 8);
+}
+
+// kBytes (8, 16 or 32) aligned bytes as 32-bit words: one 8-byte or one or two 16-byte accesses on the device, the
+// same bytes by memcpy on the host (both little-endian).
+template <int kBytes>
+QWEN3_HD void load_piece(const void* from, uint32_t (&words)[kBytes / 4]) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (kBytes == 8) {
+    const uint2 w = *static_cast<const uint2*>(from);
+    words[0] = w.x, words[1] = w.y;
+  } else {
+    QWEN3_UNROLL
+    for (int k = 0; k < kBytes / 16; ++k) {
+      const uint4 w = static_cast<const uint4*>(from)[k];
+      words[4 * k] = w.x, words[4 * k + 1] = w.y, words[4 * k + 2] = w.z, words[4 * k + 3] = w.w;
+    }
+  }
+#else
+  std::memcpy(words, from, kBytes);
+#endif
+}
+template <int kBytes>
+QWEN3_HD void store_piece(void* to, const uint32_t (&words)[kBytes / 4]) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (kBytes == 8) {
+    *static_cast<uint2*>(to) = make_uint2(words[0], words[1]);
+  } else {
+    QWEN3_UNROLL
+    for (int k = 0; k < kBytes / 16; ++k)
+      static_cast<uint4*>(to)[k] = make_uint4(words[4 * k], words[4 * k + 1], words[4 * k + 2], words[4 * k + 3]);
+  }
+#else
+  std::memcpy(to, words, kBytes);
+#endif
+}
+
+// A lane's eight fp32 or bf16 values from element `first` on (a whole piece), as floats.
+QWEN3_HD void load_values(const void* buffer, bool bf16, int64_t first, float (&out)[kPerLane]) {
+  if (bf16) {
+    uint32_t w[4];
+    load_piece<16>(static_cast<const uint16_t*>(buffer) + first, w);
+    QWEN3_UNROLL
+    for (int i = 0; i < kPerLane; ++i) out[i] = bf16_to_float(static_cast<uint16_t>(w[i / 2] >> (16 * (i % 2))));
+  } else {
+    uint32_t w[8];
+    load_piece<32>(static_cast<const float*>(buffer) + first, w);
+    QWEN3_UNROLL
+    for (int i = 0; i < kPerLane; ++i) out[i] = bits_to_float(w[i]);
+  }
+}
+// Eight one-byte codes from `first` on, and back.
+QWEN3_HD void load_codes(const void* codes, int64_t first, uint32_t (&out)[kPerLane]) {
+  uint32_t w[2];
+  load_piece<8>(static_cast<const uint8_t*>(codes) + first, w);
+  QWEN3_UNROLL
+  for (int i = 0; i < kPerLane; ++i) out[i] = (w[i / 4] >> (8 * (i % 4))) & 0xFFu;
+}
+QWEN3_HD void store_codes(void* codes, int64_t first, const uint32_t (&in)[kPerLane]) {
+  uint32_t w[2] = {0u, 0u};
+  QWEN3_UNROLL
+  for (int i = 0; i < kPerLane; ++i) w[i / 4] |= (in[i] & 0xFFu) << (8 * (i % 4));
+  store_piece<8>(static_cast<uint8_t*>(codes) + first, w);
+}
+
 // A lane's eight elements after this step's moment update (fp32; padding columns see a zero gradient, as the CPU
 // step's padded rows do), its masters (0 on padding), and its largest |m| and v.
 struct LaneState {
@@ -40,24 +118,43 @@ struct LaneState {
   float m_amax, v_max;
 };
 
-// Reads the lane's state under the block's old step and maximum and updates it. The masters are loaded with the
-// rest, before anything is stored: a store may alias a later load as far as the compiler knows.
+// Reads the lane's state under the block's old step and maximum and updates it. Everything is loaded before
+// anything is stored (a store may alias a later load as far as the compiler knows). `pieces`:
+// moves_whole_pieces(p).
 template <typename Levels>
-QWEN3_HD LaneState fresh(const ParamView& p, const StepScalars& s, int64_t block, LanePosition at, Levels level) {
-  const auto* m_codes = static_cast<const int8_t*>(p.exp_avg);
-  const auto* v_codes = static_cast<const uint8_t*>(p.exp_avg_sq);
+QWEN3_HD LaneState fresh(const ParamView& p, const StepScalars& s, int64_t block, LanePosition at, Levels level,
+                         bool pieces) {
   const float m_step = static_cast<const float*>(p.exp_avg_scale)[block];
   const float v_block_max = static_cast<const float*>(p.exp_avg_sq_scale)[block];
   LaneState out;
+  float grad[kPerLane];  // as read; 0 on padding
+  uint32_t m_code[kPerLane], v_code[kPerLane];
+  const int64_t first = at.row * p.cols + at.col0;
+  if (pieces && at.col0 + kPerLane <= p.cols) {
+    load_values(p.master, p.master_bf16 != 0, first, out.master);
+    load_values(p.grad, p.grad_bf16 != 0, first, grad);
+    load_codes(p.exp_avg, at.base, m_code);
+    load_codes(p.exp_avg_sq, at.base, v_code);
+  } else {
+    QWEN3_UNROLL
+    for (int i = 0; i < kPerLane; ++i) {
+      const bool in_row = at.col0 + i < p.cols;
+      out.master[i] = in_row ? master_of(p, first + i) : 0.0f;
+      grad[i] = !in_row ? 0.0f
+                : p.grad_bf16 ? bf16_to_float(static_cast<const uint16_t*>(p.grad)[first + i])
+                              : static_cast<const float*>(p.grad)[first + i];
+      m_code[i] = static_cast<const uint8_t*>(p.exp_avg)[at.base + i];
+      v_code[i] = static_cast<const uint8_t*>(p.exp_avg_sq)[at.base + i];
+    }
+  }
   out.m_amax = 0.0f, out.v_max = 0.0f;
   QWEN3_UNROLL
-  for (int i = 0; i < kPerLane; ++i)
-    out.master[i] = at.col0 + i < p.cols ? master_of(p, at.row * p.cols + at.col0 + i) : 0.0f;
-  QWEN3_UNROLL
   for (int i = 0; i < kPerLane; ++i) {
-    out.m[i] = int8_linear_decode(m_codes[at.base + i], m_step);
-    out.v[i] = int8_log_decode(v_codes[at.base + i], v_block_max, level);
-    update_moments(grad_of(p, s, at.row, at.col0 + i), out.m[i], out.v[i], s);
+    out.m[i] = int8_linear_decode(static_cast<int8_t>(static_cast<uint8_t>(m_code[i])), m_step);
+    out.v[i] = int8_log_decode(static_cast<uint8_t>(v_code[i]), v_block_max, level);
+    // A padding column's 0 scales to 0, as grad_of gives it.
+    const float g = p.grad_bf16 ? scaled_grad<true>(grad[i], s.grad_scale) : scaled_grad<false>(grad[i], s.grad_scale);
+    update_moments(g, out.m[i], out.v[i], s);
     out.m_amax = fmaxf(out.m_amax, fabsf(out.m[i]));
     out.v_max = fmaxf(out.v_max, out.v[i]);
   }
@@ -69,19 +166,38 @@ QWEN3_HD LaneState fresh(const ParamView& p, const StepScalars& s, int64_t block
 // shuffles come between).
 template <typename Levels>
 QWEN3_HD void store(const ParamView& p, const StepScalars& s, int64_t block, LanePosition at, int lane,
-                    const LaneState& st, float m_amax, float v_max, Levels level) {
-  auto* m_codes = static_cast<int8_t*>(p.exp_avg);
-  auto* v_codes = static_cast<uint8_t*>(p.exp_avg_sq);
+                    const LaneState& st, float m_amax, float v_max, Levels level, bool pieces) {
   // One division a lane for each of the block's two divisors, where each element divided twice.
   const float step = int8_linear_step(m_amax);
   const BlockDivisor m_divisor = block_divisor(step), v_divisor = block_divisor(v_max);
+  const bool bf16_master = p.master_bf16 != 0;
+  uint32_t m_code[kPerLane], v_code[kPerLane], master[kPerLane];
   QWEN3_UNROLL
   for (int i = 0; i < kPerLane; ++i) {
     const ElementDraws draws = element_draws(s.random_key, static_cast<uint64_t>(at.base + i));
-    m_codes[at.base + i] = int8_linear_encode(st.m[i], m_divisor, uniform_from_draw(draws.m));
-    v_codes[at.base + i] = int8_log_encode(st.v[i], v_divisor, uniform_from_draw(draws.v), level);
-    if (at.col0 + i < p.cols)
-      step_master(p, s, at.row * p.cols + at.col0 + i, st.master[i], st.m[i], st.v[i], draws.master);
+    m_code[i] = static_cast<uint8_t>(int8_linear_encode(st.m[i], m_divisor, uniform_from_draw(draws.m)));
+    v_code[i] = int8_log_encode(st.v[i], v_divisor, uniform_from_draw(draws.v), level);
+    master[i] = stepped_master_bits(bf16_master, s, st.master[i], st.m[i], st.v[i], draws.master);
+  }
+  const int64_t first = at.row * p.cols + at.col0;
+  if (pieces && at.col0 + kPerLane <= p.cols) {
+    store_codes(p.exp_avg, at.base, m_code);
+    store_codes(p.exp_avg_sq, at.base, v_code);
+    if (bf16_master) {
+      uint32_t w[4];
+      QWEN3_UNROLL
+      for (int k = 0; k < 4; ++k) w[k] = (master[2 * k] & 0xFFFFu) | (master[2 * k + 1] << 16);
+      store_piece<16>(static_cast<uint16_t*>(p.master) + first, w);
+    } else {
+      store_piece<32>(static_cast<float*>(p.master) + first, master);
+    }
+  } else {
+    QWEN3_UNROLL
+    for (int i = 0; i < kPerLane; ++i) {
+      static_cast<uint8_t*>(p.exp_avg)[at.base + i] = static_cast<uint8_t>(m_code[i]);
+      static_cast<uint8_t*>(p.exp_avg_sq)[at.base + i] = static_cast<uint8_t>(v_code[i]);
+      if (at.col0 + i < p.cols) store_master_bits(p, first + i, master[i]);
+    }
   }
   if (lane == 0) {
     static_cast<float*>(p.exp_avg_scale)[block] = step;

@@ -98,7 +98,8 @@ __global__ void __launch_bounds__(kThreads) plain_kernel(ParamView p, StepScalar
 
 // int8: 8 lanes a 64-block, 8 consecutive elements a lane (the split is adamw_int8_lanes.cuh, __host__
 // __device__, run on the host by tests/test_adamw_int8_lanes.cpp); the block's |m| maximum and v maximum meet by
-// shuffles (maxima are exact in any order). Every byte read and written once.
+// shuffles (maxima are exact in any order). Every byte read and written once, a lane's eight elements as whole
+// pieces where the row and the buffers allow (moves_whole_pieces).
 __global__ void __launch_bounds__(kThreads) int8_kernel(ParamView p, StepScalars s) {
   namespace lanes = adamw::int8_lanes;
   if (!adamw::take_device_grad_scale(s)) return;  // the same value for every thread: the whole grid returns
@@ -117,6 +118,7 @@ __global__ void __launch_bounds__(kThreads) int8_kernel(ParamView p, StepScalars
   // Whole warps iterate together so that every lane takes part in the shuffles.
   const int64_t groups_per_pass = static_cast<int64_t>(gridDim.x) * (blockDim.x / lanes::kLanesPerBlock);
   const bool narrow = total_blocks + groups_per_pass <= static_cast<int64_t>(UINT32_MAX);
+  const bool pieces = lanes::moves_whole_pieces(p);
   for (int64_t first = 0; first < total_blocks; first += groups_per_pass) {
     const int64_t block =
         first + blockIdx.x * static_cast<int64_t>(blockDim.x / lanes::kLanesPerBlock) + threadIdx.x / lanes::kLanesPerBlock;
@@ -125,14 +127,14 @@ __global__ void __launch_bounds__(kThreads) int8_kernel(ParamView p, StepScalars
     lanes::LaneState state{};
     if (active) {
       at = lanes::position(p, block, lane, narrow);
-      state = lanes::fresh(p, s, block, at, level);
+      state = lanes::fresh(p, s, block, at, level, pieces);
     }
     float m_amax = state.m_amax, v_max = state.v_max;
     for (int offset = 1; offset < lanes::kLanesPerBlock; offset *= 2) {
       m_amax = fmaxf(m_amax, __shfl_xor_sync(0xFFFFFFFFu, m_amax, offset));
       v_max = fmaxf(v_max, __shfl_xor_sync(0xFFFFFFFFu, v_max, offset));
     }
-    if (active) lanes::store(p, s, block, at, lane, state, m_amax, v_max, level);
+    if (active) lanes::store(p, s, block, at, lane, state, m_amax, v_max, level, pieces);
   }
 }
 

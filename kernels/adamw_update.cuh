@@ -191,10 +191,15 @@ QWEN3_HD uint16_t bf16_nearest(float x) {
 // The gradient as the update sees it: scaled by the clipping factor in the gradient's own dtype (a bf16
 // gradient scaled in place is rounded back to bf16).
 template <bool kBf16>
-QWEN3_HD float grad_at(const void* grad, int64_t index, float grad_scale) {
+QWEN3_HD float scaled_grad(float read, float grad_scale) {
   // Multiplying by exactly 1 (and rounding a bf16 value to bf16) changes nothing: no branch for the common case.
-  if (kBf16) return bf16_to_float(bf16_nearest(mul_rn(bf16_to_float(static_cast<const uint16_t*>(grad)[index]), grad_scale)));
-  return mul_rn(static_cast<const float*>(grad)[index], grad_scale);
+  if (kBf16) return bf16_to_float(bf16_nearest(mul_rn(read, grad_scale)));
+  return mul_rn(read, grad_scale);
+}
+template <bool kBf16>
+QWEN3_HD float grad_at(const void* grad, int64_t index, float grad_scale) {
+  return kBf16 ? scaled_grad<true>(bf16_to_float(static_cast<const uint16_t*>(grad)[index]), grad_scale)
+               : scaled_grad<false>(static_cast<const float*>(grad)[index], grad_scale);
 }
 
 // m <- b1 m + (1 - b1) g and v <- b2 v + (1 - b2) g^2, fp32, each ending in one fused multiply-add (where
@@ -237,17 +242,27 @@ QWEN3_HD float grad_of(const ParamView& p, const StepScalars& s, int64_t row, in
 QWEN3_HD float master_of(const ParamView& p, int64_t index) {
   return p.master_bf16 ? master_at<true>(p.master, index) : master_at<false>(p.master, index);
 }
+// The stepped master as it is stored: an fp32 one's bits, or a bf16 one (rounded stochastically) in the low 16.
+QWEN3_HD uint32_t stepped_master_bits(bool bf16, const StepScalars& s, float master, float m, float v,
+                                      uint32_t master_draw) {
+  const float updated = updated_master(master, m, v, s);
+  return bf16 ? bf16_stochastic(updated, master_draw) : float_bits(updated);
+}
+QWEN3_HD float stored_master_value(bool bf16, uint32_t bits) {
+  return bf16 ? bf16_to_float(static_cast<uint16_t>(bits)) : bits_to_float(bits);
+}
+QWEN3_HD void store_master_bits(const ParamView& p, int64_t index, uint32_t bits) {
+  if (p.master_bf16)
+    static_cast<uint16_t*>(p.master)[index] = static_cast<uint16_t>(bits);
+  else
+    static_cast<float*>(p.master)[index] = bits_to_float(bits);
+}
 // Returns the master as stored (a bf16 one after its rounding), as a float.
 QWEN3_HD float step_master(const ParamView& p, const StepScalars& s, int64_t index, float master, float m, float v,
                            uint32_t master_draw) {
-  const float updated = updated_master(master, m, v, s);
-  if (p.master_bf16) {
-    const uint16_t stored = bf16_stochastic(updated, master_draw);
-    static_cast<uint16_t*>(p.master)[index] = stored;
-    return bf16_to_float(stored);
-  }
-  static_cast<float*>(p.master)[index] = updated;
-  return updated;
+  const uint32_t bits = stepped_master_bits(p.master_bf16 != 0, s, master, m, v, master_draw);
+  store_master_bits(p, index, bits);
+  return stored_master_value(p.master_bf16 != 0, bits);
 }
 // The same where nothing else of the element is rounded (fp32 moments): the draws are made only for a bf16
 // master, from the element's state index `draw_index`.

@@ -1080,7 +1080,7 @@ stage_train() {  # stage_train NAME SEQ_LEN BATCH CONFIGS ('+'- or space-separat
       # (the sum of their durations, against the phases' wall time); a step far from busy is launch-bound.
       local launches
       launches=$(python3 - "$d/profile-$c.json" <<'PY' 2>/dev/null || echo "kernel count unavailable"
-import collections, json, sys
+import collections, json, re, sys
 events = json.load(open(sys.argv[1])).get("traceEvents", [])
 kernels = [e for e in events if e.get("cat") == "kernel"]
 busy = sum(e.get("dur", 0) for e in kernels) / 1e3
@@ -1097,8 +1097,21 @@ def group(name):
     if any(k in n for k in ("rmsnorm", "rope", "swiglu", "sum_chunks", "gradient_kernel", "stats_kernel")): return "fused"
     if "reduce" in n or "grad_clip" in n: return "reductions"
     return "other"
-ms = collections.Counter()
-for e in kernels: ms[group(e.get("name", ""))] += e.get("dur", 0) / 1e3
+# What "other" is (the second round's ~2,340 adds, casts, memsets and copies, 7.1 ms, were never named): its
+# five largest kernels by time, with their launch counts, named without ATen's namespaces so that an elementwise
+# kernel's functor (add, copy, fill, ...) and a copy's element type are inside the first 80 characters.
+def short(name):
+    for noise in ("void ", "at::native::", "(anonymous namespace)::", "c10::", "at::detail::", "(at::TensorIteratorBase&)",
+                  "::operator()() const"):
+        name = name.replace(noise, "")
+    return re.sub(r"\{lambda\(\)#\d+\}::", "", name)[:80]
+ms, launched, other = collections.Counter(), collections.Counter(), collections.Counter()
+for e in kernels:
+    g = group(e.get("name", ""))
+    ms[g] += e.get("dur", 0) / 1e3
+    launched[g] += 1
+    if g == "other": other[short(e.get("name", "?"))] += e.get("dur", 0) / 1e3
+other_count = collections.Counter(short(e.get("name", "?")) for e in kernels if group(e.get("name", "")) == "other")
 # The gaps between kernels (the device idle), each with the phase it falls in and the kernels either side: the
 # second round's fast step idled 16.1 ms and nothing said where. `last` is the kernel that ends latest so far.
 phases = [e for e in events if e.get("cat") == "phase"]
@@ -1113,13 +1126,14 @@ for e in sorted(kernels, key=lambda e: e["ts"]):
         if e["ts"] > end:
             gaps.append(e["ts"] - end)
             by_phase[phase_of(end)] += (e["ts"] - end) / 1e3
-            largest.append((e["ts"] - end, last.get("name", "?")[:28], e.get("name", "?")[:28]))
+            largest.append((e["ts"] - end, short(last.get("name", "?"))[:40], short(e.get("name", "?"))[:40]))
     if last is None or e["ts"] + e.get("dur", 0) > last["ts"] + last.get("dur", 0): last = e
 short = [g for g in gaps if g < 5]
 largest = sorted(largest, reverse=True)[:3]
 print(f"{len(kernels)} kernels, their durations {busy:.1f} ms of the step's {step:.1f} ms"
       + (f" ({100 * busy / step:.0f}%)" if step > 0 else "") + ": "
-      + ", ".join(f"{k} {v:.1f}" for k, v in ms.most_common())
+      + ", ".join(f"{k} {v:.1f} ({launched[k]})" for k, v in ms.most_common())
+      + "; other's largest: " + ", ".join(f"{k} {v:.2f} ms ({other_count[k]})" for k, v in other.most_common(5))
       + f"; device idle {sum(gaps) / 1e3:.1f} ms ({len(short)} gaps under 5 us: {sum(short) / 1e3:.1f} ms)"
       + "; idle by phase: " + ", ".join(f"{k} {v:.1f}" for k, v in by_phase.most_common())
       + "; largest gaps: " + ", ".join(f"{g / 1e3:.2f} ms {a} -> {b}" for g, a, b in largest))

@@ -826,7 +826,7 @@ EOF
     if ! have ncu; then record bench "ncu-$name" skipped 0 "ncu absent"; continue; fi
     # Google Benchmark's names go on past the arguments ("fused/0/iterations:3/manual_time"): the first round's
     # filters ended in '$', matched nothing, and ncu profiled nothing. A filter that names no benchmark is a failure.
-    if ! "$b" --benchmark_list_tests "--benchmark_filter=^${filter}/" 2>/dev/null | grep -q .; then
+    if ! "$b" --benchmark_list_tests "--benchmark_filter=^${filter}/" 2>/dev/null | grep . >/dev/null; then  # not -q: has_flag
       record bench "ncu-$name" failed 0 "$filter: no benchmark of bench_kernels is named so"; continue
     fi
     if ! run_step "$d/ncu-$name.log" 90 ncu --target-processes all --kernel-name-base function -k "regex:^${kernel}\$" \
@@ -875,8 +875,11 @@ tokenizer_file() {
   if [ -s "$real" ]; then echo "$real"; else echo "$root/tests/data/tiny_tokenizer.json"; fi
 }
 device() { [ "$dry_run" = 1 ] && echo cpu || echo cuda; }
-has_command() { "$bin" --help 2>/dev/null | grep -q -E "^ +$1( |$)"; }
-has_flag() { "$bin" "$1" --help 2>/dev/null | grep -q -E -- "(^| |,)$2([ =,:\[]|$)"; }
+# grep reads the whole help, not -q: under pipefail, grep -q leaving at its first match makes the program's next
+# write fail (SIGPIPE, status 141) and the pipeline false, whenever grep wins that race. The CPU dry run of
+# 2026-11-27 lost its profiled step so (has_flag train --profile-step: 141).
+has_command() { "$bin" --help 2>/dev/null | grep -E "^ +$1( |$)" >/dev/null; }
+has_flag() { "$bin" "$1" --help 2>/dev/null | grep -E -- "(^| |,)$2([ =,:\[]|$)" >/dev/null; }
 
 stage_smoke() {
   stage_begin smoke

@@ -101,7 +101,7 @@ mapfile -t differing < <(cd "$root" && {
 } | sort -u)
 objects=()
 for source in "${differing[@]}"; do
-  object=$(grep -oE "CMakeFiles/[A-Za-z0-9_]+\.dir/${source//./\\.}\.o" "$build_dir/build.ninja" | head -n 1)
+  object=$(grep -m1 -oE "CMakeFiles/[A-Za-z0-9_]+\.dir/${source//./\\.}\.o" "$build_dir/build.ninja")  # -m1, not | head: under pipefail head can make grep fail
   [ -n "$object" ] || { echo "cuda-libtorch-check: no object for $source in $build_dir/build.ninja" >&2; exit 1; }
   objects+=("$object")
 done

@@ -607,6 +607,14 @@ TEST(VramReportCli, PredictOnlyAndBadFlags) {
   EXPECT_NE(p.out.find("product operands for backward: kept until backward (--grad-checkpoint"), std::string::npos)
       << p.out;
   EXPECT_NE(p.out.find("(NVFP4 codes 0.0, bf16 weight operands 0.0)"), std::string::npos) << p.out;
+  // The time model counts no update hidden beside backward, and says so where --overlap-update asks for one.
+  EXPECT_EQ(p.out.find("--overlap-update:"), std::string::npos) << p.out;
+  const test::CliResult overlap = test::run_cli("vram-report --predict-only --config " + m.config_path +
+                                                " --seq-len 64 --fused-optimizer --overlap-update --device cuda");
+  EXPECT_EQ(overlap.code, 0) << overlap.err;
+  EXPECT_NE(overlap.out.find("--overlap-update: the time above counts each block's update after its backward"),
+            std::string::npos)
+      << overlap.out;
   const test::CliResult unchecked = test::run_cli("vram-report --predict-only --config " + m.config_path +
                                                   " --seq-len 64 --device cuda");
   EXPECT_EQ(unchecked.code, 0) << unchecked.err;

@@ -572,6 +572,12 @@ Command add_vram_report_command(CLI::App& app) {
               print_memory_plan(prediction.memory, device);
               print_time_plan(prediction.time, prediction.rates,
                               update_elements_per_s(prediction.rates, o.adamw.moments, o.master_dtype));
+              // The memory model holds the update in flight beside backward; the time model has no figure yet for
+              // how much of it hides there (docs/build.md, "After the round"), so it says it counts none.
+              if (o.overlap_update && device.is_cuda())
+                fmt::print("--overlap-update: the time above counts each block's update after its backward, as "
+                           "without the flag: how much of it runs hidden beside the rest of backward is not "
+                           "measured yet\n");
               print_pool_prediction(prediction.memory, prediction.rates);
               return 0;
             }

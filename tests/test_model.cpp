@@ -303,11 +303,13 @@ TEST(Model, PackedSegmentOffsetsFollowTheDocumentRuns) {
   EXPECT_EQ(longest_segment(offsets), 3);
   EXPECT_EQ(longest_segment(at::tensor({0, 2, 9, 10}, at::kInt)), 7) << "the longest in the middle";
   EXPECT_EQ(longest_segment(at::tensor({0}, at::kInt)), 0);
-  // The flash kernel's conditions (which the memory model shares): CUDA, half precision, head_dim <= 256.
-  EXPECT_TRUE(packed_rows_run_per_sample(at::kCUDA, at::kBFloat16, 128));
-  EXPECT_FALSE(packed_rows_run_per_sample(at::kCPU, at::kBFloat16, 128));
-  EXPECT_FALSE(packed_rows_run_per_sample(at::kCUDA, at::kFloat, 128));
-  EXPECT_FALSE(packed_rows_run_per_sample(at::kCUDA, at::kBFloat16, 512));
+  // The flash kernel's conditions, one predicate for full and packed rows (the memory and step-time models share
+  // it): CUDA, half precision, head_dim a multiple of 8 up to 256.
+  EXPECT_TRUE(flash_attention_takes(at::kCUDA, at::kBFloat16, 128));
+  EXPECT_FALSE(flash_attention_takes(at::kCPU, at::kBFloat16, 128));
+  EXPECT_FALSE(flash_attention_takes(at::kCUDA, at::kFloat, 128));
+  EXPECT_FALSE(flash_attention_takes(at::kCUDA, at::kBFloat16, 512));
+  EXPECT_FALSE(flash_attention_takes(at::kCUDA, at::kBFloat16, 132)) << "the kernel refuses heads not of 8s";
   // On a CPU (and wherever the flash kernel does not apply) packed rows keep the mask.
   const at::Tensor layout = packed_attention_layout(documents, at::kCPU, at::kBFloat16, 128);
   EXPECT_EQ(layout.scalar_type(), at::kBool);

@@ -127,10 +127,6 @@ at::Tensor packed_segment_offsets(const at::Tensor& documents) {
   return at::tensor(offsets, at::kInt);
 }
 
-bool packed_rows_run_per_sample(at::Device device, at::ScalarType dtype, int64_t head_dim) {
-  return device.is_cuda() && (dtype == at::kBFloat16 || dtype == at::kHalf) && head_dim <= 256;
-}
-
 int64_t longest_segment(const at::Tensor& offsets) {
   const at::Tensor host = offsets.to(at::kCPU, at::kInt).contiguous();  // the host's offsets: no copy
   const auto o = host.accessor<int32_t, 1>();
@@ -140,7 +136,7 @@ int64_t longest_segment(const at::Tensor& offsets) {
 }
 
 bool flash_attention_takes(at::Device device, at::ScalarType dtype, int64_t head_dim) {
-  return packed_rows_run_per_sample(device, dtype, head_dim) && head_dim % 8 == 0;
+  return device.is_cuda() && (dtype == at::kBFloat16 || dtype == at::kHalf) && head_dim <= 256 && head_dim % 8 == 0;
 }
 
 bool sdpa_takes_grouped_heads() {
@@ -159,7 +155,7 @@ at::Tensor packed_attention_layout(const at::Tensor& documents, at::Device devic
   // copies them to the device without waiting and reads the longest segment from them, which sizes the kernel's
   // grid (the row width would launch blocks for every segment as if it were a whole row, which exit at once, and
   // size its per-segment buffers so).
-  if (packed_rows_run_per_sample(device, dtype, head_dim) && flash_kernel_on(device))
+  if (flash_attention_takes(device, dtype, head_dim) && flash_kernel_on(device))
     return packed_segment_offsets(documents.cpu()).pin_memory();
 #endif
   return packed_attention_mask(documents.to(device));

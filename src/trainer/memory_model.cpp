@@ -166,15 +166,14 @@ struct StepSizes {
     nh = s.heads;
     experts_per_token = config.num_experts_per_tok;
     grouped = s.heads != s.kv_heads;
-    // causal_attention (model.cpp) hands the grouped k and v as they are to SDPA where it can (libtorch 2.5+, or
-    // a CUDA device, whose libtorch is taken to be the GPU machine's 2.x) and rows are not packed (a mask), and to
-    // the variable-length flash kernel for packed rows on CUDA in bf16 (packed_attention_layout); else each query
-    // head gets a copy of its group's k and v, and those copies are what autograd saves.
-    const bool flash_varlen =
-        packed_rows_run_per_sample(device, abf16 ? at::kBFloat16 : at::kFloat, static_cast<int64_t>(s.head_dim));
-    kv_copies = grouped && !(sdpa && (cuda || sdpa_takes_grouped_heads()) && (!o.data.pack || flash_varlen));
-    flash_node = sdpa && flash_attention_takes(device, abf16 ? at::kBFloat16 : at::kFloat,
-                                               static_cast<int64_t>(s.head_dim));
+    // causal_attention (attention.cpp) hands the grouped k and v as they are to SDPA where it can (libtorch 2.5+,
+    // or a CUDA device, whose libtorch is taken to be the GPU machine's 2.x) and rows are not packed (a mask), and
+    // to the flash node on CUDA in bf16, packed rows included (flash_attention_takes); else each query head gets a
+    // copy of its group's k and v, and those copies are what autograd saves.
+    const bool flash =
+        flash_attention_takes(device, abf16 ? at::kBFloat16 : at::kFloat, static_cast<int64_t>(s.head_dim));
+    kv_copies = grouped && !(sdpa && (cuda || sdpa_takes_grouped_heads()) && (!o.data.pack || flash));
+    flash_node = sdpa && flash;
     count_tensors(device);
     count_activations();
   }

@@ -219,19 +219,17 @@ at::Tensor packed_attention_mask(const at::Tensor& documents);
 at::Tensor packed_segment_offsets(const at::Tensor& documents);
 // The longest segment of such offsets (0 for none).
 int64_t longest_segment(const at::Tensor& offsets);
-// What attention gets for packed rows: where packed_rows_run_per_sample (and the libtorch is a CUDA 2.x), the
+// What attention gets for packed rows: where flash_attention_takes (and the libtorch is a CUDA 2.x), the
 // segment offsets (on the host, pinned: attention copies them to the device and sizes the kernel by the longest
 // segment), so each sample runs alone through the variable-length flash kernel; else the mask [B, 1, T, T] on
 // `device`. documents: int64 [B, T] on any device.
 at::Tensor packed_attention_layout(const at::Tensor& documents, at::Device device, at::ScalarType dtype,
                                    int64_t head_dim);
-// The variable-length flash kernel's own conditions: a CUDA device, bf16/fp16 activations, head_dim <= 256. The
-// memory model asks this for a GPU it predicts from any build (it takes the GPU machine's libtorch to be 2.x).
-bool packed_rows_run_per_sample(at::Device device, at::ScalarType dtype, int64_t head_dim);
-// Whether causal attention of dense rows (and packed ones) runs as the flash node of a CUDA libtorch 2.x
-// (attention.cpp): the conditions above and a head width that is a multiple of 8. Its output is [B, T, heads, d]
-// in memory, so the block merges the heads for o_proj as a view, and its backward gives the same bytes every
-// run. The memory and step-time models ask this for a GPU they predict from any build.
+// Whether causal attention, of dense rows and of packed ones, runs as the flash node of a CUDA libtorch 2.x
+// (attention.cpp): the flash kernel's own conditions, a CUDA device, bf16/fp16 activations and a head width that
+// is a multiple of 8 up to 256 (the kernel refuses others). Its output is [B, T, heads, d] in memory, so the
+// block merges the heads for o_proj as a view, and its backward gives the same bytes every run. The memory and
+// step-time models ask this for a GPU they predict from any build (taking its libtorch to be 2.x).
 bool flash_attention_takes(at::Device device, at::ScalarType dtype, int64_t head_dim);
 // Whether this build's SDPA takes grouped key/value heads without copies (enable_gqa, libtorch 2.5+); causal
 // attention without a mask then hands it k and v as they are.

@@ -79,16 +79,16 @@ class DeterministicFlashBackward {
 // the same flattened to [B·T, heads, d] with `offsets` (int32, each segment's start, then B·T), each row or
 // segment attending causally within itself; `longest` bounds a row or segment. Output [B, T, nh, d] (or
 // [B·T, nh, d]). What autograd's own node for the op keeps, it keeps; its backward is the same kernel, run
-// deterministically.
+// deterministically. Dense rows pass no offsets: std::nullopt, not an undefined tensor, which autograd's apply
+// would take for an input variable and ask its device (PyTorch 2.11: "tensor does not have a device").
 struct FlashAttentionFunction : torch::autograd::Function<FlashAttentionFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const at::Tensor& offsets, int64_t longest) {
-    const std::optional<at::Tensor> cumulative = offsets.defined() ? std::optional<at::Tensor>(offsets) : std::nullopt;
+                            const std::optional<at::Tensor>& offsets, int64_t longest) {
     auto [out, logsumexp, rng_state, rng_offset, unused_mask] = at::_flash_attention_forward(
-        q, k, v, cumulative, cumulative, longest, longest, /*dropout_p=*/0.0, /*is_causal=*/true,
+        q, k, v, offsets, offsets, longest, longest, /*dropout_p=*/0.0, /*is_causal=*/true,
         /*return_debug_mask=*/false);
     (void)unused_mask;
-    ctx->save_for_backward({q, k, v, out, logsumexp, offsets, rng_state, rng_offset});
+    ctx->save_for_backward({q, k, v, out, logsumexp, offsets.value_or(at::Tensor()), rng_state, rng_offset});
     ctx->saved_data["longest"] = longest;
     return out;
   }
@@ -172,10 +172,10 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
     // flattened to [B·T, heads, d]; the offsets give each segment its length, the longest one the kernel's grid.
     const int64_t B = q.size(0), nh = q.size(1), nkv = k.size(1), d = q.size(3);
     at::Tensor qt = q.transpose(1, 2), kt = k.transpose(1, 2), vt = v.transpose(1, 2);
-    if (!segments) return FlashAttentionFunction::apply(qt, kt, vt, at::Tensor(), T).transpose(1, 2);
+    if (!segments) return FlashAttentionFunction::apply(qt, kt, vt, std::optional<at::Tensor>(), T).transpose(1, 2);
     qt = qt.reshape({B * T, nh, d}), kt = kt.reshape({B * T, nkv, d}), vt = vt.reshape({B * T, nkv, d});
     const at::Tensor offsets = mask.to(q.device(), /*non_blocking=*/true);
-    const at::Tensor out = FlashAttentionFunction::apply(qt, kt, vt, offsets, longest_segment(mask));
+    const at::Tensor out = FlashAttentionFunction::apply(qt, kt, vt, std::optional<at::Tensor>(offsets), longest_segment(mask));
     return out.view({B, T, nh, d}).transpose(1, 2);
   }
 #endif

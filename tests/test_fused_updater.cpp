@@ -122,7 +122,7 @@ TEST(FusedUpdater, GpuApplyDoesNotWaitForTheDevice) {
 }
 
 // --overlap-update: the updates run on a stream of their own and give the bytes of the updates on the current
-// one. The overlapped updater's gradients are made behind a kernel that spins for ~30 ms on the current stream,
+// one. The overlapped updater's gradients are made behind a kernel that spins for ~0.1 s on the current stream,
 // so an update that did not wait for them would read them unwritten; they are temporaries, freed as apply()
 // returns while a NaN fill on the current stream asks for memory of their size, which the allocator may hand
 // out only if it was not told that the update's stream still reads them; and while the current stream spins
@@ -152,10 +152,14 @@ TEST(FusedUpdater, GpuUpdatesOnTheirOwnStreamGiveTheSameBytes) {
     own_updater.overlap_on_own_stream(cuda);
     ASSERT_TRUE(own_updater.own_stream().has_value());
     const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream();
-    at::cuda::sleep(int64_t{60} * 1000 * 1000);  // ~30 ms, before the gradients
-    own_updater.apply({{own_params[0].param, ga.to(cuda).mul(1.0f)}, {own_params[1].param, gb.to(cuda).mul(1.0f)}});
+    // The host's gradients go to the device before the spin: a copy from pageable memory returns only once the
+    // stream has run it, so copies queued behind the spin would make this thread wait for it (the GPU round of
+    // 2026-11-27 saw "apply() waited" for that reason alone).
+    const at::Tensor ga_device = ga.to(cuda), gb_device = gb.to(cuda), gc_device = gc.to(cuda);
+    at::cuda::sleep(int64_t{200} * 1000 * 1000);  // ~0.1 s, before the gradients
+    own_updater.apply({{own_params[0].param, ga_device.mul(1.0f)}, {own_params[1].param, gb_device.mul(1.0f)}});
     const at::Tensor fill = at::full({64 * 64}, std::numeric_limits<float>::quiet_NaN(), at::TensorOptions().device(cuda));
-    own_updater.apply({{own_params[2].param, gc.to(cuda).mul(1.0f)}});
+    own_updater.apply({{own_params[2].param, gc_device.mul(1.0f)}});
     EXPECT_EQ(cudaStreamQuery(current.stream()), cudaErrorNotReady) << "apply() waited for the device";
     at::cuda::sleep(int64_t{1000} * 1000 * 1000);  // ~0.5 s, after the updates
     const c10::cuda::CUDAStream third = c10::cuda::getStreamFromPool(false, cuda.index());

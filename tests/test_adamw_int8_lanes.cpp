@@ -59,8 +59,9 @@ TEST_P(AdamWInt8Lanes, ThreeStepsEqualTheCpuStepByteForByte) {
       ka::Moments::int8, c.bf16_master, c.bf16_grad, [&](const ka::ParamView& p, const ka::StepScalars& s) {
         run_int8_split_on_host(p, s, c.narrow, c.pieces, lanes_in_pieces);
       });
-  if (c.pieces)
+  if (c.pieces) {
     EXPECT_GT(lanes_in_pieces, 0) << "no lane moved whole pieces: the pieces path went untested";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(MasterAndGradientDtypes, AdamWInt8Lanes,

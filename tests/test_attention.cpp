@@ -59,14 +59,18 @@ void expect_attention_is_the_reference_every_run(const AttentionShape& s, bool p
                                     at::full({s.length - half - quarter}, 2, at::kLong)});
     documents = row.unsqueeze(0).repeat({s.rows, 1});
     layout = packed_attention_layout(documents, device, dtype, s.width);
-    if (cuda) ASSERT_EQ(layout.scalar_type(), at::kInt) << "packed rows did not take the flash kernel's segments";
+    if (cuda) {
+      ASSERT_EQ(layout.scalar_type(), at::kInt) << "packed rows did not take the flash kernel's segments";
+    }
   }
   std::vector<std::vector<at::Tensor>> runs;
   for (int run = 0; run < 3; ++run) {
     const at::Tensor out =
         causal_attention(q_rows.transpose(1, 2), k_rows.transpose(1, 2), v_rows.transpose(1, 2), layout);
     // The block merges the heads as out.transpose(1, 2).reshape(B, T, nh·d): a view where this holds.
-    if (cuda) EXPECT_TRUE(out.transpose(1, 2).is_contiguous()) << "merging the output's heads would copy it";
+    if (cuda) {
+      EXPECT_TRUE(out.transpose(1, 2).is_contiguous()) << "merging the output's heads would copy it";
+    }
     out.backward(grad_out);
     runs.push_back({out.detach().clone(), q_rows.grad().clone(), k_rows.grad().clone(), v_rows.grad().clone()});
     for (const at::Tensor* t : {&q_rows, &k_rows, &v_rows}) t->mutable_grad().reset();

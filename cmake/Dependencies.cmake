@@ -63,8 +63,28 @@ message(STATUS "libtorch ${Torch_VERSION} from ${TORCH_INSTALL_PREFIX}")
 # std::filesystem calls to libtorch's copies, not to the libstdc++ its headers were written for. The second GPU
 # round's test processes (PyTorch 2.11 wheel, Ubuntu 24.04) died at pc 0 in the first test that made a temporary
 # folder. With libstdc++ named first the dynamic linker finds its definitions first. (LinkOrder tests check.)
+# Named by its file, libstdc++.so.6, not -lstdc++: the third round (2026-11-27) still died in libtorch.so's
+# remove_all with -lstdc++ first. -lstdc++ takes the first libstdc++.so or libstdc++.a in the compiler's folders;
+# that machine's compiler is a copy of Ubuntu's GCC under /opt/gcc, whose libstdc++.so is a relative link into
+# the system's tree, and where such a link leads nowhere the archive is taken, which at the head of the line
+# pulls nothing in (a likely cause, unconfirmed: gpu-check's test-gpu link row says where remove_all was bound).
+# The file the compiler names (-print-file-name) can only be the shared library; where it names none, -lstdc++
+# as before. Removal goes through remove_tree (nftw) either way.
 if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
-  target_link_options(qwen3_torch INTERFACE "SHELL:-Wl,--push-state,--no-as-needed -lstdc++ -Wl,--pop-state")
+  set(_qwen3_sysroot "")
+  if(CMAKE_SYSROOT)
+    set(_qwen3_sysroot "--sysroot=${CMAKE_SYSROOT}")
+  endif()
+  execute_process(COMMAND ${CMAKE_CXX_COMPILER} ${_qwen3_sysroot} -print-file-name=libstdc++.so.6
+                  OUTPUT_VARIABLE QWEN3_LIBSTDCXX OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+  if(IS_ABSOLUTE "${QWEN3_LIBSTDCXX}" AND EXISTS "${QWEN3_LIBSTDCXX}")
+    get_filename_component(QWEN3_LIBSTDCXX "${QWEN3_LIBSTDCXX}" REALPATH)
+  else()
+    set(QWEN3_LIBSTDCXX "-lstdc++")
+  endif()
+  message(STATUS "libstdc++ named first on every program's link line: ${QWEN3_LIBSTDCXX}")
+  target_link_options(qwen3_torch INTERFACE
+                      "SHELL:-Wl,--push-state,--no-as-needed ${QWEN3_LIBSTDCXX} -Wl,--pop-state")
 endif()
 # PyTorch 2.14's headers refuse anything older than C++20 (#error in ATen.h); 2.13 and older take C++17.
 if(Torch_VERSION VERSION_GREATER_EQUAL 2.14 AND CMAKE_CXX_STANDARD LESS 20)

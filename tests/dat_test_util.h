@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "qwen3/base/remove_tree.h"
 #include "qwen3/dat/dat.h"
 #include "qwen3/dat/leb128.h"
 
@@ -69,7 +70,7 @@ class TempDir {
   }
   ~TempDir() {
     std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
+    qwen3::remove_tree(path_, ec);
   }
   std::string file(const std::string& name) const { return (path_ / name).string(); }
   const std::filesystem::path& path() const { return path_; }

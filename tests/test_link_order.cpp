@@ -3,11 +3,16 @@
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <link.h>
+#include <unistd.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include "dat_test_util.h"
+#include "qwen3/base/remove_tree.h"
 
 namespace qwen3 {
 namespace {
@@ -66,6 +71,43 @@ TEST(LinkOrder, FilesystemResolvesToLibstdcxx) {
     EXPECT_NE(std::string(info.dli_fname).find("libstdc++"), std::string::npos)
         << symbol << " from " << info.dli_fname;
   }
+}
+
+
+// remove_tree, which checkpoints, exports, --overwrite and the tests' folders remove through instead of
+// remove_all: a folder's whole tree goes, a link is removed and not followed, an absent path is no error, and
+// a path it cannot walk says why.
+TEST(RemoveTree, RemovesTheWholeTreeAndNeverFollowsALink) {
+  test::TempDir dir;
+  const std::filesystem::path outside = dir.path() / "outside", tree = dir.path() / "tree";
+  std::filesystem::create_directories(outside);
+  std::ofstream(outside / "kept.txt") << "kept";
+  std::filesystem::create_directories(tree / "a" / "b" / "c");
+  std::ofstream(tree / "top.txt") << "x";
+  std::ofstream(tree / "a" / "b" / "c" / "deep.bin") << "y";
+  std::filesystem::create_directory_symlink(outside, tree / "a" / "link-to-outside");
+  std::filesystem::create_symlink(tree / "missing", tree / "dangling");
+  std::error_code ec;
+  remove_tree(tree, ec);
+  EXPECT_FALSE(ec) << ec.message();
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::symlink_status(tree)));
+  EXPECT_TRUE(std::filesystem::exists(outside / "kept.txt")) << "the link was followed";
+
+  std::ofstream(dir.path() / "file.txt") << "z";
+  remove_tree(dir.path() / "file.txt", ec);  // a file alone
+  EXPECT_FALSE(ec) << ec.message();
+  EXPECT_FALSE(std::filesystem::exists(dir.path() / "file.txt"));
+}
+
+TEST(RemoveTree, AnAbsentPathIsNoErrorAndAnUnwalkableOneSaysWhy) {
+  test::TempDir dir;
+  std::error_code ec = std::make_error_code(std::errc::io_error);
+  remove_tree(dir.path() / "never-made", ec);
+  EXPECT_FALSE(ec) << ec.message();
+  std::ofstream(dir.path() / "plain") << "p";
+  remove_tree(dir.path() / "plain" / "below", ec);  // a file's path as a folder's
+  EXPECT_EQ(ec, std::make_error_code(std::errc::not_a_directory)) << ec.message();
+  EXPECT_TRUE(std::filesystem::exists(dir.path() / "plain"));
 }
 
 }  // namespace

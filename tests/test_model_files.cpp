@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "cli_test_util.h"
+#include "qwen3/base/remove_tree.h"
 #include "qwen3/model/layout.h"
 #include "qwen3/config/config.h"
 #include "qwen3/dat/dat_tensor.h"
@@ -122,7 +123,9 @@ TEST(Synth, TrainingModelIsWrittenOnceAndReused) {
   const SynthResult fresh = synthetic_training_model(config, 3, "");
   EXPECT_NE(fresh.dat_path, first.dat_path);
   EXPECT_GT(fresh.entries, 0u);
-  std::filesystem::remove_all(std::filesystem::path(fresh.dat_path).parent_path());
+  std::error_code removed;
+  remove_tree(std::filesystem::path(fresh.dat_path).parent_path(), removed);
+  EXPECT_FALSE(removed) << removed.message();
 }
 
 TEST(Synth, WritesTheRealLayoutDeterministically) {

@@ -13,6 +13,7 @@
 #include <fstream>
 
 #include "qwen3/base/file_io.h"
+#include "qwen3/base/remove_tree.h"
 #include "qwen3/dat/dat.h"
 #include "qwen3/dat/durable_file.h"
 #include "qwen3/base/json_limits.h"
@@ -122,21 +123,21 @@ std::string save_checkpoint(const std::string& dir, const CheckpointState& state
         fs::remove(aside);
         fs::rename(final_path, aside);
         fs::rename(tmp, final_path);
-        fs::remove_all(aside, ec);
+        remove_tree(aside, ec);
       } else {
-        fs::remove_all(tmp, ec);  // the old checkpoint, now under the temporary name
+        remove_tree(tmp, ec);  // the old checkpoint, now under the temporary name
       }
     } else {
       fs::rename(tmp, final_path);
     }
     fsync_path(dir, true);
   } catch (...) {
-    fs::remove_all(tmp, ec);
+    remove_tree(tmp, ec);
     throw;
   }
   if (keep > 0) {
     auto all = complete_checkpoints(dir);
-    for (size_t i = 0; i + keep < all.size(); ++i) fs::remove_all(all[i], ec);
+    for (size_t i = 0; i + keep < all.size(); ++i) remove_tree(all[i], ec);
   }
   return final_path.string();
 }
@@ -165,7 +166,7 @@ CheckpointDirLock::CheckpointDirLock(const std::string& dir) {
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
     if (name.rfind(".step-", 0) == 0 && (name.find(".tmp-") != std::string::npos || name.find(".old-") != std::string::npos))
-      fs::remove_all(e.path(), ec);
+      remove_tree(e.path(), ec);
   }
   const std::string pid = std::to_string(::getpid());
   if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size()))

@@ -18,6 +18,7 @@
 
 #include "qwen3/base/error.h"
 #include "qwen3/base/file_io.h"
+#include "qwen3/base/remove_tree.h"
 #include "qwen3/base/json_limits.h"
 #include "qwen3/checkpoint/checkpoint.h"
 #include "qwen3/config/config.h"
@@ -408,19 +409,19 @@ HfExportReport export_hf(const HfExportOptions& o) {
       const auto pid = static_cast<pid_t>(number);
       if (pid == ::getpid() || !(::kill(pid, 0) != 0 && errno == ESRCH)) continue;
       std::error_code removed;
-      fs::remove_all(entry.path(), removed);
+      remove_tree(entry.path(), removed);
       if (!removed) report.removed_stale.push_back(entry.path().string());
     }
   }
   const fs::path temp = parent / ("." + target.filename().string() + ".partial-" + std::to_string(::getpid()));
-  fs::remove_all(temp, ec);
+  remove_tree(temp, ec);
   if (!fs::create_directory(temp, ec)) throw Error(temp.string() + ": cannot create (" + ec.message() + ")");
   struct RemoveOnFailure {
     fs::path path;
     bool keep = false;
     ~RemoveOnFailure() {
       std::error_code ignored;
-      if (!keep) fs::remove_all(path, ignored);
+      if (!keep) remove_tree(path, ignored);
     }
   } cleanup{temp};
 
@@ -509,7 +510,7 @@ HfExportReport export_hf(const HfExportOptions& o) {
   }
   cleanup.keep = true;
   fsync_path(parent.string(), /*directory=*/true);
-  if (replacing) fs::remove_all(aside, ec);
+  if (replacing) remove_tree(aside, ec);
   return report;
 }
 

@@ -1,4 +1,5 @@
 #include "qwen3/base/file_io.h"
+#include "qwen3/base/remove_tree.h"
 #include "qwen3/trainer/trainer.h"
 
 #include <ATen/ATen.h>
@@ -175,7 +176,7 @@ class Trainer {
     if (dp_.is_main())
       for (const std::string& path : o.replace_previous_run) {
         std::error_code ec;
-        std::filesystem::remove_all(path, ec);
+        remove_tree(path, ec);
         if (ec) throw Error("--overwrite: cannot remove the previous run's " + path + " (" + ec.message() + ")");
         spdlog::info("--overwrite: removed the previous run's {}", path);
       }

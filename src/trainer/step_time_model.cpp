@@ -31,13 +31,17 @@ DeviceRates device_rates(std::string_view name) {
   // products of a Qwen3-4B step reached 60% of the bf16 peak, the fp32 update 85% of the bandwidth (112.6 GB in
   // 27.7 ms), and 55% for the other passes is what makes the model meet the measured steps of full rows (fast and
   // lean at 2048 × 1 unpacked, 512 × 4) within 1% (the first round's slower kernels fitted 35%); the update's
-  // element rates are bench_kernels' adamw rows (G parameters/s). The H100 has the H200's SMs and clocks: the same
+  // element rates are bench_kernels' adamw rows (G parameters/s): the plain kernel's from the second round, the
+  // compressed moments' from the third (H200, 2026-11-27: int8 133.3 / 138.8, nvfp4 81.5 / 80.0 with an fp32 /
+  // bf16 master, where the second round measured 69.6 / 94.9 and 62.1 / 57.3; the plain kernel, bound by its
+  // bytes, ran at 97% of that machine's copy rate and is left at its faster machine's 147.9, a ceiling the byte
+  // count reaches first). The H100 has the H200's SMs and clocks: the same
   // fractions and element rates, assumed. GB10: the same fractions, and the element rates scaled by its 48 SMs
   // against 132, assumed. cpu: the development machine (dev-2c, its two cores), measured by bench_train_step's
   // BM_ProductRate: a [32, 2560] x [2560, 9728] product at 300 GFLOP/s in bf16 and 107 in fp32; memcpy 23.5
   // GiB/s; the product rates are already what a training-shaped product reaches, an elementwise ATen pass about
   // half of it; no element bound on its update (its loops are measured in bytes, docs/optim.md).
-  const UpdateRates hopper{147.9, 69.6, 94.9, 62.1, 57.3};
+  const UpdateRates hopper{147.9, 133.3, 138.8, 81.5, 80.0};
   const double gb10_share = 48.0 / 132.0;
   const UpdateRates gb10{hopper.plain * gb10_share, hopper.int8_fp32_master * gb10_share,
                          hopper.int8_bf16_master * gb10_share, hopper.nvfp4_fp32_master * gb10_share,

@@ -294,7 +294,9 @@ int main() {
   std::printf("filesystem: "); std::fflush(stdout);
   std::string dir = (std::filesystem::temp_directory_path() / "spawn-probe-XXXXXX").string();
   if (!mkdtemp(dir.data())) return 4;
-  std::filesystem::remove_all(dir);
+  { std::FILE* f = std::fopen((dir + "/file").c_str(), "w"); if (f) std::fclose(f); }  // not empty, as TempDir's
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);  // the overload TempDir called when the third round's tests died
   std::printf("ok; popen: "); std::fflush(stdout);
   char line[64] = {0};
   FILE* p = popen("echo spawned", "r");
@@ -315,15 +317,20 @@ CPP
   torch_info
   [ -n "$torch_prefix" ] && lib=$(cd "$torch_prefix/../.." 2>/dev/null && pwd)/lib
   local kind note notes=() failed=0
-  # plain; linked with libtorch as a program's link line has it (libstdc++ last, the compiler's own); and with
-  # libstdc++ named first, as cmake/Dependencies.cmake now links every program.
-  for kind in plain torch torch-libstdcxx-first; do
+  # plain; linked with libtorch as a program's link line has it (libstdc++ last, the compiler's own); with
+  # -lstdc++ first (how the third round's programs were linked); and with the file the compiler resolves for
+  # libstdc++.so.6 first, as cmake/Dependencies.cmake now links every program.
+  local stdcxx_file
+  stdcxx_file=$(g++ -print-file-name=libstdc++.so.6 2>/dev/null)
+  for kind in plain torch torch-lstdcxx-first torch-libstdcxx-file; do
     local link=()
     if [ "$kind" != plain ]; then
       [ -d "$lib" ] || { notes+=("$kind: no libtorch folder"); continue; }
       # libtorch_cuda.so finds its CUDA libraries by its own run path; the link need not (allow-shlib-undefined).
-      link=(-Wl,--allow-shlib-undefined -Wl,--no-as-needed -L"$lib" -ltorch_cuda -ltorch_cpu -lc10 -Wl,-rpath,"$lib")
-      [ "$kind" = torch-libstdcxx-first ] && link=(-Wl,--no-as-needed -lstdc++ "${link[@]}")
+      # libtorch.so too: the third round's tests died in its copy of remove_all, which the earlier probe never linked.
+      link=(-Wl,--allow-shlib-undefined -Wl,--no-as-needed -L"$lib" -ltorch -ltorch_cuda -ltorch_cpu -lc10 -Wl,-rpath,"$lib")
+      [ "$kind" = torch-lstdcxx-first ] && link=(-Wl,--no-as-needed -lstdc++ "${link[@]}")
+      [ "$kind" = torch-libstdcxx-file ] && link=(-Wl,--no-as-needed "$stdcxx_file" "${link[@]}")
     fi
     if ! g++ -std=c++17 -O1 -o "$d/spawn-$kind" "$d/spawn_probe.cpp" "${link[@]}" >"$d/spawn-$kind.log" 2>&1; then
       notes+=("$kind: did not link"); failed=1; continue
@@ -646,10 +653,32 @@ run_gtests() {
 # Every GPU test (the tests that need a device are named *Gpu*: tests/gpu_test.h): failed if one skips here. The
 # kernels' parity suites (named Gpu*, tests/gpu/) first, in a process of their own: a crash elsewhere cannot hide
 # them (the second round's test process died before reaching them).
+# How the test binary's std::filesystem calls bind (the first two rounds' test processes died in libtorch.so's
+# remove_all): its first needed libraries, what the compiler's -lstdc++ would take, the LinkOrder and
+# RemoveTree tests, and the dynamic linker's own word on where remove_all was bound (LD_DEBUG=bindings).
+link_check() {
+  local d=$1 cxx so needed bound tests
+  cxx=$(grep -m1 '^CMAKE_CXX_COMPILER:' "$build_dir/CMakeCache.txt" 2>/dev/null | cut -d= -f2)
+  so=$("${cxx:-g++}" -print-file-name=libstdc++.so 2>/dev/null)
+  needed=$(readelf -d "$tests_bin" 2>/dev/null | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | head -n 3 | tr '\n' ' ')
+  if ! run_step "$d/link-tests.log" 60 env LD_DEBUG=bindings LD_DEBUG_OUTPUT="$d/ld-bindings" \
+      "$tests_bin" --gtest_filter='LinkOrder.*:RemoveTree.*'; then no_time test-gpu link; return; fi
+  # The program's std::filesystem bindings (its dlsym lookups included): which file served each, remove_all's first.
+  bound=$(cat "$d"/ld-bindings.* 2>/dev/null | grep "binding file [^ ]*qwen3_tests " | grep 'St10filesystem' |
+    sed -n 's/.* to \([^ ]*\) .*symbol `\([^'"'"']*\)'"'"'.*/\2 -> \1/p' | sort -u | sort -t' ' -k1,1 -s |
+    awk '/remove_all/ {print; next} {rest[++n] = $0} END {for (i = 1; i <= n && i <= 3; ++i) print rest[i]}' |
+    tr '\n' ';')
+  rm -f "$d"/ld-bindings.*
+  tests=$(grep -E '^\[  (PASSED|FAILED) ' "$d/link-tests.log" | tr '\n' ' ')
+  record test-gpu link "$([ "$step_rc" = 0 ] && echo ok || echo failed)" "$step_s" \
+    "needed: $needed; linked first: $(grep -m1 -o 'no-as-needed [^ ]*stdc++[^ ]*' "$build_dir/build.ninja" 2>/dev/null | cut -d' ' -f2); ${cxx:-g++} -print-file-name=libstdc++.so: $so -> $(readlink -f "$so" 2>/dev/null || echo '?')$([ -e "$so" ] || echo ' (missing)'); $tests; bindings: ${bound:-none logged}"
+}
+
 stage_test_gpu() {
   stage_begin test-gpu
   local d=$stage_dir
   if ! ensure_built; then record test-gpu gpu-tests failed 0 "no test binary: the build failed"; stage_end test-gpu; return; fi
+  link_check "$d"
   if [ -n "${GPU_TEST_FILTER:-}" ]; then
     run_gtests test-gpu gpu-tests "$d/gpu-tests" 300 "$gpu_filter"
   else

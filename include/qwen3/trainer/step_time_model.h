@@ -24,6 +24,9 @@ struct UpdateRates {
   double plain = 0;  // fp32 or bf16 moments, either master
   double int8_fp32_master = 0, int8_bf16_master = 0;
   double nvfp4_fp32_master = 0, nvfp4_bf16_master = 0;
+  // The plain update that also writes the element's bf16 operand (--keep-weight-operands always): each
+  // 16-block's scale chosen by its lanes' exchanges, an arithmetic its two more bytes do not show.
+  double plain_with_operand = 0;
 };
 
 // A device as the model sees it. Peak rates are the vendor's dense figures (or, for `cpu`, measured on the
@@ -61,8 +64,12 @@ struct PhaseTime {
   double bytes = 0;      // memory traffic outside the products' operands, the update's included
   double update_bytes = 0;  // of which the optimizer's update (gradient norm, gradient, master, moments)
   double updated = 0;       // parameters the update steps in this phase
+  // Of those, the ones whose update also writes their bf16 operand (--keep-weight-operands always), and the
+  // bytes of their update, operand included.
+  double operand_updated = 0, operand_update_bytes = 0;
   // flops at the matmul rate, plus the passes' bytes at the pass rate, plus the update at the slower of its
-  // bytes at the memory rate and its elements at the update rate (no overlap assumed).
+  // bytes at the memory rate and its elements at the update rate (no overlap assumed), the operand-writing
+  // elements' part at their own element rate.
   double ms = 0;
 };
 

@@ -209,15 +209,38 @@ __global__ void __launch_bounds__(kNvfp4Threads) nvfp4_kernel(ParamView p, StepS
   }
 }
 
-int grid_for(int64_t work_items, int items_per_cta) {
+int grid_for(int64_t work_items, int items_per_cta, int max_ctas) {
   const int64_t ctas = (work_items + items_per_cta - 1) / items_per_cta;
-  // Grid-stride beyond ~64 K CTAs: enough to fill any GPU, and int-sized.
-  return static_cast<int>(ctas < 1 ? 1 : (ctas > 65536 ? 65536 : ctas));
+  // Grid-stride beyond ~64 K CTAs (enough to fill any GPU, and int-sized) or the caller's cap.
+  const int64_t cap = max_ctas > 0 && max_ctas < 65536 ? max_ctas : 65536;
+  return static_cast<int>(ctas < 1 ? 1 : (ctas > cap ? cap : ctas));
+}
+
+// How many CTAs of the int8 kernel the current device holds at once (its SMs times the CTAs an SM fits), asked
+// once a device. Each CTA builds v's two 256-entry tables and reads the step's scalars before its first element;
+// with a CTA per 32 blocks (the grid before) every thread did that for its one lane of 8 elements: the tables
+// alone are 56 instructions a thread (sm_90 SASS of a kernel that only builds them, against one that does not),
+// 7 of an element's ~194 (the third round's ncu), the prologue a few more. Resident CTAs loop over the blocks
+// instead and build the tables once. 0 where the device cannot say (no cap then).
+int int8_resident_ctas() {
+  constexpr int kMaxDevices = 64;
+  static int cached[kMaxDevices] = {};  // 0: not asked yet; races only write the same value
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return 0;
+  if (cached[device] > 0) return cached[device];
+  int sms = 0, per_sm = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, int8_kernel, kThreads, 0) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  cached[device] = sms * (per_sm > 0 ? per_sm : 1);
+  return cached[device];
 }
 
 }  // namespace
 
-int launch_adamw_step(const adamw::ParamView& p, const adamw::StepScalars& s, void* stream) {
+int launch_adamw_step(const adamw::ParamView& p, const adamw::StepScalars& s, void* stream, int max_ctas) {
   if (p.rows < 0 || p.cols < 0 || p.stored_cols < p.cols || !p.master || !p.grad || !p.exp_avg || !p.exp_avg_sq)
     return static_cast<int>(cudaErrorInvalidValue);
   // The operand: plain moments only, whole 16-blocks a row.
@@ -228,7 +251,7 @@ int launch_adamw_step(const adamw::ParamView& p, const adamw::StepScalars& s, vo
   switch (p.moments) {
     case Moments::f32:
     case Moments::bf16: {
-      const int grid = grid_for(p.rows * p.cols, kThreads * kPlainPerThread);
+      const int grid = grid_for(p.rows * p.cols, kThreads * kPlainPerThread, max_ctas);
       const bool bf16 = p.moments == Moments::bf16, operand = p.operand != nullptr;
       if (bf16 && operand) plain_kernel<true, true><<<grid, kThreads, 0, cuda_stream>>>(p, s);
       if (bf16 && !operand) plain_kernel<true, false><<<grid, kThreads, 0, cuda_stream>>>(p, s);
@@ -236,17 +259,20 @@ int launch_adamw_step(const adamw::ParamView& p, const adamw::StepScalars& s, vo
       if (!bf16 && !operand) plain_kernel<false, false><<<grid, kThreads, 0, cuda_stream>>>(p, s);
       break;
     }
-    case Moments::int8:
+    case Moments::int8: {
       if (p.stored_cols % adamw::kInt8Block != 0 || !p.exp_avg_scale || !p.exp_avg_sq_scale)
         return static_cast<int>(cudaErrorInvalidValue);
-      int8_kernel<<<grid_for(p.rows * (p.stored_cols / adamw::kInt8Block), kThreads / adamw::int8_lanes::kLanesPerBlock),
-                    kThreads, 0, cuda_stream>>>(p, s);
+      const int64_t blocks = p.rows * (p.stored_cols / adamw::kInt8Block);
+      const int grid = grid_for(blocks, kThreads / adamw::int8_lanes::kLanesPerBlock,
+                                max_ctas > 0 ? max_ctas : int8_resident_ctas());
+      int8_kernel<<<grid, kThreads, 0, cuda_stream>>>(p, s);
       break;
+    }
     case Moments::nvfp4:
       if (p.stored_cols % adamw::kNvfp4Block != 0 || !p.exp_avg_scale || !p.exp_avg_sq_scale || !p.exp_avg_row_scale ||
           !p.exp_avg_sq_row_scale)
         return static_cast<int>(cudaErrorInvalidValue);
-      nvfp4_kernel<<<grid_for(p.rows, 1), kNvfp4Threads, 0, cuda_stream>>>(p, s);
+      nvfp4_kernel<<<grid_for(p.rows, 1, max_ctas), kNvfp4Threads, 0, cuda_stream>>>(p, s);
       break;
     default:
       return static_cast<int>(cudaErrorInvalidValue);

@@ -62,7 +62,10 @@ int launch_nvfp4_gemv(const void* x, KernelDType x_type, int64_t M, int64_t K, c
 // One fused AdamW step of one parameter (adamw_update.cuh's rules, the CPU step's bytes): every gradient,
 // master and moment byte read once and written once (nvfp4 moments: the gradient and the packed state twice,
 // for the per-row scale). All pointers device memory, contiguous, as kernels/adamw_step.md lays out.
-int launch_adamw_step(const adamw::ParamView& param, const adamw::StepScalars& scalars, void* stream);
+// `max_ctas` > 0 caps the grid (the kernels stride over what it leaves: the tests run every pass of that loop
+// with a cap of 1); 0 is each kernel's own grid, the int8 one's the CTAs the device holds at once.
+int launch_adamw_step(const adamw::ParamView& param, const adamw::StepScalars& scalars, void* stream,
+                      int max_ctas = 0);
 
 // ---- A group's gradient clipping (grad_clip.cu; rules and summation order in grad_clip.cuh; grad_clip.md) -----
 // One tensor of the group: f32 or bf16, contiguous, device memory (numel 0: no data needed).

@@ -40,10 +40,14 @@ std::string case_name(const KernelCase& c) {
 
 class GpuAdamWKernel : public ::testing::TestWithParam<KernelCase> {};
 
+// Each shape twice: with the kernels' own grid, and with one CTA, which then strides over every pass of its loop
+// (the int8 kernel's resident grid strides so on large parameters; the tests' shapes fit one pass).
 TEST_P(GpuAdamWKernel, ThreeStepsEqualTheCpuStepByteForByte) {
   QWEN3_REQUIRE_GPU();
   const KernelCase c = GetParam();
+  for (const int max_ctas : {0, 1})
   for (const auto& shape : {std::pair<int64_t, int64_t>{13, 37}, {1, 29}, {70, 2560}, {300, 80}}) {
+    SCOPED_TRACE("max_ctas " + std::to_string(max_ctas));
     HostParam cpu(shape.first, shape.second, c.moments, c.bf16_master, c.bf16_grad);
     std::vector<std::vector<uint8_t>*> buffers{&cpu.master, &cpu.grad, &cpu.exp_avg, &cpu.exp_avg_sq,
                                                &cpu.exp_avg_scale, &cpu.exp_avg_sq_scale, &cpu.m_row, &cpu.v_row};
@@ -60,7 +64,8 @@ TEST_P(GpuAdamWKernel, ThreeStepsEqualTheCpuStepByteForByte) {
                                             cpu.v_row.data()),
                                    s, 0);
       const auto d = [&](size_t i) { return device[i]->at(); };
-      ASSERT_EQ(kernels::launch_adamw_step(cpu.view(d(0), d(1), d(2), d(3), d(4), d(5), d(6), d(7)), s, nullptr), 0);
+      ASSERT_EQ(kernels::launch_adamw_step(cpu.view(d(0), d(1), d(2), d(3), d(4), d(5), d(6), d(7)), s, nullptr, max_ctas),
+                0);
       QWEN3_CUDA_OK(cudaDeviceSynchronize());
     }
     for (size_t i = 0; i < buffers.size(); ++i) {

@@ -1152,6 +1152,15 @@ for e in kernels:
     launched[g] += 1
     if g == "other": other[short(e.get("name", "?"))] += e.get("dur", 0) / 1e3
 other_count = collections.Counter(short(e.get("name", "?")) for e in kernels if group(e.get("name", "")) == "other")
+# Products cuBLAS ran on kernels made for Ampere (cutlass_80_*) or for operands aligned to fewer than 8 elements
+# (*_align1/2/4): the third round's packed 2048 x 1 step ran the head's loss slices on cutlass_80_..._align2
+# kernels (24.6 ms) where 2,048-row batches took Hopper ones (lm_loss.cpp's rows_for_products since).
+slow = collections.Counter()
+for e in kernels:
+    n = e.get("name", "")
+    if group(n) == "products" and (re.search(r"_align[124]\b", n) or "cutlass_80" in n):
+        kernel = re.search(r"(cutlass_\w+|nvjet_\w+|\w*gemm\w*)", n)
+        slow[(kernel.group(1) if kernel else n)[:70]] += e.get("dur", 0) / 1e3
 # The gaps between kernels (the device idle), each with the phase it falls in and the kernels either side: the
 # second round's fast step idled 16.1 ms and nothing said where. `last` is the kernel that ends latest so far.
 phases = [e for e in events if e.get("cat") == "phase"]
@@ -1174,6 +1183,8 @@ print(f"{len(kernels)} kernels, their durations {busy:.1f} ms of the step's {ste
       + (f" ({100 * busy / step:.0f}%)" if step > 0 else "") + ": "
       + ", ".join(f"{k} {v:.1f} ({launched[k]})" for k, v in ms.most_common())
       + "; other's largest: " + ", ".join(f"{k} {v:.2f} ms ({other_count[k]})" for k, v in other.most_common(5))
+      + f"; products on Ampere-era or unaligned kernels: {sum(slow.values()):.1f} ms"
+      + ("" if not slow else " (" + ", ".join(f"{k} {v:.1f} ms" for k, v in slow.most_common(3)) + ")")
       + f"; device idle {sum(gaps) / 1e3:.1f} ms ({len(short)} gaps under 5 us: {sum(short) / 1e3:.1f} ms)"
       + "; idle by phase: " + ", ".join(f"{k} {v:.1f}" for k, v in by_phase.most_common())
       + "; largest gaps: " + ", ".join(f"{g / 1e3:.2f} ms {a} -> {b}" for g, a, b in largest))

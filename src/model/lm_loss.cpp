@@ -43,6 +43,21 @@ int64_t slice_width(int64_t rows, int64_t vocab, int64_t slice_elements) {
   return std::min(vocab, std::max<int64_t>(256, slice_elements / std::max<int64_t>(rows, 1)));
 }
 
+// The rows the slices' products take on CUDA: the hidden states, and zero rows after them up to a multiple of 8.
+// A packed batch is as wide as its longest row less one (src/data/batching.cpp), so its row count is rarely a
+// multiple of 8, and with such counts cuBLAS ran the head's 8,192-column slices on Ampere-era kernels for
+// 2-element-aligned operands (cutlass_80_..._align2), 316-392 µs a product where the same products of 2,048 rows
+// took the Hopper ones: 24.6 ms of the third round's packed Qwen3-4B step at 2048 x 1, about 14 more than at
+// 512 x 4 (docs/performance.md). The zero rows' logits are 0, their gradient rows are never written (the kernels
+// take the first n rows) and stay 0, so they add exact zeros to the head's gradient; their rows of the input's
+// gradient are dropped.
+at::Tensor rows_for_products(const at::Tensor& hidden) {
+  constexpr int64_t kRowMultiple = 8;
+  const int64_t n = hidden.size(0), padded = (n + kRowMultiple - 1) / kRowMultiple * kRowMultiple;
+  if (padded == n) return hidden;
+  return at::cat({hidden, at::zeros({padded - n, hidden.size(1)}, hidden.options())});
+}
+
 class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> {
  public:
   // `into_leaf`: the weight (a leaf) gets its gradient added into its .grad() in place by backward, which
@@ -59,10 +74,12 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
     const at::Tensor safe_targets = targets.clamp_min(0);
     [[maybe_unused]] const bool fused = fused_slices_take(hidden, targets);
     const at::Tensor targets_c = targets.contiguous();
+    // The kernels read the first n rows of each product; the CPU's libtorch passes take the rows as they are.
+    const at::Tensor rows = fused ? rows_for_products(hidden) : hidden;
     for (int64_t v0 = 0; v0 < vocab; v0 += width) {
       const int64_t w = std::min(width, vocab - v0);
       // The product in the hidden states' dtype (a weight of another dtype is cast a slice at a time).
-      const at::Tensor product = at::matmul(hidden, weight.narrow(0, v0, w).to(hidden.scalar_type()).t());
+      const at::Tensor product = at::matmul(rows, weight.narrow(0, v0, w).to(hidden.scalar_type()).t());
 #ifdef QWEN3_FUSED_LOSS
       if (fused) {
         const at::Tensor logits = product.contiguous();
@@ -103,7 +120,8 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
     const at::Tensor safe_targets = targets.clamp_min(0);
     [[maybe_unused]] const bool fused = fused_slices_take(hidden, targets);
     const at::Tensor targets_c = targets.contiguous(), lse_c = lse.contiguous(), row_scale_c = row_scale.contiguous();
-    at::Tensor grad_hidden = at::zeros({n, hidden.size(1)}, hidden.options().dtype(at::kFloat));
+    const at::Tensor rows = fused ? rows_for_products(hidden) : hidden;  // as forward's products took them
+    at::Tensor grad_hidden = at::zeros({rows.size(0), hidden.size(1)}, hidden.options().dtype(at::kFloat));
     // Either the leaf's own .grad() (accumulated into, slice by slice, with no [V, H] temporary), or a returned
     // gradient (only if autograd asks for one).
     at::Tensor grad_weight;
@@ -126,7 +144,7 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
     for (int64_t v0 = 0; v0 < vocab; v0 += width) {
       const int64_t w = std::min(width, vocab - v0);
       const at::Tensor wslice = weight.narrow(0, v0, w).to(hidden.scalar_type());
-      const at::Tensor product = at::matmul(hidden, wslice.t());
+      const at::Tensor product = at::matmul(rows, wslice.t());
       at::Tensor d_typed;
 #ifdef QWEN3_FUSED_LOSS
       if (fused) {
@@ -151,16 +169,16 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
       if (grad_weight.defined()) {
         at::Tensor target = grad_weight.narrow(0, v0, w);
         if (fresh) {
-          nvfp4::product_into(target, d_typed.t(), hidden);
+          nvfp4::product_into(target, d_typed.t(), rows);
         } else if (target.scalar_type() == hidden.scalar_type()) {
-          target.addmm_(d_typed.t(), hidden);
+          target.addmm_(d_typed.t(), rows);
         } else {  // an fp32 master's gradient: the product in fp32 where cuBLAS gives it (product_in_dtype)
-          target.add_(nvfp4::product_in_dtype(d_typed.t(), hidden, target.scalar_type()));
+          target.add_(nvfp4::product_in_dtype(d_typed.t(), rows, target.scalar_type()));
         }
       }
     }
-    return {grad_hidden.to(hidden.scalar_type()), into_leaf ? at::Tensor() : grad_weight, at::Tensor(), at::Tensor(),
-            at::Tensor()};
+    return {grad_hidden.narrow(0, 0, n).to(hidden.scalar_type()), into_leaf ? at::Tensor() : grad_weight, at::Tensor(),
+            at::Tensor(), at::Tensor()};
   }
 };
 

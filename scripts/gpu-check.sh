@@ -785,9 +785,12 @@ try:
     data = json.load(open(sys.argv[1]))
 except Exception:
     print("no JSON output"); sys.exit(0)
-q, qo, dq, m, adamw, fused, clip = [], [], [], {}, [], [], []
+q, qo, dq, m, adamw, fused, clip, loss = [], [], [], {}, [], [], [], {}
 for b in data.get("benchmarks", []):
     n = b.get("name", "")
+    if n.startswith("loss_slice/") and "us" in b:  # loss_slice/<product>/rows<N>/...
+        product, rows = n.split("/")[1:3]
+        loss.setdefault(product, {})[rows] = b["us"]
     if n.startswith("quantize/") and "/rne/" in n and "of_copy" in b:
         q.append((n.split("/")[1], b["of_copy"]))
     if n.startswith("quantize_operand/") and "of_copy" in b:
@@ -828,6 +831,9 @@ if fused:
     parts.append("fused of copy: " + ", ".join(fused))
 if clip:
     parts.append("grad clip (a 4B block's gradients) of copy: " + ", ".join(clip))
+if loss:
+    parts.append("loss slice products us (2047 / 2048 rows): " + ", ".join(
+        "%s %.0f / %.0f" % (k, v.get("rows2047", float("nan")), v.get("rows2048", float("nan"))) for k, v in sorted(loss.items())))
 print("; ".join(parts))
 EOF
 )
@@ -836,7 +842,7 @@ EOF
   else
     record bench kernels failed "$step_s" "$(fail_note "$d/bench_kernels.log"); $figures"
   fi
-  grep -E '^(quantize|dequantize|matmul|adamw|fused|grad_clip)' "$d/bench_kernels.log" | head -n 100
+  grep -E '^(quantize|dequantize|matmul|adamw|fused|grad_clip|loss_slice)' "$d/bench_kernels.log" | head -n 100
 
   # ncu on the kernels a training step runs, each at a training shape: quantize (every trained weight, every
   # forward), dequantize (into the product's scratch from 17 rows on), the product at the rows where small

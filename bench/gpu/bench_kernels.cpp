@@ -15,7 +15,8 @@
 //    training shapes (2048 tokens), and the sliced loss's two passes over a [2048, 8192] slice of bf16 logits (the
 //    default slice at 2048 rows): bytes moved per second as a fraction of the copy;
 //  - a group's gradient clipping (one Qwen3-4B block's gradients, fp32 and bf16): bytes read per second as a
-//    fraction of the copy.
+//    fraction of the copy;
+//  - the sliced loss's three cuBLAS products on an 8192-column slice at 2,047 and 2,048 rows (loss_slice/*).
 // Weights rotate through enough copies to exceed the L2 cache, so small-M runs measure memory, not L2.
 // Results go to docs/performance.md with the date and the device. Exits 0 with a message when there is no GPU.
 #include <benchmark/benchmark.h>
@@ -256,6 +257,51 @@ void BM_Matmul(benchmark::State& state, int64_t M, int64_t N, int64_t K) {
   state.counters["speedup_vs_path"] = path_s / ours_s;
 }
 
+// The sliced loss's three products on one [rows, 8192] slice of Qwen3's head (H = 2560) with cuBLAS as at::matmul and
+// aten::mm.dtype call it: the logits (bf16 out), the input's gradient and the head's (fp32 out from bf16
+// operands). kind 0, 1, 2. At 2,047 rows (a packed 2048-token batch) the third GPU round's trace showed cuBLAS
+// on cutlass_80_..._align2 kernels for all three, at 2,048 on Hopper ones; rows_for_products (lm_loss.cpp) pads
+// to a multiple of 8 on that evidence. These rows say it without the trainer around it.
+void BM_LossSliceProduct(benchmark::State& state, int kind, int64_t rows) {
+  const int64_t V = 8192, H = 2560;
+  DeviceMemory hidden(rows * H * 2), weight(V * H * 2), logits(rows * V * 2), out(std::max(rows, V) * H * 4);
+  {
+    const std::vector<uint16_t> h = to_16bit(KernelDType::bf16, host_uniform(rows * H, 1.0f, 21));
+    const std::vector<uint16_t> w = to_16bit(KernelDType::bf16, host_uniform(V * H, 0.03f, 22));
+    const std::vector<uint16_t> l = to_16bit(KernelDType::bf16, host_uniform(rows * V, 1e-4f, 23));
+    check(cudaMemcpy(hidden.ptr, h.data(), h.size() * 2, cudaMemcpyHostToDevice), "upload hidden");
+    check(cudaMemcpy(weight.ptr, w.data(), w.size() * 2, cudaMemcpyHostToDevice), "upload weight");
+    check(cudaMemcpy(logits.ptr, l.data(), l.size() * 2, cudaMemcpyHostToDevice), "upload logits");
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  const auto gemm = [&](cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k, const void* a,
+                        int64_t lda, const void* b, int64_t ldb, void* c, cudaDataType_t c_type, int64_t ldc) {
+    const cublasStatus_t status =
+        cublasGemmEx(cublas(), ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), &alpha, a,
+                     CUDA_R_16BF, static_cast<int>(lda), b, CUDA_R_16BF, static_cast<int>(ldb), &beta, c, c_type,
+                     static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (status != CUBLAS_STATUS_SUCCESS) {
+      std::fprintf(stderr, "cublasGemmEx failed: %d\n", static_cast<int>(status));
+      std::exit(1);
+    }
+  };
+  double s = 0.0;
+  for (auto _ : state) {
+    s = seconds_per_call([&](int) {
+      // Row-major products as column-major ones with the operands' roles swapped.
+      if (kind == 0)  // logits[rows, V] = hidden[rows, H] · W[V, H]ᵀ
+        gemm(CUBLAS_OP_T, CUBLAS_OP_N, V, rows, H, weight.ptr, H, hidden.ptr, H, logits.ptr, CUDA_R_16BF, V);
+      else if (kind == 1)  // dX[rows, H] (fp32) = d[rows, V] · W[V, H]
+        gemm(CUBLAS_OP_N, CUBLAS_OP_N, H, rows, V, weight.ptr, H, logits.ptr, V, out.ptr, CUDA_R_32F, H);
+      else  // dW[V, H] (fp32) = d[rows, V]ᵀ · hidden[rows, H]
+        gemm(CUBLAS_OP_N, CUBLAS_OP_T, H, V, rows, hidden.ptr, H, logits.ptr, V, out.ptr, CUDA_R_32F, H);
+    });
+    state.SetIterationTime(s);
+  }
+  state.counters["TFLOP/s"] = 2.0 * rows * V * H / s * 1e-12;
+  state.counters["us"] = s * 1e6;
+}
+
 const char* type_name(KernelDType type) { return type == KernelDType::f32 ? "f32" : type == KernelDType::bf16 ? "bf16" : "f16"; }
 
 }  // namespace
@@ -473,6 +519,15 @@ int main(int argc, char** argv) {
       const std::string name = "matmul_bf16/M" + std::to_string(M) + "/N" + std::to_string(nk[0]) + "/K" +
                                std::to_string(nk[1]);
       benchmark::RegisterBenchmark(name.c_str(), BM_Matmul, M, nk[0], nk[1])
+          ->UseManualTime()
+          ->Iterations(3)
+          ->Unit(benchmark::kMicrosecond);
+    }
+  for (int kind = 0; kind < 3; ++kind)
+    for (int64_t rows : {2047, 2048}) {
+      const char* names[] = {"logits", "dx_f32", "dw_f32"};
+      benchmark::RegisterBenchmark(("loss_slice/" + std::string(names[kind]) + "/rows" + std::to_string(rows)).c_str(),
+                                   BM_LossSliceProduct, kind, rows)
           ->UseManualTime()
           ->Iterations(3)
           ->Unit(benchmark::kMicrosecond);

@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -224,18 +225,19 @@ int grid_for(int64_t work_items, int items_per_cta, int max_ctas) {
 // instead and build the tables once. 0 where the device cannot say (no cap then).
 int int8_resident_ctas() {
   constexpr int kMaxDevices = 64;
-  static int cached[kMaxDevices] = {};  // 0: not asked yet; races only write the same value
+  static std::atomic<int> cached[kMaxDevices] = {};  // 0: not asked yet; two first launches store the same value
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return 0;
-  if (cached[device] > 0) return cached[device];
+  if (const int known = cached[device].load(std::memory_order_relaxed); known > 0) return known;
   int sms = 0, per_sm = 0;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, int8_kernel, kThreads, 0) != cudaSuccess) {
     cudaGetLastError();
     return 0;
   }
-  cached[device] = sms * (per_sm > 0 ? per_sm : 1);
-  return cached[device];
+  const int resident = sms * (per_sm > 0 ? per_sm : 1);
+  cached[device].store(resident, std::memory_order_relaxed);
+  return resident;
 }
 
 }  // namespace

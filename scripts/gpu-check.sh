@@ -665,7 +665,7 @@ link_check() {
       "$tests_bin" --gtest_filter='LinkOrder.*:RemoveTree.*'; then no_time test-gpu link; return; fi
   # The program's std::filesystem bindings (its dlsym lookups included): which file served each, remove_all's first.
   bound=$(cat "$d"/ld-bindings.* 2>/dev/null | grep "binding file [^ ]*qwen3_tests " | grep 'St10filesystem' |
-    sed -n 's/.* to \([^ ]*\) .*symbol `\([^'"'"']*\)'"'"'.*/\2 -> \1/p' | sort -u | sort -t' ' -k1,1 -s |
+    sed -n 's/.* to \([^ ]*\) .*symbol `\([^'"'"']*\)'"'"'.*/\2 -> \1/p' | sort -u |
     awk '/remove_all/ {print; next} {rest[++n] = $0} END {for (i = 1; i <= n && i <= 3; ++i) print rest[i]}' |
     tr '\n' ';')
   rm -f "$d"/ld-bindings.*
@@ -1160,7 +1160,7 @@ for e in kernels:
 other_count = collections.Counter(short(e.get("name", "?")) for e in kernels if group(e.get("name", "")) == "other")
 # Products cuBLAS ran on kernels made for Ampere (cutlass_80_*) or for operands aligned to fewer than 8 elements
 # (*_align1/2/4): the third round's packed 2048 x 1 step ran the head's loss slices on cutlass_80_..._align2
-# kernels (24.6 ms) where 2,048-row batches took Hopper ones (lm_loss.cpp's rows_for_products since).
+# kernels (24.6 ms) where 512 x 4 batches took Hopper ones (lm_loss.cpp's rows_for_products since).
 slow = collections.Counter()
 for e in kernels:
     n = e.get("name", "")

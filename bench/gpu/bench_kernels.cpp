@@ -185,6 +185,21 @@ cublasHandle_t cublas() {
   return handle;
 }
 
+// One cuBLAS product of bf16 operands with fp32 accumulation (what torch::matmul and aten::mm.dtype run),
+// column-major as cuBLAS takes it; the output bf16 or fp32. Exits on a cuBLAS error.
+void gemm_bf16(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda,
+               const void* b, int64_t ldb, void* c, cudaDataType_t c_type, int64_t ldc) {
+  const float alpha = 1.0f, beta = 0.0f;
+  const cublasStatus_t status =
+      cublasGemmEx(cublas(), ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), &alpha, a,
+                   CUDA_R_16BF, static_cast<int>(lda), b, CUDA_R_16BF, static_cast<int>(ldb), &beta, c, c_type,
+                   static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    std::fprintf(stderr, "cublasGemmEx failed: %d\n", static_cast<int>(status));
+    std::exit(1);
+  }
+}
+
 void BM_Matmul(benchmark::State& state, int64_t M, int64_t N, int64_t K) {
   const size_t code_bytes = N * K / 2, scale_bytes = N * K / 16, dense_bytes = N * K * 2;
   const int nvfp4_copies = rotation_copies(code_bytes + scale_bytes), dense_copies = rotation_copies(dense_bytes);
@@ -208,7 +223,6 @@ void BM_Matmul(benchmark::State& state, int64_t M, int64_t N, int64_t K) {
   check(cudaDeviceSynchronize(), "setup");
 
   double ours_s = 0.0, cublas_s = 0.0, path_s = 0.0;
-  const float alpha = 1.0f, beta = 0.0f;
   for (auto _ : state) {
     ours_s = seconds_per_call([&](int i) {
       const int c = i % nvfp4_copies;
@@ -219,14 +233,7 @@ void BM_Matmul(benchmark::State& state, int64_t M, int64_t N, int64_t K) {
     cublas_s = seconds_per_call([&](int i) {
       const int c = i % dense_copies;
       // Row-major Y[M,N] = X[M,K] · Wᵀ is column-major Yᵀ[N,M] = W[K,N]ᵀ-as-stored · Xᵀ: op(A) = T on W.
-      const cublasStatus_t status = cublasGemmEx(
-          cublas(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &alpha,
-          dense.as() + c * dense_bytes, CUDA_R_16BF, static_cast<int>(K), x.ptr, CUDA_R_16BF, static_cast<int>(K),
-          &beta, y.ptr, CUDA_R_16BF, static_cast<int>(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-      if (status != CUBLAS_STATUS_SUCCESS) {
-        std::fprintf(stderr, "cublasGemmEx failed: %d\n", static_cast<int>(status));
-        std::exit(1);
-      }
+      gemm_bf16(CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, dense.as() + c * dense_bytes, K, x.ptr, K, y.ptr, CUDA_R_16BF, N);
     });
     // What the kernel replaces below kNvfp4KernelMaxRows (nvfp4_linear.cpp): deq(W) into the scratch, then cuBLAS.
     path_s = seconds_per_call([&](int i) {
@@ -234,14 +241,7 @@ void BM_Matmul(benchmark::State& state, int64_t M, int64_t N, int64_t K) {
       check(qwen3::kernels::launch_nvfp4_dequantize(codes.as() + c * code_bytes, scales.as() + c * scale_bytes, N, K,
                                                     scratch.as(), KernelDType::bf16, nullptr),
             "dequantize W");
-      const cublasStatus_t status = cublasGemmEx(
-          cublas(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &alpha,
-          scratch.as(), CUDA_R_16BF, static_cast<int>(K), x.ptr, CUDA_R_16BF, static_cast<int>(K), &beta, y.ptr,
-          CUDA_R_16BF, static_cast<int>(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-      if (status != CUBLAS_STATUS_SUCCESS) {
-        std::fprintf(stderr, "cublasGemmEx failed: %d\n", static_cast<int>(status));
-        std::exit(1);
-      }
+      gemm_bf16(CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, scratch.as(), K, x.ptr, K, y.ptr, CUDA_R_16BF, N);
     });
     state.SetIterationTime(ours_s);
   }
@@ -273,28 +273,16 @@ void BM_LossSliceProduct(benchmark::State& state, int kind, int64_t rows) {
     check(cudaMemcpy(weight.ptr, w.data(), w.size() * 2, cudaMemcpyHostToDevice), "upload weight");
     check(cudaMemcpy(logits.ptr, l.data(), l.size() * 2, cudaMemcpyHostToDevice), "upload logits");
   }
-  const float alpha = 1.0f, beta = 0.0f;
-  const auto gemm = [&](cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k, const void* a,
-                        int64_t lda, const void* b, int64_t ldb, void* c, cudaDataType_t c_type, int64_t ldc) {
-    const cublasStatus_t status =
-        cublasGemmEx(cublas(), ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), &alpha, a,
-                     CUDA_R_16BF, static_cast<int>(lda), b, CUDA_R_16BF, static_cast<int>(ldb), &beta, c, c_type,
-                     static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    if (status != CUBLAS_STATUS_SUCCESS) {
-      std::fprintf(stderr, "cublasGemmEx failed: %d\n", static_cast<int>(status));
-      std::exit(1);
-    }
-  };
   double s = 0.0;
   for (auto _ : state) {
     s = seconds_per_call([&](int) {
       // Row-major products as column-major ones with the operands' roles swapped.
       if (kind == 0)  // logits[rows, V] = hidden[rows, H] · W[V, H]ᵀ
-        gemm(CUBLAS_OP_T, CUBLAS_OP_N, V, rows, H, weight.ptr, H, hidden.ptr, H, logits.ptr, CUDA_R_16BF, V);
+        gemm_bf16(CUBLAS_OP_T, CUBLAS_OP_N, V, rows, H, weight.ptr, H, hidden.ptr, H, logits.ptr, CUDA_R_16BF, V);
       else if (kind == 1)  // dX[rows, H] (fp32) = d[rows, V] · W[V, H]
-        gemm(CUBLAS_OP_N, CUBLAS_OP_N, H, rows, V, weight.ptr, H, logits.ptr, V, out.ptr, CUDA_R_32F, H);
+        gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, H, rows, V, weight.ptr, H, logits.ptr, V, out.ptr, CUDA_R_32F, H);
       else  // dW[V, H] (fp32) = d[rows, V]ᵀ · hidden[rows, H]
-        gemm(CUBLAS_OP_N, CUBLAS_OP_T, H, V, rows, hidden.ptr, H, logits.ptr, V, out.ptr, CUDA_R_32F, H);
+        gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, H, V, rows, hidden.ptr, H, logits.ptr, V, out.ptr, CUDA_R_32F, H);
     });
     state.SetIterationTime(s);
   }

@@ -46,9 +46,9 @@ int64_t slice_width(int64_t rows, int64_t vocab, int64_t slice_elements) {
 // The rows the slices' products take on CUDA: the hidden states, and zero rows after them up to a multiple of 8.
 // A packed batch is as wide as its longest row less one (src/data/batching.cpp), so its row count is rarely a
 // multiple of 8, and with such counts cuBLAS ran the head's 8,192-column slices on Ampere-era kernels for
-// 2-element-aligned operands (cutlass_80_..._align2), 316-392 µs a product where the same products of 2,048 rows
-// took the Hopper ones: 24.6 ms of the third round's packed Qwen3-4B step at 2048 x 1, about 14 more than at
-// 512 x 4 (docs/performance.md). The zero rows' logits are 0, their gradient rows are never written (the kernels
+// 2-element-aligned operands (cutlass_80_..._align2), 316-392 µs a product, where a 512 x 4 batch (a multiple of
+// 4 rows) got the Hopper ones: 24.8 ms of the third round's packed Qwen3-4B step at 2048 x 1, 8.3 at 512 x 4
+// (docs/performance.md; whether the row count alone decides is bench_kernels' loss_slice rows to say). The zero rows' logits are 0, their gradient rows are never written (the kernels
 // take the first n rows) and stay 0, so they add exact zeros to the head's gradient; their rows of the input's
 // gradient are dropped.
 at::Tensor rows_for_products(const at::Tensor& hidden) {

@@ -1,8 +1,9 @@
 // Removing a folder and what it holds: what std::filesystem::remove_all does, through glibc's nftw instead.
 // PyTorch's wheels export their own copies of parts of libstdc++'s std::filesystem (pytorch/pytorch#133437),
-// and a program whose calls bind to them gets whatever those copies are: in the GPU rounds of 2026-11-26 and
-// -27 (PyTorch 2.11 wheel) every test process died at its first remove_all, inside libtorch.so's copy, by a
-// call through a null pointer. The program's libraries name libstdc++ first (cmake/Dependencies.cmake) so
+// and a program whose calls bind to them gets whatever those copies are: in the third GPU round (2026-11-27,
+// PyTorch 2.11 wheel) every test process died at its first remove_all, by a call through a null pointer from
+// libtorch.so's copy (the second round's died at the same place before the crash report could name it). The
+// program's libraries name libstdc++ first (cmake/Dependencies.cmake) so
 // that the copies serve nothing; removal, which checkpoints, exports and --overwrite rely on, does not depend
 // on that: nftw is the C library's, which nothing else exports.
 #pragma once

@@ -247,10 +247,13 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
   backward.bytes += head_cast_bytes + backward_logit_bytes + input_gradient_sums + (head_grad ? V * H * e : 0);
   // The optimizer: the norm reads every gradient once; the fused update reads gradient, master and state and
   // writes master and state (nvfp4 on a GPU reads the gradient and its state twice, for the row scale).
+  // The norm is a kernel of its own (kernels/grad_clip.md), so its read is counted apart from the update's kernel,
+  // at the memory rate whatever bounds that kernel: an update bound by its instructions does not hide it.
   const bool reread = gpu && o.adamw.moments == MomentStorage::nvfp4;
   const auto update_bytes = [&](double params, double state) {
-    return params * (e /*norm*/ + e /*grad*/ + 2 * e /*master*/ + (reread ? e : 0)) + state * (reread ? 3 : 2);
+    return params * (e /*grad*/ + 2 * e /*master*/ + (reread ? e : 0)) + state * (reread ? 3 : 2);
   };
+  const auto norm_bytes = [&](double params) { return params * e; };
   // What any AdamW of this storage must move (gradient read, master and moments read and written; no norm pass,
   // no re-read): the memory floor of the update, beside the products' compute floor.
   const double update_floor_bytes = trainable * (e + 2 * e) + 2 * state_bytes;
@@ -266,14 +269,16 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
           ? update_bytes(operand_elements, state_bytes_in_blocks * operand_elements / trainable_in_blocks) +
                 a * operand_elements
           : 0;
-  backward.update_bytes =
-      in_backward * (update_bytes(trainable_in_blocks, state_bytes_in_blocks) + a * operand_elements);
+  backward.norm_bytes = in_backward * norm_bytes(trainable_in_blocks);
+  backward.update_bytes = in_backward * (update_bytes(trainable_in_blocks, state_bytes_in_blocks) +
+                                         a * operand_elements + norm_bytes(trainable_in_blocks));
   backward.updated = in_backward * trainable_in_blocks;
   backward.operand_updated = in_backward * operand_elements;
   backward.operand_update_bytes = in_backward * operand_update_bytes;
   backward.bytes += backward.update_bytes;
+  optimizer.norm_bytes = norm_bytes(trainable - in_backward * trainable_in_blocks);
   optimizer.update_bytes = update_bytes(trainable - in_backward * trainable_in_blocks, state_bytes - in_backward * state_bytes_in_blocks) +
-                           (1 - in_backward) * a * operand_elements;
+                           (1 - in_backward) * a * operand_elements + optimizer.norm_bytes;
   optimizer.updated = trainable - in_backward * trainable_in_blocks;
   optimizer.operand_updated = (1 - in_backward) * operand_elements;
   optimizer.operand_update_bytes = (1 - in_backward) * operand_update_bytes;
@@ -290,7 +295,8 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
   };
   StepTimePlan plan{device.name, {forward, backward, optimizer}, matmul_rate};
   for (PhaseTime& p : plan.phases) {
-    const double update_s = bound(p.update_bytes - p.operand_update_bytes, p.updated - p.operand_updated, element_rate) +
+    const double update_s = p.norm_bytes / memory_rate +
+                            bound(p.update_bytes - p.norm_bytes - p.operand_update_bytes, p.updated - p.operand_updated, element_rate) +
                             bound(p.operand_update_bytes, p.operand_updated, operand_rate);
     p.ms = 1e3 * (p.flops / matmul_rate + (p.bytes - p.update_bytes) / pass_rate + update_s);
   }

@@ -63,13 +63,14 @@ struct PhaseTime {
   double flops = 0;      // products
   double bytes = 0;      // memory traffic outside the products' operands, the update's included
   double update_bytes = 0;  // of which the optimizer's update (gradient norm, gradient, master, moments)
+  double norm_bytes = 0;    // of which the gradient norm's read: a kernel of its own, at the memory rate
   double updated = 0;       // parameters the update steps in this phase
   // Of those, the ones whose update also writes their bf16 operand (--keep-weight-operands always), and the
   // bytes of their update, operand included.
   double operand_updated = 0, operand_update_bytes = 0;
-  // flops at the matmul rate, plus the passes' bytes at the pass rate, plus the update at the slower of its
-  // bytes at the memory rate and its elements at the update rate (no overlap assumed), the operand-writing
-  // elements' part at their own element rate.
+  // flops at the matmul rate, plus the passes' bytes at the pass rate, plus the norm's read at the memory rate,
+  // plus the update at the slower of its other bytes at the memory rate and its elements at the update rate (no
+  // overlap assumed), the operand-writing elements' part at their own element rate.
   double ms = 0;
 };
 

@@ -101,6 +101,27 @@ QWEN3_HD void rope_pair_backward(float& dy1, float& dy2, float c1, float s1, flo
   dy2 = d2;
 }
 
+// The same rules as the lane that holds one element of a pair computes them (head_norm_rope.cu): each lane only its
+// own element's output, from the tables at its own index, where rope_pair makes both outputs from all four values.
+// Forward, `partner` is the pair's other element: the first half's x1 c1 - x2 s1, the second half's x2 c2 + x1 s2,
+// each the operations of rope_pair's o1 or o2 in its order (x1 and x2 both rounded products, then their sum).
+template <bool kBf16>
+QWEN3_HD float rope_lane(float own, float partner, float c, float s, bool first) {
+  const float tc = round_to<kBf16>(c), ts = round_to<kBf16>(s);
+  return round_to<kBf16>(add_rn(round_to<kBf16>(mul_rn(own, tc)), round_to<kBf16>(mul_rn(first ? -partner : partner, ts))));
+}
+// Backward: d1 = T(T(dy1 c1) + T(dy2 s2)) and d2 = T(T(dy2 c2) - T(dy1 s1)), so each lane's term for its partner is
+// its own gradient times the sine at its own index (rope_lane_term), and each lane adds the partner's term to its
+// own gradient times its own cosine (rope_lane_backward): rope_pair_backward's d1 and d2, the same operations.
+template <bool kBf16>
+QWEN3_HD float rope_lane_term(float dy, float s) {
+  return round_to<kBf16>(mul_rn(dy, round_to<kBf16>(s)));
+}
+template <bool kBf16>
+QWEN3_HD float rope_lane_backward(float dy, float partner_term, float c, bool first) {
+  return round_to<kBf16>(add_rn(round_to<kBf16>(mul_rn(dy, round_to<kBf16>(c))), first ? partner_term : -partner_term));
+}
+
 // ---- The q/k norms and RoPE as one pass (fused_ops.cu's head_norm_rope kernels) --------------------------------
 
 // Lanes a head row takes when its RMSNorm and RoPE run as one pass, or 0 where they do not: the row in 8-element

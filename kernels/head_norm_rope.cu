@@ -23,35 +23,32 @@ using namespace rows;
 // shuffle. Each value is the one the separate kernels store between them (the norm's output going into RoPE,
 // RoPE backward's gradient going into the norm's), so the outputs are their bytes, and the normalized row never
 // goes to memory: forward reads x once and writes y once, backward reads dy and x once and writes dx once.
+//
+// Each lane computes only its own elements' RoPE outputs, from the tables at its own columns (fused::rope_lane:
+// forward the partner's value comes by the shuffle; backward the partner's sine term, fused::rope_lane_term),
+// where each lane made both outputs of every pair from four tables and kept one: half the rounding arithmetic
+// and half the table loads (the kernels were bound by their instructions: 155 SASS instructions an element
+// forward, static; kernels/fused_ops.md).
 
-// The tables at the row's position: 8 values from the first half's index i, 8 from i + head_dim / 2.
+// The tables at this lane's own 8 columns of the row's position.
 struct RopePieceTables {
-  float c1[kVec], s1[kVec], c2[kVec], s2[kVec];
+  float c[kVec], s[kVec];
 };
 
 __device__ __forceinline__ void load_rope_piece_tables(const float* cos, const float* sin, int64_t table_row,
-                                                       int64_t head_dim, int64_t i, RopePieceTables& t) {
-  const int64_t a = table_row * head_dim + i, b = a + head_dim / 2;
-  vec::load<false, kVec>(cos, a, t.c1);
-  vec::load<false, kVec>(sin, a, t.s1);
-  vec::load<false, kVec>(cos, b, t.c2);
-  vec::load<false, kVec>(sin, b, t.s2);
+                                                       int64_t head_dim, int64_t c, RopePieceTables& t) {
+  const int64_t a = table_row * head_dim + c;
+  vec::load<false, kVec>(cos, a, t.c);
+  vec::load<false, kVec>(sin, a, t.s);
 }
 
-// RoPE (or its backward) on the row's pieces: v is this lane's piece (in the first half where `first`), replaced
-// by its part of the result. Every lane of the warp calls it (the shuffles need all 32).
-template <bool kBf16, bool kBackward>
-__device__ __forceinline__ void rotate_piece(float (&v)[kVec], int partner_lanes, bool first, const RopePieceTables& t) {
-#pragma unroll
-  for (int k = 0; k < kVec; ++k) {
-    const float other = __shfl_xor_sync(0xFFFFFFFFu, v[k], partner_lanes);
-    float x1 = first ? v[k] : other, x2 = first ? other : v[k];
-    if (kBackward)
-      f::rope_pair_backward<kBf16>(x1, x2, t.c1[k], t.s1[k], t.c2[k], t.s2[k]);
-    else
-      f::rope_pair<kBf16>(x1, x2, t.c1[k], t.s1[k], t.c2[k], t.s2[k]);
-    v[k] = first ? x1 : x2;
-  }
+// The table row of a head row (rows = (batch, seq, heads) flattened): its token's position. `narrow`: every row
+// index fits 32 bits (the launcher checks), so the two divisions are 32-bit ones, a fraction of the instructions
+// of the 64-bit ones the GPU emulates (as rope_kernel's Index).
+__device__ __forceinline__ int64_t table_row_of(int64_t row, int64_t heads, int64_t table_rows, bool narrow) {
+  if (narrow)
+    return (static_cast<uint32_t>(row) / static_cast<uint32_t>(heads)) % static_cast<uint32_t>(table_rows);
+  return (row / heads) % table_rows;
 }
 
 // x, y [rows, head_dim] with rows = (batch, seq, heads) flattened; the table row of a row: its token's position.
@@ -60,23 +57,27 @@ __global__ void __launch_bounds__(kThreads) head_norm_rope_forward_kernel(const 
                                                                           int64_t head_dim, int64_t heads, float eps,
                                                                           const float* cos, const float* sin,
                                                                           int64_t table_rows, void* y, float* rstd,
-                                                                          int row_lanes) {
+                                                                          int row_lanes, int narrow) {
   const int half_lanes = row_lanes / 2;
   for_each_row(rows, row_lanes, [&](int64_t row, bool in, int row_lane) {
     const int64_t c = static_cast<int64_t>(row_lane) * kVec, base = row * head_dim;
     const bool first = row_lane < half_lanes;
-    float v[kVec] = {}, wv[kVec];
+    float v[kVec] = {}, wv[kVec], out[kVec];
     if (in) vec::load<kBf16, kVec>(x, base + c, v);
+    RopePieceTables t;  // loaded before the sum's shuffles, so its latency hides behind them
+    load_rope_piece_tables(cos, sin, in ? table_row_of(row, heads, table_rows, narrow != 0) : 0, head_dim, c, t);
+    vec::load<kBf16Weight, kVec>(w, c, wv);
     float squares = 0.0f;
     for (int k = 0; k < kVec; ++k) squares = fmaf(v[k], v[k], squares);
     const float r = f::rmsnorm_rstd(row_sum(squares, row_lanes), head_dim, eps);
-    vec::load<kBf16Weight, kVec>(w, c, wv);
     for (int k = 0; k < kVec; ++k) v[k] = f::rmsnorm_output<kBf16>(v[k], r, wv[k]);
-    RopePieceTables t;
-    load_rope_piece_tables(cos, sin, in ? (row / heads) % table_rows : 0, head_dim, first ? c : c - head_dim / 2, t);
-    rotate_piece<kBf16, false>(v, half_lanes, first, t);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      const float partner = __shfl_xor_sync(0xFFFFFFFFu, v[k], half_lanes);
+      out[k] = f::rope_lane<kBf16>(v[k], partner, t.c[k], t.s[k], first);
+    }
     if (!in) return;
-    vec::store<kBf16, kVec>(y, base + c, v);
+    vec::store<kBf16, kVec>(y, base + c, out);
     if (row_lane == 0) rstd[row] = r;
   });
 }
@@ -89,7 +90,7 @@ template <bool kBf16, bool kBf16Weight>
 __global__ void __launch_bounds__(kThreads) head_norm_rope_backward_kernel(
     const void* dy, const void* x, const void* w, const float* rstd, int64_t rows, int64_t head_dim, int64_t heads,
     const float* cos, const float* sin, int64_t table_rows, int64_t rows_per_chunk, int64_t chunks, void* dx,
-    float* partial, int row_lanes) {
+    float* partial, int row_lanes, int narrow) {
   // A wave's terms: (32 / lanes rows a warp) x (8 lanes x 8 elements a row) = kVec x 32 a warp, whatever the width.
   __shared__ float terms[kWarpsPerCta * 32 * kVec];
   const int lane = threadIdx.x % 32, rows_per_warp = 32 / row_lanes;
@@ -107,13 +108,17 @@ __global__ void __launch_bounds__(kThreads) head_norm_rope_backward_kernel(
     for (int64_t wave = first_row; wave < last; wave += rows_per_wave) {
       const int64_t row = wave + local, base = row * head_dim;
       const bool in = row < last;
-      float g[kVec] = {}, xv[kVec] = {}, out[kVec];
-      if (in) vec::load<kBf16, kVec>(dy, base + c, g);
-      RopePieceTables t;
-      load_rope_piece_tables(cos, sin, in ? (row / heads) % table_rows : 0, head_dim, first ? c : c - head_dim / 2, t);
-      rotate_piece<kBf16, true>(g, half_lanes, first, t);  // g: the gradient reaching the norm's output
+      float dyv[kVec] = {}, xv[kVec] = {}, g[kVec], out[kVec];
+      if (in) vec::load<kBf16, kVec>(dy, base + c, dyv);
       if (in) vec::load<kBf16, kVec>(x, base + c, xv);
       const float r = in ? rstd[row] : 0.0f;
+      RopePieceTables t;
+      load_rope_piece_tables(cos, sin, in ? table_row_of(row, heads, table_rows, narrow != 0) : 0, head_dim, c, t);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {  // g: the gradient reaching the norm's output
+        const float partner_term = __shfl_xor_sync(0xFFFFFFFFu, f::rope_lane_term<kBf16>(dyv[k], t.s[k]), half_lanes);
+        g[k] = f::rope_lane_backward<kBf16>(dyv[k], partner_term, t.c[k], first);
+      }
       float dot = 0.0f;
       for (int k = 0; k < kVec; ++k) dot = fmaf(f::rmsnorm_grad_n<kBf16>(g[k], wv[k]), f::mul_rn(xv[k], r), dot);
       const float mean = row_sum(dot, row_lanes) / static_cast<float>(head_dim);
@@ -148,6 +153,9 @@ bool head_norm_rope_arguments(KernelDType x_type, KernelDType w_type, int64_t ba
   for (const void* p : activations) ok = ok && p && aligned<kVec>(p, x_type);
   return ok;
 }
+// Whether every row index fits 32 bits, for table_row_of's narrow divisions (only rows below `rows` are divided;
+// heads and table rows are at most the rows).
+int rows_fit_32_bits(int64_t rows) { return rows <= static_cast<int64_t>(UINT32_MAX) ? 1 : 0; }
 }  // namespace
 
 int launch_head_norm_rope_forward(const void* x, KernelDType x_type, const void* w, KernelDType w_type, int64_t batch,
@@ -160,10 +168,11 @@ int launch_head_norm_rope_forward(const void* x, KernelDType x_type, const void*
   const auto s = static_cast<cudaStream_t>(stream);
   const int lanes = fused::head_norm_rope_lanes(head_dim);
   const int grid = rmsnorm_grid(rows, lanes);
+  const int narrow = rows_fit_32_bits(rows);
   const bool bx = x_type == KernelDType::bf16, bw = w_type == KernelDType::bf16;
 #define QWEN3_HEAD_NORM_ROPE_FORWARD(BX, BW)                                                                    \
   head_norm_rope_forward_kernel<BX, BW><<<grid, kThreads, 0, s>>>(x, w, rows, head_dim, heads, eps, cos, sin, \
-                                                                  table_rows, y, rstd, lanes)
+                                                                  table_rows, y, rstd, lanes, narrow)
   if (bx && bw) QWEN3_HEAD_NORM_ROPE_FORWARD(true, true);
   else if (bx) QWEN3_HEAD_NORM_ROPE_FORWARD(true, false);
   else if (bw) QWEN3_HEAD_NORM_ROPE_FORWARD(false, true);
@@ -182,13 +191,15 @@ int launch_head_norm_rope_backward(const void* dy, const void* x, KernelDType x_
   const int64_t rows = batch * seq * heads;
   const auto s = static_cast<cudaStream_t>(stream);
   const int lanes = fused::head_norm_rope_lanes(head_dim);
+  const int narrow = rows_fit_32_bits(rows);
   const int64_t per_chunk = rmsnorm_rows_per_chunk(rows);
   const int64_t chunks = rmsnorm_backward_workspace_floats(rows, head_dim) / head_dim;
   const bool bx = x_type == KernelDType::bf16, bw = w_type == KernelDType::bf16;
   const auto grid = static_cast<unsigned>(chunks);  // at most 65,535 (rmsnorm_rows_per_chunk)
 #define QWEN3_HEAD_NORM_ROPE_BACKWARD(BX, BW)                                                                      \
   head_norm_rope_backward_kernel<BX, BW><<<grid, kThreads, 0, s>>>(dy, x, w, rstd, rows, head_dim, heads, cos, sin, \
-                                                                   table_rows, per_chunk, chunks, dx, workspace, lanes)
+                                                                   table_rows, per_chunk, chunks, dx, workspace, lanes, \
+                                                                   narrow)
   if (bx && bw) QWEN3_HEAD_NORM_ROPE_BACKWARD(true, true);
   else if (bx) QWEN3_HEAD_NORM_ROPE_BACKWARD(true, false);
   else if (bw) QWEN3_HEAD_NORM_ROPE_BACKWARD(false, true);

@@ -172,9 +172,14 @@ QWEN3_HD void store(const ParamView& p, const StepScalars& s, int64_t block, Lan
   const BlockDivisor m_divisor = block_divisor(step), v_divisor = block_divisor(v_max);
   const bool bf16_master = p.master_bf16 != 0;
   uint32_t m_code[kPerLane], v_code[kPerLane], master[kPerLane];
+  // The lane's eight state indices share their high 32 bits (the first, row * stored_cols + col0, is a multiple of
+  // 8), so the draws take them as one low word plus i and one high word: element_draws's bits, with the key's
+  // mixing of the high word made once a lane instead of a 64-bit index split every element.
+  const uint32_t index_low = static_cast<uint32_t>(static_cast<uint64_t>(at.base));
+  const uint32_t index_high = static_cast<uint32_t>(static_cast<uint64_t>(at.base) >> 32);
   QWEN3_UNROLL
   for (int i = 0; i < kPerLane; ++i) {
-    const ElementDraws draws = element_draws(s.random_key, static_cast<uint64_t>(at.base + i));
+    const ElementDraws draws = element_draws_split(s.random_key, index_low + static_cast<uint32_t>(i), index_high);
     m_code[i] = static_cast<uint8_t>(int8_linear_encode(st.m[i], m_divisor, uniform_from_draw(draws.m)));
     v_code[i] = int8_log_encode(st.v[i], v_divisor, uniform_from_draw(draws.v), level);
     master[i] = stepped_master_bits(bf16_master, s, st.master[i], st.m[i], st.v[i], draws.master);

@@ -100,20 +100,27 @@ __global__ void __launch_bounds__(kThreads) plain_kernel(ParamView p, StepScalar
 // int8: 8 lanes a 64-block, 8 consecutive elements a lane (the split is adamw_int8_lanes.cuh, __host__
 // __device__, run on the host by tests/test_adamw_int8_lanes.cpp); the block's |m| maximum and v maximum meet by
 // shuffles (maxima are exact in any order). Every byte read and written once, a lane's eight elements as whole
-// pieces where the row and the buffers allow (moves_whole_pieces).
-__global__ void __launch_bounds__(kThreads) int8_kernel(ParamView p, StepScalars s) {
+// pieces where the row and the buffers allow (moves_whole_pieces). An instantiation for each master and gradient
+// dtype: the kernel is bound by its instructions, and with the dtypes known at run time every element computed
+// both forms of the gradient's scaling and of the master's store and chose one. At most 64 registers: four CTAs
+// of 256 an SM, as before the instantiations (the fp32-master ones took 66 unbounded, so three; no spills at 64).
+template <bool kMasterBf16, bool kGradBf16>
+__global__ void __launch_bounds__(kThreads, 4) int8_kernel(ParamView p, StepScalars s) {
   namespace lanes = adamw::int8_lanes;
   if (!adamw::take_device_grad_scale(s)) return;  // the same value for every thread: the whole grid returns
-  // v's 256 log levels and the reciprocals of their gaps (the rules' own values, computed once a CTA): a
-  // shared-memory load instead of pick8's eight compares, masks and ors, three times an element (decode, the
-  // level under v, the gap above it).
-  __shared__ float levels[256], inverse_gaps[256];
+  p.master_bf16 = kMasterBf16 ? 1 : 0;  // the launcher picked the instantiation by them
+  p.grad_bf16 = kGradBf16 ? 1 : 0;
+  // v's 256 log levels, and under each the next level with the reciprocal of the gap (the rules' own values,
+  // computed once a CTA): shared-memory loads instead of pick8's eight compares, masks and ors, once an element
+  // to decode and twice to encode (the level at the estimated code, then the pair under the code).
+  __shared__ float levels[256];
+  __shared__ adamw::LowerAndInverseGap below[256];
   for (int c = threadIdx.x; c < 256; c += blockDim.x) {
     levels[c] = adamw::int8_log_level(static_cast<uint32_t>(c));
-    inverse_gaps[c] = adamw::int8_log_inverse_gap(static_cast<uint32_t>(c));
+    below[c] = adamw::ComputedLevels{}.below(static_cast<uint32_t>(c));
   }
   __syncthreads();
-  const adamw::TabledLevels level{levels, inverse_gaps};
+  const adamw::TabledLevels level{levels, below};
   const int64_t total_blocks = p.rows * (p.stored_cols / adamw::kInt8Block);
   const int lane = threadIdx.x % lanes::kLanesPerBlock;
   // Whole warps iterate together so that every lane takes part in the shuffles.
@@ -223,6 +230,8 @@ int grid_for(int64_t work_items, int items_per_cta, int max_ctas) {
 // alone are 56 instructions a thread (sm_90 SASS of a kernel that only builds them, against one that does not),
 // 7 of an element's ~194 (the third round's ncu), the prologue a few more. Resident CTAs loop over the blocks
 // instead and build the tables once. 0 where the device cannot say (no cap then).
+// Per instantiation (their registers may differ).
+template <bool kMasterBf16, bool kGradBf16>
 int int8_resident_ctas() {
   constexpr int kMaxDevices = 64;
   static std::atomic<int> cached[kMaxDevices] = {};  // 0: not asked yet; two first launches store the same value
@@ -231,7 +240,8 @@ int int8_resident_ctas() {
   if (const int known = cached[device].load(std::memory_order_relaxed); known > 0) return known;
   int sms = 0, per_sm = 0;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, int8_kernel, kThreads, 0) != cudaSuccess) {
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, int8_kernel<kMasterBf16, kGradBf16>, kThreads, 0) !=
+          cudaSuccess) {
     cudaGetLastError();
     return 0;
   }
@@ -265,9 +275,15 @@ int launch_adamw_step(const adamw::ParamView& p, const adamw::StepScalars& s, vo
       if (p.stored_cols % adamw::kInt8Block != 0 || !p.exp_avg_scale || !p.exp_avg_sq_scale)
         return static_cast<int>(cudaErrorInvalidValue);
       const int64_t blocks = p.rows * (p.stored_cols / adamw::kInt8Block);
-      const int grid = grid_for(blocks, kThreads / adamw::int8_lanes::kLanesPerBlock,
-                                max_ctas > 0 ? max_ctas : int8_resident_ctas());
-      int8_kernel<<<grid, kThreads, 0, cuda_stream>>>(p, s);
+      const int per_cta = kThreads / adamw::int8_lanes::kLanesPerBlock;
+#define QWEN3_INT8_ADAMW(MB, GB)                                                                              \
+  int8_kernel<MB, GB><<<grid_for(blocks, per_cta, max_ctas > 0 ? max_ctas : int8_resident_ctas<MB, GB>()), \
+                        kThreads, 0, cuda_stream>>>(p, s)
+      if (p.master_bf16 && p.grad_bf16) QWEN3_INT8_ADAMW(true, true);
+      else if (p.master_bf16) QWEN3_INT8_ADAMW(true, false);
+      else if (p.grad_bf16) QWEN3_INT8_ADAMW(false, true);
+      else QWEN3_INT8_ADAMW(false, false);
+#undef QWEN3_INT8_ADAMW
       break;
     }
     case Moments::nvfp4:

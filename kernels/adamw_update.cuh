@@ -321,15 +321,22 @@ QWEN3_HD int8_t int8_linear_encode(float x, BlockDivisor inverse, float uniform)
 // The levels and inverse gaps of codes as computed (the host loops' form), and the same values from tables the
 // caller filled with int8_log_level and int8_log_inverse_gap (the GPU kernel's form: a shared-memory load in
 // place of the masks and ors of pick8).
+// What v's encoder reads at its upper code c: the level below it, level(c + 1), and 1 / (level(c) - level(c + 1)).
+struct LowerAndInverseGap {
+  float lower, inverse_gap;
+};
 struct ComputedLevels {
   QWEN3_HD float operator()(uint32_t code) const { return int8_log_level(code); }
-  QWEN3_HD float inverse_gap(uint32_t code) const { return int8_log_inverse_gap(code); }
+  QWEN3_HD LowerAndInverseGap below(uint32_t code) const {
+    return {int8_log_level(code + 1), int8_log_inverse_gap(code)};
+  }
 };
+// The GPU kernel's form: both read from shared memory, the encoder's pair in one 8-byte load.
 struct TabledLevels {
-  const float* table;          // [256]: table[c] == int8_log_level(c)
-  const float* inverse_gaps;   // [256]: inverse_gaps[c] == int8_log_inverse_gap(c)
+  const float* table;                // [256]: table[c] == int8_log_level(c)
+  const LowerAndInverseGap* pairs;   // [256]: pairs[c] == ComputedLevels{}.below(c)
   QWEN3_HD float operator()(uint32_t code) const { return table[code]; }
-  QWEN3_HD float inverse_gap(uint32_t code) const { return inverse_gaps[code]; }
+  QWEN3_HD LowerAndInverseGap below(uint32_t code) const { return pairs[code]; }
 };
 
 template <typename Levels = ComputedLevels>
@@ -357,18 +364,23 @@ QWEN3_HD uint32_t int8_log_upper_code(float ratio) {
   return static_cast<uint32_t>(ratio > 0.0f ? code : 254);  // zero (and NaN): the floor level
 }
 
-// The same code from an estimate of -8 log2(ratio) within half a code of it, corrected by the levels (one
-// comparison each way): the candidate is then at most one code from the answer, and the two comparisons find it.
-// The GPU kernel estimates with the hardware's approximate log2 (CUDA documents __log2f to 2^-22 absolute in
-// [0.5, 2] and two ulps elsewhere: far under half a code of -8 log2): one special-function op and two table
-// comparisons where the exponent form takes eight comparisons and their sum. Every code read is within 0..255.
+// The same code from an estimate of -8 log2(ratio) within kInt8LogEstimateError of it, by one comparison with a
+// level: floor(estimate + kInt8LogEstimateMargin) is then the code or the one above it (the margin covers the
+// estimate's error and the levels' own rounding, about 1e-6 of a code, and is far below one code), and the level
+// at it says which. The GPU kernel estimates with the hardware's approximate log2: CUDA documents __log2f to
+// 2^-22 absolute in [0.5, 2] and two ulps elsewhere, so below 2^-32 (where every ratio takes code 254 anyway) its
+// error is under 2^-14 of a code, a sixteenth of kInt8LogEstimateError. One special-function op, a table load and
+// a comparison where the exponent form takes eight comparisons and their sum (and the form before this, an
+// estimate within half a code, two table loads and comparisons). Every code read is within 0..255.
+constexpr float kInt8LogEstimateError = 0x1p-10f;
+constexpr float kInt8LogEstimateMargin = 0x1p-9f;
 template <typename Levels>
 QWEN3_HD uint32_t int8_log_upper_code_from_estimate(float ratio, float estimate, Levels level) {
-  float candidate = floorf(estimate);
-  candidate = candidate >= 0.0f ? (candidate > 254.0f ? 254.0f : candidate) : 0.0f;  // NaN: 0
+  float candidate = floorf(add_rn(estimate, kInt8LogEstimateMargin));
+  candidate = candidate >= 0.0f ? (candidate > 255.0f ? 255.0f : candidate) : 0.0f;  // NaN: 0
   uint32_t code = static_cast<uint32_t>(candidate);
   code = level(code) >= ratio ? code : (code > 0 ? code - 1 : 0);
-  code = code < 254 && level(code + 1) >= ratio ? code + 1 : code;
+  code = code > 254 ? 254 : code;
   code = ratio >= 1.0f ? 0 : code;
   return ratio > 0.0f ? code : 254;  // zero (and NaN): the floor level
 }
@@ -384,8 +396,8 @@ QWEN3_HD uint8_t int8_log_encode(float v, BlockDivisor inverse, float uniform, L
 #else
   const uint32_t upper_code = int8_log_upper_code(ratio);
 #endif
-  const float lower = level(upper_code + 1);
-  float p_upper = mul_rn(sub_rn(ratio, lower), level.inverse_gap(upper_code));
+  const LowerAndInverseGap below = level.below(upper_code);
+  float p_upper = mul_rn(sub_rn(ratio, below.lower), below.inverse_gap);
   p_upper = p_upper < 0.0f ? 0.0f : (p_upper > 1.0f ? 1.0f : p_upper);
   return static_cast<uint8_t>(upper_code + (uniform >= p_upper ? 1u : 0u));
 }

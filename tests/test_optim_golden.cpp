@@ -330,9 +330,10 @@ TEST(AdamWRules, Int8EncodersEqualThePlainRulesAtTheirThresholds) {
 }
 
 // The GPU's int8 log code from an estimate of -8 log2(ratio) (the hardware's approximate log2 there) is the exact
-// one for any estimate within half a code: every level and its neighbours one and two ulps away, ratios between
-// levels, and the edges (0, subnormal, NaN, 1 and above), each with estimates off by up to 0.45 of a code either
-// way and with non-finite estimates where the hardware gives them.
+// one for any estimate within kInt8LogEstimateError of it: every level and its neighbours one and two ulps away,
+// ratios between levels, and the edges (0, subnormal, NaN, 1 and above), each with estimates off by up to that
+// either way and with non-finite estimates where the hardware gives them. Fails without the margin (an estimate
+// just under a level's code) or without the one comparison (an estimate just over it).
 TEST(AdamWRules, Int8LogCodeFromAnEstimateIsTheExactOne) {
   namespace ka = kernels::adamw;
   std::vector<float> ratios{0.0f, 1e-45f, 1e-40f, 0x1p-126f, 1e-30f, 1.0f, 1.0000001f, 2.0f, std::nanf("")};
@@ -350,7 +351,8 @@ TEST(AdamWRules, Int8LogCodeFromAnEstimateIsTheExactOne) {
   for (float ratio : ratios) {
     const double exact = ratio > 0.0f ? -8.0 * std::log2(static_cast<double>(ratio)) : HUGE_VAL;
     std::vector<float> estimates;
-    for (double delta : {-0.45, -0.2, 0.0, 0.2, 0.45}) estimates.push_back(static_cast<float>(exact + delta));
+    const double e = ka::kInt8LogEstimateError;
+    for (double delta : {-e, -e / 2, 0.0, e / 2, e}) estimates.push_back(static_cast<float>(exact + delta));
     if (!(ratio > 0.0f)) estimates = {HUGE_VALF, -HUGE_VALF, std::nanf("")};
     for (float estimate : estimates) {
       ++checked;

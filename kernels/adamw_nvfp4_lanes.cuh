@@ -111,10 +111,15 @@ QWEN3_HD void store(const ParamView& p, const StepScalars& s, int64_t row, int64
   const BlockDivisor m_scale = block_divisor(codec::e4m3_to_float(m_code));
   const BlockDivisor v_scale = block_divisor(codec::e4m3_to_float(v_code));
   uint32_t m_codes = 0, v_codes = 0;
+  // The lane's four state indices share their high 32 bits (the first, row * stored_cols + col0, is a multiple of
+  // 4), so the draws take one low word plus k and one high word: element_draws's bits, the key's mixing of the high
+  // word made once a lane.
+  const auto first_index = static_cast<uint64_t>(row * p.stored_cols + col0);
+  const uint32_t index_low = static_cast<uint32_t>(first_index), index_high = static_cast<uint32_t>(first_index >> 32);
   QWEN3_UNROLL
   for (int k = 0; k < kPerLane; ++k) {
     const int64_t col = col0 + k;
-    const ElementDraws draws = element_draws(s.random_key, static_cast<uint64_t>(row * p.stored_cols + col));
+    const ElementDraws draws = element_draws_split(s.random_key, index_low + static_cast<uint32_t>(k), index_high);
     uint32_t mc = nvfp4_stochastic_magnitude<false>(normalized.m[k], m_scale, uniform_from_draw(draws.m));
     if (mc != 0 && moments.m[k] < 0.0f) mc |= 8u;
     const uint32_t vc =

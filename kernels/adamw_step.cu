@@ -166,9 +166,13 @@ __device__ float block_max(float x, float* shared) {
 constexpr int kNvfp4Threads = 128;
 constexpr int kNvfp4Groups = kNvfp4Threads / adamw::nvfp4_lanes::kLanesPerBlock;
 
+// An instantiation for each master and gradient dtype, as int8_kernel has.
+template <bool kMasterBf16, bool kGradBf16>
 __global__ void __launch_bounds__(kNvfp4Threads) nvfp4_kernel(ParamView p, StepScalars s) {
   namespace lanes = adamw::nvfp4_lanes;
   if (!adamw::take_device_grad_scale(s)) return;  // uniform: no thread is left at a barrier or a shuffle
+  p.master_bf16 = kMasterBf16 ? 1 : 0;  // the launcher picked the instantiation by them
+  p.grad_bf16 = kGradBf16 ? 1 : 0;
   __shared__ float shared[kNvfp4Threads / 32];
   // sqrt(v)'s eight inverse square gaps (the rule's values): a shared-memory load where pick8 takes eight
   // compares, masks and ors.
@@ -290,7 +294,12 @@ int launch_adamw_step(const adamw::ParamView& p, const adamw::StepScalars& s, vo
       if (p.stored_cols % adamw::kNvfp4Block != 0 || !p.exp_avg_scale || !p.exp_avg_sq_scale || !p.exp_avg_row_scale ||
           !p.exp_avg_sq_row_scale)
         return static_cast<int>(cudaErrorInvalidValue);
-      nvfp4_kernel<<<grid_for(p.rows, 1, max_ctas), kNvfp4Threads, 0, cuda_stream>>>(p, s);
+#define QWEN3_NVFP4_ADAMW(MB, GB) nvfp4_kernel<MB, GB><<<grid_for(p.rows, 1, max_ctas), kNvfp4Threads, 0, cuda_stream>>>(p, s)
+      if (p.master_bf16 && p.grad_bf16) QWEN3_NVFP4_ADAMW(true, true);
+      else if (p.master_bf16) QWEN3_NVFP4_ADAMW(true, false);
+      else if (p.grad_bf16) QWEN3_NVFP4_ADAMW(false, true);
+      else QWEN3_NVFP4_ADAMW(false, false);
+#undef QWEN3_NVFP4_ADAMW
       break;
     default:
       return static_cast<int>(cudaErrorInvalidValue);

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "adamw_pieces.cuh"
 #include "adamw_update.cuh"
 
 namespace qwen3::kernels::adamw::int8_lanes {
@@ -41,46 +42,9 @@ QWEN3_HD LanePosition position(const ParamView& p, int64_t block, int lane, bool
 // index is a multiple of 8 wherever cols is (the state's, row * stored_cols + col0, always is), so buffers
 // aligned to a piece keep every piece aligned. The kernel asks once; lanes at a row's padded end, or any lane
 // where this is false, take elements.
-QWEN3_HD bool aligned_to(const void* pointer, uint64_t bytes) {
-  return reinterpret_cast<uintptr_t>(pointer) % bytes == 0;
-}
 QWEN3_HD bool moves_whole_pieces(const ParamView& p) {
   return p.cols % kPerLane == 0 && aligned_to(p.master, 16) && aligned_to(p.grad, 16) && aligned_to(p.exp_avg, 8) &&
          aligned_to(p.exp_avg_sq, 8);
-}
-
-// kBytes (8, 16 or 32) aligned bytes as 32-bit words: one 8-byte or one or two 16-byte accesses on the device, the
-// same bytes by memcpy on the host (both little-endian).
-template <int kBytes>
-QWEN3_HD void load_piece(const void* from, uint32_t (&words)[kBytes / 4]) {
-#if defined(__CUDA_ARCH__)
-  if constexpr (kBytes == 8) {
-    const uint2 w = *static_cast<const uint2*>(from);
-    words[0] = w.x, words[1] = w.y;
-  } else {
-    QWEN3_UNROLL
-    for (int k = 0; k < kBytes / 16; ++k) {
-      const uint4 w = static_cast<const uint4*>(from)[k];
-      words[4 * k] = w.x, words[4 * k + 1] = w.y, words[4 * k + 2] = w.z, words[4 * k + 3] = w.w;
-    }
-  }
-#else
-  std::memcpy(words, from, kBytes);
-#endif
-}
-template <int kBytes>
-QWEN3_HD void store_piece(void* to, const uint32_t (&words)[kBytes / 4]) {
-#if defined(__CUDA_ARCH__)
-  if constexpr (kBytes == 8) {
-    *static_cast<uint2*>(to) = make_uint2(words[0], words[1]);
-  } else {
-    QWEN3_UNROLL
-    for (int k = 0; k < kBytes / 16; ++k)
-      static_cast<uint4*>(to)[k] = make_uint4(words[4 * k], words[4 * k + 1], words[4 * k + 2], words[4 * k + 3]);
-  }
-#else
-  std::memcpy(to, words, kBytes);
-#endif
 }
 
 // A lane's eight fp32 or bf16 values from element `first` on (a whole piece), as floats.

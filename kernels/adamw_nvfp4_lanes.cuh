@@ -9,6 +9,7 @@
 #pragma once
 #include <cstdint>
 
+#include "adamw_pieces.cuh"
 #include "adamw_update.cuh"
 
 namespace qwen3::kernels::adamw::nvfp4_lanes {
@@ -24,28 +25,67 @@ struct LaneMoments {
 
 QWEN3_HD int64_t first_column(int64_t block, int lane) { return block * kNvfp4Block + lane * kPerLane; }
 
+// Whether lanes whose four elements all lie in the row move them as whole pieces: gradient and master by one 8-byte
+// (bf16) or 16-byte (fp32) access, each moment's two code bytes by one 2-byte access, where every element was an
+// access of its own (12 to 16 memory instructions a lane for 4 elements become 4, the gradient's twice: both
+// passes read it). A lane's first element, row * cols + col0, is a multiple of 4 wherever cols is, and its code
+// bytes start at an even offset, so buffers aligned to a piece keep every piece aligned. The kernel asks once;
+// lanes at a row's padded end, or any lane where this is false, take elements.
+QWEN3_HD bool moves_whole_pieces(const ParamView& p) {
+  return p.cols % kPerLane == 0 && aligned_to(p.master, p.master_bf16 ? 8 : 16) &&
+         aligned_to(p.grad, p.grad_bf16 ? 8 : 16) && aligned_to(p.exp_avg, 2) && aligned_to(p.exp_avg_sq, 2);
+}
+QWEN3_HD bool lane_in_pieces(const ParamView& p, int64_t col0, bool pieces) { return pieces && col0 + kPerLane <= p.cols; }
+
+// A lane's four fp32 or bf16 values from element `first` on (a whole piece), as floats.
+QWEN3_HD void load_four(const void* buffer, bool bf16, int64_t first, float (&out)[kPerLane]) {
+  if (bf16) {
+    uint32_t w[2];
+    load_piece<8>(static_cast<const uint16_t*>(buffer) + first, w);
+    QWEN3_UNROLL
+    for (int k = 0; k < kPerLane; ++k) out[k] = bf16_to_float(static_cast<uint16_t>(w[k / 2] >> (16 * (k % 2))));
+  } else {
+    uint32_t w[4];
+    load_piece<16>(static_cast<const float*>(buffer) + first, w);
+    QWEN3_UNROLL
+    for (int k = 0; k < kPerLane; ++k) out[k] = bits_to_float(w[k]);
+  }
+}
+
 // Decodes the lane's m and sqrt(v) under the row scales the state was written with, and updates them with
-// the gradient.
+// the gradient. `pieces`: moves_whole_pieces(p).
 QWEN3_HD LaneMoments fresh(const ParamView& p, const StepScalars& s, int64_t row, int64_t block, int lane,
-                           float old_m_row, float old_v_row) {
+                           float old_m_row, float old_v_row, bool pieces = false) {
   const int64_t col0 = first_column(block, lane);
   const int64_t code_byte = row * (p.stored_cols / 2) + col0 / 2;
   const int64_t scale_index = row * (p.stored_cols / kNvfp4Block) + block;
   const auto* m_packed = static_cast<const uint8_t*>(p.exp_avg) + code_byte;
   const auto* v_packed = static_cast<const uint8_t*>(p.exp_avg_sq) + code_byte;
   // Element k's code is nibble k: even columns are the low nibble of their byte.
-  const uint32_t m_codes = m_packed[0] | static_cast<uint32_t>(m_packed[1]) << 8;
-  const uint32_t v_codes = v_packed[0] | static_cast<uint32_t>(v_packed[1]) << 8;
+  uint32_t m_codes, v_codes;
+  float grad[kPerLane];
+  if (lane_in_pieces(p, col0, pieces)) {
+    m_codes = load_two_bytes(m_packed);
+    v_codes = load_two_bytes(v_packed);
+    load_four(p.grad, p.grad_bf16 != 0, row * p.cols + col0, grad);
+    QWEN3_UNROLL
+    for (int k = 0; k < kPerLane; ++k)
+      grad[k] = p.grad_bf16 ? scaled_grad<true>(grad[k], s.grad_scale) : scaled_grad<false>(grad[k], s.grad_scale);
+  } else {
+    m_codes = m_packed[0] | static_cast<uint32_t>(m_packed[1]) << 8;
+    v_codes = v_packed[0] | static_cast<uint32_t>(v_packed[1]) << 8;
+    QWEN3_UNROLL
+    for (int k = 0; k < kPerLane; ++k) grad[k] = grad_of(p, s, row, col0 + k);
+  }
   const float m_scale = codec::e4m3_to_float(static_cast<const uint8_t*>(p.exp_avg_scale)[scale_index]);
   const float v_scale = codec::e4m3_to_float(static_cast<const uint8_t*>(p.exp_avg_sq_scale)[scale_index]);
   LaneMoments out;
   QWEN3_UNROLL
   for (int k = 0; k < kPerLane; ++k) {
-    const int64_t col = col0 + k;
     out.m[k] = nvfp4_decode_value((m_codes >> (4 * k)) & 0xFu, m_scale, old_m_row);
     const float root = nvfp4_decode_value((v_codes >> (4 * k)) & 0xFu, v_scale, old_v_row);
     out.v[k] = mul_rn(root, root);
-    update_moments(grad_of(p, s, row, col), out.m[k], out.v[k], s);
+    update_moments(grad[k], out.m[k], out.v[k], s);
   }
   return out;
 }
@@ -68,9 +108,13 @@ struct LaneMasters {
   float value[kPerLane];
 };
 
-QWEN3_HD LaneMasters load_masters(const ParamView& p, int64_t row, int64_t block, int lane) {
+QWEN3_HD LaneMasters load_masters(const ParamView& p, int64_t row, int64_t block, int lane, bool pieces = false) {
   const int64_t col0 = first_column(block, lane);
   LaneMasters out;
+  if (lane_in_pieces(p, col0, pieces)) {
+    load_four(p.master, p.master_bf16 != 0, row * p.cols + col0, out.value);
+    return out;
+  }
   QWEN3_UNROLL
   for (int k = 0; k < kPerLane; ++k) {
     const int64_t col = col0 + k;
@@ -106,11 +150,12 @@ QWEN3_HD LaneNormalized normalize(const LaneMoments& lane, BlockDivisor m_row, B
 template <typename SquareGaps = ComputedSquareGaps>
 QWEN3_HD void store(const ParamView& p, const StepScalars& s, int64_t row, int64_t block, int lane,
                     const LaneMoments& moments, const LaneMasters& masters, const LaneNormalized& normalized,
-                    uint8_t m_code, uint8_t v_code, SquareGaps square_gaps = SquareGaps()) {
+                    uint8_t m_code, uint8_t v_code, SquareGaps square_gaps = SquareGaps(), bool pieces = false) {
   const int64_t col0 = first_column(block, lane);
   const BlockDivisor m_scale = block_divisor(codec::e4m3_to_float(m_code));
   const BlockDivisor v_scale = block_divisor(codec::e4m3_to_float(v_code));
-  uint32_t m_codes = 0, v_codes = 0;
+  uint32_t m_codes = 0, v_codes = 0, master_bits[kPerLane];
+  const bool whole = lane_in_pieces(p, col0, pieces), bf16_master = p.master_bf16 != 0;
   // The lane's four state indices share their high 32 bits (the first, row * stored_cols + col0, is a multiple of
   // 4), so the draws take one low word plus k and one high word: element_draws's bits, the key's mixing of the high
   // word made once a lane.
@@ -126,13 +171,27 @@ QWEN3_HD void store(const ParamView& p, const StepScalars& s, int64_t row, int64
         nvfp4_stochastic_magnitude<true>(normalized.root[k], v_scale, uniform_from_draw(draws.v), square_gaps);
     m_codes |= mc << (4 * k);
     v_codes |= vc << (4 * k);
-    if (col < p.cols) step_master(p, s, row * p.cols + col, masters.value[k], moments.m[k], moments.v[k], draws.master);
+    master_bits[k] = stepped_master_bits(bf16_master, s, masters.value[k], moments.m[k], moments.v[k], draws.master);
+    if (!whole && col < p.cols) store_master_bits(p, row * p.cols + col, master_bits[k]);
   }
   const int64_t code_byte = row * (p.stored_cols / 2) + col0 / 2;
   auto* m_packed = static_cast<uint8_t*>(p.exp_avg) + code_byte;
   auto* v_packed = static_cast<uint8_t*>(p.exp_avg_sq) + code_byte;
-  m_packed[0] = static_cast<uint8_t>(m_codes), m_packed[1] = static_cast<uint8_t>(m_codes >> 8);
-  v_packed[0] = static_cast<uint8_t>(v_codes), v_packed[1] = static_cast<uint8_t>(v_codes >> 8);
+  if (whole) {
+    store_two_bytes(m_packed, m_codes);
+    store_two_bytes(v_packed, v_codes);
+    const int64_t first = row * p.cols + col0;
+    if (bf16_master) {
+      const uint32_t w[2] = {(master_bits[0] & 0xFFFFu) | (master_bits[1] << 16),
+                             (master_bits[2] & 0xFFFFu) | (master_bits[3] << 16)};
+      store_piece<8>(static_cast<uint16_t*>(p.master) + first, w);
+    } else {
+      store_piece<16>(static_cast<float*>(p.master) + first, master_bits);
+    }
+  } else {
+    m_packed[0] = static_cast<uint8_t>(m_codes), m_packed[1] = static_cast<uint8_t>(m_codes >> 8);
+    v_packed[0] = static_cast<uint8_t>(v_codes), v_packed[1] = static_cast<uint8_t>(v_codes >> 8);
+  }
   if (lane == 0) {
     const int64_t scale_index = row * (p.stored_cols / kNvfp4Block) + block;
     static_cast<uint8_t*>(p.exp_avg_scale)[scale_index] = m_code;

@@ -182,11 +182,12 @@ __global__ void __launch_bounds__(kNvfp4Threads) nvfp4_kernel(ParamView p, StepS
   const int64_t blocks = p.stored_cols / adamw::kNvfp4Block;
   const int lane = threadIdx.x % lanes::kLanesPerBlock;
   const int group = threadIdx.x / lanes::kLanesPerBlock;
+  const bool pieces = lanes::moves_whole_pieces(p);
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const float old_m_row = p.exp_avg_row_scale[row], old_v_row = p.exp_avg_sq_row_scale[row];
     float m_max = 0.0f, v_max = 0.0f;
     for (int64_t b = group; b < blocks; b += kNvfp4Groups)
-      lanes::row_maxima(lanes::fresh(p, s, row, b, lane, old_m_row, old_v_row), m_max, v_max);
+      lanes::row_maxima(lanes::fresh(p, s, row, b, lane, old_m_row, old_v_row, pieces), m_max, v_max);
     m_max = block_max(m_max, shared);
     const float root_max = sqrtf(block_max(v_max, shared));
     const float m_row = adamw::nvfp4_row_scale(m_max), v_row = adamw::nvfp4_row_scale(root_max);
@@ -200,8 +201,8 @@ __global__ void __launch_bounds__(kNvfp4Threads) nvfp4_kernel(ParamView p, StepS
       lanes::LaneMasters masters{};
       lanes::LaneNormalized normalized{};
       if (active) {
-        moments = lanes::fresh(p, s, row, b, lane, old_m_row, old_v_row);
-        masters = lanes::load_masters(p, row, b, lane);
+        moments = lanes::fresh(p, s, row, b, lane, old_m_row, old_v_row, pieces);
+        masters = lanes::load_masters(p, row, b, lane, pieces);
         normalized = lanes::normalize(moments, m_row_divisor, v_row_divisor);
       }
       float m_amax = normalized.m_amax, root_amax = normalized.root_amax;
@@ -211,7 +212,7 @@ __global__ void __launch_bounds__(kNvfp4Threads) nvfp4_kernel(ParamView p, StepS
       }
       if (active)
         lanes::store(p, s, row, b, lane, moments, masters, normalized, adamw::nvfp4_unclipped_scale_code(m_amax),
-                     adamw::nvfp4_unclipped_scale_code(root_amax), adamw::TabledSquareGaps{square_gaps});
+                     adamw::nvfp4_unclipped_scale_code(root_amax), adamw::TabledSquareGaps{square_gaps}, pieces);
     }
     if (threadIdx.x == 0) {  // every thread read the old row scales before block_max's barriers
       p.exp_avg_row_scale[row] = m_row;

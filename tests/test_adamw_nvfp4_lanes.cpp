@@ -21,15 +21,18 @@ namespace lanes = kernels::adamw::nvfp4_lanes;
 
 // What nvfp4_kernel does, with its shuffles as a maximum over the block's four lanes and its barriers as the
 // order of the loops: every lane of a block reads the old state before any lane of it writes.
-void run_nvfp4_split_on_host(const ka::ParamView& p, ka::StepScalars s) {
+// `pieces`: whether lanes move whole pieces where moves_whole_pieces allows (the kernel's choice) or always
+// elements; `lanes_in_pieces` counts the lanes that did.
+void run_nvfp4_split_on_host(const ka::ParamView& p, ka::StepScalars s, bool pieces, int64_t& lanes_in_pieces) {
   if (!ka::take_device_grad_scale(s)) return;
+  const bool whole = pieces && lanes::moves_whole_pieces(p);
   const int64_t blocks = p.stored_cols / ka::kNvfp4Block;
   for (int64_t row = 0; row < p.rows; ++row) {
     const float old_m_row = p.exp_avg_row_scale[row], old_v_row = p.exp_avg_sq_row_scale[row];
     float m_max = 0.0f, v_max = 0.0f;
     for (int64_t b = 0; b < blocks; ++b)
       for (int lane = 0; lane < lanes::kLanesPerBlock; ++lane)
-        lanes::row_maxima(lanes::fresh(p, s, row, b, lane, old_m_row, old_v_row), m_max, v_max);
+        lanes::row_maxima(lanes::fresh(p, s, row, b, lane, old_m_row, old_v_row, whole), m_max, v_max);
     const float m_row = ka::nvfp4_row_scale(m_max), v_row = ka::nvfp4_row_scale(std::sqrt(v_max));
     for (int64_t b = 0; b < blocks; ++b) {
       lanes::LaneMoments moments[lanes::kLanesPerBlock];
@@ -37,15 +40,16 @@ void run_nvfp4_split_on_host(const ka::ParamView& p, ka::StepScalars s) {
       lanes::LaneNormalized normalized[lanes::kLanesPerBlock];
       float m_amax = 0.0f, root_amax = 0.0f;
       for (int lane = 0; lane < lanes::kLanesPerBlock; ++lane) {
-        moments[lane] = lanes::fresh(p, s, row, b, lane, old_m_row, old_v_row);
-        masters[lane] = lanes::load_masters(p, row, b, lane);
+        moments[lane] = lanes::fresh(p, s, row, b, lane, old_m_row, old_v_row, whole);
+        masters[lane] = lanes::load_masters(p, row, b, lane, whole);
+        lanes_in_pieces += lanes::lane_in_pieces(p, lanes::first_column(b, lane), whole) ? 1 : 0;
         normalized[lane] = lanes::normalize(moments[lane], ka::block_divisor(m_row), ka::block_divisor(v_row));
         m_amax = std::max(m_amax, normalized[lane].m_amax);
         root_amax = std::max(root_amax, normalized[lane].root_amax);
       }
       for (int lane = 0; lane < lanes::kLanesPerBlock; ++lane)
         lanes::store(p, s, row, b, lane, moments[lane], masters[lane], normalized[lane], ka::nvfp4_unclipped_scale_code(m_amax),
-                     ka::nvfp4_unclipped_scale_code(root_amax));
+                     ka::nvfp4_unclipped_scale_code(root_amax), ka::ComputedSquareGaps{}, whole);
     }
     p.exp_avg_row_scale[row] = m_row;
     p.exp_avg_sq_row_scale[row] = v_row;
@@ -53,24 +57,33 @@ void run_nvfp4_split_on_host(const ka::ParamView& p, ka::StepScalars s) {
 }
 
 struct SplitCase {
-  bool bf16_master, bf16_grad;
+  bool bf16_master, bf16_grad, pieces;
 };
 
 class AdamWNvfp4Lanes : public ::testing::TestWithParam<SplitCase> {};
 
+// The test shapes' rows of 2560 and 80 columns (multiples of 4) in malloc'ed, 16-byte aligned buffers move most
+// lanes as pieces; 37 and 29 columns, and the padded ends, move elements.
 TEST_P(AdamWNvfp4Lanes, ThreeStepsEqualTheCpuStepByteForByte) {
   const SplitCase c = GetParam();
+  int64_t lanes_in_pieces = 0;
   adamw_test::expect_split_equals_cpu_step(
-      ka::Moments::nvfp4, c.bf16_master, c.bf16_grad,
-      [](const ka::ParamView& p, const ka::StepScalars& s) { run_nvfp4_split_on_host(p, s); });
+      ka::Moments::nvfp4, c.bf16_master, c.bf16_grad, [&](const ka::ParamView& p, const ka::StepScalars& s) {
+        run_nvfp4_split_on_host(p, s, c.pieces, lanes_in_pieces);
+      });
+  if (c.pieces) {
+    EXPECT_GT(lanes_in_pieces, 0) << "no lane moved whole pieces: the pieces path went untested";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(MasterAndGradientDtypes, AdamWNvfp4Lanes,
-                         ::testing::Values(SplitCase{false, false}, SplitCase{true, true}, SplitCase{false, true},
-                                           SplitCase{true, false}),
+                         ::testing::Values(SplitCase{false, false, true}, SplitCase{true, true, true},
+                                           SplitCase{false, true, true}, SplitCase{true, false, true},
+                                           SplitCase{false, false, false}, SplitCase{true, true, false}),
                          [](const ::testing::TestParamInfo<SplitCase>& info) {
                            return std::string(info.param.bf16_master ? "bf16_master" : "f32_master") +
-                                  (info.param.bf16_grad ? "_bf16_grad" : "_f32_grad");
+                                  (info.param.bf16_grad ? "_bf16_grad" : "_f32_grad") +
+                                  (info.param.pieces ? "" : "_elements_only");
                          });
 
 }  // namespace

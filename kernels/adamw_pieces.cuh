@@ -1,0 +1,69 @@
+// A lane's elements as whole pieces: 8, 16 or 32 aligned bytes by one or two vector accesses, and two code bytes
+// by one 2-byte access, where each element was an access of its own. The int8 and nvfp4 AdamW lanes
+// (adamw_int8_lanes.cuh, adamw_nvfp4_lanes.cuh) move them where a row and its buffers allow. On the host the same
+// bytes by memcpy (both little-endian), so the CPU tests of the lanes run these very functions.
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+#include "nvfp4_codec.cuh"  // QWEN3_HD, QWEN3_UNROLL
+
+namespace qwen3::kernels::adamw {
+
+QWEN3_HD bool aligned_to(const void* pointer, uint64_t bytes) {
+  return reinterpret_cast<uintptr_t>(pointer) % bytes == 0;
+}
+
+// kBytes (8, 16 or 32) aligned bytes as 32-bit words: one 8-byte or one or two 16-byte accesses on the device.
+template <int kBytes>
+QWEN3_HD void load_piece(const void* from, uint32_t (&words)[kBytes / 4]) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (kBytes == 8) {
+    const uint2 w = *static_cast<const uint2*>(from);
+    words[0] = w.x, words[1] = w.y;
+  } else {
+    QWEN3_UNROLL
+    for (int k = 0; k < kBytes / 16; ++k) {
+      const uint4 w = static_cast<const uint4*>(from)[k];
+      words[4 * k] = w.x, words[4 * k + 1] = w.y, words[4 * k + 2] = w.z, words[4 * k + 3] = w.w;
+    }
+  }
+#else
+  std::memcpy(words, from, kBytes);
+#endif
+}
+template <int kBytes>
+QWEN3_HD void store_piece(void* to, const uint32_t (&words)[kBytes / 4]) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (kBytes == 8) {
+    *static_cast<uint2*>(to) = make_uint2(words[0], words[1]);
+  } else {
+    QWEN3_UNROLL
+    for (int k = 0; k < kBytes / 16; ++k)
+      static_cast<uint4*>(to)[k] = make_uint4(words[4 * k], words[4 * k + 1], words[4 * k + 2], words[4 * k + 3]);
+  }
+#else
+  std::memcpy(to, words, kBytes);
+#endif
+}
+
+// Two bytes at an even address, low byte first.
+QWEN3_HD uint32_t load_two_bytes(const void* from) {
+#if defined(__CUDA_ARCH__)
+  return *static_cast<const uint16_t*>(from);
+#else
+  uint16_t v;
+  std::memcpy(&v, from, 2);
+  return v;
+#endif
+}
+QWEN3_HD void store_two_bytes(void* to, uint32_t value) {
+  const auto v = static_cast<uint16_t>(value);
+#if defined(__CUDA_ARCH__)
+  *static_cast<uint16_t*>(to) = v;
+#else
+  std::memcpy(to, &v, 2);
+#endif
+}
+
+}  // namespace qwen3::kernels::adamw

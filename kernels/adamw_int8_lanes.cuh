@@ -47,20 +47,6 @@ QWEN3_HD bool moves_whole_pieces(const ParamView& p) {
          aligned_to(p.exp_avg_sq, 8);
 }
 
-// A lane's eight fp32 or bf16 values from element `first` on (a whole piece), as floats.
-QWEN3_HD void load_values(const void* buffer, bool bf16, int64_t first, float (&out)[kPerLane]) {
-  if (bf16) {
-    uint32_t w[4];
-    load_piece<16>(static_cast<const uint16_t*>(buffer) + first, w);
-    QWEN3_UNROLL
-    for (int i = 0; i < kPerLane; ++i) out[i] = bf16_to_float(static_cast<uint16_t>(w[i / 2] >> (16 * (i % 2))));
-  } else {
-    uint32_t w[8];
-    load_piece<32>(static_cast<const float*>(buffer) + first, w);
-    QWEN3_UNROLL
-    for (int i = 0; i < kPerLane; ++i) out[i] = bits_to_float(w[i]);
-  }
-}
 // Eight one-byte codes from `first` on, and back.
 QWEN3_HD void load_codes(const void* codes, int64_t first, uint32_t (&out)[kPerLane]) {
   uint32_t w[2];

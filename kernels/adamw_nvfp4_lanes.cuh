@@ -37,20 +37,6 @@ QWEN3_HD bool moves_whole_pieces(const ParamView& p) {
 }
 QWEN3_HD bool lane_in_pieces(const ParamView& p, int64_t col0, bool pieces) { return pieces && col0 + kPerLane <= p.cols; }
 
-// A lane's four fp32 or bf16 values from element `first` on (a whole piece), as floats.
-QWEN3_HD void load_four(const void* buffer, bool bf16, int64_t first, float (&out)[kPerLane]) {
-  if (bf16) {
-    uint32_t w[2];
-    load_piece<8>(static_cast<const uint16_t*>(buffer) + first, w);
-    QWEN3_UNROLL
-    for (int k = 0; k < kPerLane; ++k) out[k] = bf16_to_float(static_cast<uint16_t>(w[k / 2] >> (16 * (k % 2))));
-  } else {
-    uint32_t w[4];
-    load_piece<16>(static_cast<const float*>(buffer) + first, w);
-    QWEN3_UNROLL
-    for (int k = 0; k < kPerLane; ++k) out[k] = bits_to_float(w[k]);
-  }
-}
 
 // Decodes the lane's m and sqrt(v) under the row scales the state was written with, and updates them with
 // the gradient. `pieces`: moves_whole_pieces(p).
@@ -67,7 +53,7 @@ QWEN3_HD LaneMoments fresh(const ParamView& p, const StepScalars& s, int64_t row
   if (lane_in_pieces(p, col0, pieces)) {
     m_codes = load_two_bytes(m_packed);
     v_codes = load_two_bytes(v_packed);
-    load_four(p.grad, p.grad_bf16 != 0, row * p.cols + col0, grad);
+    load_values(p.grad, p.grad_bf16 != 0, row * p.cols + col0, grad);
     QWEN3_UNROLL
     for (int k = 0; k < kPerLane; ++k)
       grad[k] = p.grad_bf16 ? scaled_grad<true>(grad[k], s.grad_scale) : scaled_grad<false>(grad[k], s.grad_scale);
@@ -112,7 +98,7 @@ QWEN3_HD LaneMasters load_masters(const ParamView& p, int64_t row, int64_t block
   const int64_t col0 = first_column(block, lane);
   LaneMasters out;
   if (lane_in_pieces(p, col0, pieces)) {
-    load_four(p.master, p.master_bf16 != 0, row * p.cols + col0, out.value);
+    load_values(p.master, p.master_bf16 != 0, row * p.cols + col0, out.value);
     return out;
   }
   QWEN3_UNROLL

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "nvfp4_codec.cuh"  // QWEN3_HD, QWEN3_UNROLL
+#include "adamw_update.cuh"  // bf16_to_float, bits_to_float; QWEN3_HD, QWEN3_UNROLL
 
 namespace qwen3::kernels::adamw {
 
@@ -64,6 +64,22 @@ QWEN3_HD void store_two_bytes(void* to, uint32_t value) {
 #else
   std::memcpy(to, &v, 2);
 #endif
+}
+
+// A lane's K (4 or 8) fp32 or bf16 values from element `first` on (a whole piece: 8 to 32 bytes), as floats.
+template <int K>
+QWEN3_HD void load_values(const void* buffer, bool bf16, int64_t first, float (&out)[K]) {
+  if (bf16) {
+    uint32_t w[K / 2];
+    load_piece<2 * K>(static_cast<const uint16_t*>(buffer) + first, w);
+    QWEN3_UNROLL
+    for (int i = 0; i < K; ++i) out[i] = bf16_to_float(static_cast<uint16_t>(w[i / 2] >> (16 * (i % 2))));
+  } else {
+    uint32_t w[K];
+    load_piece<4 * K>(static_cast<const float*>(buffer) + first, w);
+    QWEN3_UNROLL
+    for (int i = 0; i < K; ++i) out[i] = bits_to_float(w[i]);
+  }
 }
 
 }  // namespace qwen3::kernels::adamw

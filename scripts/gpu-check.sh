@@ -788,7 +788,7 @@ except Exception:
 q, qo, dq, m, adamw, fused, clip, loss = [], [], [], {}, [], [], [], {}
 for b in data.get("benchmarks", []):
     n = b.get("name", "")
-    if n.startswith("loss_slice/") and "us" in b:  # loss_slice/<product>/rows<N>/...
+    if n.startswith("loss_slice/") and "us" in b:  # loss_slice/<product>/rows<N>_cols<V>/...
         product, rows = n.split("/")[1:3]
         loss.setdefault(product, {})[rows] = b["us"]
     if n.startswith("quantize/") and "/rne/" in n and "of_copy" in b:
@@ -832,8 +832,9 @@ if fused:
 if clip:
     parts.append("grad clip (a 4B block's gradients) of copy: " + ", ".join(clip))
 if loss:
-    parts.append("loss slice products us (2047 / 2048 rows): " + ", ".join(
-        "%s %.0f / %.0f" % (k, v.get("rows2047", float("nan")), v.get("rows2048", float("nan"))) for k, v in sorted(loss.items())))
+    parts.append("loss slice products us (rows x columns 2047x8192 / 2047x8196 / 2048x8192): " + ", ".join(
+        "%s %.0f / %.0f / %.0f" % (k, v.get("rows2047_cols8192", float("nan")), v.get("rows2047_cols8196", float("nan")),
+                                   v.get("rows2048_cols8192", float("nan"))) for k, v in sorted(loss.items())))
 print("; ".join(parts))
 EOF
 )
@@ -1161,7 +1162,7 @@ for e in kernels:
 other_count = collections.Counter(short(e.get("name", "?")) for e in kernels if group(e.get("name", "")) == "other")
 # Products cuBLAS ran on kernels made for Ampere (cutlass_80_*) or for operands aligned to fewer than 8 elements
 # (*_align1/2/4): the third round's packed 2048 x 1 step ran the head's loss slices on cutlass_80_..._align2
-# kernels (24.6 ms) where 512 x 4 batches took Hopper ones (lm_loss.cpp's rows_for_products since).
+# kernels (24.6 ms) where 512 x 4 batches took Hopper ones (its 8,196-column slices; loss_slice_width since).
 slow = collections.Counter()
 for e in kernels:
     n = e.get("name", "")

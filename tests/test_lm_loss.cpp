@@ -150,6 +150,24 @@ INSTANTIATE_TEST_SUITE_P(Fp32AndBf16, LossSliceRules, ::testing::Values(at::kFlo
                            return std::string(info.param == at::kFloat ? "float32" : "bfloat16");
                          });
 
+// A slice is the most columns that keep rows x slice within the bound, in multiples of 128 (so a bf16 slice's rows
+// are 16-byte aligned at any row count: 2^24 / 2,047 rows was 8,196 columns, whose misaligned rows sent the
+// third GPU round's products to slow cuBLAS kernels), at least 256 and at most the vocabulary.
+TEST(LinearCrossEntropy, SliceWidthIsAlignedAndWithinItsBound) {
+  EXPECT_EQ(loss_slice_width(2047, 151936), 8192);
+  EXPECT_EQ(loss_slice_width(2044, 151936), 8192);
+  EXPECT_EQ(loss_slice_width(2048, 151936), 8192);
+  EXPECT_EQ(loss_slice_width(1, 151936), 151936);       // the whole vocabulary
+  EXPECT_EQ(loss_slice_width(1 << 20, 151936), 256);    // never fewer than 256
+  EXPECT_EQ(loss_slice_width(64, 300, 1 << 24), 300);   // a small vocabulary, whole
+  for (int64_t rows = 1; rows <= 70000; rows += 97) {
+    const int64_t w = loss_slice_width(rows, 151936);
+    EXPECT_EQ(w % 8, 0) << rows;
+    EXPECT_TRUE(w == 256 || w == 151936 || rows * w <= (int64_t{1} << 24)) << rows;
+    EXPECT_GE(w, 256) << rows;
+  }
+}
+
 // On a CUDA libtorch with a device: the fused slices (kernels/lm_loss_slice.cu) against the CPU's libtorch path,
 // at a Qwen3 vocabulary width, bf16 and fp32, with ignored targets and an fp32 weight (a master) beside bf16 ones.
 TEST(LinearCrossEntropy, GpuFusedSlicesFollowTheCpuPath) {
@@ -157,7 +175,7 @@ TEST(LinearCrossEntropy, GpuFusedSlicesFollowTheCpuPath) {
   const at::Device cuda(at::kCUDA, 0);
   at::manual_seed(12);
   // Qwen3's vocabulary, or a smaller one under the sanitizers (racecheck ran out of its time on the full one).
-  // 125 rows: the products take 3 zero rows after them (rows_for_products), which must change nothing.
+  // 125 rows as well as 128: any row count (the slice width, loss_slice_width, keeps the products aligned).
   const int64_t h = 64, vocab = test::small_gpu_shapes() ? 8192 : 151936;
   for (const int64_t n : {int64_t{128}, int64_t{125}})
   for (const at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {

@@ -31,6 +31,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "qwen3_kernels.h"
@@ -257,13 +258,15 @@ void BM_Matmul(benchmark::State& state, int64_t M, int64_t N, int64_t K) {
   state.counters["speedup_vs_path"] = path_s / ours_s;
 }
 
-// The sliced loss's three products on one [rows, 8192] slice of Qwen3's head (H = 2560) with cuBLAS as at::matmul and
+// The sliced loss's three products on one [rows, V] slice of Qwen3's head (H = 2560) with cuBLAS as at::matmul and
 // aten::mm.dtype call it: the logits (bf16 out), the input's gradient and the head's (fp32 out from bf16
-// operands). kind 0, 1, 2. At 2,047 rows (a packed 2048-token batch) the third GPU round's trace showed cuBLAS
-// on cutlass_80_..._align2 kernels for all three, at 2,048 on Hopper ones; rows_for_products (lm_loss.cpp) pads
-// to a multiple of 8 on that evidence. These rows say it without the trainer around it.
-void BM_LossSliceProduct(benchmark::State& state, int kind, int64_t rows) {
-  const int64_t V = 8192, H = 2560;
+// operands). kind 0, 1, 2. The third GPU round's packed 2048-token batch (2,047 rows, then 8,196-column slices)
+// ran all three on cutlass_80_..._align2 kernels, a 512 x 4 batch (2,044 rows, 8,208 columns) on Hopper ones;
+// loss_slice_width (lm_loss.h) makes slices a multiple of 128 columns on the reading that the width, the logits'
+// leading dimension, decides. These rows say it without the trainer around it: 2,047 rows at 8,192 and at 8,196
+// columns, 2,048 rows at 8,192.
+void BM_LossSliceProduct(benchmark::State& state, int kind, int64_t rows, int64_t V) {
+  const int64_t H = 2560;
   DeviceMemory hidden(rows * H * 2), weight(V * H * 2), logits(rows * V * 2), out(std::max(rows, V) * H * 4);
   {
     const std::vector<uint16_t> h = to_16bit(KernelDType::bf16, host_uniform(rows * H, 1.0f, 21));
@@ -512,10 +515,11 @@ int main(int argc, char** argv) {
           ->Unit(benchmark::kMicrosecond);
     }
   for (int kind = 0; kind < 3; ++kind)
-    for (int64_t rows : {2047, 2048}) {
+    for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{2047, 8192}, {2047, 8196}, {2048, 8192}}) {
       const char* names[] = {"logits", "dx_f32", "dw_f32"};
-      benchmark::RegisterBenchmark(("loss_slice/" + std::string(names[kind]) + "/rows" + std::to_string(rows)).c_str(),
-                                   BM_LossSliceProduct, kind, rows)
+      const std::string name =
+          "loss_slice/" + std::string(names[kind]) + "/rows" + std::to_string(rows) + "_cols" + std::to_string(cols);
+      benchmark::RegisterBenchmark(name.c_str(), BM_LossSliceProduct, kind, rows, cols)
           ->UseManualTime()
           ->Iterations(3)
           ->Unit(benchmark::kMicrosecond);

@@ -39,25 +39,6 @@ void check_kernel(int status, const char* what) { kernel_glue::check_launch(stat
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-int64_t slice_width(int64_t rows, int64_t vocab, int64_t slice_elements) {
-  return std::min(vocab, std::max<int64_t>(256, slice_elements / std::max<int64_t>(rows, 1)));
-}
-
-// The rows the slices' products take on CUDA: the hidden states, and zero rows after them up to a multiple of 8.
-// A packed batch is as wide as its longest row less one (src/data/batching.cpp), so its row count is rarely a
-// multiple of 8, and with such counts cuBLAS ran the head's 8,192-column slices on Ampere-era kernels for
-// 2-element-aligned operands (cutlass_80_..._align2), 316-392 µs a product, where a 512 x 4 batch (a multiple of
-// 4 rows) got the Hopper ones: 24.8 ms of the third round's packed Qwen3-4B step at 2048 x 1, 8.3 at 512 x 4
-// (docs/performance.md; whether the row count alone decides is bench_kernels' loss_slice rows to say). The zero rows' logits are 0, their gradient rows are never written (the kernels
-// take the first n rows) and stay 0, so they add exact zeros to the head's gradient; their rows of the input's
-// gradient are dropped.
-at::Tensor rows_for_products(const at::Tensor& hidden) {
-  constexpr int64_t kRowMultiple = 8;
-  const int64_t n = hidden.size(0), padded = (n + kRowMultiple - 1) / kRowMultiple * kRowMultiple;
-  if (padded == n) return hidden;
-  return at::cat({hidden, at::zeros({padded - n, hidden.size(1)}, hidden.options())});
-}
-
 class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> {
  public:
   // `into_leaf`: the weight (a leaf) gets its gradient added into its .grad() in place by backward, which
@@ -65,7 +46,7 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
                             const at::Tensor& targets, int64_t slice_elements, bool into_leaf) {
     const int64_t n = hidden.size(0), vocab = weight.size(0);
-    const int64_t width = slice_width(n, vocab, slice_elements);
+    const int64_t width = loss_slice_width(n, vocab, slice_elements);
     const auto f32 = hidden.options().dtype(at::kFloat);
     at::Tensor running_max = at::full({n}, -std::numeric_limits<float>::infinity(), f32);
     at::Tensor running_sum = at::zeros({n}, f32);
@@ -74,8 +55,7 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
     const at::Tensor safe_targets = targets.clamp_min(0);
     [[maybe_unused]] const bool fused = fused_slices_take(hidden, targets);
     const at::Tensor targets_c = targets.contiguous();
-    // The kernels read the first n rows of each product; the CPU's libtorch passes take the rows as they are.
-    const at::Tensor rows = fused ? rows_for_products(hidden) : hidden;
+    const at::Tensor& rows = hidden;
     for (int64_t v0 = 0; v0 < vocab; v0 += width) {
       const int64_t w = std::min(width, vocab - v0);
       // The product in the hidden states' dtype (a weight of another dtype is cast a slice at a time).
@@ -120,8 +100,8 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
     const at::Tensor safe_targets = targets.clamp_min(0);
     [[maybe_unused]] const bool fused = fused_slices_take(hidden, targets);
     const at::Tensor targets_c = targets.contiguous(), lse_c = lse.contiguous(), row_scale_c = row_scale.contiguous();
-    const at::Tensor rows = fused ? rows_for_products(hidden) : hidden;  // as forward's products took them
-    at::Tensor grad_hidden = at::zeros({rows.size(0), hidden.size(1)}, hidden.options().dtype(at::kFloat));
+    const at::Tensor& rows = hidden;
+    at::Tensor grad_hidden = at::zeros({n, hidden.size(1)}, hidden.options().dtype(at::kFloat));
     // Either the leaf's own .grad() (accumulated into, slice by slice, with no [V, H] temporary), or a returned
     // gradient (only if autograd asks for one).
     at::Tensor grad_weight;
@@ -177,12 +157,18 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
         }
       }
     }
-    return {grad_hidden.narrow(0, 0, n).to(hidden.scalar_type()), into_leaf ? at::Tensor() : grad_weight, at::Tensor(),
+    return {grad_hidden.to(hidden.scalar_type()), into_leaf ? at::Tensor() : grad_weight, at::Tensor(),
             at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
+
+int64_t loss_slice_width(int64_t rows, int64_t vocab, int64_t slice_elements) {
+  constexpr int64_t kColumnMultiple = 128, kFewest = 256;
+  const int64_t fits = slice_elements / std::max<int64_t>(rows, 1) / kColumnMultiple * kColumnMultiple;
+  return std::min(vocab, std::max(kFewest, fits));
+}
 
 at::Tensor linear_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
                                 int64_t slice_elements, bool accumulate_into_weight_grad) {

@@ -9,6 +9,7 @@
 
 #include "qwen3/memory/memory_probe.h"
 #include "qwen3/model/layout.h"
+#include "qwen3/model/lm_loss.h"
 #include "qwen3/model/model.h"
 #include "qwen3/nvfp4/nvfp4_linear.h"
 #include "qwen3/optim/optim.h"
@@ -300,7 +301,7 @@ struct StepSizes {
       b.backward_activation_temp = std::max(
           b.mlp_temp, attention_backward_temp > b.mlp_saved * N ? attention_backward_temp - b.mlp_saved * N : 0);
     }
-    width = std::min<u64>(V, std::max<u64>(256, (u64{1} << 24) / std::max<u64>(N, 1)));
+    width = static_cast<u64>(loss_slice_width(static_cast<int64_t>(N), static_cast<int64_t>(V)));
   }
 
   // What a block's trained projections keep for their dX: their codes, or their bf16 operands where they are kept

@@ -7,6 +7,7 @@
 #include "qwen3/base/error.h"
 #include "qwen3/memory/memory_probe.h"
 #include "qwen3/model/layout.h"
+#include "qwen3/model/lm_loss.h"
 #include "qwen3/model/model.h"
 #include "qwen3/nvfp4/nvfp4_linear.h"
 #include "qwen3/optim/optim.h"
@@ -235,11 +236,12 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
   // compute dtype a slice at a time (read e, written a) where the master's dtype differs; where it is the compute
   // dtype the product reads it as it is (an operand, not a pass). Each slice's dX, an fp32 [N, H], is added to the
   // ones before it (the product's tensor and the sum read, the sum written: 12 bytes an element), slices of
-  // lm_loss's width: 2^24 logits over the rows.
+  // lm_loss's width (loss_slice_width: 2^24 logits over the rows, in multiples of 128 columns).
   const double head_cast_bytes = a != e ? V * H * (e + a) : 0;
   const double forward_logit_bytes = N * V * (gpu ? 2 * a : 2 * a + 28);
   const double backward_logit_bytes = N * V * (gpu ? 3 * a : 3 * a + 32);
-  const double slice = std::min(V, std::max(256.0, std::floor(16777216.0 / std::max(N, 1.0))));
+  const double slice = static_cast<double>(
+      loss_slice_width(static_cast<int64_t>(N), static_cast<int64_t>(V)));
   const double input_gradient_sums = std::ceil(V / slice) * 12 * N * H;
   forward.flops += 2 * N * H * V;
   forward.bytes += head_cast_bytes + forward_logit_bytes;

@@ -80,7 +80,7 @@ QWEN3_HD LaneState fresh(const ParamView& p, const StepScalars& s, int64_t block
   float grad[kPerLane];  // as read; 0 on padding
   uint32_t m_code[kPerLane], v_code[kPerLane];
   const int64_t first = at.row * p.cols + at.col0;
-  if (pieces && at.col0 + kPerLane <= p.cols) {
+  if (lane_in_pieces<kPerLane>(p, at.col0, pieces)) {
     load_values(p.master, p.master_bf16 != 0, first, out.master);
     load_values(p.grad, p.grad_bf16 != 0, first, grad);
     load_codes(p.exp_avg, at.base, m_code);
@@ -135,7 +135,7 @@ QWEN3_HD void store(const ParamView& p, const StepScalars& s, int64_t block, Lan
     master[i] = stepped_master_bits(bf16_master, s, st.master[i], st.m[i], st.v[i], draws.master);
   }
   const int64_t first = at.row * p.cols + at.col0;
-  if (pieces && at.col0 + kPerLane <= p.cols) {
+  if (lane_in_pieces<kPerLane>(p, at.col0, pieces)) {
     store_codes(p.exp_avg, at.base, m_code);
     store_codes(p.exp_avg_sq, at.base, v_code);
     if (bf16_master) {

@@ -35,8 +35,6 @@ QWEN3_HD bool moves_whole_pieces(const ParamView& p) {
   return p.cols % kPerLane == 0 && aligned_to(p.master, p.master_bf16 ? 8 : 16) &&
          aligned_to(p.grad, p.grad_bf16 ? 8 : 16) && aligned_to(p.exp_avg, 2) && aligned_to(p.exp_avg_sq, 2);
 }
-QWEN3_HD bool lane_in_pieces(const ParamView& p, int64_t col0, bool pieces) { return pieces && col0 + kPerLane <= p.cols; }
-
 
 // Decodes the lane's m and sqrt(v) under the row scales the state was written with, and updates them with
 // the gradient. `pieces`: moves_whole_pieces(p).
@@ -50,7 +48,7 @@ QWEN3_HD LaneMoments fresh(const ParamView& p, const StepScalars& s, int64_t row
   // Element k's code is nibble k: even columns are the low nibble of their byte.
   uint32_t m_codes, v_codes;
   float grad[kPerLane];
-  if (lane_in_pieces(p, col0, pieces)) {
+  if (lane_in_pieces<kPerLane>(p, col0, pieces)) {
     m_codes = load_two_bytes(m_packed);
     v_codes = load_two_bytes(v_packed);
     load_values(p.grad, p.grad_bf16 != 0, row * p.cols + col0, grad);
@@ -97,7 +95,7 @@ struct LaneMasters {
 QWEN3_HD LaneMasters load_masters(const ParamView& p, int64_t row, int64_t block, int lane, bool pieces = false) {
   const int64_t col0 = first_column(block, lane);
   LaneMasters out;
-  if (lane_in_pieces(p, col0, pieces)) {
+  if (lane_in_pieces<kPerLane>(p, col0, pieces)) {
     load_values(p.master, p.master_bf16 != 0, row * p.cols + col0, out.value);
     return out;
   }
@@ -141,7 +139,7 @@ QWEN3_HD void store(const ParamView& p, const StepScalars& s, int64_t row, int64
   const BlockDivisor m_scale = block_divisor(codec::e4m3_to_float(m_code));
   const BlockDivisor v_scale = block_divisor(codec::e4m3_to_float(v_code));
   uint32_t m_codes = 0, v_codes = 0, master_bits[kPerLane];
-  const bool whole = lane_in_pieces(p, col0, pieces), bf16_master = p.master_bf16 != 0;
+  const bool whole = lane_in_pieces<kPerLane>(p, col0, pieces), bf16_master = p.master_bf16 != 0;
   // The lane's four state indices share their high 32 bits (the first, row * stored_cols + col0, is a multiple of
   // 4), so the draws take one low word plus k and one high word: element_draws's bits, the key's mixing of the high
   // word made once a lane.

@@ -66,6 +66,14 @@ QWEN3_HD void store_two_bytes(void* to, uint32_t value) {
 #endif
 }
 
+// Whether a lane whose K elements start at column col0 moves them as whole pieces: the kernel's choice `pieces`
+// (each lanes header's moves_whole_pieces, asked once a launch) and all K within the row (a lane at a row's padded
+// end takes elements).
+template <int K>
+QWEN3_HD bool lane_in_pieces(const ParamView& p, int64_t col0, bool pieces) {
+  return pieces && col0 + K <= p.cols;
+}
+
 // A lane's K (4 or 8) fp32 or bf16 values from element `first` on (a whole piece: 8 to 32 bytes), as floats.
 template <int K>
 QWEN3_HD void load_values(const void* buffer, bool bf16, int64_t first, float (&out)[K]) {

@@ -222,6 +222,18 @@ __global__ void __launch_bounds__(kNvfp4Threads) nvfp4_kernel(ParamView p, StepS
   }
 }
 
+// Calls launch(master bf16, gradient bf16) with both as compile-time constants (std::integral_constant), for the
+// kernels instantiated per dtype.
+template <typename Launch>
+void with_dtypes(const ParamView& p, Launch launch) {
+  using T = std::true_type;
+  using F = std::false_type;
+  if (p.master_bf16 && p.grad_bf16) launch(T{}, T{});
+  else if (p.master_bf16) launch(T{}, F{});
+  else if (p.grad_bf16) launch(F{}, T{});
+  else launch(F{}, F{});
+}
+
 int grid_for(int64_t work_items, int items_per_cta, int max_ctas) {
   const int64_t ctas = (work_items + items_per_cta - 1) / items_per_cta;
   // Grid-stride beyond ~64 K CTAs (enough to fill any GPU, and int-sized) or the caller's cap.
@@ -234,8 +246,8 @@ int grid_for(int64_t work_items, int items_per_cta, int max_ctas) {
 // with a CTA per 32 blocks (the grid before) every thread did that for its one lane of 8 elements: the tables
 // alone are 56 instructions a thread (sm_90 SASS of a kernel that only builds them, against one that does not),
 // 7 of an element's ~194 (the third round's ncu), the prologue a few more. Resident CTAs loop over the blocks
-// instead and build the tables once. 0 where the device cannot say (no cap then).
-// Per instantiation (their registers may differ).
+// instead and build the tables once. 0 where the device cannot say (no cap then). Asked per instantiation: their
+// registers may differ.
 template <bool kMasterBf16, bool kGradBf16>
 int int8_resident_ctas() {
   constexpr int kMaxDevices = 64;
@@ -281,26 +293,21 @@ int launch_adamw_step(const adamw::ParamView& p, const adamw::StepScalars& s, vo
         return static_cast<int>(cudaErrorInvalidValue);
       const int64_t blocks = p.rows * (p.stored_cols / adamw::kInt8Block);
       const int per_cta = kThreads / adamw::int8_lanes::kLanesPerBlock;
-#define QWEN3_INT8_ADAMW(MB, GB)                                                                              \
-  int8_kernel<MB, GB><<<grid_for(blocks, per_cta, max_ctas > 0 ? max_ctas : int8_resident_ctas<MB, GB>()), \
-                        kThreads, 0, cuda_stream>>>(p, s)
-      if (p.master_bf16 && p.grad_bf16) QWEN3_INT8_ADAMW(true, true);
-      else if (p.master_bf16) QWEN3_INT8_ADAMW(true, false);
-      else if (p.grad_bf16) QWEN3_INT8_ADAMW(false, true);
-      else QWEN3_INT8_ADAMW(false, false);
-#undef QWEN3_INT8_ADAMW
+      with_dtypes(p, [&](auto master_bf16, auto grad_bf16) {
+        constexpr bool kMaster = decltype(master_bf16)::value, kGrad = decltype(grad_bf16)::value;
+        const int cap = max_ctas > 0 ? max_ctas : int8_resident_ctas<kMaster, kGrad>();
+        int8_kernel<kMaster, kGrad><<<grid_for(blocks, per_cta, cap), kThreads, 0, cuda_stream>>>(p, s);
+      });
       break;
     }
     case Moments::nvfp4:
       if (p.stored_cols % adamw::kNvfp4Block != 0 || !p.exp_avg_scale || !p.exp_avg_sq_scale || !p.exp_avg_row_scale ||
           !p.exp_avg_sq_row_scale)
         return static_cast<int>(cudaErrorInvalidValue);
-#define QWEN3_NVFP4_ADAMW(MB, GB) nvfp4_kernel<MB, GB><<<grid_for(p.rows, 1, max_ctas), kNvfp4Threads, 0, cuda_stream>>>(p, s)
-      if (p.master_bf16 && p.grad_bf16) QWEN3_NVFP4_ADAMW(true, true);
-      else if (p.master_bf16) QWEN3_NVFP4_ADAMW(true, false);
-      else if (p.grad_bf16) QWEN3_NVFP4_ADAMW(false, true);
-      else QWEN3_NVFP4_ADAMW(false, false);
-#undef QWEN3_NVFP4_ADAMW
+      with_dtypes(p, [&](auto master_bf16, auto grad_bf16) {
+        nvfp4_kernel<decltype(master_bf16)::value, decltype(grad_bf16)::value>
+            <<<grid_for(p.rows, 1, max_ctas), kNvfp4Threads, 0, cuda_stream>>>(p, s);
+      });
       break;
     default:
       return static_cast<int>(cudaErrorInvalidValue);

@@ -318,21 +318,19 @@ QWEN3_HD int8_t int8_linear_encode(float x, BlockDivisor inverse, float uniform)
   return static_cast<int8_t>(static_cast<int>(lower));
 }
 
-// The levels and inverse gaps of codes as computed (the host loops' form), and the same values from tables the
-// caller filled with int8_log_level and int8_log_inverse_gap (the GPU kernel's form: a shared-memory load in
-// place of the masks and ors of pick8).
 // What v's encoder reads at its upper code c: the level below it, level(c + 1), and 1 / (level(c) - level(c + 1)).
 struct LowerAndInverseGap {
   float lower, inverse_gap;
 };
+// The levels and the encoder's pairs as computed (the host loops' form), and the same values from tables the
+// caller filled with them (the GPU kernel's form: shared-memory loads in place of the masks and ors of pick8).
 struct ComputedLevels {
   QWEN3_HD float operator()(uint32_t code) const { return int8_log_level(code); }
   QWEN3_HD LowerAndInverseGap below(uint32_t code) const {
     return {int8_log_level(code + 1), int8_log_inverse_gap(code)};
   }
 };
-// The GPU kernel's form: both read from shared memory, the encoder's pair in one 8-byte load.
-struct TabledLevels {
+struct TabledLevels {  // the encoder's pair in one 8-byte load
   const float* table;                // [256]: table[c] == int8_log_level(c)
   const LowerAndInverseGap* pairs;   // [256]: pairs[c] == ComputedLevels{}.below(c)
   QWEN3_HD float operator()(uint32_t code) const { return table[code]; }

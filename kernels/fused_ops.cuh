@@ -79,40 +79,19 @@ QWEN3_HD int64_t dw_run_first(int64_t chunks, int run) { return chunks * run / k
 
 // ---- RoPE on one (first half, second half) pair of a head: HF's x cos + rotate_half(x) sin ----------------------
 
-// c1, s1 at the first half's index, c2, s2 at the second's (the tables repeat, so they are equal, but the
-// formula does not need it). Each product and the sum round to the activation dtype, as libtorch's do.
-template <bool kBf16>
-QWEN3_HD void rope_pair(float& x1, float& x2, float c1, float s1, float c2, float s2) {
-  const float tc1 = round_to<kBf16>(c1), ts1 = round_to<kBf16>(s1), tc2 = round_to<kBf16>(c2), ts2 = round_to<kBf16>(s2);
-  const float o1 = round_to<kBf16>(add_rn(round_to<kBf16>(mul_rn(x1, tc1)), round_to<kBf16>(mul_rn(-x2, ts1))));
-  const float o2 = round_to<kBf16>(add_rn(round_to<kBf16>(mul_rn(x2, tc2)), round_to<kBf16>(mul_rn(x1, ts2))));
-  x1 = o1;
-  x2 = o2;
-}
-
-// Its backward: the transposed rotation, dx1 = dy1 c1 + dy2 s2, dx2 = dy2 c2 - dy1 s1, each product and the sum
-// rounded as autograd's accumulation of the two branches' gradients rounds them.
-template <bool kBf16>
-QWEN3_HD void rope_pair_backward(float& dy1, float& dy2, float c1, float s1, float c2, float s2) {
-  const float tc1 = round_to<kBf16>(c1), ts1 = round_to<kBf16>(s1), tc2 = round_to<kBf16>(c2), ts2 = round_to<kBf16>(s2);
-  const float d1 = round_to<kBf16>(add_rn(round_to<kBf16>(mul_rn(dy1, tc1)), round_to<kBf16>(mul_rn(dy2, ts2))));
-  const float d2 = round_to<kBf16>(add_rn(round_to<kBf16>(mul_rn(dy2, tc2)), -round_to<kBf16>(mul_rn(dy1, ts1))));
-  dy1 = d1;
-  dy2 = d2;
-}
-
-// The same rules as the lane that holds one element of a pair computes them (head_norm_rope.cu): each lane only its
-// own element's output, from the tables at its own index, where rope_pair makes both outputs from all four values.
-// Forward, `partner` is the pair's other element: the first half's x1 c1 - x2 s1, the second half's x2 c2 + x1 s2,
-// each the operations of rope_pair's o1 or o2 in its order (x1 and x2 both rounded products, then their sum).
+// One element's output, as the lane that holds it computes it (head_norm_rope.cu: each lane its own element, from
+// the tables at its own index; rope_kernel through rope_pair below). Forward, `partner` is the pair's other
+// element: the first half's x1 c1 - x2 s1, the second half's x2 c2 + x1 s2, both products and their sum rounded to
+// the activation dtype, and the tables cast to it first, as libtorch's ops round them.
 template <bool kBf16>
 QWEN3_HD float rope_lane(float own, float partner, float c, float s, bool first) {
   const float tc = round_to<kBf16>(c), ts = round_to<kBf16>(s);
   return round_to<kBf16>(add_rn(round_to<kBf16>(mul_rn(own, tc)), round_to<kBf16>(mul_rn(first ? -partner : partner, ts))));
 }
-// Backward: d1 = T(T(dy1 c1) + T(dy2 s2)) and d2 = T(T(dy2 c2) - T(dy1 s1)), so each lane's term for its partner is
-// its own gradient times the sine at its own index (rope_lane_term), and each lane adds the partner's term to its
-// own gradient times its own cosine (rope_lane_backward): rope_pair_backward's d1 and d2, the same operations.
+// Backward, the transposed rotation, dx1 = dy1 c1 + dy2 s2 and dx2 = dy2 c2 - dy1 s1, each product and the sum
+// rounded as autograd's accumulation of the two branches' gradients rounds them: each lane's term for its partner
+// is its own gradient times the sine at its own index (rope_lane_term), and each lane adds the partner's term to
+// its own gradient times its own cosine (rope_lane_backward).
 template <bool kBf16>
 QWEN3_HD float rope_lane_term(float dy, float s) {
   return round_to<kBf16>(mul_rn(dy, round_to<kBf16>(s)));
@@ -120,6 +99,22 @@ QWEN3_HD float rope_lane_term(float dy, float s) {
 template <bool kBf16>
 QWEN3_HD float rope_lane_backward(float dy, float partner_term, float c, bool first) {
   return round_to<kBf16>(add_rn(round_to<kBf16>(mul_rn(dy, round_to<kBf16>(c))), first ? partner_term : -partner_term));
+}
+
+// A whole pair, c1, s1 at the first half's index, c2, s2 at the second's (the tables repeat, so they are equal, but
+// the rules do not need it).
+template <bool kBf16>
+QWEN3_HD void rope_pair(float& x1, float& x2, float c1, float s1, float c2, float s2) {
+  const float o1 = rope_lane<kBf16>(x1, x2, c1, s1, true), o2 = rope_lane<kBf16>(x2, x1, c2, s2, false);
+  x1 = o1;
+  x2 = o2;
+}
+template <bool kBf16>
+QWEN3_HD void rope_pair_backward(float& dy1, float& dy2, float c1, float s1, float c2, float s2) {
+  const float d1 = rope_lane_backward<kBf16>(dy1, rope_lane_term<kBf16>(dy2, s2), c1, true);
+  const float d2 = rope_lane_backward<kBf16>(dy2, rope_lane_term<kBf16>(dy1, s1), c2, false);
+  dy1 = d1;
+  dy2 = d2;
 }
 
 // ---- The q/k norms and RoPE as one pass (fused_ops.cu's head_norm_rope kernels) --------------------------------

@@ -27,8 +27,8 @@ using namespace rows;
 // Each lane computes only its own elements' RoPE outputs, from the tables at its own columns (fused::rope_lane:
 // forward the partner's value comes by the shuffle; backward the partner's sine term, fused::rope_lane_term),
 // where each lane made both outputs of every pair from four tables and kept one: half the rounding arithmetic
-// and half the table loads (the kernels were bound by their instructions: 155 SASS instructions an element
-// forward, static; kernels/fused_ops.md).
+// and half the table loads (the third round's ncu: 79 and 95 instructions an element, too many for the few warps
+// their registers left to hide their latency; kernels/fused_ops.md).
 
 // The tables at this lane's own 8 columns of the row's position.
 struct RopePieceTables {

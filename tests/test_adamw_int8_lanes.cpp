@@ -35,7 +35,7 @@ void run_int8_split_on_host(const ka::ParamView& p, ka::StepScalars s, bool narr
     for (int lane = 0; lane < int8_split::kLanesPerBlock; ++lane) {
       at[lane] = int8_split::position(p, block, lane, narrow);
       state[lane] = int8_split::fresh(p, s, block, at[lane], ka::ComputedLevels{}, whole_pieces);
-      lanes_in_pieces += whole_pieces && at[lane].col0 + int8_split::kPerLane <= p.cols ? 1 : 0;
+      lanes_in_pieces += ka::lane_in_pieces<int8_split::kPerLane>(p, at[lane].col0, whole_pieces) ? 1 : 0;
       m_amax = std::max(m_amax, state[lane].m_amax);
       v_max = std::max(v_max, state[lane].v_max);
     }

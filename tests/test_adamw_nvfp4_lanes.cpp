@@ -42,7 +42,7 @@ void run_nvfp4_split_on_host(const ka::ParamView& p, ka::StepScalars s, bool pie
       for (int lane = 0; lane < lanes::kLanesPerBlock; ++lane) {
         moments[lane] = lanes::fresh(p, s, row, b, lane, old_m_row, old_v_row, whole);
         masters[lane] = lanes::load_masters(p, row, b, lane, whole);
-        lanes_in_pieces += lanes::lane_in_pieces(p, lanes::first_column(b, lane), whole) ? 1 : 0;
+        lanes_in_pieces += ka::lane_in_pieces<lanes::kPerLane>(p, lanes::first_column(b, lane), whole) ? 1 : 0;
         normalized[lane] = lanes::normalize(moments[lane], ka::block_divisor(m_row), ka::block_divisor(v_row));
         m_amax = std::max(m_amax, normalized[lane].m_amax);
         root_amax = std::max(root_amax, normalized[lane].root_amax);

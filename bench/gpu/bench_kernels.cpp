@@ -16,7 +16,8 @@
 //    default slice at 2048 rows): bytes moved per second as a fraction of the copy;
 //  - a group's gradient clipping (one Qwen3-4B block's gradients, fp32 and bf16): bytes read per second as a
 //    fraction of the copy;
-//  - the sliced loss's three cuBLAS products on an 8192-column slice at 2,047 and 2,048 rows (loss_slice/*).
+//  - the sliced loss's three cuBLAS products on one slice: 2,047 rows at 8,192 and 8,196 columns, 2,048 at 8,192
+//    (loss_slice/*).
 // Weights rotate through enough copies to exceed the L2 cache, so small-M runs measure memory, not L2.
 // Results go to docs/performance.md with the date and the device. Exits 0 with a message when there is no GPU.
 #include <benchmark/benchmark.h>

@@ -55,11 +55,10 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
     const at::Tensor safe_targets = targets.clamp_min(0);
     [[maybe_unused]] const bool fused = fused_slices_take(hidden, targets);
     const at::Tensor targets_c = targets.contiguous();
-    const at::Tensor& rows = hidden;
     for (int64_t v0 = 0; v0 < vocab; v0 += width) {
       const int64_t w = std::min(width, vocab - v0);
       // The product in the hidden states' dtype (a weight of another dtype is cast a slice at a time).
-      const at::Tensor product = at::matmul(rows, weight.narrow(0, v0, w).to(hidden.scalar_type()).t());
+      const at::Tensor product = at::matmul(hidden, weight.narrow(0, v0, w).to(hidden.scalar_type()).t());
 #ifdef QWEN3_FUSED_LOSS
       if (fused) {
         const at::Tensor logits = product.contiguous();
@@ -100,7 +99,6 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
     const at::Tensor safe_targets = targets.clamp_min(0);
     [[maybe_unused]] const bool fused = fused_slices_take(hidden, targets);
     const at::Tensor targets_c = targets.contiguous(), lse_c = lse.contiguous(), row_scale_c = row_scale.contiguous();
-    const at::Tensor& rows = hidden;
     at::Tensor grad_hidden = at::zeros({n, hidden.size(1)}, hidden.options().dtype(at::kFloat));
     // Either the leaf's own .grad() (accumulated into, slice by slice, with no [V, H] temporary), or a returned
     // gradient (only if autograd asks for one).
@@ -124,7 +122,7 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
     for (int64_t v0 = 0; v0 < vocab; v0 += width) {
       const int64_t w = std::min(width, vocab - v0);
       const at::Tensor wslice = weight.narrow(0, v0, w).to(hidden.scalar_type());
-      const at::Tensor product = at::matmul(rows, wslice.t());
+      const at::Tensor product = at::matmul(hidden, wslice.t());
       at::Tensor d_typed;
 #ifdef QWEN3_FUSED_LOSS
       if (fused) {
@@ -149,16 +147,16 @@ class LinearCrossEntropy : public torch::autograd::Function<LinearCrossEntropy> 
       if (grad_weight.defined()) {
         at::Tensor target = grad_weight.narrow(0, v0, w);
         if (fresh) {
-          nvfp4::product_into(target, d_typed.t(), rows);
+          nvfp4::product_into(target, d_typed.t(), hidden);
         } else if (target.scalar_type() == hidden.scalar_type()) {
-          target.addmm_(d_typed.t(), rows);
+          target.addmm_(d_typed.t(), hidden);
         } else {  // an fp32 master's gradient: the product in fp32 where cuBLAS gives it (product_in_dtype)
-          target.add_(nvfp4::product_in_dtype(d_typed.t(), rows, target.scalar_type()));
+          target.add_(nvfp4::product_in_dtype(d_typed.t(), hidden, target.scalar_type()));
         }
       }
     }
-    return {grad_hidden.to(hidden.scalar_type()), into_leaf ? at::Tensor() : grad_weight, at::Tensor(),
-            at::Tensor(), at::Tensor()};
+    return {grad_hidden.to(hidden.scalar_type()), into_leaf ? at::Tensor() : grad_weight, at::Tensor(), at::Tensor(),
+            at::Tensor()};
   }
 };
 

@@ -272,8 +272,8 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
                 a * operand_elements
           : 0;
   backward.norm_bytes = in_backward * norm_bytes(trainable_in_blocks);
-  backward.update_bytes = in_backward * (update_bytes(trainable_in_blocks, state_bytes_in_blocks) +
-                                         a * operand_elements + norm_bytes(trainable_in_blocks));
+  backward.update_bytes =
+      in_backward * (update_bytes(trainable_in_blocks, state_bytes_in_blocks) + a * operand_elements) + backward.norm_bytes;
   backward.updated = in_backward * trainable_in_blocks;
   backward.operand_updated = in_backward * operand_elements;
   backward.operand_update_bytes = in_backward * operand_update_bytes;

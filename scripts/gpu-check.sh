@@ -6,7 +6,8 @@
 # The round is two device calls, chained back to back on one warm machine (docs/build.md, "The GPU round"; a
 # lease is 15 minutes of device time, and the first round measured what each stage takes):
 #   --call 1   env, build, test-gpu, smoke, train-2048:lean+fast+lean-unpacked+fast-unpacked (with their peers),
-#              and lean and fast unpacked with --overlap-update
+#              lean-recompute (the memory goal: each block's operands made by its recompute), and lean and fast
+#              unpacked with --overlap-update
 #   --call 2   sanitize, hf, bench, train-512:lean+fast+fast-codes+fast-always (fast with its codes, and with its
 #              operands kept across steps), test-all
 #   --call 3   train-512:fast-unpacked+grad-checkpoint (what is left, if the lease has time)
@@ -14,8 +15,9 @@
 # STAGE: env, build, test (= test-gpu, test-all), sanitize, bench, smoke, train (= smoke, train-2048,
 # train-512), hf, summary, or all (every stage). train-2048 and train-512 take the configurations to run after
 # a colon, joined by '+': lean, fast, grad-checkpoint, base, each packed, or with -unpacked; lean and fast also
-# with -overlap before it (--overlap-update: lean-overlap, fast-overlap-unpacked), or -codes / -always
-# (--keep-weight-operands off / always: fast-codes, fast-always) (default: TRAIN_CONFIGS).
+# with -overlap before it (--overlap-update: lean-overlap, fast-overlap-unpacked), or -codes / -recompute / -always
+# (--keep-weight-operands off / recompute / always: fast-codes, lean-recompute, fast-always) (default:
+# TRAIN_CONFIGS).
 # The build folder (BUILD_DIR, default build-gpu/, ignored) keeps the build and the status of every step run so
 # far (BUILD_DIR/gpu-check/status.tsv). RESULTS_DIR is rewritten after every step, so that a call cut short
 # still returns what it measured: summary.md (the table), status.tsv, bench_kernels.json and
@@ -52,7 +54,7 @@ while [ $# -gt 0 ]; do
     --stage=*) IFS=', ' read -r -a more <<<"${1#--stage=}"; stages+=("${more[@]}"); shift ;;
     --call) [ $# -ge 2 ] || usage
       case "$2" in
-        1) stages+=(env build test-gpu smoke train-2048:lean+fast+lean-unpacked+fast-unpacked+lean-overlap-unpacked+fast-overlap-unpacked) ;;
+        1) stages+=(env build test-gpu smoke train-2048:lean+fast+lean-unpacked+fast-unpacked+lean-recompute+lean-overlap-unpacked+fast-overlap-unpacked) ;;
         2) stages+=(sanitize hf bench train-512:lean+fast+fast-codes+fast-always test-all) ;;
         3) stages+=(train-512:fast-unpacked+grad-checkpoint) ;;
         *) echo "gpu-check: --call is 1, 2 or 3" >&2; usage ;;
@@ -1010,7 +1012,9 @@ stage_hf() {
 
 # The configurations a training stage runs, by name (most wanted first where a stage takes its default list):
 #   lean             bf16 masters with stochastic rounding, nvfp4 moments, --grad-checkpoint --fused-optimizer:
-#                    the memory goal (<= 16 GB for Qwen3-4B at 1 x 2048)
+#                    the memory goal (<= 16 GB for Qwen3-4B at 1 x 2048) as lean-recompute; plain lean lets
+#                    --keep-weight-operands auto hold the first forward's operands through the recompute (7 GB
+#                    more where the device has them, as an H200 has)
 #   fast             fp32 masters and moments, bf16 compute, --fused-optimizer (the 4B model's fp32 gradients
 #                    never all live at once): the speed goal; its last step runs under the profiler
 #   grad-checkpoint  fp32 masters and moments, --grad-checkpoint
@@ -1019,8 +1023,10 @@ stage_hf() {
 # than the row (every row full, split at row boundaries), the shape of the peer's random rows.
 # A configuration: its name, -unpacked (full rows), -overlap (--overlap-update: the in-backward updates on a
 # CUDA stream of their own), -codes (--keep-weight-operands off: backward dequantizes each trained projection's
-# codes, where auto keeps its bf16 operand from forward when the step fits) or -always (--keep-weight-operands
-# always: the operands kept across steps, written by the update), or several (NAME-overlap-unpacked).
+# codes, where auto keeps its bf16 operand from forward when the step fits), -recompute (--keep-weight-operands
+# recompute, under --grad-checkpoint: each block's recompute makes its operands again, where auto keeps the first
+# forward's through the recompute when the step fits) or -always (--keep-weight-operands always: the operands kept
+# across steps, written by the update), or several (NAME-overlap-unpacked).
 config_flags() {
   local name=${1%-unpacked} extra=""
   if [[ "$name" == *-overlap ]]; then
@@ -1030,6 +1036,9 @@ config_flags() {
   if [[ "$name" == *-codes ]]; then
     name=${name%-codes}
     extra+=" --keep-weight-operands off"
+  elif [[ "$name" == *-recompute ]]; then
+    name=${name%-recompute}
+    [ "$dry_run" = 1 ] || extra+=" --keep-weight-operands recompute"  # CUDA only, as always below
   elif [[ "$name" == *-always ]]; then
     name=${name%-always}
     [ "$dry_run" = 1 ] || extra+=" --keep-weight-operands always"  # CUDA only: the dry run's CPU keeps the codes
@@ -1042,11 +1051,12 @@ config_flags() {
     *) return 1 ;;
   esac
 }
-# The configuration a name modifies: NAME without its -unpacked, -overlap and -codes or -always.
+# The configuration a name modifies: NAME without its -unpacked, -overlap and -codes, -recompute or -always.
 base_config() {
   local name=${1%-unpacked}
   name=${name%-overlap}
   name=${name%-codes}
+  name=${name%-recompute}
   name=${name%-always}
   echo "${name%-overlap}"
 }
@@ -1208,7 +1218,8 @@ PY
   stage_end "$name"
 }
 
-# Each run of a stage that differs from another of the stage by one modifier (-codes, -always, -overlap) against it:
+# Each run of a stage that differs from another of the stage by one modifier (-codes, -recompute, -always, -overlap)
+# against it:
 # the ratio of their steady ms/step (steps after the first 3, the last left out: the fast runs profile it), one
 # row for the stage (what --keep-weight-operands and --overlap-update gain, measured in the same call).
 compare_variants() {
@@ -1227,7 +1238,7 @@ def ms(c):
     return sum(r["step_ms"] for r in rows) / len(rows) if rows else None
 out = []
 for c in configs:
-    for mod in ("-codes", "-always", "-overlap"):
+    for mod in ("-codes", "-recompute", "-always", "-overlap"):
         if mod not in c:
             continue
         base = c.replace(mod, "", 1)

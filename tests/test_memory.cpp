@@ -411,8 +411,10 @@ TEST(MemoryModel, CudaPredictionMatchesTheFirstGpuRound) {
     o.data.seq_len = 2048;
     o.data.batch_size = 1;
     o.fused_optimizer = true;
-    // As that round ran: the fast step kept its codes (auto now keeps the operands where the device holds them).
-    o.keep_weight_operands = m.lean ? KeepWeightOperands::auto_select : KeepWeightOperands::off;
+    // As that round ran: the fast step kept its codes (auto now keeps the operands where the device holds them);
+    // lean within its tolerance with each block's recompute making its operands (auto now holds the first
+    // forward's through the recompute where the device holds them: 7 GB more for the run).
+    o.keep_weight_operands = m.lean ? KeepWeightOperands::recompute : KeepWeightOperands::off;
     if (m.lean) {
       o.master_dtype = MasterDtype::bfloat16;
       o.adamw.moments = MomentStorage::nvfp4;
@@ -496,9 +498,22 @@ TEST(MemoryModel, KeptWeightOperandsHoldTwoBytesAnElementUntilBackward) {
   EXPECT_EQ(predict(o, config, c10::Device(c10::kCPU)).memory.saved_operands, 0u);
 }
 
+// A memory-first step at 2048 tokens: bf16 masters, compressed moments, checkpointed, updated in backward.
+TrainOptions lean_options(MomentStorage moments) {
+  TrainOptions o;
+  o.data.seq_len = 2048;
+  o.master_dtype = MasterDtype::bfloat16;
+  o.adamw.moments = moments;
+  o.grad_checkpoint = true;
+  o.fused_optimizer = true;
+  return o;
+}
+
 // A sparse block's experts on CUDA run as grouped products, which save their codes whatever --keep-weight-operands
-// says: under checkpointing Qwen3-30B-A3B's backward spike holds the other projections' operands (2 bytes an element
-// where their codes took 9/16) and the experts' codes either way.
+// says: under checkpointing Qwen3-30B-A3B's backward spike holds the other projections' operands made by the
+// recompute (2 bytes an element where their codes took 9/16) and the experts' codes either way; held from the first
+// forward through the recompute (backward), every block's other projections have a buffer for the run, and the
+// experts none.
 TEST(MemoryModel, GroupedExpertsKeepTheirCodes) {
   const Qwen3Config config = preset_config("qwen3-30b-a3b");
   const c10::Device cuda(c10::kCUDA, 0);
@@ -510,22 +525,43 @@ TEST(MemoryModel, GroupedExpertsKeepTheirCodes) {
       for (int64_t d : spec.shape) n *= static_cast<uint64_t>(d);
       others += n;
     }
-  TrainOptions o;
-  o.data.seq_len = 2048;
-  o.master_dtype = MasterDtype::bfloat16;
-  o.adamw.moments = MomentStorage::nvfp4;
-  o.grad_checkpoint = true;
-  o.fused_optimizer = true;
+  TrainOptions o = lean_options(MomentStorage::nvfp4);
   o.keep_weight_operands = KeepWeightOperands::off;
   const StepMemoryPlan codes = predict(o, config, cuda).memory;
-  o.keep_weight_operands = KeepWeightOperands::backward;
+  o.keep_weight_operands = KeepWeightOperands::recompute;
   const StepMemoryPlan kept = predict(o, config, cuda).memory;
   EXPECT_EQ(phase_peak(kept, "backward_done") - phase_peak(codes, "backward_done"), 2 * others - others * 9 / 16);
+  o.keep_weight_operands = KeepWeightOperands::backward;
+  const StepMemoryPlan held = predict(o, config, cuda).memory;
+  EXPECT_EQ(held.weights, codes.weights + 2 * others * static_cast<uint64_t>(config.num_hidden_layers));
+  EXPECT_EQ(held.saved_operands, 0u);
 }
 
-// auto decides by the memory model against the device: kept under --grad-checkpoint; without it on CUDA where the
-// peak with the operands stays within 90% of the device's memory (an H100's 80 GB holds the fast Qwen3-4B step at
-// 2048 tokens with them, not four such rows); codes on a CPU. on / off are taken as given. predict() counts what
+// Under --grad-checkpoint, backward holds the operand the first forward makes through the recompute to backward: a
+// buffer each trained projection for the run (counted with the weights: 2 bytes an element), where recompute holds
+// one block's at its backward. Qwen3-4B's lean step at 2048 tokens: the weights rise by the projections' operands;
+// the backward peak by them less the one block's that recompute held.
+TEST(MemoryModel, OperandsHeldThroughTheRecomputeTakeABufferForTheRun) {
+  const Qwen3Config config = preset_config("qwen3-4b");
+  const c10::Device cuda(c10::kCUDA, 0);
+  TrainOptions o = lean_options(MomentStorage::int8);
+  o.keep_weight_operands = KeepWeightOperands::recompute;
+  const StepMemoryPlan recompute = predict(o, config, cuda).memory;
+  o.keep_weight_operands = KeepWeightOperands::backward;
+  const StepMemoryPlan held = predict(o, config, cuda).memory;
+  const uint64_t H = 2560, I = 9728, Q = 32 * 128, KV = 8 * 128;
+  const uint64_t block = H * Q + 2 * H * KV + Q * H + 3 * H * I;
+  EXPECT_EQ(held.weights, recompute.weights + 2 * 36 * block);
+  EXPECT_EQ(held.saved_operands, 0u);
+  EXPECT_EQ(phase_peak(held, "backward_done") - phase_peak(recompute, "backward_done"), 2 * 36 * block - 2 * block);
+  EXPECT_EQ(phase_peak(held, "forward_done") - phase_peak(recompute, "forward_done"), 2 * 36 * block);
+}
+
+// auto decides by the memory model against the device: on CUDA the operands held from the forward that makes them
+// where the peak with them stays within 90% of the device's memory (an H100's 80 GB holds the fast Qwen3-4B step at
+// 2048 tokens with them, not four such rows), else codes, or under --grad-checkpoint each block's recompute's
+// (the checkpointed step of fp32 masters without the in-backward update fits an H200 with every operand held
+// through the recompute, not an H100); codes on a CPU. The other values are taken as given. predict() counts what
 // the choice decides.
 TEST(MemoryModel, AutoKeepsWeightOperandsWhereTheStepStillFits) {
   const Qwen3Config config = preset_config("qwen3-4b");
@@ -550,7 +586,25 @@ TEST(MemoryModel, AutoKeepsWeightOperandsWhereTheStepStillFits) {
   EXPECT_TRUE(choose_weight_operands(o, config, cuda).keep);
   o.grad_checkpoint = true;
   o.predict_device = "h100";
-  EXPECT_TRUE(choose_weight_operands(o, config, cuda).keep);
+  o.data.batch_size = 1;
+  const WeightOperandsChoice held = choose_weight_operands(o, config, cuda);
+  EXPECT_TRUE(held.keep && held.persistent && !held.written_by_update) << held.why;
+  EXPECT_NE(held.why.find("through the recompute"), std::string::npos) << held.why;
+  EXPECT_EQ(held.as_option(true), KeepWeightOperands::backward);
+  o.fused_optimizer = false;  // every fp32 gradient alive before the update: the operands no longer fit an H100
+  const WeightOperandsChoice recomputed = choose_weight_operands(o, config, cuda);
+  EXPECT_TRUE(recomputed.keep && !recomputed.persistent) << recomputed.why;
+  EXPECT_NE(recomputed.why.find("each block's recompute"), std::string::npos) << recomputed.why;
+  EXPECT_NE(recomputed.why.find("above 90%"), std::string::npos) << recomputed.why;
+  EXPECT_EQ(recomputed.as_option(true), KeepWeightOperands::recompute);
+  TrainOptions codes = o;
+  codes.keep_weight_operands = KeepWeightOperands::off;
+  EXPECT_EQ(predict(o, config, cuda).memory.weights, predict(codes, config, cuda).memory.weights);
+  o.predict_device = "h200";
+  EXPECT_TRUE(choose_weight_operands(o, config, cuda).persistent);
+  o.predict_device = "h100";
+  o.fused_optimizer = true;
+  o.data.batch_size = 4;
   const uint64_t checkpointed_kept = phase_peak(predict(o, config, cuda).memory, "backward_done");
   o.keep_weight_operands = KeepWeightOperands::off;
   EXPECT_FALSE(choose_weight_operands(o, config, cuda).keep);
@@ -603,8 +657,11 @@ TEST(VramReportCli, PredictOnlyAndBadFlags) {
   EXPECT_EQ(p.code, 0) << p.err;
   for (const std::string& phase : step_phases()) EXPECT_NE(p.out.find(phase), std::string::npos) << phase;
   // What --keep-weight-operands decided, and the codes and operands each saved for backward (none under
-  // checkpointing; without it, auto keeps the operands: the tiny step fits any device).
-  EXPECT_NE(p.out.find("product operands for backward: kept until backward (--grad-checkpoint"), std::string::npos)
+  // checkpointing, where auto holds the first forward's operands through the recompute: the tiny step fits any
+  // device, and they are counted with the weights).
+  EXPECT_NE(p.out.find("product operands for backward: kept from the first forward through the recompute to "
+                       "backward (auto: "),
+            std::string::npos)
       << p.out;
   EXPECT_NE(p.out.find("(NVFP4 codes 0.0, bf16 weight operands 0.0)"), std::string::npos) << p.out;
   // The time model counts no update hidden beside backward, and says so where --overlap-update asks for one.

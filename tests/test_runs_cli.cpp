@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <vector>
 
 #include "cli_test_util.h"
 #include "gpu_test.h"
@@ -372,8 +373,9 @@ TEST(RunsCli, GpuTrainingIsTheSameBytesRunToRun) {
   expect_same_training(s.dir, 3);
 }
 
-// --keep-weight-operands names one of auto, off, backward, always; the last two hold the CUDA quantize pass's
-// operands, so a CPU run refuses them; run.json records the flag as given and what was decided.
+// --keep-weight-operands names one of auto, off, backward, recompute, always; the last three hold the CUDA quantize
+// pass's operands, so a CPU run refuses them, and recompute names the operands of checkpointing's recompute, so a
+// run without --grad-checkpoint refuses it first; run.json records the flag as given and what was decided.
 TEST(RunsCli, KeepWeightOperandsIsACudaChoice) {
   RunSetup s;
   auto r = run_cli(s.base + " --steps 1 --keep-weight-operands sometimes");
@@ -385,6 +387,15 @@ TEST(RunsCli, KeepWeightOperandsIsACudaChoice) {
     EXPECT_NE(r.err.find(std::string("--keep-weight-operands ") + keep), std::string::npos) << r.err;
     EXPECT_NE(r.err.find("needs --device cuda"), std::string::npos) << r.err;
   }
+  r = run_cli(s.base + " --steps 1 --keep-weight-operands recompute");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--keep-weight-operands recompute holds the operands each block's recompute makes: it needs "
+                       "--grad-checkpoint"),
+            std::string::npos)
+      << r.err;
+  r = run_cli(s.base + " --steps 1 --grad-checkpoint --keep-weight-operands recompute");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("needs --device cuda"), std::string::npos) << r.err;
   r = run_cli(s.base + " --steps 1 --keep-weight-operands off --output-dir " + s.dir.file("out"));
   ASSERT_EQ(r.code, 0) << r.err;
   const nlohmann::json run = nlohmann::json::parse(test::slurp(s.dir.file("out/run.json")));
@@ -399,17 +410,27 @@ TEST(RunsCli, KeepWeightOperandsIsACudaChoice) {
 
 // On CUDA at training shapes (bf16, 64 rows a product) the operands kept until backward, or across steps and
 // written by the update, train the same bytes as the codes: the losses and norms of three steps, and the exported
-// weights; the log says which ran. Both fused and not (the update in backward, or after it), both scale modes.
+// weights; the log says which ran. Both fused and not (the update in backward, or after it), both scale modes; under
+// --grad-checkpoint also the recompute's operands (recompute) and the first forward's held through the recompute
+// (backward), whose buffers the trainer marks stale after each update (without that the second step's forward
+// would multiply the first step's weights), with an fp32 master and with a bf16 one and int8 moments.
 TEST(RunsCli, GpuKeptWeightOperandsTrainTheSameBytes) {
   QWEN3_GPU_TEST(at::hasCUDA());
-  for (const char* flags : {"", " --fused-optimizer --scale-mode search"}) {
+  struct Case {
+    const char* flags;
+    std::vector<const char*> keeps;
+  };
+  for (const Case& c : {Case{"", {"backward", "always"}}, Case{" --fused-optimizer --scale-mode search", {"backward", "always"}},
+                        Case{" --grad-checkpoint", {"backward", "recompute", "always"}},
+                        Case{" --grad-checkpoint --fused-optimizer --master-dtype bfloat16 --optimizer-state-mode int8",
+                             {"backward", "recompute"}}}) {
     RunSetup s;
-    const std::string base = s.base + " --device cuda --steps 3 --seq-len 32 --batch-size 2 --log-every 1" + flags;
+    const std::string base = s.base + " --device cuda --steps 3 --seq-len 32 --batch-size 2 --log-every 1" + c.flags;
     auto r = run_cli(base + " --keep-weight-operands off --metrics-jsonl " + s.dir.file("a.jsonl") + " --output-dat " +
                      s.dir.file("a.dat"));
     ASSERT_EQ(r.code, 0) << r.err;
     EXPECT_NE((r.out + r.err).find("backward: codes (--keep-weight-operands off)"), std::string::npos) << r.out << r.err;
-    for (const char* keep : {"backward", "always"}) {
+    for (const char* keep : c.keeps) {
       r = run_cli(base + " --keep-weight-operands " + keep + " --metrics-jsonl " + s.dir.file("b.jsonl") +
                   " --output-dat " + s.dir.file("b.dat") + " --overwrite");
       ASSERT_EQ(r.code, 0) << r.err;

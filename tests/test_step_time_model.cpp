@@ -210,6 +210,13 @@ TEST(StepTimeModel, CountsTheBytesTheGpuPathMoves) {
   EXPECT_NEAR(phase(always_plan, "optimizer_step_done").update_bytes -
                   phase(plain, "optimizer_step_done").update_bytes,
               trained * a, 1e3);
+  // Checkpointed with the first forward's operands held through the recompute (backward): the recompute makes
+  // none (master read and operand written: e + a bytes an element less), forward and the update as before.
+  ckpt.keep_weight_operands = KeepWeightOperands::backward;
+  const StepTimePlan held = predict_step_time(c, false, ckpt, h100);
+  EXPECT_NEAR(phase(held, "forward_done").bytes, phase(recomputed, "forward_done").bytes, 1e3);
+  EXPECT_NEAR(backward_ckpt - phase(held, "backward_done").bytes, trained * (e + a), 1e3);
+  EXPECT_NEAR(phase(held, "backward_done").update_bytes, phase(recomputed, "backward_done").update_bytes, 1e3);
   // Checkpointed with the codes kept instead: the recompute writes them and dX dequantizes them.
   ckpt.keep_weight_operands = KeepWeightOperands::off;
   EXPECT_NEAR(phase(predict_step_time(c, false, ckpt, h100), "backward_done").bytes - backward_ckpt,
@@ -225,8 +232,10 @@ TEST(StepTimeModel, CountsTheBytesTheGpuPathMoves) {
 }
 
 // A sparse block's experts on a GPU run as grouped products, which write their codes in the (re)computed forward and
-// dequantize them in backward whatever --keep-weight-operands says: keeping the operands takes from Qwen3-30B-A3B's
-// checkpointed step only the other projections' codes (the recompute's) and dequantization, never the experts'.
+// dequantize them in backward whatever --keep-weight-operands says: keeping the recompute's operands takes from
+// Qwen3-30B-A3B's checkpointed step only the other projections' codes (the recompute's) and dequantization, never
+// the experts'; holding the first forward's through the recompute takes the other projections' operand pass from
+// the recompute too (master read, operand written), never the experts'.
 TEST(StepTimeModel, GroupedExpertsAlwaysMoveTheirCodes) {
   const Qwen3Config c = preset_config("qwen3-30b-a3b");
   double others = 0, experts = 0;
@@ -244,10 +253,15 @@ TEST(StepTimeModel, GroupedExpertsAlwaysMoveTheirCodes) {
   o.keep_weight_operands = KeepWeightOperands::off;
   const DeviceRates h200 = device_rates("h200");
   const double codes_bytes = phase(predict_step_time(c, !c.tie_word_embeddings, o, h200), "backward_done").bytes;
-  o.keep_weight_operands = KeepWeightOperands::backward;
-  const double kept_bytes = phase(predict_step_time(c, !c.tie_word_embeddings, o, h200), "backward_done").bytes;
-  const double code = 9.0 / 16, a = 2;
+  o.keep_weight_operands = KeepWeightOperands::recompute;
+  const StepTimePlan kept = predict_step_time(c, !c.tie_word_embeddings, o, h200);
+  const double kept_bytes = phase(kept, "backward_done").bytes;
+  const double code = 9.0 / 16, a = 2, e = 2;  // a bf16 master
   EXPECT_NEAR(codes_bytes - kept_bytes, others * (code + code + a), 1e3);
+  o.keep_weight_operands = KeepWeightOperands::backward;
+  const StepTimePlan held = predict_step_time(c, !c.tie_word_embeddings, o, h200);
+  EXPECT_NEAR(kept_bytes - phase(held, "backward_done").bytes, others * (e + a), 1e3);
+  EXPECT_EQ(phase(held, "forward_done").bytes, phase(kept, "forward_done").bytes);
 }
 
 // The rates the GPU rounds measured (H200): products at 60% of the bf16 peak, the update at 85% of the

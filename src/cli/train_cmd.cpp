@@ -465,10 +465,12 @@ CLI::Option_group* add_train_flags(CLI::App* sub, const std::shared_ptr<TrainFla
   run->add_option("--keep-weight-operands", f->keep_weight_operands,
                   "CUDA: what each trained projection holds for backward (the same bytes trained): off its NVFP4 "
                   "codes (dequantized in backward); backward its bf16 product operand from forward (2 bytes an "
-                  "element instead of 0.5625, no dequantization); always that operand across steps, written by the "
-                  "update (forward makes none); auto: backward under --grad-checkpoint, else where the memory model "
-                  "says the step fits (docs/trainer.md)")
-      ->check(CLI::IsMember({"auto", "off", "backward", "always"}))
+                  "element instead of 0.5625, no dequantization; under --grad-checkpoint the first forward's, which "
+                  "the recompute multiplies too); recompute (--grad-checkpoint) the operand each block's recompute "
+                  "makes, one block at a time; always the operand across steps, written by the update (forward "
+                  "makes none); auto: backward where the memory model says the step fits, else recompute under "
+                  "--grad-checkpoint and off without it (docs/trainer.md)")
+      ->check(CLI::IsMember({"auto", "off", "backward", "recompute", "always"}))
       ->capture_default_str();
   return run;
 }

@@ -63,9 +63,7 @@ StepPrediction predict(const TrainOptions& options, const Qwen3Config& config, c
   const bool separate_head = !config.tie_word_embeddings;
   TrainOptions o = options;
   const WeightOperandsChoice operands = choose_weight_operands(options, config, device, dense_file);
-  o.keep_weight_operands = operands.persistent ? KeepWeightOperands::always
-                           : operands.keep     ? KeepWeightOperands::backward
-                                               : KeepWeightOperands::off;
+  o.keep_weight_operands = operands.as_option(o.grad_checkpoint);
   StepPrediction p;
   p.memory = predict_step_memory(config, separate_head, o, device, dense_file, device.is_cuda() || build_uses_sdpa());
   p.rates = device_rates(!o.predict_device.empty() ? o.predict_device : default_rates_name(device));
@@ -79,21 +77,38 @@ uint64_t device_memory_bytes(const c10::Device& device, const std::string& predi
   return static_cast<uint64_t>(rates.memory_gb * 1e9);
 }
 
+KeepWeightOperands WeightOperandsChoice::as_option(bool grad_checkpoint) const {
+  if (written_by_update) return KeepWeightOperands::always;
+  if (!keep) return KeepWeightOperands::off;
+  if (grad_checkpoint) return persistent ? KeepWeightOperands::backward : KeepWeightOperands::recompute;
+  return KeepWeightOperands::backward;
+}
+
 WeightOperandsChoice choose_weight_operands(const TrainOptions& o, const Qwen3Config& config,
                                             const c10::Device& device, DenseFileType dense_file) {
-  if (o.keep_weight_operands == KeepWeightOperands::off) return {false, false, "codes (--keep-weight-operands off)"};
-  if (!device.is_cuda()) return {false, false, "codes (a CPU has one path: the codes, dequantized for each product)"};
+  const auto codes = [](std::string why) { return WeightOperandsChoice{false, false, false, std::move(why)}; };
+  // Under --grad-checkpoint held from the first forward through the recompute (a buffer each for the run);
+  // without it from each forward to its backward.
+  const auto from_forward = [&](std::string why) {
+    return WeightOperandsChoice{true, o.grad_checkpoint, false, std::move(why)};
+  };
+  const auto from_recompute = [](std::string why) { return WeightOperandsChoice{true, false, false, std::move(why)}; };
+  if (o.keep_weight_operands == KeepWeightOperands::off) return codes("codes (--keep-weight-operands off)");
+  if (!device.is_cuda()) return codes("codes (a CPU has one path: the codes, dequantized for each product)");
   if (!weight_operands_made(o, device))
-    return {false, false,
-            fmt::format("codes (no bf16 operand is made to keep: that takes bf16 compute and {} tokens a "
-                        "micro-batch, below which the NVFP4 kernel reads the codes)",
-                        nvfp4::kNvfp4KernelMaxRows)};
+    return codes(fmt::format("codes (no bf16 operand is made to keep: that takes bf16 compute and {} tokens a "
+                             "micro-batch, below which the NVFP4 kernel reads the codes)",
+                             nvfp4::kNvfp4KernelMaxRows));
   if (o.keep_weight_operands == KeepWeightOperands::always)
-    return {true, true, "kept across steps, written by the update (--keep-weight-operands always)"};
+    return {true, true, true, "kept across steps, written by the update (--keep-weight-operands always)"};
+  const std::string held = o.grad_checkpoint ? "kept from the first forward through the recompute to backward"
+                                             : "kept until backward";
   if (o.keep_weight_operands == KeepWeightOperands::backward)
-    return {true, false, "kept until backward (--keep-weight-operands backward)"};
-  if (o.grad_checkpoint) return {true, false, "kept until backward (--grad-checkpoint: one block's projections at a time)"};
-  // The step with every trained projection's operand held from its forward to its backward, against the device.
+    return from_forward(held + " (--keep-weight-operands backward)");
+  const std::string recompute = "kept from each block's recompute until its backward";
+  if (o.keep_weight_operands == KeepWeightOperands::recompute)
+    return from_recompute(recompute + " (--keep-weight-operands recompute)");
+  // auto: the step with every trained projection's operand held from the forward that makes it, against the device.
   TrainOptions kept = o;
   kept.keep_weight_operands = KeepWeightOperands::backward;
   const uint64_t peak = predict_step_memory(config, !config.tie_word_embeddings, kept, device, dense_file,
@@ -101,11 +116,11 @@ WeightOperandsChoice choose_weight_operands(const TrainOptions& o, const Qwen3Co
   const uint64_t memory = device_memory_bytes(device, o.predict_device);
   const bool fits = static_cast<double>(peak) <= kWeightOperandsMemoryShare * static_cast<double>(memory);
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-  return {fits, false,
-          fmt::format("{} (auto: the memory model's peak with them {:.1f} GiB, {} {:.0f}% of the device's "
-                      "{:.1f} GiB)",
-                      fits ? "kept until backward" : "codes", peak / kGiB, fits ? "within" : "above",
-                      100 * kWeightOperandsMemoryShare, memory / kGiB)};
+  const std::string because = fmt::format(
+      " (auto: the memory model's peak with them {:.1f} GiB, {} {:.0f}% of the device's {:.1f} GiB)", peak / kGiB,
+      fits ? "within" : "above", 100 * kWeightOperandsMemoryShare, memory / kGiB);
+  if (fits) return from_forward(held + because);
+  return o.grad_checkpoint ? from_recompute(recompute + because) : codes("codes" + because);
 }
 
 bool weight_operands_made(const TrainOptions& o, const c10::Device& device) {

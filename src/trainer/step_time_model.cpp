@@ -193,14 +193,17 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
   // its operand from the (re)computed forward (--keep-weight-operands, as predict() decides it; ste_linear's
   // keep_operand).
   const bool kept_operand = one_pass_operand && train_detail::keeps_weight_operands(o);
-  // --keep-weight-operands always: the operand is the update's (a bytes an element written beside the master,
-  // counted with the update below), so forward and the recompute make none: cuBLAS reads it.
-  const bool persistent_operand = kept_operand && train_detail::weight_operands_persist(o);
+  // Operands in buffers of their own for the run: under --grad-checkpoint with backward the first forward makes
+  // each (e + a) and the recompute none; with always the operand is the update's (a bytes an element written
+  // beside the master, counted with the update below), so forward and the recompute make none: cuBLAS reads it.
+  const bool held_operand = kept_operand && train_detail::weight_operands_persist(o);
+  const bool update_operand = held_operand && train_detail::weight_operands_written_by_update(o);
   const double frozen_forward_per = kernel_product ? kCodeBytes : (gpu ? kCodeBytes + a : kCodeBytes + 4 + a);
-  const double trained_forward_per = kernel_product       ? e + kCodeBytes + kCodeBytes
-                                     : persistent_operand ? 0
+  const double trained_forward_per = kernel_product     ? e + kCodeBytes + kCodeBytes
+                                     : update_operand   ? 0
                                      : one_pass_operand ? e + a + (o.grad_checkpoint || kept_operand ? 0 : kCodeBytes)
                                                         : e + kCodeBytes + kCodeBytes + 4 + a;
+  const double trained_recompute_per = held_operand ? 0 : trained_forward_per;
   const double dequantize_per = gpu ? kCodeBytes + a : kCodeBytes + 4 + a;
 
   PhaseTime forward{"forward_done"}, backward{"backward_done"}, optimizer{"optimizer_step_done"};
@@ -216,6 +219,7 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
     const double experts = grouped_experts ? trained_experts[l] : 0, others = trained_projections[l] - experts;
     const double block_forward_bytes = frozen * frozen_forward_per + others * trained_forward_per +
                                        experts * expert_forward_per(!o.grad_checkpoint) + activation_bytes(l);
+    const double block_recompute_bytes = block_forward_bytes - others * (trained_forward_per - trained_recompute_per);
     forward.flops += block_forward_flops;
     forward.bytes += block_forward_bytes;
     if (l < first_graph_block) continue;  // no graph, no backward
@@ -223,10 +227,11 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
     // dX's operands, then dW written in the master's dtype.
     backward.bytes += frozen * dequantize_per + others * ((kept_operand ? 0 : dequantize_per) + e) +
                       experts * (dequantize_per + e) + activation_backward_bytes(l, others > 0);
-    // The recompute: the block's forward again, whose one-pass operands write the codes where dX reads them.
+    // The recompute: the block's forward again, whose one-pass operands write the codes where dX reads them (and
+    // which makes no operand held from the first forward).
     if (o.grad_checkpoint)
       backward.flops += block_forward_flops,
-          backward.bytes += block_forward_bytes + (one_pass_operand && !kept_operand ? others * kCodeBytes : 0) +
+          backward.bytes += block_recompute_bytes + (one_pass_operand && !kept_operand ? others * kCodeBytes : 0) +
                             experts * kCodeBytes;
   }
   // The sliced loss: the head's product in forward; in backward the logits again, dX and (if it trains) dW.
@@ -264,7 +269,7 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
   // --keep-weight-operands always: the update writes each trained projection's operand (plain moments only:
   // the same state bytes an element as the block's others).
   double operand_elements = 0;
-  if (persistent_operand)
+  if (update_operand)
     for (int64_t l = 0; l < s.layers; ++l) operand_elements += trained_projections[l] - trained_experts[l];
   const double operand_update_bytes =
       operand_elements > 0

@@ -21,9 +21,11 @@ TrainModel setup_model(const TrainOptions& o, const Qwen3Config& config, const D
   model.set_compute_dtype(compute_scalar_type(o, device));
   t.set = select_trainable(model, o);
   // Each trained product's bf16 operand held for its dX instead of its codes, which saves their dequantization in
-  // backward, or kept across steps: made by the first forward, then written by the update that steps the weight
-  // (the optimizer gets the buffers; choose_weight_operands, docs/trainer.md).
+  // backward, or in buffers for the run: made by the first forward, then written by the update that steps the
+  // weight (always: the optimizer gets the buffers) or made again by each step's first forward and multiplied by
+  // the recompute too (backward under --grad-checkpoint; choose_weight_operands, docs/trainer.md).
   if (operands.persistent) t.persistent_operands = make_persistent_operands(model);
+  t.operands_remade_each_step = operands.persistent && !operands.written_by_update;
   use_nvfp4_projections(model, o.scale_mode, o.frozen_projections_as_codes, t.frozen_code_products, operands.keep,
                         t.persistent_operands);
   t.runner = std::make_unique<TrainingBlockRunner>(o.grad_checkpoint);
@@ -35,6 +37,9 @@ void check_weight_operands(const TrainOptions& o, const c10::Device& device, int
   const KeepWeightOperands keep = o.keep_weight_operands;
   if (keep == KeepWeightOperands::auto_select || keep == KeepWeightOperands::off) return;
   const std::string flag = std::string("train: --keep-weight-operands ") + to_string(keep);
+  if (keep == KeepWeightOperands::recompute && !o.grad_checkpoint)
+    throw UsageError(flag + " holds the operands each block's recompute makes: it needs --grad-checkpoint (without "
+                     "it, backward holds forward's)");
   if (!device.is_cuda())
     throw UsageError(flag + " holds the CUDA quantize pass's bf16 operands: it needs --device cuda (a CPU has one "
                      "path: the codes)");
@@ -54,7 +59,7 @@ void check_weight_operands(const TrainOptions& o, const c10::Device& device, int
 
 void hand_operands_to_update(const TrainModel& t, nvfp4::ScaleMode mode, const c10::Device& device,
                              std::vector<OptimParam>& params) {
-  if (!t.persistent_operands) return;
+  if (!t.persistent_operands || t.operands_remade_each_step) return;
   size_t handed = 0;
   for (OptimParam& p : params)
     if (const nvfp4::PersistentOperand* kept = t.persistent_operands->find(p.param)) {

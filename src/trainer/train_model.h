@@ -26,7 +26,10 @@ struct TrainModel {
   TrainableSet set;
   std::unique_ptr<TrainingBlockRunner> runner;  // activation checkpointing and the in-backward update
   std::shared_ptr<int64_t> frozen_code_products = std::make_shared<int64_t>(0);  // TrainSummary's diagnostic
-  std::shared_ptr<PersistentOperands> persistent_operands;  // --keep-weight-operands always
+  // --keep-weight-operands always, or backward under --grad-checkpoint (then remade by each step's first forward:
+  // the trainer marks them stale after each update, remade_each_step).
+  std::shared_ptr<PersistentOperands> persistent_operands;
+  bool operands_remade_each_step = false;
   TrainModel() = default;
   TrainModel(TrainModel&&) = default;
   TrainModel& operator=(TrainModel&&) = default;
@@ -40,13 +43,15 @@ struct TrainModel {
 TrainModel setup_model(const TrainOptions& o, const Qwen3Config& config, const DatReader& reader,
                        const c10::Device& device, const WeightOperandsChoice& operands);
 
-// --keep-weight-operands other than auto and off asks for an operand this run must make, and always for an update
-// that writes it: a UsageError where it would change nothing or could not be kept current.
+// --keep-weight-operands other than auto and off asks for an operand this run must make, recompute for
+// --grad-checkpoint, and always for an update that writes it: a UsageError where it would change nothing or could
+// not be kept current.
 void check_weight_operands(const TrainOptions& o, const c10::Device& device, int world_size, const Qwen3Config& config);
 
-// With operands kept across steps: each of `params` that has one gets its buffer, the scale mode and the
-// non-finite flag, so the update writes it. Every kept operand must find its parameter (an Error otherwise: one
-// the update does not write would go stale without its weight's version moving).
+// With operands kept across steps and written by the update (always): each of `params` that has one gets its
+// buffer, the scale mode and the non-finite flag, so the update writes it. Every kept operand must find its
+// parameter (an Error otherwise: one the update does not write would go stale without its weight's version
+// moving).
 void hand_operands_to_update(const TrainModel& t, nvfp4::ScaleMode mode, const c10::Device& device,
                              std::vector<OptimParam>& params);
 

@@ -40,6 +40,7 @@ const char* to_string(KeepWeightOperands keep) {
     case KeepWeightOperands::auto_select: return "auto";
     case KeepWeightOperands::off: return "off";
     case KeepWeightOperands::backward: return "backward";
+    case KeepWeightOperands::recompute: return "recompute";
     case KeepWeightOperands::always: return "always";
   }
   return "?";
@@ -47,7 +48,8 @@ const char* to_string(KeepWeightOperands keep) {
 
 KeepWeightOperands parse_keep_weight_operands(const std::string& name) {
   const KeepWeightOperands all[] = {KeepWeightOperands::auto_select, KeepWeightOperands::off,
-                                    KeepWeightOperands::backward, KeepWeightOperands::always};
+                                    KeepWeightOperands::backward, KeepWeightOperands::recompute,
+                                    KeepWeightOperands::always};
   return enum_from_name(name, all, "--keep-weight-operands");
 }
 
@@ -284,11 +286,20 @@ nvfp4::PersistentOperand* PersistentOperands::find(const at::Tensor& weight) {
   return nullptr;
 }
 
+void PersistentOperands::mark_stale() {
+  for (nvfp4::PersistentOperand& e : entries) e.version = -1;
+}
+
 std::shared_ptr<PersistentOperands> make_persistent_operands(Qwen3Model& model) {
   auto kept = std::make_shared<PersistentOperands>();
-  for (Projection* p : model.projections())
-    if (p->weight.defined() && p->weight.requires_grad())
-      kept->entries.push_back({p->weight, at::empty(p->weight.sizes(), p->weight.options().dtype(at::kBFloat16)), -1});
+  for (Qwen3Block& block : model.blocks) {
+    std::vector<Projection*> projections = {&block.q_proj, &block.k_proj, &block.v_proj, &block.o_proj};
+    if (!block.sparse()) projections.insert(projections.end(), {&block.gate_proj, &block.up_proj, &block.down_proj});
+    for (Projection* p : projections)
+      if (p->weight.defined() && p->weight.requires_grad())
+        kept->entries.push_back(
+            {p->weight, at::empty(p->weight.sizes(), p->weight.options().dtype(at::kBFloat16)), -1});
+  }
   return kept;
 }
 

@@ -28,14 +28,19 @@ TrainableSet select_trainable(Qwen3Model& model, const TrainOptions& opt);
 // projections keep their bf16 product operand for backward instead of their codes where the CUDA pass makes
 // one (nvfp4::ste_linear; the trainer's choice: choose_weight_operands); with `persistent`, those of its entries
 // across steps instead. Call after select_trainable, which decides what is frozen.
-// --keep-weight-operands always: each trained projection's bf16 operand kept across steps (nvfp4_linear.h's
-// PersistentOperand), made by the first forward and then written by the CUDA update that steps the weight
-// (OptimParam::operand). Built once, after select_trainable, before the optimizer: entries never move.
+// Each trained projection's bf16 operand in a buffer of its own for the whole run (nvfp4_linear.h's
+// PersistentOperand). --keep-weight-operands always: made by the first forward, then written by the CUDA update
+// that steps the weight (OptimParam::operand). backward under --grad-checkpoint: made by each step's first
+// forward, multiplied again by the recompute and by backward's dX, and marked stale once the step has updated the
+// weights (mark_stale: the updates are raw writes, which leave the weights' autograd versions alone). Built once,
+// after select_trainable, before the optimizer: entries never move.
 struct PersistentOperands {
   std::vector<nvfp4::PersistentOperand> entries;
   nvfp4::PersistentOperand* find(const at::Tensor& weight);
+  void mark_stale();  // every entry made again by the next forward that multiplies it
 };
-// An operand buffer for every trained projection of the model (its weight's shape, bf16, on its device).
+// An operand buffer for every trained projection of the model (its weight's shape, bf16, on its device), a sparse
+// block's experts excepted: they run as grouped products, which make their own.
 std::shared_ptr<PersistentOperands> make_persistent_operands(Qwen3Model& model);
 
 void use_nvfp4_projections(Qwen3Model& model, nvfp4::ScaleMode mode, bool frozen_as_codes,
@@ -43,14 +48,21 @@ void use_nvfp4_projections(Qwen3Model& model, nvfp4::ScaleMode mode, bool frozen
                            std::shared_ptr<PersistentOperands> persistent = nullptr);
 
 // --keep-weight-operands as the models and the trainer read it, auto not yet decided by choose_weight_operands
-// (memory_model.h) counting as kept under --grad-checkpoint only: whether dX reads the operand (kept to backward,
-// or across steps), and whether it is kept across steps (written by the update; forward makes none).
+// (memory_model.h) counting as recompute under --grad-checkpoint and off without it: whether dX reads the operand;
+// whether the operands are held in buffers of their own for the whole run (PersistentOperands: always, and
+// backward under --grad-checkpoint, where the first forward makes each one and the recompute and backward
+// multiply it); and whether the update writes them (always: forward makes none).
 inline bool keeps_weight_operands(const TrainOptions& o) {
   return o.keep_weight_operands == KeepWeightOperands::backward ||
+         o.keep_weight_operands == KeepWeightOperands::recompute ||
          o.keep_weight_operands == KeepWeightOperands::always ||
          (o.keep_weight_operands == KeepWeightOperands::auto_select && o.grad_checkpoint);
 }
 inline bool weight_operands_persist(const TrainOptions& o) {
+  return o.keep_weight_operands == KeepWeightOperands::always ||
+         (o.keep_weight_operands == KeepWeightOperands::backward && o.grad_checkpoint);
+}
+inline bool weight_operands_written_by_update(const TrainOptions& o) {
   return o.keep_weight_operands == KeepWeightOperands::always;
 }
 

@@ -115,7 +115,10 @@ class Trainer {
     check_weight_operands(o, device_, dp_.world_size(), config_);
     const WeightOperandsChoice operands = choose_weight_operands(per_rank, config_, device_, dense);
     if (device_.is_cuda()) spdlog::info("trained projections' product operands for backward: {}", operands.why);
-    run_["weight_operands"] = operands.persistent ? "kept across steps" : operands.keep ? "kept" : "codes";
+    run_["weight_operands"] = operands.written_by_update ? "kept across steps"
+                              : operands.persistent      ? "kept through the recompute"
+                              : operands.keep            ? "kept"
+                                                         : "codes";
     model_ = setup_model(o, config_, *reader_, device_, operands);
     set_up_mfu(o);
     if (report_) {
@@ -299,6 +302,9 @@ class Trainer {
     mark("batch_ready");
     const double lr = schedule_.at(step_);
     const StepOutcome out = update_->forward_backward_update(*model_.model, batches, step_loss_tokens, lr, mark);
+    // Operands made by this step's first forward describe the weights before its update (a raw write that leaves
+    // their versions alone): the next forward makes them again, whether or not the step was applied.
+    if (model_.operands_remade_each_step) model_.persistent_operands->mark_stale();
     mark("optimizer_step_done");
     if (profiler) profiler->finish(step_ + 1);
     if (first_step && report_) {

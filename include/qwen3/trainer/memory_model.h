@@ -68,16 +68,21 @@ struct StepPrediction {
 StepPrediction predict(const TrainOptions& options, const Qwen3Config& config, const c10::Device& device,
                        DenseFileType dense_file = {});
 
-// --keep-weight-operands for a run: on and off as given; auto keeps the operands under --grad-checkpoint (one
-// block's projections at a time, 2 bytes an element where their codes take 0.5625), and without it on CUDA where
-// the memory model's peak with every trained projection's operand held through backward stays within
-// kWeightOperandsMemoryShare of the device's memory (the device's own figure; with no device to read,
-// --predict-device's table entry); on a CPU nothing is kept (one path). `why` is the log's line. The choice
-// changes what is held, never a byte of the step (docs/trainer.md).
+// --keep-weight-operands for a run: as given, except auto, which takes backward (every trained projection's
+// operand held from the forward that makes it to its backward, 2 bytes an element where the codes take 0.5625;
+// under --grad-checkpoint that forward is the first one, and the recompute multiplies the same operand) where the
+// memory model's peak with it stays within kWeightOperandsMemoryShare of the device's memory (the device's own
+// figure; with no device to read, --predict-device's table entry), and otherwise under --grad-checkpoint
+// recompute (each block's recompute makes its operands, held one block at a time) and without it off. A CPU keeps
+// nothing (one path). `why` is the log's line. The choice changes what is held and moved, never a byte of the step
+// (docs/trainer.md).
 struct WeightOperandsChoice {
-  bool keep = false;        // dX reads the operand, not the codes
-  bool persistent = false;  // kept across steps (always: never chosen by auto until measured)
+  bool keep = false;               // dX reads the operand, not the codes
+  bool persistent = false;         // in buffers for the whole run (always; backward under --grad-checkpoint)
+  bool written_by_update = false;  // always (never chosen by auto until measured): forward makes none
   std::string why;
+  // The option that names this choice under the run's --grad-checkpoint (what the models read).
+  KeepWeightOperands as_option(bool grad_checkpoint) const;
 };
 // Whether the step makes a bf16 operand at all: CUDA, bf16 compute, kNvfp4KernelMaxRows tokens a micro-batch.
 bool weight_operands_made(const TrainOptions& o, const c10::Device& device);

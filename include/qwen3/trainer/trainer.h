@@ -20,7 +20,8 @@ namespace qwen3 {
 enum class MasterDtype { float32, bfloat16 };          // --master-dtype
 enum class ComputeDtype { auto_select, float32, bfloat16 };  // --compute-dtype auto|float32|bfloat16
 enum class LossKind { cross_entropy, scalar_l1 };      // --loss ce|scalar
-enum class KeepWeightOperands { auto_select, off, backward, always };  // --keep-weight-operands auto|off|backward|always
+// --keep-weight-operands auto|off|backward|recompute|always
+enum class KeepWeightOperands { auto_select, off, backward, recompute, always };
 const char* to_string(MasterDtype dtype);
 const char* to_string(ComputeDtype dtype);
 const char* to_string(LossKind kind);
@@ -60,9 +61,11 @@ struct TrainOptions {
   // Each trained projection's bf16 product operand deq(Q(W)) on CUDA at training shapes (the same bytes trained
   // whatever is chosen; docs/trainer.md, "Weight operands"): off holds its NVFP4 codes for backward, which
   // dequantizes them; backward holds the operand forward made until its backward's dX (2 bytes an element where
-  // the codes take 0.5625); always keeps it across steps, written by the update that steps the weight, so forward
-  // makes none. auto: backward under --grad-checkpoint, and without it where the memory model says the step still
-  // fits (choose_weight_operands, memory_model.h).
+  // the codes take 0.5625; under --grad-checkpoint the first forward's, which the recompute multiplies too);
+  // recompute (--grad-checkpoint only) holds the operand each block's recompute makes, one block at a time;
+  // always keeps it across steps, written by the update that steps the weight, so forward makes none. auto: where
+  // the memory model says the step still fits, backward, else under --grad-checkpoint recompute and without it off
+  // (choose_weight_operands, memory_model.h).
   KeepWeightOperands keep_weight_operands = KeepWeightOperands::auto_select;
   // Micro-batches per optimizer step; the loss is the mean over all their loss tokens (not with fused_optimizer).
   int64_t grad_accum_steps = 1;

@@ -9,6 +9,7 @@
 #include "fused_ops.cuh"
 #include "fused_rows.cuh"
 #include "qwen3_kernels.h"
+#include "rmsnorm_wide_rows.cuh"
 #include "vector_access.cuh"
 
 namespace qwen3::kernels {
@@ -297,6 +298,14 @@ int launch_rmsnorm_forward(const void* x, KernelDType x_type, const void* w, Ker
   const auto s = static_cast<cudaStream_t>(stream);
   const bool bx = x_type == KernelDType::bf16, bw = w_type == KernelDType::bf16;
   const int v = cols % kVec == 0 && aligned<kVec>(x, x_type) && aligned<kVec>(y, x_type) && aligned<kVec>(w, w_type);
+  if (takes_wide_rows(cols, v)) {  // a CTA a row (rmsnorm_wide_rows.cuh)
+    const int grid = wide_rows_grid(rows);
+    if (bx && bw) rmsnorm_forward_wide_kernel<true, true><<<grid, kWideThreads, 0, s>>>(x, w, rows, cols, eps, y, rstd);
+    else if (bx) rmsnorm_forward_wide_kernel<true, false><<<grid, kWideThreads, 0, s>>>(x, w, rows, cols, eps, y, rstd);
+    else if (bw) rmsnorm_forward_wide_kernel<false, true><<<grid, kWideThreads, 0, s>>>(x, w, rows, cols, eps, y, rstd);
+    else rmsnorm_forward_wide_kernel<false, false><<<grid, kWideThreads, 0, s>>>(x, w, rows, cols, eps, y, rstd);
+    return static_cast<int>(cudaGetLastError());
+  }
   const int lanes = rmsnorm_row_lanes(cols, v);
   const int grid = rmsnorm_grid(rows, lanes);
   if (bx && bw) rmsnorm_forward_kernel<true, true><<<grid, kThreads, 0, s>>>(x, w, rows, cols, eps, y, rstd, v, lanes);
@@ -338,10 +347,21 @@ int launch_rmsnorm_backward(const void* dy, const void* x, KernelDType x_type, c
                   aligned<kVec>(dx, x_type) && aligned<kVec>(w, w_type) && (!dx_add || aligned<kVec>(dx_add, x_type));
     const int lanes = rmsnorm_row_lanes(cols, v);
     const int grid = rmsnorm_grid(rows, lanes);
-    if (bx && bw) rmsnorm_dx_kernel<true, true><<<grid, kThreads, 0, s>>>(dy, x, w, rstd, rows, cols, dx, dx_add, v, lanes);
-    else if (bx) rmsnorm_dx_kernel<true, false><<<grid, kThreads, 0, s>>>(dy, x, w, rstd, rows, cols, dx, dx_add, v, lanes);
-    else if (bw) rmsnorm_dx_kernel<false, true><<<grid, kThreads, 0, s>>>(dy, x, w, rstd, rows, cols, dx, dx_add, v, lanes);
-    else rmsnorm_dx_kernel<false, false><<<grid, kThreads, 0, s>>>(dy, x, w, rstd, rows, cols, dx, dx_add, v, lanes);
+    const int wide_grid = wide_rows_grid(rows);
+    if (takes_wide_rows(cols, v)) {  // a CTA a row (rmsnorm_wide_rows.cuh)
+      if (bx && bw) rmsnorm_dx_wide_kernel<true, true><<<wide_grid, kWideThreads, 0, s>>>(dy, x, w, rstd, rows, cols, dx, dx_add);
+      else if (bx) rmsnorm_dx_wide_kernel<true, false><<<wide_grid, kWideThreads, 0, s>>>(dy, x, w, rstd, rows, cols, dx, dx_add);
+      else if (bw) rmsnorm_dx_wide_kernel<false, true><<<wide_grid, kWideThreads, 0, s>>>(dy, x, w, rstd, rows, cols, dx, dx_add);
+      else rmsnorm_dx_wide_kernel<false, false><<<wide_grid, kWideThreads, 0, s>>>(dy, x, w, rstd, rows, cols, dx, dx_add);
+    } else if (bx && bw) {
+      rmsnorm_dx_kernel<true, true><<<grid, kThreads, 0, s>>>(dy, x, w, rstd, rows, cols, dx, dx_add, v, lanes);
+    } else if (bx) {
+      rmsnorm_dx_kernel<true, false><<<grid, kThreads, 0, s>>>(dy, x, w, rstd, rows, cols, dx, dx_add, v, lanes);
+    } else if (bw) {
+      rmsnorm_dx_kernel<false, true><<<grid, kThreads, 0, s>>>(dy, x, w, rstd, rows, cols, dx, dx_add, v, lanes);
+    } else {
+      rmsnorm_dx_kernel<false, false><<<grid, kThreads, 0, s>>>(dy, x, w, rstd, rows, cols, dx, dx_add, v, lanes);
+    }
   }
   const int64_t per_chunk = rmsnorm_rows_per_chunk(rows);
   const int64_t chunks = rmsnorm_backward_workspace_floats(rows, cols) / cols;

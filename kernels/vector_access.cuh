@@ -27,13 +27,25 @@ inline bool aligned_for(const void* p) {
 }
 
 template <bool kBf16, int K>
-__device__ __forceinline__ void load(const void* p, int64_t i, float (&out)[K]) {
-  using P = Piece<kPieceBytes<kBf16, K>>;
-  const P piece = *reinterpret_cast<const P*>(static_cast<const char*>(p) + i * (kBf16 ? 2 : 4));
+using PieceOf = Piece<kPieceBytes<kBf16, K>>;
+
+// The K elements from element i as their stored bytes (what a kernel keeps in registers between two passes over
+// them: half the registers of their floats in bf16), and those bytes as floats.
+template <bool kBf16, int K>
+__device__ __forceinline__ PieceOf<kBf16, K> load_piece(const void* p, int64_t i) {
+  return *reinterpret_cast<const PieceOf<kBf16, K>*>(static_cast<const char*>(p) + i * (kBf16 ? 2 : 4));
+}
+template <bool kBf16, int K>
+__device__ __forceinline__ void unpack(const PieceOf<kBf16, K>& piece, float (&out)[K]) {
 #pragma unroll
   for (int k = 0; k < K; ++k)
     out[k] = kBf16 ? fused::bf16_to_float(static_cast<uint16_t>(piece.words[k / 2] >> (16 * (k % 2))))
                    : __uint_as_float(piece.words[k]);
+}
+
+template <bool kBf16, int K>
+__device__ __forceinline__ void load(const void* p, int64_t i, float (&out)[K]) {
+  unpack<kBf16, K>(load_piece<kBf16, K>(p, i), out);
 }
 
 // Stores round to bf16 as fused::store does (nearest even).

@@ -118,8 +118,10 @@ TEST(GpuFusedKernels, SwigluFollowsTheHostRule) {
   }
 }
 
-// cols 2560: 8 elements a lane and column pairs in dw; 132 (the vector paths need cols % 8 == 0): an element a
-// lane, pairs in dw; 131: no pairs either; 65,536 rows of 128: a q-norm's shape (2,048 tokens x 32 heads), two
+// cols 2560: a CTA a row (rmsnorm_wide_rows.cuh), 2 or 3 pieces of 8 a thread, and column pairs in dw; 5120: the
+// widest such rows, 5 pieces each thread; 1032: 129 pieces, the first thread's second one alone; 6144: too wide for
+// them, a warp a row, 24 elements a lane; 132 (the vector paths need cols % 8 == 0): an element a lane, pairs in dw;
+// 131: no pairs either; 65,536 rows of 128: a q-norm's shape (2,048 tokens x 32 heads), two
 // rows a warp, 2,048 chunks of partials in runs of 64 (8,192 rows, runs of 8, under the sanitizers); 517 rows of
 // 64: four rows a warp, the last warp's rows partly past the end.
 struct NormShape {
@@ -208,15 +210,17 @@ TEST_P(GpuRmsNormKernels, FollowTheHostRule) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Widths, GpuRmsNormKernels,
-                         ::testing::Values(NormShape{517, 2560}, NormShape{517, 132}, NormShape{517, 131},
+                         ::testing::Values(NormShape{517, 2560}, NormShape{300, 5120}, NormShape{300, 1032},
+                                           NormShape{300, 6144}, NormShape{517, 132}, NormShape{517, 131},
                                            NormShape{65536, 128}, NormShape{517, 64}));
 
 // RMSNorm's backward adding the residual stream's gradient (dx_add) gives the bytes of dx, rounded, plus that
-// gradient, rounded: what autograd's separate sum gave. bf16 and fp32, on the vector path (2560) and off it (131).
+// gradient, rounded: what autograd's separate sum gave. bf16 and fp32, on the vector paths (2560: a CTA a row; 6144:
+// a warp a row) and off them (131).
 TEST(GpuFusedKernels, RmsNormBackwardAddsTheStreamsGradientAsAutogradDid) {
   QWEN3_REQUIRE_GPU();
   for (const bool bf16 : {true, false})
-    for (const int64_t cols : {int64_t{2560}, int64_t{131}}) {
+    for (const int64_t cols : {int64_t{2560}, int64_t{6144}, int64_t{131}}) {
       const int64_t rows = 97, n = rows * cols;
       const size_t es = bf16 ? 2 : 4;
       const KernelDType t = bf16 ? KernelDType::bf16 : KernelDType::f32;

@@ -597,6 +597,16 @@ TEST(MemoryModel, AutoKeepsWeightOperandsWhereTheStepStillFits) {
   EXPECT_NE(recomputed.why.find("each block's recompute"), std::string::npos) << recomputed.why;
   EXPECT_NE(recomputed.why.find("above 90%"), std::string::npos) << recomputed.why;
   EXPECT_EQ(recomputed.as_option(true), KeepWeightOperands::recompute);
+  EXPECT_TRUE(recomputed.warning.empty()) << recomputed.warning;
+  // Asked for where auto would not hold them: held, with a warning for the log.
+  TrainOptions asked = o;
+  asked.keep_weight_operands = KeepWeightOperands::backward;
+  const WeightOperandsChoice held_anyway = choose_weight_operands(asked, config, cuda);
+  EXPECT_TRUE(held_anyway.persistent) << held_anyway.why;
+  EXPECT_NE(held_anyway.warning.find("--keep-weight-operands backward: the memory model's peak"), std::string::npos)
+      << held_anyway.warning;
+  EXPECT_NE(held_anyway.warning.find("above 90%"), std::string::npos) << held_anyway.warning;
+  EXPECT_TRUE(held.warning.empty()) << held.warning;
   TrainOptions codes = o;
   codes.keep_weight_operands = KeepWeightOperands::off;
   EXPECT_EQ(predict(o, config, cuda).memory.weights, predict(codes, config, cuda).memory.weights);

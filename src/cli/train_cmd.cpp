@@ -568,9 +568,11 @@ Command add_vram_report_command(CLI::App& app) {
               const bool on_cpu = o.predict_device.empty() ? !c10::Device(o.device).is_cuda() : o.predict_device == "cpu";
               const c10::Device device = on_cpu ? c10::Device(c10::kCPU) : c10::Device(c10::kCUDA, 0);
               const StepPrediction prediction = predict(o, config, device);
-              if (device.is_cuda())
-                fmt::print("trained projections' product operands for backward: {}\n",
-                           choose_weight_operands(o, config, device).why);
+              if (device.is_cuda()) {
+                const WeightOperandsChoice operands = choose_weight_operands(o, config, device);
+                fmt::print("trained projections' product operands for backward: {}\n", operands.why);
+                if (!operands.warning.empty()) fmt::print("warning: {}\n", operands.warning);
+              }
               print_memory_plan(prediction.memory, device);
               print_time_plan(prediction.time, prediction.rates,
                               update_elements_per_s(prediction.rates, o.adamw.moments, o.master_dtype));

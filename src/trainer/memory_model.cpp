@@ -86,40 +86,59 @@ KeepWeightOperands WeightOperandsChoice::as_option(bool grad_checkpoint) const {
 
 WeightOperandsChoice choose_weight_operands(const TrainOptions& o, const Qwen3Config& config,
                                             const c10::Device& device, DenseFileType dense_file) {
-  const auto codes = [](std::string why) { return WeightOperandsChoice{false, false, false, std::move(why)}; };
+  const auto choice = [](bool keep, bool persistent, bool written, std::string why) {
+    WeightOperandsChoice c;
+    c.keep = keep, c.persistent = persistent, c.written_by_update = written, c.why = std::move(why);
+    return c;
+  };
+  const auto codes = [&](std::string why) { return choice(false, false, false, std::move(why)); };
   // Under --grad-checkpoint held from the first forward through the recompute (a buffer each for the run);
   // without it from each forward to its backward.
-  const auto from_forward = [&](std::string why) {
-    return WeightOperandsChoice{true, o.grad_checkpoint, false, std::move(why)};
-  };
-  const auto from_recompute = [](std::string why) { return WeightOperandsChoice{true, false, false, std::move(why)}; };
+  const auto from_forward = [&](std::string why) { return choice(true, o.grad_checkpoint, false, std::move(why)); };
+  const auto from_recompute = [&](std::string why) { return choice(true, false, false, std::move(why)); };
   if (o.keep_weight_operands == KeepWeightOperands::off) return codes("codes (--keep-weight-operands off)");
   if (!device.is_cuda()) return codes("codes (a CPU has one path: the codes, dequantized for each product)");
   if (!weight_operands_made(o, device))
     return codes(fmt::format("codes (no bf16 operand is made to keep: that takes bf16 compute and {} tokens a "
                              "micro-batch, below which the NVFP4 kernel reads the codes)",
                              nvfp4::kNvfp4KernelMaxRows));
+  // The step with the operands held as `keep` says, against the device.
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  const uint64_t memory = device_memory_bytes(device, o.predict_device);
+  const auto peak_with = [&](KeepWeightOperands keep) {
+    TrainOptions kept = o;
+    kept.keep_weight_operands = keep;
+    return predict_step_memory(config, !config.tie_word_embeddings, kept, device, dense_file, /*sdpa=*/true).peak();
+  };
+  const auto fits = [&](uint64_t peak) {
+    return static_cast<double>(peak) <= kWeightOperandsMemoryShare * static_cast<double>(memory);
+  };
+  // Asked for where auto would not: the run may still fit (the model's margin is the 10% left), so a warning.
+  const auto warn_if_above = [&](WeightOperandsChoice choice, const char* name) {
+    const uint64_t peak = peak_with(o.keep_weight_operands);
+    if (!fits(peak))
+      choice.warning = fmt::format(
+          "--keep-weight-operands {}: the memory model's peak with the operands held so is {:.1f} GiB, above {:.0f}% "
+          "of the device's {:.1f} GiB (auto would not hold them: an out-of-memory error is likely)",
+          name, peak / kGiB, 100 * kWeightOperandsMemoryShare, memory / kGiB);
+    return choice;
+  };
   if (o.keep_weight_operands == KeepWeightOperands::always)
-    return {true, true, true, "kept across steps, written by the update (--keep-weight-operands always)"};
+    return warn_if_above(
+        choice(true, true, true, "kept across steps, written by the update (--keep-weight-operands always)"), "always");
   const std::string held = o.grad_checkpoint ? "kept from the first forward through the recompute to backward"
                                              : "kept until backward";
   if (o.keep_weight_operands == KeepWeightOperands::backward)
-    return from_forward(held + " (--keep-weight-operands backward)");
+    return warn_if_above(from_forward(held + " (--keep-weight-operands backward)"), "backward");
   const std::string recompute = "kept from each block's recompute until its backward";
   if (o.keep_weight_operands == KeepWeightOperands::recompute)
     return from_recompute(recompute + " (--keep-weight-operands recompute)");
   // auto: the step with every trained projection's operand held from the forward that makes it, against the device.
-  TrainOptions kept = o;
-  kept.keep_weight_operands = KeepWeightOperands::backward;
-  const uint64_t peak = predict_step_memory(config, !config.tie_word_embeddings, kept, device, dense_file,
-                                            /*sdpa=*/true).peak();
-  const uint64_t memory = device_memory_bytes(device, o.predict_device);
-  const bool fits = static_cast<double>(peak) <= kWeightOperandsMemoryShare * static_cast<double>(memory);
-  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  const uint64_t peak = peak_with(KeepWeightOperands::backward);
   const std::string because = fmt::format(
       " (auto: the memory model's peak with them {:.1f} GiB, {} {:.0f}% of the device's {:.1f} GiB)", peak / kGiB,
-      fits ? "within" : "above", 100 * kWeightOperandsMemoryShare, memory / kGiB);
-  if (fits) return from_forward(held + because);
+      fits(peak) ? "within" : "above", 100 * kWeightOperandsMemoryShare, memory / kGiB);
+  if (fits(peak)) return from_forward(held + because);
   return o.grad_checkpoint ? from_recompute(recompute + because) : codes("codes" + because);
 }
 

@@ -115,6 +115,7 @@ class Trainer {
     check_weight_operands(o, device_, dp_.world_size(), config_);
     const WeightOperandsChoice operands = choose_weight_operands(per_rank, config_, device_, dense);
     if (device_.is_cuda()) spdlog::info("trained projections' product operands for backward: {}", operands.why);
+    if (!operands.warning.empty()) spdlog::warn("{}", operands.warning);
     run_["weight_operands"] = operands.written_by_update ? "kept across steps"
                               : operands.persistent      ? "kept through the recompute"
                               : operands.keep            ? "kept"

@@ -81,6 +81,9 @@ struct WeightOperandsChoice {
   bool persistent = false;         // in buffers for the whole run (always; backward under --grad-checkpoint)
   bool written_by_update = false;  // always (never chosen by auto until measured): forward makes none
   std::string why;
+  // Where backward or always was asked for and the memory model's peak with it is above
+  // kWeightOperandsMemoryShare of the device's memory: a line for the log's warning (auto would not keep them).
+  std::string warning;
   // The option that names this choice under the run's --grad-checkpoint (what the models read).
   KeepWeightOperands as_option(bool grad_checkpoint) const;
 };

@@ -30,6 +30,7 @@
 #include "qwen3/trainer/step_time_model.h"
 #include "trainer/block_runner.h"
 #include "trainer/router_balance.h"
+#include "trainer/train_setup.h"
 
 namespace qwen3 {
 namespace {
@@ -107,6 +108,33 @@ TEST(Moe, ConfigReadsTransformersFieldsAndRefusesWhatItDoesNotCompute) {
       EXPECT_NE(std::string(e.what()).find("cfg.json: " + message), std::string::npos) << e.what();
     }
   }
+}
+
+// The operands held for the run (--keep-weight-operands always, or backward under --grad-checkpoint): a bf16
+// buffer of its weight's shape for each trained projection, none for a sparse block's experts (their grouped
+// products make their own) nor for a frozen projection; mark_stale makes every entry's next forward make it again.
+TEST(Moe, HeldOperandsHaveABufferForEachTrainedProjectionButTheExperts) {
+  const Qwen3Config c = preset_config("qwen3-moe-tiny");
+  auto model = random_moe_model(c);
+  for (auto& [key, t] : model->named_weights()) t.requires_grad_(key.find(".k_proj.") == std::string::npos);
+  const auto held = train_detail::make_persistent_operands(*model);
+  size_t want = 0;
+  for (Qwen3Block& b : model->blocks) {
+    want += 3 + (b.sparse() ? 0 : 3);  // q, v, o (k is frozen here); gate, up, down of a dense block
+    EXPECT_NE(held->find(b.q_proj.weight), nullptr);
+    EXPECT_EQ(held->find(b.k_proj.weight), nullptr) << "frozen";
+    for (const ExpertMlp& e : b.experts) EXPECT_EQ(held->find(e.gate_proj.weight), nullptr) << "an expert";
+  }
+  ASSERT_TRUE(model->blocks[0].sparse() && !model->blocks[1].sparse());
+  EXPECT_NE(held->find(model->blocks[1].down_proj.weight), nullptr);
+  EXPECT_EQ(held->entries.size(), want);
+  for (nvfp4::PersistentOperand& e : held->entries) {
+    EXPECT_EQ(e.operand.scalar_type(), at::kBFloat16);
+    EXPECT_EQ(e.operand.sizes(), e.weight.sizes());
+    e.version = e.weight._version();  // as a forward leaves it
+  }
+  held->mark_stale();
+  for (const nvfp4::PersistentOperand& e : held->entries) EXPECT_EQ(e.version, -1);
 }
 
 TEST(Moe, LayoutHasTheRouterAndEachExpertInHuggingFaceOrder) {

@@ -114,14 +114,14 @@ WeightOperandsChoice choose_weight_operands(const TrainOptions& o, const Qwen3Co
     return static_cast<double>(peak) <= kWeightOperandsMemoryShare * static_cast<double>(memory);
   };
   // Asked for where auto would not: the run may still fit (the model's margin is the 10% left), so a warning.
-  const auto warn_if_above = [&](WeightOperandsChoice choice, const char* name) {
+  const auto warn_if_above = [&](WeightOperandsChoice asked, const char* name) {
     const uint64_t peak = peak_with(o.keep_weight_operands);
     if (!fits(peak))
-      choice.warning = fmt::format(
+      asked.warning = fmt::format(
           "--keep-weight-operands {}: the memory model's peak with the operands held so is {:.1f} GiB, above {:.0f}% "
           "of the device's {:.1f} GiB (auto would not hold them: an out-of-memory error is likely)",
           name, peak / kGiB, 100 * kWeightOperandsMemoryShare, memory / kGiB);
-    return choice;
+    return asked;
   };
   if (o.keep_weight_operands == KeepWeightOperands::always)
     return warn_if_above(

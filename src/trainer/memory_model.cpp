@@ -177,10 +177,11 @@ struct StepSizes {
   int64_t first_graph_block = 0;  // autograd records nothing before the first tensor that trains
   u64 scratch = 0;                // a GPU's reused dequantization buffer (nvfp4_linear.h)
   bool scratch_in_forward = false;
-  // CUDA training at the one-pass shapes with --keep-weight-operands (checkpointed: each recompute's operands
-  // until its block's backward; else every trained projection's from its forward to its backward).
+  // CUDA training at the one-pass shapes with --keep-weight-operands (checkpointed with recompute: each
+  // recompute's operands until its block's backward; else every trained projection's from its forward to its
+  // backward, which under checkpointing with backward is a buffer each for the run).
   bool kept_operands = false;
-  bool persistent_operands = false;  // --keep-weight-operands always: held across steps
+  bool persistent_operands = false;  // always, and backward under --grad-checkpoint: buffers for the run
   u64 operand_weights = 0;           // their bytes, allocated after loading, counted in the plan's weights
   // What autograd keeps of one block per token, and the short-lived activations (docs/memory.md).
   u64 attention_forward_temp = 0;
@@ -471,7 +472,8 @@ void backward_phase(const StepSizes& z, const std::vector<u64>& saved, Timeline&
     const u64 grads = b.trainable * e;
     u64 temp = z.projection_backward_temp(b.largest_projection) + b.backward_activation_temp + grads + in_flight;
     // Checkpointed: the recompute's saved tensors; each trained projection keeps its bf16 product operand where
-    // the CUDA quantize pass makes one (nvfp4::ste_linear's keep_operand), else its codes.
+    // the CUDA quantize pass makes one (nvfp4::ste_linear's keep_operand; none beyond the run's buffer where it
+    // has one), else its codes.
     if (z.o.grad_checkpoint)
       temp += b.saved_per_token * N + z.kept_for_dx(b);
     t.spike(temp);

@@ -347,8 +347,8 @@ int launch_rmsnorm_backward(const void* dy, const void* x, KernelDType x_type, c
                   aligned<kVec>(dx, x_type) && aligned<kVec>(w, w_type) && (!dx_add || aligned<kVec>(dx_add, x_type));
     const int lanes = rmsnorm_row_lanes(cols, v);
     const int grid = rmsnorm_grid(rows, lanes);
-    const int wide_grid = wide_rows_grid(rows);
     if (takes_wide_rows(cols, v)) {  // a CTA a row (rmsnorm_wide_rows.cuh)
+      const int wide_grid = wide_rows_grid(rows);
       if (bx && bw) rmsnorm_dx_wide_kernel<true, true><<<wide_grid, kWideThreads, 0, s>>>(dy, x, w, rstd, rows, cols, dx, dx_add);
       else if (bx) rmsnorm_dx_wide_kernel<true, false><<<wide_grid, kWideThreads, 0, s>>>(dy, x, w, rstd, rows, cols, dx, dx_add);
       else if (bw) rmsnorm_dx_wide_kernel<false, true><<<wide_grid, kWideThreads, 0, s>>>(dy, x, w, rstd, rows, cols, dx, dx_add);

@@ -571,38 +571,38 @@ TEST(MemoryModel, AutoKeepsWeightOperandsWhereTheStepStillFits) {
   o.fused_optimizer = true;
   o.predict_device = "h100";
   const WeightOperandsChoice fits = choose_weight_operands(o, config, cuda);
-  EXPECT_TRUE(fits.keep) << fits.why;
+  EXPECT_TRUE(fits.keep()) << fits.why;
   EXPECT_NE(fits.why.find("within 90%"), std::string::npos) << fits.why;
   EXPECT_GT(predict(o, config, cuda).memory.saved_operands, 0u);
   o.data.batch_size = 4;
   const WeightOperandsChoice too_big = choose_weight_operands(o, config, cuda);
-  EXPECT_FALSE(too_big.keep) << too_big.why;
+  EXPECT_FALSE(too_big.keep()) << too_big.why;
   EXPECT_NE(too_big.why.find("above 90%"), std::string::npos) << too_big.why;
   EXPECT_EQ(predict(o, config, cuda).memory.saved_operands, 0u);
   TrainOptions kept_anyway = o;
   kept_anyway.keep_weight_operands = KeepWeightOperands::backward;
-  EXPECT_TRUE(choose_weight_operands(kept_anyway, config, cuda).keep);
+  EXPECT_TRUE(choose_weight_operands(kept_anyway, config, cuda).keep());
   o.predict_device = "h200";  // 141 GB: four rows fit
-  EXPECT_TRUE(choose_weight_operands(o, config, cuda).keep);
+  EXPECT_TRUE(choose_weight_operands(o, config, cuda).keep());
   o.grad_checkpoint = true;
   o.predict_device = "h100";
   o.data.batch_size = 1;
   const WeightOperandsChoice held = choose_weight_operands(o, config, cuda);
-  EXPECT_TRUE(held.keep && held.persistent && !held.written_by_update) << held.why;
+  EXPECT_TRUE(held.keep() && held.persistent() && !held.written_by_update()) << held.why;
   EXPECT_NE(held.why.find("through the recompute"), std::string::npos) << held.why;
-  EXPECT_EQ(held.as_option(true), KeepWeightOperands::backward);
+  EXPECT_EQ(held.decided, KeepWeightOperands::backward);
   o.fused_optimizer = false;  // every fp32 gradient alive before the update: the operands no longer fit an H100
   const WeightOperandsChoice recomputed = choose_weight_operands(o, config, cuda);
-  EXPECT_TRUE(recomputed.keep && !recomputed.persistent) << recomputed.why;
+  EXPECT_TRUE(recomputed.keep() && !recomputed.persistent()) << recomputed.why;
   EXPECT_NE(recomputed.why.find("each block's recompute"), std::string::npos) << recomputed.why;
   EXPECT_NE(recomputed.why.find("above 90%"), std::string::npos) << recomputed.why;
-  EXPECT_EQ(recomputed.as_option(true), KeepWeightOperands::recompute);
+  EXPECT_EQ(recomputed.decided, KeepWeightOperands::recompute);
   EXPECT_TRUE(recomputed.warning.empty()) << recomputed.warning;
   // Asked for where auto would not hold them: held, with a warning for the log.
   TrainOptions asked = o;
   asked.keep_weight_operands = KeepWeightOperands::backward;
   const WeightOperandsChoice held_anyway = choose_weight_operands(asked, config, cuda);
-  EXPECT_TRUE(held_anyway.persistent) << held_anyway.why;
+  EXPECT_TRUE(held_anyway.persistent()) << held_anyway.why;
   EXPECT_NE(held_anyway.warning.find("--keep-weight-operands backward: the memory model's peak"), std::string::npos)
       << held_anyway.warning;
   EXPECT_NE(held_anyway.warning.find("above 90%"), std::string::npos) << held_anyway.warning;
@@ -611,34 +611,34 @@ TEST(MemoryModel, AutoKeepsWeightOperandsWhereTheStepStillFits) {
   codes.keep_weight_operands = KeepWeightOperands::off;
   EXPECT_EQ(predict(o, config, cuda).memory.weights, predict(codes, config, cuda).memory.weights);
   o.predict_device = "h200";
-  EXPECT_TRUE(choose_weight_operands(o, config, cuda).persistent);
+  EXPECT_TRUE(choose_weight_operands(o, config, cuda).persistent());
   o.predict_device = "h100";
   o.fused_optimizer = true;
   o.data.batch_size = 4;
   const uint64_t checkpointed_kept = phase_peak(predict(o, config, cuda).memory, "backward_done");
   o.keep_weight_operands = KeepWeightOperands::off;
-  EXPECT_FALSE(choose_weight_operands(o, config, cuda).keep);
+  EXPECT_FALSE(choose_weight_operands(o, config, cuda).keep());
   // Checkpointed, a block's operands (2 bytes an element) against its codes (9/16) at the backward spike.
   EXPECT_LT(phase_peak(predict(o, config, cuda).memory, "backward_done"), checkpointed_kept);
   o.keep_weight_operands = KeepWeightOperands::auto_select;
   o.grad_checkpoint = false;
   o.data.batch_size = 1;
-  EXPECT_FALSE(choose_weight_operands(o, config, cpu).keep);
+  EXPECT_FALSE(choose_weight_operands(o, config, cpu).keep());
   // No operand is made to keep with fp32 compute or below 17 tokens (the NVFP4 kernel reads the codes), whatever
   // the flag says.
   o.keep_weight_operands = KeepWeightOperands::backward;
   o.data.seq_len = 16;
-  EXPECT_FALSE(choose_weight_operands(o, config, cuda).keep);
+  EXPECT_FALSE(choose_weight_operands(o, config, cuda).keep());
   o.data.seq_len = 2048;
   o.compute_dtype = ComputeDtype::float32;
-  EXPECT_FALSE(choose_weight_operands(o, config, cuda).keep);
+  EXPECT_FALSE(choose_weight_operands(o, config, cuda).keep());
   o.compute_dtype = ComputeDtype::bfloat16;
-  EXPECT_TRUE(choose_weight_operands(o, config, cuda).keep);
-  EXPECT_FALSE(choose_weight_operands(o, config, cuda).persistent);
+  EXPECT_TRUE(choose_weight_operands(o, config, cuda).keep());
+  EXPECT_FALSE(choose_weight_operands(o, config, cuda).persistent());
   // Across steps only when asked: auto never chooses it before the GPU round has measured it.
   o.keep_weight_operands = KeepWeightOperands::always;
   const WeightOperandsChoice always = choose_weight_operands(o, config, cuda);
-  EXPECT_TRUE(always.keep && always.persistent) << always.why;
+  EXPECT_TRUE(always.keep() && always.persistent()) << always.why;
 }
 
 // --shard-optimizer-state with N ranks: a rank's moments are 1/N of them, the rest of its step unchanged; without

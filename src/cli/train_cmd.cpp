@@ -569,9 +569,8 @@ Command add_vram_report_command(CLI::App& app) {
               const c10::Device device = on_cpu ? c10::Device(c10::kCPU) : c10::Device(c10::kCUDA, 0);
               const StepPrediction prediction = predict(o, config, device);
               if (device.is_cuda()) {
-                const WeightOperandsChoice operands = choose_weight_operands(o, config, device);
-                fmt::print("trained projections' product operands for backward: {}\n", operands.why);
-                if (!operands.warning.empty()) fmt::print("warning: {}\n", operands.warning);
+                fmt::print("trained projections' product operands for backward: {}\n", prediction.operands.why);
+                if (!prediction.operands.warning.empty()) fmt::print("warning: {}\n", prediction.operands.warning);
               }
               print_memory_plan(prediction.memory, device);
               print_time_plan(prediction.time, prediction.rates,

@@ -62,9 +62,9 @@ StepPrediction predict(const TrainOptions& options, const Qwen3Config& config, c
                        DenseFileType dense_file) {
   const bool separate_head = !config.tie_word_embeddings;
   TrainOptions o = options;
-  const WeightOperandsChoice operands = choose_weight_operands(options, config, device, dense_file);
-  o.keep_weight_operands = operands.as_option(o.grad_checkpoint);
   StepPrediction p;
+  p.operands = choose_weight_operands(options, config, device, dense_file);
+  o.keep_weight_operands = p.operands.decided;
   p.memory = predict_step_memory(config, separate_head, o, device, dense_file, device.is_cuda() || build_uses_sdpa());
   p.rates = device_rates(!o.predict_device.empty() ? o.predict_device : default_rates_name(device));
   p.time = predict_step_time(config, separate_head, o, p.rates);
@@ -77,25 +77,33 @@ uint64_t device_memory_bytes(const c10::Device& device, const std::string& predi
   return static_cast<uint64_t>(rates.memory_gb * 1e9);
 }
 
-KeepWeightOperands WeightOperandsChoice::as_option(bool grad_checkpoint) const {
-  if (written_by_update) return KeepWeightOperands::always;
-  if (!keep) return KeepWeightOperands::off;
-  if (grad_checkpoint) return persistent ? KeepWeightOperands::backward : KeepWeightOperands::recompute;
-  return KeepWeightOperands::backward;
+// What a decided option means, by the rules the models and the trainer read (train_setup.h).
+namespace {
+TrainOptions decided_options(const WeightOperandsChoice& c) {
+  TrainOptions o;
+  o.keep_weight_operands = c.decided;
+  o.grad_checkpoint = c.grad_checkpoint;
+  return o;
+}
+}  // namespace
+bool WeightOperandsChoice::keep() const { return train_detail::keeps_weight_operands(decided_options(*this)); }
+bool WeightOperandsChoice::persistent() const { return train_detail::weight_operands_persist(decided_options(*this)); }
+bool WeightOperandsChoice::written_by_update() const {
+  return train_detail::weight_operands_written_by_update(decided_options(*this));
 }
 
 WeightOperandsChoice choose_weight_operands(const TrainOptions& o, const Qwen3Config& config,
                                             const c10::Device& device, DenseFileType dense_file) {
-  const auto choice = [](bool keep, bool persistent, bool written, std::string why) {
+  const auto choice = [&](KeepWeightOperands decided, std::string why) {
     WeightOperandsChoice c;
-    c.keep = keep, c.persistent = persistent, c.written_by_update = written, c.why = std::move(why);
+    c.decided = decided, c.grad_checkpoint = o.grad_checkpoint, c.why = std::move(why);
     return c;
   };
-  const auto codes = [&](std::string why) { return choice(false, false, false, std::move(why)); };
+  const auto codes = [&](std::string why) { return choice(KeepWeightOperands::off, std::move(why)); };
   // Under --grad-checkpoint held from the first forward through the recompute (a buffer each for the run);
   // without it from each forward to its backward.
-  const auto from_forward = [&](std::string why) { return choice(true, o.grad_checkpoint, false, std::move(why)); };
-  const auto from_recompute = [&](std::string why) { return choice(true, false, false, std::move(why)); };
+  const auto from_forward = [&](std::string why) { return choice(KeepWeightOperands::backward, std::move(why)); };
+  const auto from_recompute = [&](std::string why) { return choice(KeepWeightOperands::recompute, std::move(why)); };
   if (o.keep_weight_operands == KeepWeightOperands::off) return codes("codes (--keep-weight-operands off)");
   if (!device.is_cuda()) return codes("codes (a CPU has one path: the codes, dequantized for each product)");
   if (!weight_operands_made(o, device))
@@ -114,22 +122,22 @@ WeightOperandsChoice choose_weight_operands(const TrainOptions& o, const Qwen3Co
     return static_cast<double>(peak) <= kWeightOperandsMemoryShare * static_cast<double>(memory);
   };
   // Asked for where auto would not: the run may still fit (the model's margin is the 10% left), so a warning.
-  const auto warn_if_above = [&](WeightOperandsChoice asked, const char* name) {
-    const uint64_t peak = peak_with(o.keep_weight_operands);
+  const auto warn_if_above = [&](WeightOperandsChoice asked) {
+    const uint64_t peak = peak_with(asked.decided);
     if (!fits(peak))
       asked.warning = fmt::format(
           "--keep-weight-operands {}: the memory model's peak with the operands held so is {:.1f} GiB, above {:.0f}% "
           "of the device's {:.1f} GiB (auto would not hold them: an out-of-memory error is likely)",
-          name, peak / kGiB, 100 * kWeightOperandsMemoryShare, memory / kGiB);
+          to_string(asked.decided), peak / kGiB, 100 * kWeightOperandsMemoryShare, memory / kGiB);
     return asked;
   };
   if (o.keep_weight_operands == KeepWeightOperands::always)
-    return warn_if_above(
-        choice(true, true, true, "kept across steps, written by the update (--keep-weight-operands always)"), "always");
+    return warn_if_above(choice(KeepWeightOperands::always,
+                                "kept across steps, written by the update (--keep-weight-operands always)"));
   const std::string held = o.grad_checkpoint ? "kept from the first forward through the recompute to backward"
                                              : "kept until backward";
   if (o.keep_weight_operands == KeepWeightOperands::backward)
-    return warn_if_above(from_forward(held + " (--keep-weight-operands backward)"), "backward");
+    return warn_if_above(from_forward(held + " (--keep-weight-operands backward)"));
   const std::string recompute = "kept from each block's recompute until its backward";
   if (o.keep_weight_operands == KeepWeightOperands::recompute)
     return from_recompute(recompute + " (--keep-weight-operands recompute)");

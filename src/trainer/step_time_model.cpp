@@ -217,9 +217,12 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
     const double block_forward_flops = 2 * N * active[l] + attention_flops;
     const double frozen = projections[l] - trained_projections[l];
     const double experts = grouped_experts ? trained_experts[l] : 0, others = trained_projections[l] - experts;
-    const double block_forward_bytes = frozen * frozen_forward_per + others * trained_forward_per +
-                                       experts * expert_forward_per(!o.grad_checkpoint) + activation_bytes(l);
-    const double block_recompute_bytes = block_forward_bytes - others * (trained_forward_per - trained_recompute_per);
+    // The block's forward passes, its trained projections' operands at `trained_per` bytes an element.
+    const auto block_bytes = [&](double trained_per) {
+      return frozen * frozen_forward_per + others * trained_per + experts * expert_forward_per(!o.grad_checkpoint) +
+             activation_bytes(l);
+    };
+    const double block_forward_bytes = block_bytes(trained_forward_per);
     forward.flops += block_forward_flops;
     forward.bytes += block_forward_bytes;
     if (l < first_graph_block) continue;  // no graph, no backward
@@ -231,8 +234,8 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
     // which makes no operand held from the first forward).
     if (o.grad_checkpoint)
       backward.flops += block_forward_flops,
-          backward.bytes += block_recompute_bytes + (one_pass_operand && !kept_operand ? others * kCodeBytes : 0) +
-                            experts * kCodeBytes;
+          backward.bytes += block_bytes(trained_recompute_per) +
+                            (one_pass_operand && !kept_operand ? others * kCodeBytes : 0) + experts * kCodeBytes;
   }
   // The sliced loss: the head's product in forward; in backward the logits again, dX and (if it trains) dW.
   // Beyond the products: on a GPU each slice's logits are written by the product and read once by the statistics

@@ -116,10 +116,10 @@ class Trainer {
     const WeightOperandsChoice operands = choose_weight_operands(per_rank, config_, device_, dense);
     if (device_.is_cuda()) spdlog::info("trained projections' product operands for backward: {}", operands.why);
     if (!operands.warning.empty()) spdlog::warn("{}", operands.warning);
-    run_["weight_operands"] = operands.written_by_update ? "kept across steps"
-                              : operands.persistent      ? "kept through the recompute"
-                              : operands.keep            ? "kept"
-                                                         : "codes";
+    run_["weight_operands"] = operands.written_by_update() ? "kept across steps"
+                              : operands.persistent()      ? "kept through the recompute"
+                              : operands.keep()            ? "kept"
+                                                           : "codes";
     model_ = setup_model(o, config_, *reader_, device_, operands);
     set_up_mfu(o);
     if (report_) {

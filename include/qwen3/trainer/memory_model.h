@@ -55,19 +55,6 @@ StepMemoryPlan predict_step_memory(const Qwen3Config& config, bool separate_head
 // Whether this build's libtorch attention saves what `sdpa` describes.
 bool build_uses_sdpa();
 
-// Both models of one step, from the one entry `vram-report --predict-only` and the trainer's report share:
-// the head is separate exactly when the config does not tie it (the trainer ties a tied config's head even when
-// the file stores lm_head); attention is sdpa on CUDA (every CUDA build is libtorch 2.x) or when this build has
-// it; the memory is `device`'s, the rates are options.predict_device's, else default_rates_name(device).
-struct StepPrediction {
-  StepMemoryPlan memory;
-  DeviceRates rates;
-  StepTimePlan time;
-};
-// --keep-weight-operands auto is decided here, as choose_weight_operands decides it.
-StepPrediction predict(const TrainOptions& options, const Qwen3Config& config, const c10::Device& device,
-                       DenseFileType dense_file = {});
-
 // --keep-weight-operands for a run: as given, except auto, which takes backward (every trained projection's
 // operand held from the forward that makes it to its backward, 2 bytes an element where the codes take 0.5625;
 // under --grad-checkpoint that forward is the first one, and the recompute multiplies the same operand) where the
@@ -77,16 +64,31 @@ StepPrediction predict(const TrainOptions& options, const Qwen3Config& config, c
 // nothing (one path). `why` is the log's line. The choice changes what is held and moved, never a byte of the step
 // (docs/trainer.md).
 struct WeightOperandsChoice {
-  bool keep = false;               // dX reads the operand, not the codes
-  bool persistent = false;         // in buffers for the whole run (always; backward under --grad-checkpoint)
-  bool written_by_update = false;  // always (never chosen by auto until measured): forward makes none
+  KeepWeightOperands decided = KeepWeightOperands::off;  // never auto_select: what the models and the trainer run
+  bool grad_checkpoint = false;                          // the run's, which decides what backward holds
   std::string why;
   // Where backward or always was asked for and the memory model's peak with it is above
   // kWeightOperandsMemoryShare of the device's memory: a line for the log's warning (auto would not keep them).
   std::string warning;
-  // The option that names this choice under the run's --grad-checkpoint (what the models read).
-  KeepWeightOperands as_option(bool grad_checkpoint) const;
+  bool keep() const;               // dX reads the operand, not the codes
+  bool persistent() const;         // in buffers for the whole run (always; backward under --grad-checkpoint)
+  bool written_by_update() const;  // always (never chosen by auto until measured): forward makes none
 };
+
+// Both models of one step, from the one entry `vram-report --predict-only` and the trainer's report share:
+// the head is separate exactly when the config does not tie it (the trainer ties a tied config's head even when
+// the file stores lm_head); attention is sdpa on CUDA (every CUDA build is libtorch 2.x) or when this build has
+// it; the memory is `device`'s, the rates are options.predict_device's, else default_rates_name(device).
+struct StepPrediction {
+  WeightOperandsChoice operands;  // --keep-weight-operands as decided for the step predicted
+  StepMemoryPlan memory;
+  DeviceRates rates;
+  StepTimePlan time;
+};
+// --keep-weight-operands auto is decided here, as choose_weight_operands decides it.
+StepPrediction predict(const TrainOptions& options, const Qwen3Config& config, const c10::Device& device,
+                       DenseFileType dense_file = {});
+
 // Whether the step makes a bf16 operand at all: CUDA, bf16 compute, kNvfp4KernelMaxRows tokens a micro-batch.
 bool weight_operands_made(const TrainOptions& o, const c10::Device& device);
 // The share of the device's memory the predicted peak may take: the rest for the CUDA context, the caching

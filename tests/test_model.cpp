@@ -347,17 +347,24 @@ TEST(Model, GpuPackedRowsRunPerSampleAndEqualTheirSequencesAlone) {
   EXPECT_LT(grad_error, 3e-2);
 }
 
-// The straight-through linear, counting its products (forward and recomputed).
+// The straight-through linear, counting its products (forward and recomputed) and, where given a count, the
+// nodes asked for without a product (apply_unread).
 class CountingSteKernel final : public ProjectionKernel {
  public:
-  explicit CountingSteKernel(int64_t* products) : products_(products) {}
+  explicit CountingSteKernel(int64_t* products, int64_t* unread = nullptr) : products_(products), unread_(unread) {}
   at::Tensor apply(const at::Tensor& x, const at::Tensor& weight) const override {
     ++*products_;
     return nvfp4::ste_linear(x, weight);
   }
+  at::Tensor apply_unread(const at::Tensor& x, const at::Tensor& weight) const override {
+    if (unread_ == nullptr) return apply(x, weight);
+    ++*unread_;
+    return nvfp4::ste_linear(x, weight, nvfp4::ScaleMode::rne, false, nvfp4::ProductOutput::unread);
+  }
 
  private:
   int64_t* products_;
+  int64_t* unread_;
 };
 
 // The embedding's gradient goes into the table's .grad(), added to what is there (a tied head's gradient), each
@@ -441,7 +448,8 @@ TEST(Model, SharedInputProjectionsRunAsOneNodeWhereOffered) {
 }
 
 // The trainer's block runner with activation checkpointing gives the gradients of the model's own run, and
-// really recomputes (the counts fail with recompute off).
+// really recomputes (the counts fail with recompute off), each block without its last product, whose output
+// nothing reads (down_proj's node made without it: the counts fail where the recompute runs it).
 TEST(BlockRunner, ActivationCheckpointingGivesIdenticalGradients) {
   at::Tensor grads[2][2];  // [checkpointing][frozen first block?] -> concatenated gradients
   for (int frozen = 0; frozen < 2; ++frozen) {
@@ -449,8 +457,8 @@ TEST(BlockRunner, ActivationCheckpointingGivesIdenticalGradients) {
       Qwen3Model m(tiny_config(false), at::kFloat, at::kCPU, true);
       randomize(m, 21);
       for (auto& [key, t] : m.named_weights()) t.requires_grad_(true);  // the model's weights are plain tensors
-      int64_t products = 0;  // projections run, forward and recomputed
-      const auto kernel = std::make_shared<const CountingSteKernel>(&products);
+      int64_t products = 0, unread = 0;  // projections run, forward and recomputed; nodes without a product
+      const auto kernel = std::make_shared<const CountingSteKernel>(&products, &unread);
       for (Projection* p : m.projections()) p->kernel = kernel;
       train_detail::TrainingBlockRunner runner(/*recompute=*/ckpt == 1);
       m.set_block_runner(&runner);
@@ -461,11 +469,13 @@ TEST(BlockRunner, ActivationCheckpointingGivesIdenticalGradients) {
       const at::Tensor ids = at::randint(0, 97, {2, 9}, at::kLong);
       m.forward(ids).pow(2).mean().backward();
       // Checkpointing really recomputes: every block that has something to differentiate (a frozen first block
-      // under a frozen embedding has not) runs its seven projections again in backward.
+      // under a frozen embedding has not) runs six of its seven projections again in backward, and down_proj's
+      // node without its product.
       const auto layers = static_cast<int64_t>(m.blocks.size());
       const int64_t recomputed = ckpt ? layers - frozen : 0;
       EXPECT_EQ(runner.recomputed_blocks(), recomputed) << "ckpt=" << ckpt << " frozen=" << frozen;
-      EXPECT_EQ(products, 7 * (layers + recomputed)) << "ckpt=" << ckpt << " frozen=" << frozen;
+      EXPECT_EQ(products, 7 * layers + 6 * recomputed) << "ckpt=" << ckpt << " frozen=" << frozen;
+      EXPECT_EQ(unread, recomputed) << "ckpt=" << ckpt << " frozen=" << frozen;
       std::vector<at::Tensor> flat;
       for (auto& [key, t] : m.named_weights())
         flat.push_back(t.grad().defined() ? t.grad().reshape({-1}) : at::zeros({0}));

@@ -6,6 +6,7 @@
 #include <torch/autograd.h>
 #include <torch/version.h>
 #include <ATen/core/grad_mode.h>
+#include <ATen/record_function.h>
 
 #include <cmath>
 #include <cstdio>
@@ -246,6 +247,66 @@ TEST(SteLinear, GpuPersistentOperandIsMadeOnceAndRemadeWhenTheWeightChanges) {
   const Quantized q2 = quantize(w.detach());
   EXPECT_TRUE(ste_linear_persistent(x0, kept).equal(x0.mm(dequantize(q2.codes, q2.scales, at::kBFloat16).t())));
   EXPECT_EQ(kept.version, w._version());
+}
+
+// The products this thread runs while it lives (aten::mm, aten::addmm, aten::matmul), counted by a
+// RecordFunction callback.
+thread_local int64_t products_seen = 0;
+class ProductCounter {
+ public:
+  ProductCounter()
+      : handle_(at::addThreadLocalCallback(at::RecordFunctionCallback(&ProductCounter::start).needsInputs(false))) {
+    products_seen = 0;
+  }
+  ~ProductCounter() { at::removeCallback(handle_); }
+  int64_t count() const { return products_seen; }
+
+ private:
+  static std::unique_ptr<at::ObserverContext> start(const at::RecordFunction& fn) {
+    const std::string name = fn.name();
+    if (name == "aten::mm" || name == "aten::addmm" || name == "aten::matmul") ++products_seen;
+    return nullptr;
+  }
+  at::CallbackHandle handle_;
+};
+
+// ProductOutput::unread (a checkpointed block's last product, run again only to be differentiated): the node saves
+// and differentiates as ever, the gradients those of the computed node bit for bit, and its forward runs no
+// product (the count fails where the product is run).
+void expect_unread_node_differentiates_without_a_product(const at::Device device, at::ScalarType activations) {
+  at::manual_seed(30);
+  const at::Tensor weight0 = (at::randn({384, 512}) * 0.05).to(device);
+  const at::Tensor x0 = at::randn({64, 512}).to(activations).to(device);
+  const at::Tensor grad_y = at::randn({64, 384}).to(activations).to(device);
+  for (const bool keep : {false, true}) {
+    at::Tensor grads[2][2];
+    for (const ProductOutput output : {ProductOutput::computed, ProductOutput::unread}) {
+      const at::Tensor x = x0.clone().requires_grad_(true), w = weight0.clone().requires_grad_(true);
+      at::Tensor y;
+      int64_t products = 0;
+      {
+        const ProductCounter counter;
+        y = ste_linear(x, w, ScaleMode::rne, keep, output);
+        products = counter.count();
+      }
+      const bool unread = output == ProductOutput::unread;
+      EXPECT_EQ(products, unread ? 0 : 1) << device << " keep " << keep << " unread " << unread;
+      EXPECT_EQ(y.sizes(), (std::vector<int64_t>{64, 384}));
+      y.backward(grad_y);
+      grads[unread][0] = x.grad(), grads[unread][1] = w.grad();
+    }
+    EXPECT_TRUE(grads[1][0].equal(grads[0][0])) << device << " keep " << keep;
+    EXPECT_TRUE(grads[1][1].equal(grads[0][1])) << device << " keep " << keep;
+  }
+}
+
+TEST(SteLinear, UnreadOutputNodeDifferentiatesWithoutAProduct) {
+  expect_unread_node_differentiates_without_a_product(at::kCPU, at::kFloat);
+}
+
+TEST(SteLinear, GpuUnreadOutputNodeDifferentiatesWithoutAProduct) {
+  QWEN3_GPU_TEST(at::hasCUDA());
+  expect_unread_node_differentiates_without_a_product(at::Device(at::kCUDA, 0), at::kBFloat16);
 }
 
 TEST(SteLinear, OnlyRequestedGradientsAreComputed) {

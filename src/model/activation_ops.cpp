@@ -263,6 +263,29 @@ std::pair<at::Tensor, at::Tensor> rms_norm_and_input(const at::Tensor& x, const 
 
 #endif
 
+namespace {
+
+// a + b's node without the sum: the output's bytes are unspecified, an allocation never written; the gradient goes
+// to both inputs as the sum's would.
+class UnreadSumFunction : public torch::autograd::Function<UnreadSumFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& a, const at::Tensor& b) {
+    return at::empty(a.sizes(), a.options());
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
+                                                 torch::autograd::variable_list grads) {
+    return {grads[0], grads[0]};
+  }
+};
+
+}  // namespace
+
+at::Tensor unread_sum(const at::Tensor& a, const at::Tensor& b) {
+  if (!a.sizes().equals(b.sizes()) || a.scalar_type() != b.scalar_type() || a.device() != b.device())
+    throw Error("unread_sum: the two terms differ in shape, dtype or device");
+  return UnreadSumFunction::apply(a, b);
+}
+
 bool fused_head_norm_rope_takes(int64_t head_dim) { return kernels::fused::head_norm_rope_lanes(head_dim) > 0; }
 
 }  // namespace qwen3

@@ -25,6 +25,11 @@ at::Tensor head_norm_rotary(const at::Tensor& x, const at::Tensor& weight, doubl
 // silu(gate) * up in their dtype.
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);
 
+// a + b (one shape, dtype and device) as a node for a value nobody reads, only differentiates (a block's output
+// run again for its gradients, BlockOutput::differentiated): the sum's gradients, no pass; the output's bytes
+// are unspecified.
+at::Tensor unread_sum(const at::Tensor& a, const at::Tensor& b);
+
 // The libtorch forms, whatever the device.
 namespace reference {
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);

@@ -20,6 +20,10 @@ at::Tensor Projection::operator()(const at::Tensor& x) const {
   return at::linear(x, weight.to(x.scalar_type()));  // the cast is a no-op when the dtypes agree
 }
 
+at::Tensor Projection::unread(const at::Tensor& x) const {
+  return kernel ? kernel->apply_unread(x, weight) : (*this)(x);
+}
+
 std::vector<at::Tensor> ProjectionKernel::apply_shared_input(const std::vector<const Projection*>&,
                                                              const at::Tensor&) const {
   throw Error("a projection kernel that offers no shared-input product was asked for one");
@@ -176,8 +180,19 @@ std::pair<at::Tensor, at::Tensor> rope_tables_at(int64_t head_dim, double theta,
   return {emb.cos(), emb.sin()};
 }
 
+namespace {
+
+// A dense block's SwiGLU of its normed input, what down_proj multiplies.
+at::Tensor dense_mlp_activation(const Qwen3Block& b, const at::Tensor& h) {
+  const std::vector<at::Tensor> gate_up = project_shared_input({&b.gate_proj, &b.up_proj}, h);
+  return swiglu(gate_up[0], gate_up[1]);
+}
+
+}  // namespace
+
 at::Tensor Qwen3Model::block_forward(const Qwen3Block& b, at::Tensor x, const at::Tensor& cos, const at::Tensor& sin,
-                                     KVCache* cache, int64_t layer, int64_t offset, const at::Tensor& allowed) {
+                                     KVCache* cache, int64_t layer, int64_t offset, const at::Tensor& allowed,
+                                     BlockOutput output) {
   const int64_t B = x.size(0), T = x.size(1);
   const int64_t nh = config_.num_attention_heads, nkv = config_.num_key_value_heads, hd = config_.head_dim;
   const double eps = config_.rms_norm_eps;
@@ -197,13 +212,18 @@ at::Tensor Qwen3Model::block_forward(const Qwen3Block& b, at::Tensor x, const at
   }
   const at::Tensor attn = causal_attention(q, k, v, allowed).transpose(1, 2).reshape({B, T, nh * hd});
   const auto [h2, x1] = rms_norm_and_input(x_in + b.o_proj(attn), b.post_attention_layernorm, eps);
+  // Only differentiated: down_proj's product and the residual add after it write a value nothing reads (their
+  // backward needs their inputs, not their outputs). A sparse block's output is read by its routing weights'
+  // gradient (each expert's output times its weight), so it runs whole.
+  if (output == BlockOutput::differentiated && !b.sparse()) {
+    return unread_sum(x1, b.down_proj.unread(dense_mlp_activation(b, h2)));
+  }
   return x1 + mlp(b, h2);
 }
 
 at::Tensor Qwen3Model::mlp(const Qwen3Block& b, const at::Tensor& h) const {
   if (b.sparse()) return moe_mlp(b, h);
-  const std::vector<at::Tensor> gate_up = project_shared_input({&b.gate_proj, &b.up_proj}, h);
-  return b.down_proj(swiglu(gate_up[0], gate_up[1]));
+  return b.down_proj(dense_mlp_activation(b, h));
 }
 
 at::Tensor ProjectionKernel::apply_grouped(const std::vector<const Projection*>&, const at::Tensor&,

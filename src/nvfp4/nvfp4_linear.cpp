@@ -52,16 +52,20 @@ struct SteProduct {
 // codes (no dequantization in backward; 2 bytes an element held instead of 0.5625), where the fused pass makes
 // it. The fused pass writes the codes only when they are saved.
 // persistent: the weight's operand kept across steps (ste_linear_persistent), made here only when stale.
+// computed false (ProductOutput::unread): what backward saves is made as ever, the product is not run.
 SteProduct ste_product(const at::Tensor& x2d, const at::Tensor& weight, ScaleMode mode, bool keep_operand,
-                       bool recorded, PersistentOperand* persistent) {
+                       bool recorded, PersistentOperand* persistent, bool computed) {
   SteProduct p;
+  const auto product = [&](const at::Tensor& operand_t) {
+    return computed ? x2d.mm(operand_t) : at::empty({x2d.size(0), weight.size(0)}, x2d.options());
+  };
   if (persistent != nullptr && operand_in_quantize_pass(x2d, weight)) {
     if (persistent->version != weight._version()) {
       quantize_with_operand_cuda(weight.detach().contiguous(), mode, at::Tensor(), at::Tensor(), persistent->operand);
       persistent->version = weight._version();
     }
     if (recorded) p.saved = {persistent->operand}, p.kept_operand = true;
-    p.y2d = x2d.mm(persistent->operand.t());
+    p.y2d = product(persistent->operand.t());
     return p;
   }
   if (operand_in_quantize_pass(x2d, weight)) {
@@ -75,12 +79,13 @@ SteProduct ste_product(const at::Tensor& x2d, const at::Tensor& weight, ScaleMod
     quantize_with_operand_cuda(w, mode, q.codes, q.scales, operand);
     if (kept) p.saved = {operand}, p.kept_operand = true;
     else if (codes_saved) p.saved = {q.codes, q.scales};
-    p.y2d = x2d.mm(operand.t());
+    p.y2d = product(operand.t());
     return p;
   }
   const Quantized quantized = quantize(weight.detach(), mode);
   p.saved = {quantized.codes, quantized.scales};
-  p.y2d = quantized_product(x2d, quantized.codes, quantized.scales);
+  p.y2d = computed ? quantized_product(x2d, quantized.codes, quantized.scales)
+                   : at::empty({x2d.size(0), weight.size(0)}, x2d.options());
   return p;
 }
 
@@ -101,8 +106,8 @@ at::Tensor shaped_output(const at::Tensor& y2d, const at::Tensor& x) {
 class SteLinearFunction : public torch::autograd::Function<SteLinearFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, ScaleMode mode,
-                            bool keep_operand, bool recorded, PersistentOperand* persistent) {
-    SteProduct p = ste_product(x.reshape({-1, x.size(-1)}), weight, mode, keep_operand, recorded, persistent);
+                            bool keep_operand, bool recorded, PersistentOperand* persistent, bool computed) {
+    SteProduct p = ste_product(x.reshape({-1, x.size(-1)}), weight, mode, keep_operand, recorded, persistent, computed);
     ctx->saved_data["weight_dtype"] = static_cast<int64_t>(weight.scalar_type());
     if (!p.saved.empty()) {
       p.saved.insert(p.saved.begin(), x);
@@ -125,7 +130,7 @@ class SteLinearFunction : public torch::autograd::Function<SteLinearFunction> {
       const auto weight_dtype = static_cast<at::ScalarType>(ctx->saved_data["weight_dtype"].toInt());
       grad_weight = product_in_dtype(grad_y2d.t(), x.reshape({-1, x.size(-1)}), weight_dtype);
     }
-    return {grad_x, grad_weight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad_x, grad_weight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -144,7 +149,7 @@ class SteSharedInputFunction : public torch::autograd::Function<SteSharedInputFu
     variable_list outputs, saved{x};
     std::vector<int64_t> saved_counts, kept, weight_dtypes;
     for (size_t i = 0; i < weights.size(); ++i) {
-      SteProduct p = ste_product(x2d, weights[i], mode, keep_operand, recorded, persistent[i]);
+      SteProduct p = ste_product(x2d, weights[i], mode, keep_operand, recorded, persistent[i], /*computed=*/true);
       outputs.push_back(shaped_output(p.y2d, x));
       saved_counts.push_back(static_cast<int64_t>(p.saved.size()));
       kept.push_back(p.kept_operand ? 1 : 0);
@@ -343,20 +348,23 @@ void check_kept_operand(const PersistentOperand& kept, const at::Tensor& weight)
 }
 }  // namespace
 
-at::Tensor ste_linear(const at::Tensor& x, const at::Tensor& weight, ScaleMode mode, bool keep_operand) {
+at::Tensor ste_linear(const at::Tensor& x, const at::Tensor& weight, ScaleMode mode, bool keep_operand,
+                      ProductOutput output) {
   check_linear_input(x, weight);
   // Only a recorded node keeps anything: without a graph the operand goes to the reused scratch buffer and no codes
   // are written.
   const bool recorded = at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad());
-  return SteLinearFunction::apply(x, weight, mode, keep_operand, recorded, static_cast<PersistentOperand*>(nullptr));
+  return SteLinearFunction::apply(x, weight, mode, keep_operand, recorded, static_cast<PersistentOperand*>(nullptr),
+                                  output == ProductOutput::computed);
 }
 
-at::Tensor ste_linear_persistent(const at::Tensor& x, PersistentOperand& kept, ScaleMode mode) {
+at::Tensor ste_linear_persistent(const at::Tensor& x, PersistentOperand& kept, ScaleMode mode, ProductOutput output) {
   const at::Tensor& weight = kept.weight;
   check_linear_input(x, weight);
   check_kept_operand(kept, weight);
   const bool recorded = at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad());
-  return SteLinearFunction::apply(x, weight, mode, /*keep_operand=*/false, recorded, &kept);
+  return SteLinearFunction::apply(x, weight, mode, /*keep_operand=*/false, recorded, &kept,
+                                  output == ProductOutput::computed);
 }
 
 std::vector<at::Tensor> ste_linear_shared_input(const at::Tensor& x, const std::vector<at::Tensor>& weights,

@@ -40,7 +40,8 @@ class TrainingBlockRunner final : public BlockRunner {
   at::Tensor run_again(Qwen3Model& model, int64_t layer, const at::Tensor& x, const at::Tensor& cos,
                        const at::Tensor& sin, const at::Tensor& allowed) {
     ++recomputed_blocks_;
-    return model.run_block(layer, x, cos, sin, allowed);
+    // Backward differentiates the output; the next block's input was kept from forward, so nothing reads it.
+    return model.run_block(layer, x, cos, sin, allowed, BlockOutput::differentiated);
   }
 
  private:

@@ -112,6 +112,9 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
   // forward writes every expert's codes with its operand wherever backward reads them and whose backward
   // dequantizes them; no operand is kept for them (--keep-weight-operands concerns the other projections).
   std::vector<double> trained_experts(s.layers, 0);
+  // Of them, a dense block's trained down_proj: the recompute under --grad-checkpoint makes its node without the
+  // product (nothing reads the block's output there; BlockOutput::differentiated, ProductOutput::unread).
+  std::vector<double> trained_down(s.layers, 0);
   // A sparse block's products: a token goes through its k experts of E (and the router), so it multiplies by
   // k/E of the experts' elements; every expert's weights still move once a step (projections above).
   std::vector<double> active(s.layers, 0), trained_active(s.layers, 0);
@@ -133,6 +136,7 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
       const bool expert = spec.key.find(".mlp.experts.") != std::string::npos;
       const bool router = spec.key.find(".mlp.gate.weight") != std::string::npos;
       if (spec.quantizable && expert && trains) trained_experts[l] += n;
+      if (trains && !s.moe_layer(l) && spec.key.find(".mlp.down_proj.") != std::string::npos) trained_down[l] += n;
       if (spec.quantizable || router) {
         const double used = expert ? n * routed_share : n;
         active[l] += used;
@@ -231,10 +235,12 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
     backward.bytes += frozen * dequantize_per + others * ((kept_operand ? 0 : dequantize_per) + e) +
                       experts * (dequantize_per + e) + activation_backward_bytes(l, others > 0);
     // The recompute: the block's forward again, whose one-pass operands write the codes where dX reads them (and
-    // which makes no operand held from the first forward).
+    // which makes no operand held from the first forward); a dense block without its last product (a trained
+    // down_proj's) and the residual add after it (3H a token), whose outputs nothing reads.
+    const double unread_add_bytes = s.moe_layer(l) ? 0 : N * a * 3 * H;
     if (o.grad_checkpoint)
-      backward.flops += block_forward_flops,
-          backward.bytes += block_bytes(trained_recompute_per) +
+      backward.flops += block_forward_flops - 2 * N * trained_down[l],
+          backward.bytes += block_bytes(trained_recompute_per) - unread_add_bytes +
                             (one_pass_operand && !kept_operand ? others * kCodeBytes : 0) + experts * kCodeBytes;
   }
   // The sliced loss: the head's product in forward; in backward the logits again, dX and (if it trains) dW.

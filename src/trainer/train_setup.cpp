@@ -235,6 +235,13 @@ class SteProjection final : public ProjectionKernel {
       if (nvfp4::PersistentOperand* kept = persistent_->find(weight)) return nvfp4::ste_linear_persistent(x, *kept, mode_);
     return nvfp4::ste_linear(x, weight, mode_, keep_operand_);
   }
+  // The node without its product: the recompute's last product of a dense block (BlockOutput::differentiated).
+  at::Tensor apply_unread(const at::Tensor& x, const at::Tensor& weight) const override {
+    if (persistent_)
+      if (nvfp4::PersistentOperand* kept = persistent_->find(weight))
+        return nvfp4::ste_linear_persistent(x, *kept, mode_, nvfp4::ProductOutput::unread);
+    return nvfp4::ste_linear(x, weight, mode_, keep_operand_, nvfp4::ProductOutput::unread);
+  }
   // A block's q, k and v (its gate and up) as one node on CUDA: their dX summed by the products themselves. The
   // CPU keeps a node a projection, the reference the GPU test compares the node with.
   bool offers_shared_input(const at::Tensor& x) const override { return x.is_cuda(); }

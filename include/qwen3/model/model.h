@@ -31,6 +31,10 @@ class ProjectionKernel {
  public:
   virtual ~ProjectionKernel() = default;
   virtual at::Tensor apply(const at::Tensor& x, const at::Tensor& weight) const = 0;
+  // apply's node where nobody reads the output, only differentiates it (a dense block's last product when the
+  // block runs again to be differentiated, BlockOutput::differentiated): the same saved tensors and backward; a
+  // kernel may leave the product itself out, the output's bytes then unspecified. By default apply.
+  virtual at::Tensor apply_unread(const at::Tensor& x, const at::Tensor& weight) const { return apply(x, weight); }
   // Several projections at once over rows sorted by projection (a sparse block's experts; every kernel of
   // `group` is of this kernel's type): the rows of group g times projection g's matrix, [rows, out], one node.
   // Offered where it is the faster form (one grouped GEMM for all experts on CUDA); where not, the model runs
@@ -53,7 +57,16 @@ struct Projection {
   at::Tensor weight;
   std::shared_ptr<const ProjectionKernel> kernel;
   at::Tensor operator()(const at::Tensor& x) const;
+  // The same node for an output nobody reads (ProjectionKernel::apply_unread).
+  at::Tensor unread(const at::Tensor& x) const;
 };
+
+// What a block's caller does with its output: reads it (every forward), or only differentiates it (a block run
+// again in backward by activation checkpointing: the next block's input was kept from the first run, so the
+// output's value is read by nothing and its graph alone matters). A dense block run for `differentiated` leaves
+// out its last product (down_proj's, where its kernel may: apply_unread) and the residual add after it; its
+// output's bytes are then unspecified, its gradients the same.
+enum class BlockOutput { read, differentiated };
 
 // The projections of `group` (not empty) over one input x, in order: one shared-input node where their kernels
 // (all of one type) offer it for x, else one product each.
@@ -164,8 +177,8 @@ class Qwen3Model {
   at::Tensor hidden_states_from_embeddings(at::Tensor x, KVCache* cache = nullptr, const PackedRows* packed = nullptr);
   // One block without a cache, as forward runs it: what a BlockRunner calls.
   at::Tensor run_block(int64_t layer, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                       const at::Tensor& allowed) {
-    return block_forward(blocks[static_cast<size_t>(layer)], x, cos, sin, nullptr, layer, 0, allowed);
+                       const at::Tensor& allowed, BlockOutput output = BlockOutput::read) {
+    return block_forward(blocks[static_cast<size_t>(layer)], x, cos, sin, nullptr, layer, 0, allowed, output);
   }
 
   // The sparse blocks' router logits [tokens, experts] of each forward while recording (the load-balancing loss
@@ -186,7 +199,8 @@ class Qwen3Model {
  private:
   at::Tensor moe_mlp(const Qwen3Block& b, const at::Tensor& h) const;
   at::Tensor block_forward(const Qwen3Block& b, at::Tensor x, const at::Tensor& cos, const at::Tensor& sin,
-                           KVCache* cache, int64_t layer, int64_t offset, const at::Tensor& allowed);
+                           KVCache* cache, int64_t layer, int64_t offset, const at::Tensor& allowed,
+                           BlockOutput output = BlockOutput::read);
   at::Tensor rmsnorm(const at::Tensor& x, const at::Tensor& weight) const;
   at::Tensor* field_of(const std::string& key);
 

@@ -19,6 +19,13 @@ namespace qwen3::nvfp4 {
 // and lose at 64 on four of five (0.54-0.70x); 32 rows were not measured, so the kernels take what was.
 constexpr int64_t kNvfp4KernelMaxRows = 17;
 
+// Whether a straight-through product's output is read. `unread`: a node whose output only carries a gradient
+// back, as a block's last projection where activation checkpointing runs the block again in backward (the
+// recompute differentiates the block's output; nothing reads its value, Qwen3Model::run_block). Such a node
+// saves what backward needs as ever (the codes, or the operand, made from the weight) and its backward is the
+// same; the product itself is not run, and the output's bytes are unspecified (an allocation, never written).
+enum class ProductOutput { computed, unread };
+
 // y = x2d · deq(codes, scales)ᵀ in x2d's dtype by the path above (CPU: dequantize, then mm).
 at::Tensor quantized_product(const at::Tensor& x2d, const at::Tensor& codes, const at::Tensor& scales);
 
@@ -30,8 +37,9 @@ at::Tensor quantized_product(const at::Tensor& x2d, const at::Tensor& codes, con
 // no dequantization there): --keep-weight-operands backward, auto's choice under --grad-checkpoint, where a
 // block's recompute and its backward follow each other (docs/trainer.md). Elsewhere keep_operand changes nothing.
 // dW = dYᵀ·X in the weight's dtype (product_in_dtype).
+// output: ProductOutput::unread for a node whose output nobody reads, only differentiates; the product is not run.
 at::Tensor ste_linear(const at::Tensor& x, const at::Tensor& weight, ScaleMode mode = ScaleMode::rne,
-                      bool keep_operand = false);
+                      bool keep_operand = false, ProductOutput output = ProductOutput::computed);
 
 // A trained weight's bf16 operand kept across steps (--keep-weight-operands always, docs/trainer.md): deq(Q(W)) of
 // the weight as it was at its autograd version `version`. The optimizer's CUDA update writes `operand` beside the
@@ -47,7 +55,8 @@ struct PersistentOperand {
 // ste_linear whose operand is `kept`'s where it is current: on CUDA with bf16 activations at training shapes the
 // forward multiplies kept.operand (made first by the quantize pass when the weight's version moved) and backward's
 // dX reads it; no codes are made and nothing per step is allocated for the weight. Elsewhere ste_linear itself.
-at::Tensor ste_linear_persistent(const at::Tensor& x, PersistentOperand& kept, ScaleMode mode = ScaleMode::rne);
+at::Tensor ste_linear_persistent(const at::Tensor& x, PersistentOperand& kept, ScaleMode mode = ScaleMode::rne,
+                                 ProductOutput output = ProductOutput::computed);
 
 // Projections of one input (a block's q, k and v; its gate and up) as one autograd node: output i is what
 // ste_linear(x, weights[i], mode, keep_operand) gives, or ste_linear_persistent(x, *kept[i], mode) where kept[i]

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <fstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cli_test_util.h"
 #include "qwen3/base/error.h"
@@ -335,6 +337,72 @@ TEST(StepTimeModel, DefaultRatesFollowTheGpu) {
 #endif
 }
 
+const StepTerm* term(const PhaseTime& p, const std::string& name) {
+  for (const StepTerm& t : p.terms)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+// Every FLOP and byte of a phase belongs to a named term (StepTerm), and the terms' times add up to the phase's:
+// what vram-report --predict-only prints under each phase, so that each figure points at the place in
+// predict_step_time that counts it. Checked for the configurations whose counts differ (plain, checkpointed with
+// each operand choice, kept across steps, the optimizer in backward, a frozen part, a sparse model, the CPU).
+TEST(StepTimeModel, EveryFlopAndByteBelongsToANamedTerm) {
+  const Qwen3Config dense = qwen3_4b(), sparse = preset_config("qwen3-30b-a3b");
+  std::vector<std::pair<std::string, TrainOptions>> cases;
+  cases.emplace_back("plain", options(2048));
+  TrainOptions lean = options(2048);
+  lean.grad_checkpoint = lean.fused_optimizer = true;
+  cases.emplace_back("lean", lean);
+  for (const KeepWeightOperands keep :
+       {KeepWeightOperands::off, KeepWeightOperands::recompute, KeepWeightOperands::backward}) {
+    TrainOptions o = lean;
+    o.keep_weight_operands = keep;
+    cases.emplace_back(std::string("lean ") + to_string(keep), o);
+  }
+  TrainOptions always = options(512, 4);
+  always.master_dtype = MasterDtype::float32;
+  always.adamw.moments = MomentStorage::float32;
+  always.keep_weight_operands = KeepWeightOperands::always;
+  cases.emplace_back("always", always);
+  TrainOptions last = lean;
+  last.train_last_layers = 6;
+  cases.emplace_back("last layers", last);
+  for (const auto& [name, o] : cases)
+    for (const bool moe : {false, true})
+      for (const std::string device : {"h100", "gb10", "cpu"}) {
+        TrainOptions run = o;
+        if (device == "cpu") run.compute_dtype = ComputeDtype::float32;
+        const Qwen3Config& c = moe ? sparse : dense;
+        const StepTimePlan plan = predict_step_time(c, !c.tie_word_embeddings, run, device_rates(device));
+        const std::string what = name + (moe ? " moe " : " dense ") + device;
+        for (const PhaseTime& p : plan.phases) {
+          double flops = 0, bytes = 0, ms = 0;
+          for (const StepTerm& t : p.terms) {
+            flops += t.flops, bytes += t.bytes, ms += t.ms;
+            EXPECT_TRUE(t.flops > 0 || t.bytes > 0) << what << " " << p.phase << ": " << t.name;
+          }
+          EXPECT_NEAR(flops, p.flops, 1e-9 * p.flops + 1) << what << " " << p.phase;
+          EXPECT_NEAR(bytes, p.bytes, 1e-9 * p.bytes + 1) << what << " " << p.phase;
+          EXPECT_NEAR(ms, p.ms, 1e-9 * p.ms) << what << " " << p.phase;
+        }
+      }
+  // The terms are the counts the other tests pin: the lean step's recompute runs forward's products but each dense
+  // block's trained down_proj, and its activations' passes but the residual add after it.
+  const StepTimePlan plan = predict_step_time(dense, false, lean, device_rates("h100"));
+  const ModelShape s = dense.shape();
+  const double N = 2048, H = s.hidden, I = s.intermediate;
+  const PhaseTime &forward = phase(plan, "forward_done"), &backward = phase(plan, "backward_done");
+  ASSERT_TRUE(term(forward, "projections") && term(backward, "recompute: projections"));
+  EXPECT_NEAR(term(forward, "projections")->flops - term(backward, "recompute: projections")->flops,
+              s.layers * 2 * N * H * I, 1.0);
+  EXPECT_NEAR(term(forward, "activations")->bytes - term(backward, "recompute: activations")->bytes,
+              s.layers * N * 2 * 3 * H, 1.0);
+  ASSERT_TRUE(term(backward, "update") && term(backward, "gradient norm read"));
+  EXPECT_EQ(term(backward, "update")->kind, StepTerm::Kind::update);
+  EXPECT_EQ(term(forward, "update"), nullptr) << "no update in forward";
+}
+
 TEST(StepTimeModel, PredictOnlyPrintsTheTimeForANamedDevice) {
   test::TempDir dir;
   const std::string config = dir.file("config.json");
@@ -348,6 +416,9 @@ TEST(StepTimeModel, PredictOnlyPrintsTheTimeForANamedDevice) {
   EXPECT_NE(r.out.find("memory shared with the CPU"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("backward_done"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find(" ms; compute floor "), std::string::npos) << r.out;
+  // Each phase's terms under it (StepTerm), indented.
+  EXPECT_NE(r.out.find("\n  loss: logits "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\n  gradient norm read "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("predicted memory of one step on cuda"), std::string::npos) << r.out;
   // GB10's one number: the tensors' peak plus the runtime, against the machine's 128 GB.
   EXPECT_NE(r.out.find("one memory pool (gb10: the GPU's memory is the machine's): predicted "), std::string::npos)

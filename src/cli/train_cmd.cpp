@@ -100,9 +100,13 @@ void print_time_plan(const StepTimePlan& plan, const DeviceRates& rates, double 
              100 * rates.memory_efficiency, 100 * rates.pass_efficiency,
              update_g_per_s > 0 ? fmt::format(", the update at most {:g} G parameters/s", update_g_per_s) : "",
              rates.unified_memory ? ", memory shared with the CPU" : "");
-  fmt::print("{:<22} {:>12} {:>12} {:>12}\n", "phase", "GFLOP", "GB moved", "ms");
-  for (const auto& p : plan.phases)
-    fmt::print("{:<22} {:>12.1f} {:>12.2f} {:>12.1f}\n", p.phase, p.flops / 1e9, p.bytes / 1e9, p.ms);
+  // Each phase, then its terms as predict_step_time counts them (StepTerm: a term's ms at its kind's rate).
+  fmt::print("{:<44} {:>12} {:>12} {:>12}\n", "phase", "GFLOP", "GB moved", "ms");
+  for (const auto& p : plan.phases) {
+    fmt::print("{:<44} {:>12.1f} {:>12.2f} {:>12.1f}\n", p.phase, p.flops / 1e9, p.bytes / 1e9, p.ms);
+    for (const StepTerm& t : p.terms)
+      fmt::print("  {:<42} {:>12.1f} {:>12.2f} {:>12.1f}\n", t.name, t.flops / 1e9, t.bytes / 1e9, t.ms);
+  }
   fmt::print("step {:.1f} ms; compute floor {:.1f} ms (the products alone at the matmul rate: the step is {:.2f}x it)\n",
              plan.total_ms(), plan.floor_ms(), plan.floor_ms() > 0 ? plan.total_ms() / plan.floor_ms() : 0.0);
   const double with_update = plan.floor_ms() + plan.update_floor_ms;

@@ -18,6 +18,21 @@ namespace {
 
 constexpr double kCodeBytes = 9.0 / 16.0;  // NVFP4: half a byte of code and a 16th of a scale byte an element
 
+// Adds work to a phase and to its term `name` (one term a name, in the order first counted): every flop and byte
+// the model counts goes through here, so the terms add up to the phase.
+void count(PhaseTime& p, const std::string& name, StepTerm::Kind kind, double flops, double bytes) {
+  if (flops == 0 && bytes == 0) return;
+  p.flops += flops, p.bytes += bytes;
+  for (StepTerm& t : p.terms)
+    if (t.name == name) {
+      t.flops += flops, t.bytes += bytes;
+      return;
+    }
+  p.terms.push_back({name, kind, flops, bytes, 0});
+}
+void products(PhaseTime& p, const std::string& name, double flops) { count(p, name, StepTerm::Kind::products, flops, 0); }
+void pass(PhaseTime& p, const std::string& name, double bytes) { count(p, name, StepTerm::Kind::passes, 0, bytes); }
+
 }  // namespace
 
 const std::vector<std::string>& predict_device_names() {
@@ -218,30 +233,38 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
     return grouped_experts ? e + a + (recorded ? kCodeBytes : 0) : trained_forward_per;
   };
   for (int64_t l = 0; l < s.layers; ++l) {
-    const double block_forward_flops = 2 * N * active[l] + attention_flops;
     const double frozen = projections[l] - trained_projections[l];
     const double experts = grouped_experts ? trained_experts[l] : 0, others = trained_projections[l] - experts;
-    // The block's forward passes, its trained projections' operands at `trained_per` bytes an element.
-    const auto block_bytes = [&](double trained_per) {
-      return frozen * frozen_forward_per + others * trained_per + experts * expert_forward_per(!o.grad_checkpoint) +
-             activation_bytes(l);
+    // The block's forward (`prefix` "" or the recompute's): its products but `skipped` FLOPs, its passes, its trained
+    // projections' operands at `trained_per` bytes an element, its activations' passes but `unread` bytes.
+    const auto block_forward = [&](PhaseTime& p, const std::string& prefix, double trained_per, double skipped,
+                                   double unread) {
+      products(p, prefix + "projections", 2 * N * active[l] - skipped);
+      products(p, prefix + "attention", attention_flops);
+      pass(p, prefix + "frozen projections' operands", frozen * frozen_forward_per);
+      pass(p, prefix + "trained projections' operands", others * trained_per);
+      pass(p, prefix + "experts' codes and operands", experts * expert_forward_per(!o.grad_checkpoint));
+      pass(p, prefix + "activations", activation_bytes(l) - unread);
     };
-    const double block_forward_bytes = block_bytes(trained_forward_per);
-    forward.flops += block_forward_flops;
-    forward.bytes += block_forward_bytes;
+    block_forward(forward, "", trained_forward_per, 0, 0);
     if (l < first_graph_block) continue;  // no graph, no backward
-    backward.flops += 2 * N * active[l] + 2 * N * trained_active[l] + 2 * attention_flops;
+    products(backward, "projections' dX", 2 * N * active[l]);
+    products(backward, "projections' dW", 2 * N * trained_active[l]);
+    products(backward, "attention", 2 * attention_flops);
     // dX's operands, then dW written in the master's dtype.
-    backward.bytes += frozen * dequantize_per + others * ((kept_operand ? 0 : dequantize_per) + e) +
-                      experts * (dequantize_per + e) + activation_backward_bytes(l, others > 0);
+    pass(backward, "dX operands dequantized",
+         frozen * dequantize_per + others * (kept_operand ? 0 : dequantize_per) + experts * dequantize_per);
+    pass(backward, "dW written", (others + experts) * e);
+    pass(backward, "activations", activation_backward_bytes(l, others > 0));
     // The recompute: the block's forward again, whose one-pass operands write the codes where dX reads them (and
     // which makes no operand held from the first forward); a dense block without its last product (a trained
     // down_proj's) and the residual add after it (3H a token), whose outputs nothing reads.
-    const double unread_add_bytes = s.moe_layer(l) ? 0 : N * a * 3 * H;
-    if (o.grad_checkpoint)
-      backward.flops += block_forward_flops - 2 * N * trained_down[l],
-          backward.bytes += block_bytes(trained_recompute_per) - unread_add_bytes +
-                            (one_pass_operand && !kept_operand ? others * kCodeBytes : 0) + experts * kCodeBytes;
+    if (o.grad_checkpoint) {
+      block_forward(backward, "recompute: ", trained_recompute_per, 2 * N * trained_down[l],
+                    s.moe_layer(l) ? 0 : N * a * 3 * H);
+      pass(backward, "recompute: codes for dX",
+           (one_pass_operand && !kept_operand ? others * kCodeBytes : 0) + experts * kCodeBytes);
+    }
   }
   // The sliced loss: the head's product in forward; in backward the logits again, dX and (if it trains) dW.
   // Beyond the products: on a GPU each slice's logits are written by the product and read once by the statistics
@@ -257,10 +280,14 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
   const double slice = static_cast<double>(
       loss_slice_width(static_cast<int64_t>(N), static_cast<int64_t>(V)));
   const double input_gradient_sums = std::ceil(V / slice) * 12 * N * H;
-  forward.flops += 2 * N * H * V;
-  forward.bytes += head_cast_bytes + forward_logit_bytes;
-  backward.flops += 2 * N * H * V * (head_grad ? 3 : 2);
-  backward.bytes += head_cast_bytes + backward_logit_bytes + input_gradient_sums + (head_grad ? V * H * e : 0);
+  products(forward, "loss: head", 2 * N * H * V);
+  pass(forward, "loss: head cast", head_cast_bytes);
+  pass(forward, "loss: logits", forward_logit_bytes);
+  products(backward, "loss: head (logits, dX, dW)", 2 * N * H * V * (head_grad ? 3 : 2));
+  pass(backward, "loss: head cast", head_cast_bytes);
+  pass(backward, "loss: logits", backward_logit_bytes);
+  pass(backward, "loss: dX slices summed", input_gradient_sums);
+  pass(backward, "loss: head gradient written", head_grad ? V * H * e : 0);
   // The optimizer: the norm reads every gradient once; the fused update reads gradient, master and state and
   // writes master and state (nvfp4 on a GPU reads the gradient and its state twice, for the row scale).
   // The norm is a kernel of its own (kernels/grad_clip.md), so its read is counted apart from the update's kernel,
@@ -291,14 +318,16 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
   backward.updated = in_backward * trainable_in_blocks;
   backward.operand_updated = in_backward * operand_elements;
   backward.operand_update_bytes = in_backward * operand_update_bytes;
-  backward.bytes += backward.update_bytes;
+  count(backward, "gradient norm read", StepTerm::Kind::norm, 0, backward.norm_bytes);
+  count(backward, "update", StepTerm::Kind::update, 0, backward.update_bytes - backward.norm_bytes);
   optimizer.norm_bytes = norm_bytes(trainable - in_backward * trainable_in_blocks);
   optimizer.update_bytes = update_bytes(trainable - in_backward * trainable_in_blocks, state_bytes - in_backward * state_bytes_in_blocks) +
                            (1 - in_backward) * a * operand_elements + optimizer.norm_bytes;
   optimizer.updated = trainable - in_backward * trainable_in_blocks;
   optimizer.operand_updated = (1 - in_backward) * operand_elements;
   optimizer.operand_update_bytes = (1 - in_backward) * operand_update_bytes;
-  optimizer.bytes = optimizer.update_bytes;
+  count(optimizer, "gradient norm read", StepTerm::Kind::norm, 0, optimizer.norm_bytes);
+  count(optimizer, "update", StepTerm::Kind::update, 0, optimizer.update_bytes - optimizer.norm_bytes);
 
   const double matmul_rate = (compute_bf16 ? device.bf16_tflops : device.fp32_tflops) * 1e12 * device.matmul_efficiency;
   const double memory_rate = device.memory_gbps * 1e9 * device.memory_efficiency;
@@ -311,10 +340,16 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
   };
   StepTimePlan plan{device.name, {forward, backward, optimizer}, matmul_rate};
   for (PhaseTime& p : plan.phases) {
-    const double update_s = p.norm_bytes / memory_rate +
-                            bound(p.update_bytes - p.norm_bytes - p.operand_update_bytes, p.updated - p.operand_updated, element_rate) +
-                            bound(p.operand_update_bytes, p.operand_updated, operand_rate);
-    p.ms = 1e3 * (p.flops / matmul_rate + (p.bytes - p.update_bytes) / pass_rate + update_s);
+    const double norm_s = p.norm_bytes / memory_rate;
+    const double update_s =
+        bound(p.update_bytes - p.norm_bytes - p.operand_update_bytes, p.updated - p.operand_updated, element_rate) +
+        bound(p.operand_update_bytes, p.operand_updated, operand_rate);
+    p.ms = 1e3 * (p.flops / matmul_rate + (p.bytes - p.update_bytes) / pass_rate + norm_s + update_s);
+    for (StepTerm& t : p.terms)
+      t.ms = 1e3 * (t.kind == StepTerm::Kind::products ? t.flops / matmul_rate
+                    : t.kind == StepTerm::Kind::passes ? t.bytes / pass_rate
+                    : t.kind == StepTerm::Kind::norm   ? norm_s
+                                                       : update_s);
   }
   plan.update_floor_ms = 1e3 * update_floor_bytes / memory_rate;
   return plan;

@@ -58,6 +58,17 @@ const std::vector<std::string>& predict_device_names();
 std::string rates_name_for_gpu(int major, int minor, uint64_t total_memory);
 std::string default_rates_name(const c10::Device& device);
 
+// One named share of a phase's work, the place in predict_step_time that counts it named alike: the products of a
+// kind (flops), or a pass's bytes (the weights' operands, the activations' kernels, the loss's logits, ...), or the
+// update's. A phase's terms add up to its flops and bytes; `ms` is the term's share of the phase's time at the
+// rate its kind runs at (the update's at its bound). `vram-report --predict-only` prints them.
+struct StepTerm {
+  enum class Kind { products, passes, norm, update };
+  std::string name;
+  Kind kind = Kind::passes;
+  double flops = 0, bytes = 0, ms = 0;
+};
+
 struct PhaseTime {
   std::string phase;     // forward_done | backward_done | optimizer_step_done
   double flops = 0;      // products
@@ -72,6 +83,7 @@ struct PhaseTime {
   // plus the update at the slower of its other bytes at the memory rate and its elements at the update rate (no
   // overlap assumed), the operand-writing elements' part at their own element rate.
   double ms = 0;
+  std::vector<StepTerm> terms;  // in the order counted; they add up to flops and bytes
 };
 
 struct StepTimePlan {

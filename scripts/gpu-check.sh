@@ -6,8 +6,9 @@
 # The round is two device calls, chained back to back on one warm machine (docs/build.md, "The GPU round"; a
 # lease is 15 minutes of device time, and the first round measured what each stage takes):
 #   --call 1   env, build, test-gpu, smoke, train-2048:lean+fast+lean-unpacked+fast-unpacked (with their peers),
-#              lean-recompute (the memory goal: each block's operands made by its recompute), and lean and fast
-#              unpacked with --overlap-update
+#              lean-recompute (the memory goal: each block's operands made by its recompute), lean-fit (only the
+#              blocks recomputed that the memory needs: none on an H200), and lean and fast unpacked with
+#              --overlap-update
 #   --call 2   sanitize, hf, bench, train-512:lean+fast+fast-codes+fast-always (fast with its codes, and with its
 #              operands kept across steps), test-all
 #   --call 3   train-512:fast-unpacked+grad-checkpoint (what is left, if the lease has time)
@@ -16,8 +17,8 @@
 # train-512), hf, summary, or all (every stage). train-2048 and train-512 take the configurations to run after
 # a colon, joined by '+': lean, fast, grad-checkpoint, base, each packed, or with -unpacked; lean and fast also
 # with -overlap before it (--overlap-update: lean-overlap, fast-overlap-unpacked), or -codes / -recompute / -always
-# (--keep-weight-operands off / recompute / always: fast-codes, lean-recompute, fast-always) (default:
-# TRAIN_CONFIGS).
+# (--keep-weight-operands off / recompute / always: fast-codes, lean-recompute, fast-always), or -fit
+# (--grad-checkpoint-blocks auto: lean-fit) (default: TRAIN_CONFIGS).
 # The build folder (BUILD_DIR, default build-gpu/, ignored) keeps the build and the status of every step run so
 # far (BUILD_DIR/gpu-check/status.tsv). RESULTS_DIR is rewritten after every step, so that a call cut short
 # still returns what it measured: summary.md (the table), status.tsv, bench_kernels.json and
@@ -54,7 +55,7 @@ while [ $# -gt 0 ]; do
     --stage=*) IFS=', ' read -r -a more <<<"${1#--stage=}"; stages+=("${more[@]}"); shift ;;
     --call) [ $# -ge 2 ] || usage
       case "$2" in
-        1) stages+=(env build test-gpu smoke train-2048:lean+fast+lean-unpacked+fast-unpacked+lean-recompute+lean-overlap-unpacked+fast-overlap-unpacked) ;;
+        1) stages+=(env build test-gpu smoke train-2048:lean+fast+lean-unpacked+fast-unpacked+lean-recompute+lean-fit+lean-overlap-unpacked+fast-overlap-unpacked) ;;
         2) stages+=(sanitize hf bench train-512:lean+fast+fast-codes+fast-always test-all) ;;
         3) stages+=(train-512:fast-unpacked+grad-checkpoint) ;;
         *) echo "gpu-check: --call is 1, 2 or 3" >&2; usage ;;
@@ -1026,7 +1027,8 @@ stage_hf() {
 # codes, where auto keeps its bf16 operand from forward when the step fits), -recompute (--keep-weight-operands
 # recompute, under --grad-checkpoint: each block's recompute makes its operands again, where auto keeps the first
 # forward's through the recompute when the step fits) or -always (--keep-weight-operands always: the operands kept
-# across steps, written by the update), or several (NAME-overlap-unpacked).
+# across steps, written by the update), -fit (--grad-checkpoint-blocks auto: the fewest blocks recomputed whose step
+# fits the device, none for Qwen3-4B's lean step on an H100 or H200), or several (NAME-overlap-unpacked).
 config_flags() {
   local name=${1%-unpacked} extra=""
   if [[ "$name" == *-overlap ]]; then
@@ -1042,6 +1044,9 @@ config_flags() {
   elif [[ "$name" == *-always ]]; then
     name=${name%-always}
     [ "$dry_run" = 1 ] || extra+=" --keep-weight-operands always"  # CUDA only: the dry run's CPU keeps the codes
+  elif [[ "$name" == *-fit ]]; then
+    name=${name%-fit}
+    extra+=" --grad-checkpoint-blocks auto"
   fi
   case "$name" in
     lean) echo "--master-dtype bfloat16 --optimizer-state-mode nvfp4 --grad-checkpoint --fused-optimizer$extra" ;;
@@ -1051,13 +1056,14 @@ config_flags() {
     *) return 1 ;;
   esac
 }
-# The configuration a name modifies: NAME without its -unpacked, -overlap and -codes, -recompute or -always.
+# The configuration a name modifies: NAME without its -unpacked, -overlap and -codes, -recompute, -always or -fit.
 base_config() {
   local name=${1%-unpacked}
   name=${name%-overlap}
   name=${name%-codes}
   name=${name%-recompute}
   name=${name%-always}
+  name=${name%-fit}
   echo "${name%-overlap}"
 }
 # The peer with the same parameter and optimizer dtypes (bench/hf_peer.py train): a bf16 master with 4-bit
@@ -1218,7 +1224,7 @@ PY
   stage_end "$name"
 }
 
-# Each run of a stage that differs from another of the stage by one modifier (-codes, -recompute, -always, -overlap)
+# Each run of a stage that differs from another of the stage by one modifier (-codes, -recompute, -always, -fit, -overlap)
 # against it:
 # the ratio of their steady ms/step (steps after the first 3, the last left out: the fast runs profile it), one
 # row for the stage (what --keep-weight-operands and --overlap-update gain, measured in the same call).
@@ -1238,7 +1244,7 @@ def ms(c):
     return sum(r["step_ms"] for r in rows) / len(rows) if rows else None
 out = []
 for c in configs:
-    for mod in ("-codes", "-recompute", "-always", "-overlap"):
+    for mod in ("-codes", "-recompute", "-always", "-fit", "-overlap"):
         if mod not in c:
             continue
         base = c.replace(mod, "", 1)

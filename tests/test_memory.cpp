@@ -641,6 +641,72 @@ TEST(MemoryModel, AutoKeepsWeightOperandsWhereTheStepStillFits) {
   EXPECT_TRUE(always.keep() && always.persistent()) << always.why;
 }
 
+// --grad-checkpoint-blocks: the first N blocks recomputed, the others keeping their activations (and, with the
+// operands held through the recompute, a buffer for the recomputed blocks' operands only). The peak falls as N
+// grows, from the step without checkpointing (N = 0) to the fully checkpointed one (all). auto takes the fewest
+// whose step fits 90% of the device: none for Qwen3-4B's fast step at 2048 × 1 on an H100 (nor at 2048 × 2, whose
+// operands then stay codes: with no block recomputed, auto does not fall back to the recompute's operands), some but
+// not all at 2048 × 4 (the fewest: one fewer does not fit), and all where even that does not fit (48 rows); a CPU's limit is
+// the machine's memory. Explicit counts and all are taken as given; without --grad-checkpoint nothing is recomputed.
+TEST(MemoryModel, CheckpointedBlocksAreTheFewestWhoseStepFits) {
+  const Qwen3Config config = preset_config("qwen3-4b");
+  const int64_t layers = config.num_hidden_layers;
+  const c10::Device cuda(c10::kCUDA, 0);
+  TrainOptions o;
+  o.data.seq_len = 2048;
+  o.fused_optimizer = true;
+  o.predict_device = "h100";
+  const auto peak = [&](const TrainOptions& t) { return predict(t, config, cuda).memory.peak(); };
+  const uint64_t none = peak(o);
+  o.grad_checkpoint = true;
+  const uint64_t all = peak(o);
+  uint64_t previous = none;
+  for (const int64_t k : {int64_t{0}, int64_t{9}, int64_t{18}, int64_t{27}, layers}) {
+    o.grad_checkpoint_blocks = k;
+    const CheckpointBlocksChoice c = choose_checkpoint_blocks(o, config, cuda);
+    EXPECT_EQ(c.decided, k) << c.why;
+    const uint64_t p = peak(o);
+    if (k == 0) EXPECT_EQ(p, none);
+    if (k == layers) EXPECT_EQ(p, all);
+    EXPECT_LE(p, previous) << k;
+    if (k > 0 && k < layers) EXPECT_LT(p, previous) << k;
+    previous = p;
+  }
+  o.grad_checkpoint_blocks = TrainOptions::kCheckpointAllBlocks;
+  EXPECT_EQ(choose_checkpoint_blocks(o, config, cuda).decided, TrainOptions::kCheckpointAllBlocks);
+  o.grad_checkpoint_blocks = TrainOptions::kCheckpointBlocksAuto;
+  const CheckpointBlocksChoice fits = choose_checkpoint_blocks(o, config, cuda);
+  EXPECT_EQ(fits.decided, 0) << fits.why;
+  EXPECT_NE(fits.why.find("within 90%"), std::string::npos) << fits.why;
+  o.data.batch_size = 2;
+  EXPECT_EQ(choose_checkpoint_blocks(o, config, cuda).decided, 0);
+  EXPECT_EQ(predict(o, config, cuda).operands.decided, KeepWeightOperands::off);
+  o.data.batch_size = 4;
+  const CheckpointBlocksChoice some = choose_checkpoint_blocks(o, config, cuda);
+  EXPECT_GT(some.decided, 0) << some.why;
+  EXPECT_LT(some.decided, layers) << some.why;
+  const double limit = kWeightOperandsMemoryShare * static_cast<double>(device_memory_bytes(cuda, "h100"));
+  TrainOptions at = o;
+  at.grad_checkpoint_blocks = some.decided;
+  EXPECT_LE(static_cast<double>(peak(at)), limit);
+  at.grad_checkpoint_blocks = some.decided - 1;
+  EXPECT_GT(static_cast<double>(peak(at)), limit) << "the fewest";
+  EXPECT_EQ(predict(o, config, cuda).checkpoint.decided, some.decided);
+  o.data.batch_size = 48;
+  const CheckpointBlocksChoice over = choose_checkpoint_blocks(o, config, cuda);
+  EXPECT_EQ(over.decided, TrainOptions::kCheckpointAllBlocks) << over.why;
+  EXPECT_NE(over.why.find("above 90%"), std::string::npos) << over.why;
+  // The CPU: against the machine's memory, which holds the tiny model's step whole.
+  TrainOptions tiny;
+  tiny.data.seq_len = 64;
+  tiny.grad_checkpoint = true;
+  tiny.grad_checkpoint_blocks = TrainOptions::kCheckpointBlocksAuto;
+  EXPECT_EQ(choose_checkpoint_blocks(tiny, test::trainable_tiny_config(), c10::Device(c10::kCPU)).decided, 0);
+  tiny.grad_checkpoint = false;
+  EXPECT_EQ(choose_checkpoint_blocks(tiny, test::trainable_tiny_config(), c10::Device(c10::kCPU)).decided,
+            TrainOptions::kCheckpointAllBlocks);
+}
+
 // --shard-optimizer-state with N ranks: a rank's moments are 1/N of them, the rest of its step unchanged; without
 // the flag the world size changes nothing (every rank holds everything).
 TEST(MemoryModel, ShardedOptimizerStateIsPerRank) {

@@ -449,18 +449,19 @@ TEST(Model, SharedInputProjectionsRunAsOneNodeWhereOffered) {
 
 // The trainer's block runner with activation checkpointing gives the gradients of the model's own run, and
 // really recomputes (the counts fail with recompute off), each block without its last product, whose output
-// nothing reads (down_proj's node made without it: the counts fail where the recompute runs it).
+// nothing reads (down_proj's node made without it: the counts fail where the recompute runs it); limited to the
+// first block (--grad-checkpoint-blocks 1), that block alone.
 TEST(BlockRunner, ActivationCheckpointingGivesIdenticalGradients) {
-  at::Tensor grads[2][2];  // [checkpointing][frozen first block?] -> concatenated gradients
+  at::Tensor grads[3][2];  // [checkpointing: none, all, the first block][frozen first block?] -> gradients
   for (int frozen = 0; frozen < 2; ++frozen) {
-    for (int ckpt = 0; ckpt < 2; ++ckpt) {
+    for (int ckpt = 0; ckpt < 3; ++ckpt) {
       Qwen3Model m(tiny_config(false), at::kFloat, at::kCPU, true);
       randomize(m, 21);
       for (auto& [key, t] : m.named_weights()) t.requires_grad_(true);  // the model's weights are plain tensors
       int64_t products = 0, unread = 0;  // projections run, forward and recomputed; nodes without a product
       const auto kernel = std::make_shared<const CountingSteKernel>(&products, &unread);
       for (Projection* p : m.projections()) p->kernel = kernel;
-      train_detail::TrainingBlockRunner runner(/*recompute=*/ckpt == 1);
+      train_detail::TrainingBlockRunner runner(/*recompute=*/ckpt >= 1, /*recomputed_blocks=*/ckpt == 2 ? 1 : -1);
       m.set_block_runner(&runner);
       if (frozen) {
         m.embed_tokens.requires_grad_(false);
@@ -472,7 +473,7 @@ TEST(BlockRunner, ActivationCheckpointingGivesIdenticalGradients) {
       // under a frozen embedding has not) runs six of its seven projections again in backward, and down_proj's
       // node without its product.
       const auto layers = static_cast<int64_t>(m.blocks.size());
-      const int64_t recomputed = ckpt ? layers - frozen : 0;
+      const int64_t recomputed = ckpt == 1 ? layers - frozen : ckpt == 2 ? 1 - frozen : 0;
       EXPECT_EQ(runner.recomputed_blocks(), recomputed) << "ckpt=" << ckpt << " frozen=" << frozen;
       EXPECT_EQ(products, 7 * layers + 6 * recomputed) << "ckpt=" << ckpt << " frozen=" << frozen;
       EXPECT_EQ(unread, recomputed) << "ckpt=" << ckpt << " frozen=" << frozen;
@@ -484,6 +485,7 @@ TEST(BlockRunner, ActivationCheckpointingGivesIdenticalGradients) {
     }
     EXPECT_GT(grads[0][frozen].abs().sum().item<double>(), 0.0);
     EXPECT_TRUE(grads[1][frozen].equal(grads[0][frozen])) << "frozen=" << frozen;
+    EXPECT_TRUE(grads[2][frozen].equal(grads[0][frozen])) << "frozen=" << frozen;
   }
 }
 

@@ -376,6 +376,40 @@ TEST(RunsCli, GpuTrainingIsTheSameBytesRunToRun) {
 // --keep-weight-operands names one of auto, off, backward, recompute, always; the last three hold the CUDA quantize
 // pass's operands, so a CPU run refuses them, and recompute names the operands of checkpointing's recompute, so a
 // run without --grad-checkpoint refuses it first; run.json records the flag as given and what was decided.
+// --grad-checkpoint-blocks: all, auto or a count, with --grad-checkpoint only; the decision is logged and run.json
+// records the flag as given and the blocks recomputed.
+TEST(RunsCli, GradCheckpointBlocksNeedCheckpointingAndAreRecorded) {
+  RunSetup s;
+  auto r = run_cli(s.base + " --steps 1 --grad-checkpoint-blocks 1");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--grad-checkpoint-blocks 1 says how many blocks --grad-checkpoint recomputes: it needs "
+                       "--grad-checkpoint"),
+            std::string::npos)
+      << r.err;
+  for (const char* bad : {"some", "-1", "1.5"}) {
+    r = run_cli(s.base + " --steps 1 --grad-checkpoint --grad-checkpoint-blocks " + bad);
+    EXPECT_EQ(r.code, 2) << bad;
+    EXPECT_NE(r.err.find("--grad-checkpoint-blocks"), std::string::npos) << r.err;
+  }
+  r = run_cli(s.base + " --steps 1 --grad-checkpoint --grad-checkpoint-blocks 1 --output-dir " + s.dir.file("one"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("activation checkpointing: the first 1 of "), std::string::npos) << r.err;
+  nlohmann::json run = nlohmann::json::parse(test::slurp(s.dir.file("one/run.json")));
+  EXPECT_EQ(run["options"]["grad_checkpoint_blocks"], 1);
+  EXPECT_EQ(run["recomputed_blocks"], 1);
+  r = run_cli(s.base + " --steps 1 --grad-checkpoint --grad-checkpoint-blocks auto --output-dir " + s.dir.file("auto"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("(auto: the fewest whose step fits"), std::string::npos) << r.err;
+  run = nlohmann::json::parse(test::slurp(s.dir.file("auto/run.json")));
+  EXPECT_EQ(run["options"]["grad_checkpoint_blocks"], "auto");
+  EXPECT_EQ(run["recomputed_blocks"], 0) << "a tiny model's step fits this machine whole";
+  r = run_cli(s.base + " --steps 1 --grad-checkpoint --output-dir " + s.dir.file("all"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  run = nlohmann::json::parse(test::slurp(s.dir.file("all/run.json")));
+  EXPECT_EQ(run["options"]["grad_checkpoint_blocks"], "all");
+  EXPECT_GT(run["recomputed_blocks"].get<int64_t>(), 1);
+}
+
 TEST(RunsCli, KeepWeightOperandsIsACudaChoice) {
   RunSetup s;
   auto r = run_cli(s.base + " --steps 1 --keep-weight-operands sometimes");

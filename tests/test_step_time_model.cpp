@@ -368,6 +368,9 @@ TEST(StepTimeModel, EveryFlopAndByteBelongsToANamedTerm) {
   TrainOptions last = lean;
   last.train_last_layers = 6;
   cases.emplace_back("last layers", last);
+  TrainOptions ten = lean;
+  ten.grad_checkpoint_blocks = 10;
+  cases.emplace_back("lean, 10 blocks recomputed", ten);
   for (const auto& [name, o] : cases)
     for (const bool moe : {false, true})
       for (const std::string device : {"h100", "gb10", "cpu"}) {
@@ -399,6 +402,16 @@ TEST(StepTimeModel, EveryFlopAndByteBelongsToANamedTerm) {
   EXPECT_NEAR(term(forward, "activations")->bytes - term(backward, "recompute: activations")->bytes,
               s.layers * N * 2 * 3 * H, 1.0);
   ASSERT_TRUE(term(backward, "update") && term(backward, "gradient norm read"));
+  // --grad-checkpoint-blocks 12 of 36: the recompute's products a third of all blocks' (the blocks are alike).
+  TrainOptions partial = lean;
+  partial.grad_checkpoint_blocks = 12;
+  const StepTimePlan third = predict_step_time(dense, false, partial, device_rates("h100"));
+  EXPECT_NEAR(term(phase(third, "backward_done"), "recompute: projections")->flops,
+              term(backward, "recompute: projections")->flops / 3, 1.0);
+  partial.grad_checkpoint_blocks = 0;
+  EXPECT_EQ(term(phase(predict_step_time(dense, false, partial, device_rates("h100")), "backward_done"),
+                 "recompute: projections"),
+            nullptr);
   EXPECT_EQ(term(backward, "update")->kind, StepTerm::Kind::update);
   EXPECT_EQ(term(forward, "update"), nullptr) << "no update in forward";
 }

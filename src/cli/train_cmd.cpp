@@ -52,7 +52,7 @@ struct TrainFlags {
   std::string model_dir, data_format = "auto", sample_mode = "random", pack_strategy = "best-fit",
               moments = "float32", scale_mode = "rne",
               system, test_prompt = "Who are you?", lr_schedule = "constant", master_dtype = "float32",
-              compute_dtype = "auto", loss = "ce", keep_weight_operands = "auto";
+              compute_dtype = "auto", loss = "ce", keep_weight_operands = "auto", grad_checkpoint_blocks = "all";
   ChatTemplateFlags chat;
   std::string config_file;
   bool synthetic = false, overwrite = false;
@@ -195,6 +195,13 @@ void convert_flag_values(TrainFlags& f) {
   o.master_dtype = parse_master_dtype(f.master_dtype);
   o.compute_dtype = parse_compute_dtype(f.compute_dtype);
   o.keep_weight_operands = parse_keep_weight_operands(f.keep_weight_operands);
+  // all | auto | a count (the validator has checked the text).
+  o.grad_checkpoint_blocks = f.grad_checkpoint_blocks == "all"    ? TrainOptions::kCheckpointAllBlocks
+                             : f.grad_checkpoint_blocks == "auto" ? TrainOptions::kCheckpointBlocksAuto
+                                                                  : std::stoll(f.grad_checkpoint_blocks);
+  if (f.grad_checkpoint_blocks != "all" && !o.grad_checkpoint)
+    throw UsageError("--grad-checkpoint-blocks " + f.grad_checkpoint_blocks +
+                     " says how many blocks --grad-checkpoint recomputes: it needs --grad-checkpoint");
   o.loss = parse_loss_kind(f.loss);
   const TokenizerSource source = tokenizer_source(o.tokenizer, f.chat);
   o.tokenizer_config = source.config_path;
@@ -428,6 +435,12 @@ CLI::Option_group* add_train_flags(CLI::App* sub, const std::shared_ptr<TrainFla
   auto* run = group("Run");
   run->add_option("--device", o.device, "cpu or cuda")->capture_default_str();
   add_bool_flag(run, "--grad-checkpoint", o.grad_checkpoint, "recompute each block in backward (less activation memory)");
+  run->add_option("--grad-checkpoint-blocks", f->grad_checkpoint_blocks,
+                  "with --grad-checkpoint: how many blocks, from the first, are recomputed (the others keep their "
+                  "activations; the same bytes trained): all, N, or auto, the fewest whose step the memory model "
+                  "fits in 90% of the device's memory (docs/trainer.md)")
+      ->check(CLI::IsMember({"all", "auto"}) | integer_in(0, flag_limit::layers))
+      ->capture_default_str();
   run->add_option("--grad-accum-steps", o.grad_accum_steps, "micro-batches of --batch-size per optimizer step")
       ->check(integer_in(1, flag_limit::accumulation))->capture_default_str();
   run->add_option("--log-every", o.log_every, "progress line every N steps")->check(integer_in(0, flag_limit::steps))->capture_default_str();
@@ -572,6 +585,7 @@ Command add_vram_report_command(CLI::App& app) {
               const bool on_cpu = o.predict_device.empty() ? !c10::Device(o.device).is_cuda() : o.predict_device == "cpu";
               const c10::Device device = on_cpu ? c10::Device(c10::kCPU) : c10::Device(c10::kCUDA, 0);
               const StepPrediction prediction = predict(o, config, device);
+              if (o.grad_checkpoint) fmt::print("activation checkpointing: {}\n", prediction.checkpoint.why);
               if (device.is_cuda()) {
                 fmt::print("trained projections' product operands for backward: {}\n", prediction.operands.why);
                 if (!prediction.operands.warning.empty()) fmt::print("warning: {}\n", prediction.operands.warning);

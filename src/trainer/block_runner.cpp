@@ -30,7 +30,7 @@ class BlockSegment : public torch::autograd::Function<BlockSegment> {
     ctx->saved_data["layer"] = layer;
     ctx->saved_data["params"] = static_cast<int64_t>(params.size());
     if (allowed.defined()) ctx->saved_data["allowed"] = allowed;  // a mask, never differentiated
-    if (runner->recompute()) {
+    if (runner->recompute(layer)) {
       ctx->save_for_backward({x, cos, sin});
       torch::NoGradGuard no_grad;
       return model->run_block(layer, x, cos, sin, allowed);
@@ -124,7 +124,7 @@ class EmbeddingIntoGrad : public torch::autograd::Function<EmbeddingIntoGrad> {
 
 at::Tensor TrainingBlockRunner::run(Qwen3Model& model, int64_t layer, const at::Tensor& x, const at::Tensor& cos,
                                     const at::Tensor& sin, const at::Tensor& allowed) {
-  if (!recompute_ && !sink_) return model.run_block(layer, x, cos, sin, allowed);
+  if (!recompute(layer) && !sink_) return model.run_block(layer, x, cos, sin, allowed);
   // The block's trainable tensors are the segment's inputs so that autograd routes their gradients here.
   std::vector<at::Tensor> trainable;
   for (const at::Tensor* t : model.blocks[static_cast<size_t>(layer)].tensors())

@@ -23,7 +23,9 @@ using BlockGradientSink =
 
 class TrainingBlockRunner final : public BlockRunner {
  public:
-  explicit TrainingBlockRunner(bool recompute) : recompute_(recompute) {}
+  // recompute: activation checkpointing for the first `recomputed_blocks` blocks (all where negative).
+  explicit TrainingBlockRunner(bool recompute, int64_t recomputed_blocks = -1)
+      : recompute_(recompute), recomputed_blocks_limit_(recomputed_blocks) {}
   // Set for a step (before its forward, which decides how each block's backward will run), cleared after.
   void set_gradient_sink(BlockGradientSink sink) { sink_ = std::move(sink); }
 
@@ -35,7 +37,9 @@ class TrainingBlockRunner final : public BlockRunner {
   int64_t recomputed_blocks() const { return recomputed_blocks_; }
 
   // For the segment's backward.
-  bool recompute() const { return recompute_; }
+  bool recompute(int64_t layer) const {
+    return recompute_ && (recomputed_blocks_limit_ < 0 || layer < recomputed_blocks_limit_);
+  }
   const BlockGradientSink* sink() const { return sink_ ? &sink_ : nullptr; }
   at::Tensor run_again(Qwen3Model& model, int64_t layer, const at::Tensor& x, const at::Tensor& cos,
                        const at::Tensor& sin, const at::Tensor& allowed) {
@@ -46,6 +50,7 @@ class TrainingBlockRunner final : public BlockRunner {
 
  private:
   bool recompute_;
+  int64_t recomputed_blocks_limit_;
   BlockGradientSink sink_;
   int64_t recomputed_blocks_ = 0;
 };

@@ -63,7 +63,9 @@ StepPrediction predict(const TrainOptions& options, const Qwen3Config& config, c
   const bool separate_head = !config.tie_word_embeddings;
   TrainOptions o = options;
   StepPrediction p;
-  p.operands = choose_weight_operands(options, config, device, dense_file);
+  p.checkpoint = choose_checkpoint_blocks(options, config, device, dense_file);
+  o.grad_checkpoint_blocks = p.checkpoint.decided;
+  p.operands = choose_weight_operands(o, config, device, dense_file);
   o.keep_weight_operands = p.operands.decided;
   p.memory = predict_step_memory(config, separate_head, o, device, dense_file, device.is_cuda() || build_uses_sdpa());
   p.rates = device_rates(!o.predict_device.empty() ? o.predict_device : default_rates_name(device));
@@ -74,29 +76,62 @@ StepPrediction predict(const TrainOptions& options, const Qwen3Config& config, c
 uint64_t device_memory_bytes(const c10::Device& device, const std::string& predict_device) {
   if (const auto gpu = cuda_device_info(device)) return gpu->total_memory;
   const DeviceRates rates = device_rates(!predict_device.empty() ? predict_device : default_rates_name(device));
-  return static_cast<uint64_t>(rates.memory_gb * 1e9);
+  return rates.memory_gb > 0 ? static_cast<uint64_t>(rates.memory_gb * 1e9) : machine_memory_bytes();  // cpu
+}
+
+CheckpointBlocksChoice choose_checkpoint_blocks(const TrainOptions& o, const Qwen3Config& config,
+                                                const c10::Device& device, DenseFileType dense_file) {
+  const int64_t layers = config.num_hidden_layers;
+  if (!o.grad_checkpoint) return {TrainOptions::kCheckpointAllBlocks, "no block recomputed (no --grad-checkpoint)"};
+  if (o.grad_checkpoint_blocks == TrainOptions::kCheckpointAllBlocks)
+    return {o.grad_checkpoint_blocks, fmt::format("all {} blocks recomputed", layers)};
+  if (o.grad_checkpoint_blocks >= 0)
+    return {o.grad_checkpoint_blocks, fmt::format("the first {} of {} blocks recomputed (--grad-checkpoint-blocks {})",
+                                                  std::min(o.grad_checkpoint_blocks, layers), layers,
+                                                  o.grad_checkpoint_blocks)};
+  // auto: the fewest recomputed blocks whose step fits, the operands decided for each count as the run would.
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  const uint64_t memory = device_memory_bytes(device, o.predict_device);
+  const double limit = kWeightOperandsMemoryShare * static_cast<double>(memory);
+  uint64_t peak = 0;
+  for (int64_t k = 0; k <= layers; ++k) {
+    TrainOptions t = o;
+    t.grad_checkpoint_blocks = k;
+    t.keep_weight_operands = choose_weight_operands(t, config, device, dense_file).decided;
+    peak = predict_step_memory(config, !config.tie_word_embeddings, t, device, dense_file,
+                               device.is_cuda() || build_uses_sdpa())
+               .peak();
+    if (static_cast<double>(peak) <= limit)
+      return {k, fmt::format("the first {} of {} blocks recomputed (auto: the fewest whose step fits, the memory "
+                             "model's peak {:.1f} GiB within {:.0f}% of the device's {:.1f} GiB)",
+                             k, layers, peak / kGiB, 100 * kWeightOperandsMemoryShare, memory / kGiB)};
+  }
+  return {TrainOptions::kCheckpointAllBlocks,
+          fmt::format("all {} blocks recomputed (auto: the memory model's peak with all of them {:.1f} GiB, above "
+                      "{:.0f}% of the device's {:.1f} GiB)",
+                      layers, peak / kGiB, 100 * kWeightOperandsMemoryShare, memory / kGiB)};
 }
 
 // What a decided option means, by the rules the models and the trainer read (train_setup.h).
-namespace {
-TrainOptions decided_options(const WeightOperandsChoice& c) {
+TrainOptions WeightOperandsChoice::decided_options() const {
   TrainOptions o;
-  o.keep_weight_operands = c.decided;
-  o.grad_checkpoint = c.grad_checkpoint;
+  o.keep_weight_operands = decided;
+  o.grad_checkpoint = grad_checkpoint;
+  o.grad_checkpoint_blocks = grad_checkpoint_blocks;
   return o;
 }
-}  // namespace
-bool WeightOperandsChoice::keep() const { return train_detail::keeps_weight_operands(decided_options(*this)); }
-bool WeightOperandsChoice::persistent() const { return train_detail::weight_operands_persist(decided_options(*this)); }
+bool WeightOperandsChoice::keep() const { return train_detail::keeps_weight_operands(decided_options()); }
+bool WeightOperandsChoice::persistent() const { return train_detail::weight_operands_persist(decided_options()); }
 bool WeightOperandsChoice::written_by_update() const {
-  return train_detail::weight_operands_written_by_update(decided_options(*this));
+  return train_detail::weight_operands_written_by_update(decided_options());
 }
 
 WeightOperandsChoice choose_weight_operands(const TrainOptions& o, const Qwen3Config& config,
                                             const c10::Device& device, DenseFileType dense_file) {
   const auto choice = [&](KeepWeightOperands decided, std::string why) {
     WeightOperandsChoice c;
-    c.decided = decided, c.grad_checkpoint = o.grad_checkpoint, c.why = std::move(why);
+    c.decided = decided, c.grad_checkpoint = o.grad_checkpoint, c.grad_checkpoint_blocks = o.grad_checkpoint_blocks;
+    c.why = std::move(why);
     return c;
   };
   const auto codes = [&](std::string why) { return choice(KeepWeightOperands::off, std::move(why)); };
@@ -134,8 +169,13 @@ WeightOperandsChoice choose_weight_operands(const TrainOptions& o, const Qwen3Co
   if (o.keep_weight_operands == KeepWeightOperands::always)
     return warn_if_above(choice(KeepWeightOperands::always,
                                 "kept across steps, written by the update (--keep-weight-operands always)"));
-  const std::string held = o.grad_checkpoint ? "kept from the first forward through the recompute to backward"
-                                             : "kept until backward";
+  const int64_t layers = config.num_hidden_layers, recomputed = train_detail::recomputed_block_count(o, layers);
+  const std::string held =
+      recomputed == 0 ? "kept until backward"
+      : recomputed >= layers
+          ? "kept from the first forward through the recompute to backward"
+          : fmt::format("kept until backward (the {} recomputed blocks' from the first forward through the recompute)",
+                        recomputed);
   if (o.keep_weight_operands == KeepWeightOperands::backward)
     return warn_if_above(from_forward(held + " (--keep-weight-operands backward)"));
   const std::string recompute = "kept from each block's recompute until its backward";
@@ -147,7 +187,13 @@ WeightOperandsChoice choose_weight_operands(const TrainOptions& o, const Qwen3Co
       " (auto: the memory model's peak with them {:.1f} GiB, {} {:.0f}% of the device's {:.1f} GiB)", peak / kGiB,
       fits(peak) ? "within" : "above", 100 * kWeightOperandsMemoryShare, memory / kGiB);
   if (fits(peak)) return from_forward(held + because);
-  return o.grad_checkpoint ? from_recompute(recompute + because) : codes("codes" + because);
+  // Every block recomputed: each recompute's operands, one block's held at a time. Some blocks only
+  // (--grad-checkpoint-blocks): the others would hold theirs from forward as under backward, so the recompute's
+  // where that fits, else codes. None: codes.
+  if (recomputed >= layers) return from_recompute(recompute + because);
+  if (recomputed > 0 && fits(peak_with(KeepWeightOperands::recompute)))
+    return from_recompute(recompute + " (the other blocks' from forward)" + because);
+  return codes("codes" + because);
 }
 
 bool weight_operands_made(const TrainOptions& o, const c10::Device& device) {
@@ -189,8 +235,9 @@ struct StepSizes {
   // recompute's operands until its block's backward; else every trained projection's from its forward to its
   // backward, which under checkpointing with backward is a buffer each for the run).
   bool kept_operands = false;
-  bool persistent_operands = false;  // always, and backward under --grad-checkpoint: buffers for the run
-  u64 operand_weights = 0;           // their bytes, allocated after loading, counted in the plan's weights
+  // always, and backward in a block --grad-checkpoint recomputes: buffers for the run (weight_operand_buffers_in_block)
+  std::vector<bool> operand_buffers;
+  u64 operand_weights = 0;  // their bytes, allocated after loading, counted in the plan's weights
   // What autograd keeps of one block per token, and the short-lived activations (docs/memory.md).
   u64 attention_forward_temp = 0;
   u64 width = 0;  // the cross-entropy's vocabulary slice
@@ -270,9 +317,11 @@ struct StepSizes {
     scratch_in_forward = cuda && (N >= static_cast<u64>(nvfp4::kNvfp4KernelMaxRows) || !abf16);
     kept_operands = train_detail::keeps_weight_operands(o) && cuda && abf16 &&
                     N >= static_cast<u64>(nvfp4::kNvfp4KernelMaxRows);
-    persistent_operands = kept_operands && train_detail::weight_operands_persist(o);
-    if (persistent_operands)  // every trained projection's operand, made at setup and held the whole run
-      for (const BlockSizes& b : blocks) operand_weights += 2 * (b.trained_projections - b.trained_experts);
+    operand_buffers.assign(s.layers, false);
+    for (int64_t l = 0; l < s.layers; ++l) {  // the operand of each trained projection of the block, for the run
+      operand_buffers[l] = kept_operands && train_detail::weight_operand_buffers_in_block(o, l);
+      if (operand_buffers[l]) operand_weights += 2 * (blocks[l].trained_projections - blocks[l].trained_experts);
+    }
   }
 
   void count_activations() {
@@ -350,13 +399,15 @@ struct StepSizes {
   // What a block's trained projections keep for their dX: their codes, or their bf16 operands where they are kept
   // until backward, except a sparse block's experts on CUDA, whose grouped products save the codes whatever the
   // flag (ste_grouped_linear); nothing beyond that for operands kept across steps (counted with the weights).
+  bool recomputes(int64_t layer) const { return train_detail::recomputes_block(o, layer); }
   u64 codes_for_dx(const BlockSizes& b) const {
     return (kept_operands ? b.trained_experts : b.trained_projections) * kCodesPerElementX16 / 16;
   }
-  u64 operands_for_dx(const BlockSizes& b) const {
-    return kept_operands && !persistent_operands ? (b.trained_projections - b.trained_experts) * 2 : 0;
+  u64 operands_for_dx(int64_t layer) const {
+    const BlockSizes& b = blocks[layer];
+    return kept_operands && !operand_buffers[layer] ? (b.trained_projections - b.trained_experts) * 2 : 0;
   }
-  u64 kept_for_dx(const BlockSizes& b) const { return codes_for_dx(b) + operands_for_dx(b); }
+  u64 kept_for_dx(int64_t layer) const { return codes_for_dx(blocks[layer]) + operands_for_dx(layer); }
 
   // The straight-through linear's temporaries for a projection of n elements: on CPU the weight is quantized
   // from an fp32 copy and dequantized (to fp32, then the compute dtype) for the product; on a GPU the kernel
@@ -388,13 +439,13 @@ std::vector<u64> forward_phase(const StepSizes& z, Timeline& t, StepMemoryPlan& 
   t.add(2 * 4 * z.T * z.s.head_dim + a * N * H);
   if (a != z.e) t.spike(z.e * N * H);
   if (z.scratch_in_forward) t.add(z.scratch);
-  const bool checkpoint = z.o.grad_checkpoint;
   std::vector<u64> saved(z.s.layers);
   for (int64_t l = 0; l < z.s.layers; ++l) {
     const BlockSizes& b = z.blocks[l];
     // What a trained projection keeps for its dX (frozen ones hold their codes already): its codes, or its bf16
     // operand (--keep-weight-operands).
-    const u64 for_dx = z.kept_for_dx(b);
+    const u64 for_dx = z.kept_for_dx(l);
+    const bool checkpoint = z.recomputes(l);
     const u64 temp = z.projection_forward_temp(b.largest_projection) + z.attention_forward_temp;
     // Without a graph (frozen blocks ahead of the first trained tensor, checkpointed blocks) the block's q, k, v
     // (and their expanded copies) and norm outputs are short-lived too.
@@ -416,7 +467,7 @@ std::vector<u64> forward_phase(const StepSizes& z, Timeline& t, StepMemoryPlan& 
     }
     t.add(saved[l]);
     plan.saved_activations += saved[l];
-    if (!checkpoint) plan.saved_codes += z.codes_for_dx(b), plan.saved_operands += z.operands_for_dx(b);
+    if (!checkpoint) plan.saved_codes += z.codes_for_dx(b), plan.saved_operands += z.operands_for_dx(l);
   }
   return saved;
 }
@@ -482,8 +533,8 @@ void backward_phase(const StepSizes& z, const std::vector<u64>& saved, Timeline&
     // Checkpointed: the recompute's saved tensors; each trained projection keeps its bf16 product operand where
     // the CUDA quantize pass makes one (nvfp4::ste_linear's keep_operand; none beyond the run's buffer where it
     // has one), else its codes.
-    if (z.o.grad_checkpoint)
-      temp += b.saved_per_token * N + z.kept_for_dx(b);
+    if (z.recomputes(l))
+      temp += b.saved_per_token * N + z.kept_for_dx(l);
     t.spike(temp);
     // Fused: the block's update runs after its graph is gone, with only the gradients and a piece's temporaries.
     const u64 update_working_set =

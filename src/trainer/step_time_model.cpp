@@ -215,22 +215,28 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
   // Operands in buffers of their own for the run: under --grad-checkpoint with backward the first forward makes
   // each (e + a) and the recompute none; with always the operand is the update's (a bytes an element written
   // beside the master, counted with the update below), so forward and the recompute make none: cuBLAS reads it.
-  const bool held_operand = kept_operand && train_detail::weight_operands_persist(o);
-  const bool update_operand = held_operand && train_detail::weight_operands_written_by_update(o);
+  // Per block (--grad-checkpoint-blocks: the first blocks recomputed, the others keeping their graph).
+  const auto recomputed = [&](int64_t l) { return train_detail::recomputes_block(o, l); };
+  const auto held_operand = [&](int64_t l) {
+    return kept_operand && train_detail::weight_operand_buffers_in_block(o, l);
+  };
+  const bool update_operand = kept_operand && train_detail::weight_operands_written_by_update(o);
   const double frozen_forward_per = kernel_product ? kCodeBytes : (gpu ? kCodeBytes + a : kCodeBytes + 4 + a);
-  const double trained_forward_per = kernel_product     ? e + kCodeBytes + kCodeBytes
-                                     : update_operand   ? 0
-                                     : one_pass_operand ? e + a + (o.grad_checkpoint || kept_operand ? 0 : kCodeBytes)
-                                                        : e + kCodeBytes + kCodeBytes + 4 + a;
-  const double trained_recompute_per = held_operand ? 0 : trained_forward_per;
+  const auto trained_forward_per = [&](int64_t l) {
+    return kernel_product     ? e + kCodeBytes + kCodeBytes
+           : update_operand   ? 0
+           : one_pass_operand ? e + a + (recomputed(l) || kept_operand ? 0 : kCodeBytes)
+                              : e + kCodeBytes + kCodeBytes + 4 + a;
+  };
+  const auto trained_recompute_per = [&](int64_t l) { return held_operand(l) ? 0 : trained_forward_per(l); };
   const double dequantize_per = gpu ? kCodeBytes + a : kCodeBytes + 4 + a;
 
   PhaseTime forward{"forward_done"}, backward{"backward_done"}, optimizer{"optimizer_step_done"};
   // The grouped experts on a GPU at training shapes: codes and operand from one pass (the codes where backward
   // reads them: not in a checkpointed block's first forward), dequantized again in backward.
   const bool grouped_experts = one_pass_operand;
-  const auto expert_forward_per = [&](bool recorded) {
-    return grouped_experts ? e + a + (recorded ? kCodeBytes : 0) : trained_forward_per;
+  const auto expert_forward_per = [&](int64_t l, bool recorded) {
+    return grouped_experts ? e + a + (recorded ? kCodeBytes : 0) : trained_forward_per(l);
   };
   for (int64_t l = 0; l < s.layers; ++l) {
     const double frozen = projections[l] - trained_projections[l];
@@ -243,10 +249,10 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
       products(p, prefix + "attention", attention_flops);
       pass(p, prefix + "frozen projections' operands", frozen * frozen_forward_per);
       pass(p, prefix + "trained projections' operands", others * trained_per);
-      pass(p, prefix + "experts' codes and operands", experts * expert_forward_per(!o.grad_checkpoint));
+      pass(p, prefix + "experts' codes and operands", experts * expert_forward_per(l, !recomputed(l)));
       pass(p, prefix + "activations", activation_bytes(l) - unread);
     };
-    block_forward(forward, "", trained_forward_per, 0, 0);
+    block_forward(forward, "", trained_forward_per(l), 0, 0);
     if (l < first_graph_block) continue;  // no graph, no backward
     products(backward, "projections' dX", 2 * N * active[l]);
     products(backward, "projections' dW", 2 * N * trained_active[l]);
@@ -259,8 +265,8 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
     // The recompute: the block's forward again, whose one-pass operands write the codes where dX reads them (and
     // which makes no operand held from the first forward); a dense block without its last product (a trained
     // down_proj's) and the residual add after it (3H a token), whose outputs nothing reads.
-    if (o.grad_checkpoint) {
-      block_forward(backward, "recompute: ", trained_recompute_per, 2 * N * trained_down[l],
+    if (recomputed(l)) {
+      block_forward(backward, "recompute: ", trained_recompute_per(l), 2 * N * trained_down[l],
                     s.moe_layer(l) ? 0 : N * a * 3 * H);
       pass(backward, "recompute: codes for dX",
            (one_pass_operand && !kept_operand ? others * kCodeBytes : 0) + experts * kCodeBytes);

@@ -24,11 +24,12 @@ TrainModel setup_model(const TrainOptions& o, const Qwen3Config& config, const D
   // backward, or in buffers for the run: made by the first forward, then written by the update that steps the
   // weight (always: the optimizer gets the buffers) or made again by each step's first forward and multiplied by
   // the recompute too (backward under --grad-checkpoint; choose_weight_operands, docs/trainer.md).
-  if (operands.persistent()) t.persistent_operands = make_persistent_operands(model);
+  if (operands.persistent())
+    t.persistent_operands = make_persistent_operands(model, blocks_with_operand_buffers(operands.decided_options()));
   t.operands_remade_each_step = operands.persistent() && !operands.written_by_update();
   use_nvfp4_projections(model, o.scale_mode, o.frozen_projections_as_codes, t.frozen_code_products, operands.keep(),
                         t.persistent_operands);
-  t.runner = std::make_unique<TrainingBlockRunner>(o.grad_checkpoint);
+  t.runner = std::make_unique<TrainingBlockRunner>(o.grad_checkpoint, o.grad_checkpoint_blocks);
   model.set_block_runner(t.runner.get());
   return t;
 }

@@ -83,6 +83,9 @@ nlohmann::json to_json(const TrainOptions& o) {
           {"weight_decay", o.adamw.weight_decay},
           {"grad_clip", o.grad_clip},
           {"grad_checkpoint", o.grad_checkpoint},
+          {"grad_checkpoint_blocks", o.grad_checkpoint_blocks == TrainOptions::kCheckpointAllBlocks    ? nlohmann::json("all")
+                                     : o.grad_checkpoint_blocks == TrainOptions::kCheckpointBlocksAuto ? nlohmann::json("auto")
+                                                                                                       : nlohmann::json(o.grad_checkpoint_blocks)},
           {"fused_optimizer", o.fused_optimizer},
           {"overlap_update", o.overlap_update},
           {"keep_weight_operands", to_string(o.keep_weight_operands)},
@@ -297,9 +300,11 @@ void PersistentOperands::mark_stale() {
   for (nvfp4::PersistentOperand& e : entries) e.version = -1;
 }
 
-std::shared_ptr<PersistentOperands> make_persistent_operands(Qwen3Model& model) {
+std::shared_ptr<PersistentOperands> make_persistent_operands(Qwen3Model& model, int64_t blocks) {
   auto kept = std::make_shared<PersistentOperands>();
-  for (Qwen3Block& block : model.blocks) {
+  for (size_t l = 0; l < model.blocks.size(); ++l) {
+    if (blocks >= 0 && static_cast<int64_t>(l) >= blocks) break;
+    Qwen3Block& block = model.blocks[l];
     std::vector<Projection*> projections = {&block.q_proj, &block.k_proj, &block.v_proj, &block.o_proj};
     if (!block.sparse()) projections.insert(projections.end(), {&block.gate_proj, &block.up_proj, &block.down_proj});
     for (Projection* p : projections)

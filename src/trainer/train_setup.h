@@ -2,6 +2,7 @@
 #pragma once
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <memory>
 
 #include "qwen3/data/data.h"
@@ -39,9 +40,10 @@ struct PersistentOperands {
   nvfp4::PersistentOperand* find(const at::Tensor& weight);
   void mark_stale();  // every entry made again by the next forward that multiplies it
 };
-// An operand buffer for every trained projection of the model (its weight's shape, bf16, on its device), a sparse
-// block's experts excepted: they run as grouped products, which make their own.
-std::shared_ptr<PersistentOperands> make_persistent_operands(Qwen3Model& model);
+// An operand buffer for every trained projection of the model's first `blocks` blocks (all where negative; its
+// weight's shape, bf16, on its device), a sparse block's experts excepted: they run as grouped products, which
+// make their own.
+std::shared_ptr<PersistentOperands> make_persistent_operands(Qwen3Model& model, int64_t blocks = -1);
 
 void use_nvfp4_projections(Qwen3Model& model, nvfp4::ScaleMode mode, bool frozen_as_codes,
                            std::shared_ptr<int64_t> frozen_products = nullptr, bool keep_operands = false,
@@ -52,15 +54,33 @@ void use_nvfp4_projections(Qwen3Model& model, nvfp4::ScaleMode mode, bool frozen
 // whether the operands are held in buffers of their own for the whole run (PersistentOperands: always, and
 // backward under --grad-checkpoint, where the first forward makes each one and the recompute and backward
 // multiply it); and whether the update writes them (always: forward makes none).
+// --grad-checkpoint(-blocks) as the models and the trainer read it (auto not yet decided counting as all): how many
+// blocks, from the first, backward runs again, and whether it runs block `layer` again.
+inline int64_t recomputed_block_count(const TrainOptions& o, int64_t layers) {
+  if (!o.grad_checkpoint) return 0;
+  return o.grad_checkpoint_blocks < 0 ? layers : std::min(o.grad_checkpoint_blocks, layers);
+}
+inline bool recomputes_block(const TrainOptions& o, int64_t layer) {
+  return o.grad_checkpoint && (o.grad_checkpoint_blocks < 0 || layer < o.grad_checkpoint_blocks);
+}
 inline bool keeps_weight_operands(const TrainOptions& o) {
   return o.keep_weight_operands == KeepWeightOperands::backward ||
          o.keep_weight_operands == KeepWeightOperands::recompute ||
          o.keep_weight_operands == KeepWeightOperands::always ||
          (o.keep_weight_operands == KeepWeightOperands::auto_select && o.grad_checkpoint);
 }
+// With backward, a buffer for each recomputed block's projections; the others' operands are saved by their nodes.
+inline bool weight_operand_buffers_in_block(const TrainOptions& o, int64_t layer) {
+  return o.keep_weight_operands == KeepWeightOperands::always ||
+         (o.keep_weight_operands == KeepWeightOperands::backward && recomputes_block(o, layer));
+}
+// Blocks, from the first, whose projections have buffers (all where negative).
+inline int64_t blocks_with_operand_buffers(const TrainOptions& o) {
+  return o.keep_weight_operands == KeepWeightOperands::always ? -1 : o.grad_checkpoint_blocks;
+}
 inline bool weight_operands_persist(const TrainOptions& o) {
   return o.keep_weight_operands == KeepWeightOperands::always ||
-         (o.keep_weight_operands == KeepWeightOperands::backward && o.grad_checkpoint);
+         (o.keep_weight_operands == KeepWeightOperands::backward && o.grad_checkpoint && o.grad_checkpoint_blocks != 0);
 }
 inline bool weight_operands_written_by_update(const TrainOptions& o) {
   return o.keep_weight_operands == KeepWeightOperands::always;

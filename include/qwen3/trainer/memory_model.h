@@ -66,6 +66,7 @@ bool build_uses_sdpa();
 struct WeightOperandsChoice {
   KeepWeightOperands decided = KeepWeightOperands::off;  // never auto_select: what the models and the trainer run
   bool grad_checkpoint = false;                          // the run's, which decides what backward holds
+  int64_t grad_checkpoint_blocks = TrainOptions::kCheckpointAllBlocks;  // the run's, decided
   std::string why;
   // Where backward or always was asked for and the memory model's peak with it is above
   // kWeightOperandsMemoryShare of the device's memory: a line for the log's warning (auto would not keep them).
@@ -73,19 +74,35 @@ struct WeightOperandsChoice {
   bool keep() const;               // dX reads the operand, not the codes
   bool persistent() const;         // in buffers for the whole run (always; backward under --grad-checkpoint)
   bool written_by_update() const;  // always (never chosen by auto until measured): forward makes none
+  // The options the three read: the decision with the run's checkpointing.
+  TrainOptions decided_options() const;
 };
 
 // Both models of one step, from the one entry `vram-report --predict-only` and the trainer's report share:
 // the head is separate exactly when the config does not tie it (the trainer ties a tied config's head even when
 // the file stores lm_head); attention is sdpa on CUDA (every CUDA build is libtorch 2.x) or when this build has
 // it; the memory is `device`'s, the rates are options.predict_device's, else default_rates_name(device).
+// --grad-checkpoint-blocks as decided for a run: `decided` is how many blocks, from the first, backward runs again
+// (TrainOptions::kCheckpointAllBlocks: every one; never auto); `why` the log's line. auto takes the fewest blocks
+// whose recompute keeps the memory model's peak (--keep-weight-operands then decided for it, as
+// choose_weight_operands decides) within kWeightOperandsMemoryShare of the device's memory, and every block where
+// none does; the other values are taken as given. Never a byte of the step changes (docs/trainer.md).
+struct CheckpointBlocksChoice {
+  int64_t decided = TrainOptions::kCheckpointAllBlocks;
+  std::string why;
+};
+CheckpointBlocksChoice choose_checkpoint_blocks(const TrainOptions& o, const Qwen3Config& config,
+                                                const c10::Device& device, DenseFileType dense_file = {});
+
 struct StepPrediction {
+  CheckpointBlocksChoice checkpoint;  // --grad-checkpoint-blocks as decided for the step predicted
   WeightOperandsChoice operands;  // --keep-weight-operands as decided for the step predicted
   StepMemoryPlan memory;
   DeviceRates rates;
   StepTimePlan time;
 };
-// --keep-weight-operands auto is decided here, as choose_weight_operands decides it.
+// --grad-checkpoint-blocks auto and --keep-weight-operands auto are decided here, as choose_checkpoint_blocks and
+// choose_weight_operands decide them.
 StepPrediction predict(const TrainOptions& options, const Qwen3Config& config, const c10::Device& device,
                        DenseFileType dense_file = {});
 

@@ -55,6 +55,12 @@ struct TrainOptions {
   bool train_lm_head = false;
   bool decay_norms_and_embeddings = false;
   bool grad_checkpoint = false;  // recompute each block in backward instead of keeping its activations
+  // --grad-checkpoint-blocks: how many blocks, from the first, --grad-checkpoint recomputes; the others keep their
+  // graph (the same gradients either way, bit for bit). kCheckpointAllBlocks: every block. kCheckpointBlocksAuto: as
+  // few as keep the memory model's step within kWeightOperandsMemoryShare of the device's memory
+  // (choose_checkpoint_blocks, memory_model.h), decided before the first step; the models read it as all.
+  static constexpr int64_t kCheckpointAllBlocks = -1, kCheckpointBlocksAuto = -2;
+  int64_t grad_checkpoint_blocks = kCheckpointAllBlocks;
   bool fused_optimizer = false;  // update each block in backward and free its gradients (docs/trainer.md)
   // With fused_optimizer on CUDA: the blocks' updates on a stream of their own, beside the rest of backward.
   bool overlap_update = false;

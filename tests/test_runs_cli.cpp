@@ -457,7 +457,10 @@ TEST(RunsCli, GpuKeptWeightOperandsTrainTheSameBytes) {
   for (const Case& c : {Case{"", {"backward", "always"}}, Case{" --fused-optimizer --scale-mode search", {"backward", "always"}},
                         Case{" --grad-checkpoint", {"backward", "recompute", "always"}},
                         Case{" --grad-checkpoint --fused-optimizer --master-dtype bfloat16 --optimizer-state-mode int8",
-                             {"backward", "recompute"}}}) {
+                             {"backward", "recompute"}},
+                        // The first block recomputed (its operands in buffers under backward), the others saved by
+                        // their nodes.
+                        Case{" --grad-checkpoint --grad-checkpoint-blocks 1 --fused-optimizer", {"backward", "recompute"}}}) {
     RunSetup s;
     const std::string base = s.base + " --device cuda --steps 3 --seq-len 32 --batch-size 2 --log-every 1" + c.flags;
     auto r = run_cli(base + " --keep-weight-operands off --metrics-jsonl " + s.dir.file("a.jsonl") + " --output-dat " +

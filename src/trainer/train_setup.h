@@ -49,11 +49,6 @@ void use_nvfp4_projections(Qwen3Model& model, nvfp4::ScaleMode mode, bool frozen
                            std::shared_ptr<int64_t> frozen_products = nullptr, bool keep_operands = false,
                            std::shared_ptr<PersistentOperands> persistent = nullptr);
 
-// --keep-weight-operands as the models and the trainer read it, auto not yet decided by choose_weight_operands
-// (memory_model.h) counting as recompute under --grad-checkpoint and off without it: whether dX reads the operand;
-// whether the operands are held in buffers of their own for the whole run (PersistentOperands: always, and
-// backward under --grad-checkpoint, where the first forward makes each one and the recompute and backward
-// multiply it); and whether the update writes them (always: forward makes none).
 // --grad-checkpoint(-blocks) as the models and the trainer read it (auto not yet decided counting as all): how many
 // blocks, from the first, backward runs again, and whether it runs block `layer` again.
 inline int64_t recomputed_block_count(const TrainOptions& o, int64_t layers) {
@@ -63,6 +58,12 @@ inline int64_t recomputed_block_count(const TrainOptions& o, int64_t layers) {
 inline bool recomputes_block(const TrainOptions& o, int64_t layer) {
   return o.grad_checkpoint && (o.grad_checkpoint_blocks < 0 || layer < o.grad_checkpoint_blocks);
 }
+
+// --keep-weight-operands as the models and the trainer read it, auto not yet decided by choose_weight_operands
+// (memory_model.h) counting as recompute under --grad-checkpoint and off without it: whether dX reads the operand;
+// whether the operands are held in buffers of their own for the whole run (PersistentOperands: always, and
+// backward under --grad-checkpoint, where the first forward makes each one and the recompute and backward
+// multiply it); and whether the update writes them (always: forward makes none).
 inline bool keeps_weight_operands(const TrainOptions& o) {
   return o.keep_weight_operands == KeepWeightOperands::backward ||
          o.keep_weight_operands == KeepWeightOperands::recompute ||

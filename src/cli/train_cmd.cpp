@@ -486,7 +486,8 @@ CLI::Option_group* add_train_flags(CLI::App* sub, const std::shared_ptr<TrainFla
                   "the recompute multiplies too); recompute (--grad-checkpoint) the operand each block's recompute "
                   "makes, one block at a time; always the operand across steps, written by the update (forward "
                   "makes none); auto: backward where the memory model says the step fits, else recompute under "
-                  "--grad-checkpoint and off without it (docs/trainer.md)")
+                  "--grad-checkpoint (where it fits, if only some blocks are recomputed) and otherwise off "
+                  "(docs/trainer.md)")
       ->check(CLI::IsMember({"auto", "off", "backward", "recompute", "always"}))
       ->capture_default_str();
   return run;

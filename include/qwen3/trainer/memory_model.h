@@ -59,8 +59,9 @@ bool build_uses_sdpa();
 // operand held from the forward that makes it to its backward, 2 bytes an element where the codes take 0.5625;
 // under --grad-checkpoint that forward is the first one, and the recompute multiplies the same operand) where the
 // memory model's peak with it stays within kWeightOperandsMemoryShare of the device's memory (the device's own
-// figure; with no device to read, --predict-device's table entry), and otherwise under --grad-checkpoint
-// recompute (each block's recompute makes its operands, held one block at a time) and without it off. A CPU keeps
+// figure; with no device to read, --predict-device's table entry), and otherwise recompute where every block is
+// recomputed (each block's recompute makes its operands, held one block at a time), recompute where some are
+// (--grad-checkpoint-blocks) and the step fits with the others' held from forward, and off otherwise. A CPU keeps
 // nothing (one path). `why` is the log's line. The choice changes what is held and moved, never a byte of the step
 // (docs/trainer.md).
 struct WeightOperandsChoice {

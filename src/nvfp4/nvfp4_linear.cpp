@@ -56,8 +56,9 @@ struct SteProduct {
 SteProduct ste_product(const at::Tensor& x2d, const at::Tensor& weight, ScaleMode mode, bool keep_operand,
                        bool recorded, PersistentOperand* persistent, bool computed) {
   SteProduct p;
-  const auto product = [&](const at::Tensor& operand_t) {
-    return computed ? x2d.mm(operand_t) : at::empty({x2d.size(0), weight.size(0)}, x2d.options());
+  // The product `multiply` makes, or where unread its output's allocation alone.
+  const auto product = [&](const auto& multiply) {
+    return computed ? multiply() : at::empty({x2d.size(0), weight.size(0)}, x2d.options());
   };
   if (persistent != nullptr && operand_in_quantize_pass(x2d, weight)) {
     if (persistent->version != weight._version()) {
@@ -65,7 +66,7 @@ SteProduct ste_product(const at::Tensor& x2d, const at::Tensor& weight, ScaleMod
       persistent->version = weight._version();
     }
     if (recorded) p.saved = {persistent->operand}, p.kept_operand = true;
-    p.y2d = product(persistent->operand.t());
+    p.y2d = product([&] { return x2d.mm(persistent->operand.t()); });
     return p;
   }
   if (operand_in_quantize_pass(x2d, weight)) {
@@ -79,13 +80,12 @@ SteProduct ste_product(const at::Tensor& x2d, const at::Tensor& weight, ScaleMod
     quantize_with_operand_cuda(w, mode, q.codes, q.scales, operand);
     if (kept) p.saved = {operand}, p.kept_operand = true;
     else if (codes_saved) p.saved = {q.codes, q.scales};
-    p.y2d = product(operand.t());
+    p.y2d = product([&] { return x2d.mm(operand.t()); });
     return p;
   }
   const Quantized quantized = quantize(weight.detach(), mode);
   p.saved = {quantized.codes, quantized.scales};
-  p.y2d = computed ? quantized_product(x2d, quantized.codes, quantized.scales)
-                   : at::empty({x2d.size(0), weight.size(0)}, x2d.options());
+  p.y2d = product([&] { return quantized_product(x2d, quantized.codes, quantized.scales); });
   return p;
 }
 

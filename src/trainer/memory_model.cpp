@@ -58,6 +58,33 @@ struct BlockSizes {
 
 bool build_uses_sdpa() { return TORCH_VERSION_MAJOR >= 2; }
 
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+// The step's predicted peak as predict() counts it.
+uint64_t predicted_peak(const Qwen3Config& config, const TrainOptions& o, const c10::Device& device,
+                        DenseFileType dense_file) {
+  return predict_step_memory(config, !config.tie_word_embeddings, o, device, dense_file,
+                             device.is_cuda() || build_uses_sdpa())
+      .peak();
+}
+
+// The device's memory and the share of it an auto choice lets the predicted peak take.
+struct MemoryBudget {
+  uint64_t memory;
+  bool fits(uint64_t peak) const {
+    return static_cast<double>(peak) <= kWeightOperandsMemoryShare * static_cast<double>(memory);
+  }
+  // "<peak> GiB, within|above 90% of the device's <memory> GiB"
+  std::string against(uint64_t peak) const {
+    return fmt::format("{:.1f} GiB, {} {:.0f}% of the device's {:.1f} GiB", peak / kGiB, fits(peak) ? "within" : "above",
+                       100 * kWeightOperandsMemoryShare, memory / kGiB);
+  }
+};
+
+}  // namespace
+
 StepPrediction predict(const TrainOptions& options, const Qwen3Config& config, const c10::Device& device,
                        DenseFileType dense_file) {
   const bool separate_head = !config.tie_word_embeddings;
@@ -90,26 +117,21 @@ CheckpointBlocksChoice choose_checkpoint_blocks(const TrainOptions& o, const Qwe
                                                   std::min(o.grad_checkpoint_blocks, layers), layers,
                                                   o.grad_checkpoint_blocks)};
   // auto: the fewest recomputed blocks whose step fits, the operands decided for each count as the run would.
-  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-  const uint64_t memory = device_memory_bytes(device, o.predict_device);
-  const double limit = kWeightOperandsMemoryShare * static_cast<double>(memory);
+  const MemoryBudget budget{device_memory_bytes(device, o.predict_device)};
   uint64_t peak = 0;
   for (int64_t k = 0; k <= layers; ++k) {
     TrainOptions t = o;
     t.grad_checkpoint_blocks = k;
     t.keep_weight_operands = choose_weight_operands(t, config, device, dense_file).decided;
-    peak = predict_step_memory(config, !config.tie_word_embeddings, t, device, dense_file,
-                               device.is_cuda() || build_uses_sdpa())
-               .peak();
-    if (static_cast<double>(peak) <= limit)
+    peak = predicted_peak(config, t, device, dense_file);
+    if (budget.fits(peak))
       return {k, fmt::format("the first {} of {} blocks recomputed (auto: the fewest whose step fits, the memory "
-                             "model's peak {:.1f} GiB within {:.0f}% of the device's {:.1f} GiB)",
-                             k, layers, peak / kGiB, 100 * kWeightOperandsMemoryShare, memory / kGiB)};
+                             "model's peak {})",
+                             k, layers, budget.against(peak))};
   }
   return {TrainOptions::kCheckpointAllBlocks,
-          fmt::format("all {} blocks recomputed (auto: the memory model's peak with all of them {:.1f} GiB, above "
-                      "{:.0f}% of the device's {:.1f} GiB)",
-                      layers, peak / kGiB, 100 * kWeightOperandsMemoryShare, memory / kGiB)};
+          fmt::format("all {} blocks recomputed (auto: the memory model's peak with all of them {})", layers,
+                      budget.against(peak))};
 }
 
 // What a decided option means, by the rules the models and the trainer read (train_setup.h).
@@ -146,24 +168,21 @@ WeightOperandsChoice choose_weight_operands(const TrainOptions& o, const Qwen3Co
                              "micro-batch, below which the NVFP4 kernel reads the codes)",
                              nvfp4::kNvfp4KernelMaxRows));
   // The step with the operands held as `keep` says, against the device.
-  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-  const uint64_t memory = device_memory_bytes(device, o.predict_device);
+  const MemoryBudget budget{device_memory_bytes(device, o.predict_device)};
   const auto peak_with = [&](KeepWeightOperands keep) {
     TrainOptions kept = o;
     kept.keep_weight_operands = keep;
-    return predict_step_memory(config, !config.tie_word_embeddings, kept, device, dense_file, /*sdpa=*/true).peak();
+    return predicted_peak(config, kept, device, dense_file);
   };
-  const auto fits = [&](uint64_t peak) {
-    return static_cast<double>(peak) <= kWeightOperandsMemoryShare * static_cast<double>(memory);
-  };
+  const auto fits = [&](uint64_t peak) { return budget.fits(peak); };
   // Asked for where auto would not: the run may still fit (the model's margin is the 10% left), so a warning.
   const auto warn_if_above = [&](WeightOperandsChoice asked) {
     const uint64_t peak = peak_with(asked.decided);
     if (!fits(peak))
       asked.warning = fmt::format(
-          "--keep-weight-operands {}: the memory model's peak with the operands held so is {:.1f} GiB, above {:.0f}% "
-          "of the device's {:.1f} GiB (auto would not hold them: an out-of-memory error is likely)",
-          to_string(asked.decided), peak / kGiB, 100 * kWeightOperandsMemoryShare, memory / kGiB);
+          "--keep-weight-operands {}: the memory model's peak with the operands held so is {} (auto would not hold "
+          "them: an out-of-memory error is likely)",
+          to_string(asked.decided), budget.against(peak));
     return asked;
   };
   if (o.keep_weight_operands == KeepWeightOperands::always)
@@ -183,9 +202,7 @@ WeightOperandsChoice choose_weight_operands(const TrainOptions& o, const Qwen3Co
     return from_recompute(recompute + " (--keep-weight-operands recompute)");
   // auto: the step with every trained projection's operand held from the forward that makes it, against the device.
   const uint64_t peak = peak_with(KeepWeightOperands::backward);
-  const std::string because = fmt::format(
-      " (auto: the memory model's peak with them {:.1f} GiB, {} {:.0f}% of the device's {:.1f} GiB)", peak / kGiB,
-      fits(peak) ? "within" : "above", 100 * kWeightOperandsMemoryShare, memory / kGiB);
+  const std::string because = " (auto: the memory model's peak with them " + budget.against(peak) + ")";
   if (fits(peak)) return from_forward(held + because);
   // Every block recomputed: each recompute's operands, one block's held at a time. Some blocks only
   // (--grad-checkpoint-blocks): the others would hold theirs from forward as under backward, so the recompute's

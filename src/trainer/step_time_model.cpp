@@ -350,12 +350,15 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
     const double update_s =
         bound(p.update_bytes - p.norm_bytes - p.operand_update_bytes, p.updated - p.operand_updated, element_rate) +
         bound(p.operand_update_bytes, p.operand_updated, operand_rate);
-    p.ms = 1e3 * (p.flops / matmul_rate + (p.bytes - p.update_bytes) / pass_rate + norm_s + update_s);
-    for (StepTerm& t : p.terms)
+    // Each term at its kind's rate; the phase is their sum (a phase has one norm term and one update term).
+    p.ms = 0;
+    for (StepTerm& t : p.terms) {
       t.ms = 1e3 * (t.kind == StepTerm::Kind::products ? t.flops / matmul_rate
                     : t.kind == StepTerm::Kind::passes ? t.bytes / pass_rate
                     : t.kind == StepTerm::Kind::norm   ? norm_s
                                                        : update_s);
+      p.ms += t.ms;
+    }
   }
   plan.update_floor_ms = 1e3 * update_floor_bytes / memory_rate;
   return plan;

@@ -110,15 +110,14 @@ class Trainer {
     DenseFileType dense;
     if (const DatEntry* e = reader_->find("model.embed_tokens.weight"))
       dense = {static_cast<int>(elem_size(e->type)), scalar_type_of(e->type) == master_scalar_type(o.master_dtype)};
-    TrainOptions per_rank = o;  // what the models count: one rank's share
+    // What the models count (one rank's share) and the model is set up with: --grad-checkpoint-blocks auto
+    // decided here, for the step as the models count it.
+    TrainOptions per_rank = o;
     per_rank.predict_world_size = dp_.world_size();
-    // --grad-checkpoint-blocks auto decided here, for the step as the models count it; the rest reads it decided.
     const CheckpointBlocksChoice checkpoint = choose_checkpoint_blocks(per_rank, config_, device_, dense);
     if (o.grad_checkpoint) spdlog::info("activation checkpointing: {}", checkpoint.why);
     per_rank.grad_checkpoint_blocks = checkpoint.decided;
-    TrainOptions decided = o;
-    decided.grad_checkpoint_blocks = checkpoint.decided;
-    run_["recomputed_blocks"] = train_detail::recomputed_block_count(decided, config_.num_hidden_layers);
+    run_["recomputed_blocks"] = train_detail::recomputed_block_count(per_rank, config_.num_hidden_layers);
     check_weight_operands(o, device_, dp_.world_size(), config_);
     const WeightOperandsChoice operands = choose_weight_operands(per_rank, config_, device_, dense);
     if (device_.is_cuda()) spdlog::info("trained projections' product operands for backward: {}", operands.why);
@@ -127,7 +126,7 @@ class Trainer {
                               : operands.persistent()      ? "kept through the recompute"
                               : operands.keep()            ? "kept"
                                                            : "codes";
-    model_ = setup_model(decided, config_, *reader_, device_, operands);
+    model_ = setup_model(per_rank, config_, *reader_, device_, operands);
     set_up_mfu(o);
     if (report_) {
       const StepPrediction prediction = predict(per_rank, config_, device_, dense);

@@ -73,7 +73,7 @@ struct WeightOperandsChoice {
   // kWeightOperandsMemoryShare of the device's memory: a line for the log's warning (auto would not keep them).
   std::string warning;
   bool keep() const;               // dX reads the operand, not the codes
-  bool persistent() const;         // in buffers for the whole run (always; backward under --grad-checkpoint)
+  bool persistent() const;         // in buffers for the whole run (always; backward where a block is recomputed)
   bool written_by_update() const;  // always (never chosen by auto until measured): forward makes none
   // The options the three read: the decision with the run's checkpointing.
   TrainOptions decided_options() const;

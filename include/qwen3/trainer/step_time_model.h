@@ -79,9 +79,9 @@ struct PhaseTime {
   // Of those, the ones whose update also writes their bf16 operand (--keep-weight-operands always), and the
   // bytes of their update, operand included.
   double operand_updated = 0, operand_update_bytes = 0;
-  // flops at the matmul rate, plus the passes' bytes at the pass rate, plus the norm's read at the memory rate,
-  // plus the update at the slower of its other bytes at the memory rate and its elements at the update rate (no
-  // overlap assumed), the operand-writing elements' part at their own element rate.
+  // The terms' sum: flops at the matmul rate, plus the passes' bytes at the pass rate, plus the norm's read at the
+  // memory rate, plus the update at the slower of its other bytes at the memory rate and its elements at the update
+  // rate (no overlap assumed), the operand-writing elements' part at their own element rate.
   double ms = 0;
   std::vector<StepTerm> terms;  // in the order counted; they add up to flops and bytes
 };

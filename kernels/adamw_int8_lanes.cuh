@@ -9,6 +9,7 @@
 
 #include "adamw_pieces.cuh"
 #include "adamw_update.cuh"
+#include "nvfp4_block_lanes.cuh"
 
 namespace qwen3::kernels::adamw::int8_lanes {
 
@@ -111,11 +112,17 @@ QWEN3_HD LaneState fresh(const ParamView& p, const StepScalars& s, int64_t block
   return out;
 }
 
+// The lane's masters after the step, as stored (a bf16 one after its rounding), as floats: what the next forward's
+// operand is made from.
+struct SteppedMasters {
+  float value[kPerLane];
+};
+
 // Encodes the lane's elements under the block's maxima (met over its eight lanes), steps the masters, and (lane 0)
 // writes the block's step and maximum. Every lane of the block must have read the old ones first (the kernel's
-// shuffles come between).
+// shuffles come between). Returns the stepped masters (0 past the row's end).
 template <typename Levels>
-QWEN3_HD void store(const ParamView& p, const StepScalars& s, int64_t block, LanePosition at, int lane,
+QWEN3_HD SteppedMasters store(const ParamView& p, const StepScalars& s, int64_t block, LanePosition at, int lane,
                     const LaneState& st, float m_amax, float v_max, Levels level, bool pieces) {
   // One division a lane for each of the block's two divisors, where each element divided twice.
   const float step = int8_linear_step(m_amax);
@@ -158,6 +165,37 @@ QWEN3_HD void store(const ParamView& p, const StepScalars& s, int64_t block, Lan
     static_cast<float*>(p.exp_avg_scale)[block] = step;
     static_cast<float*>(p.exp_avg_sq_scale)[block] = v_max;
   }
+  SteppedMasters stepped;
+  QWEN3_UNROLL
+  for (int i = 0; i < kPerLane; ++i) stepped.value[i] = at.col0 + i < p.cols ? stored_master_value(bf16_master, master[i]) : 0.0f;
+  return stepped;
+}
+
+// --keep-weight-operands always: the lane's eight elements of the next forward's bf16 operand deq(Q(master)) of the
+// masters it has just stepped, [rows, cols] unpadded. A lane holds half of an NVFP4 16-block (the launcher asks
+// for rows of whole 16-blocks, so a lane pair's sixteen columns are all in the row or all past it), and the
+// block's scale comes from the pair (nvfp4_block_lanes.cuh; `exchange(v, 1)`: the other lane's v). Every lane of
+// the warp calls, `here` false (zeros, nothing stored) for a lane past the row's end or the tensor's blocks. One
+// 16-byte store where the lanes move whole pieces and the operand is aligned to them.
+template <typename Exchange>
+QWEN3_HD void write_operand(const ParamView& p, LanePosition at, int lane, bool here, const SteppedMasters& stepped,
+                            bool pieces, const Exchange& exchange) {
+  float operand[kPerLane];
+  const uint8_t code = block_lanes::spread_lane_operand(stepped.value, here, p.operand_search != 0, exchange, operand);
+  if (!here) return;
+  uint16_t* out = p.operand + at.row * p.cols + at.col0;
+  if (pieces && aligned_to(p.operand, 16)) {
+    uint32_t w[4];
+    QWEN3_UNROLL
+    for (int k = 0; k < 4; ++k)
+      w[k] = static_cast<uint32_t>(bf16_nearest(operand[2 * k])) | (static_cast<uint32_t>(bf16_nearest(operand[2 * k + 1])) << 16);
+    store_piece<16>(out, w);
+  } else {
+    QWEN3_UNROLL
+    for (int i = 0; i < kPerLane; ++i) out[i] = bf16_nearest(operand[i]);
+  }
+  if (code == codec::kNonFiniteBlockScale && p.operand_nonfinite_flag != nullptr && lane % 2 == 0)
+    *p.operand_nonfinite_flag = 1;
 }
 
 }  // namespace qwen3::kernels::adamw::int8_lanes

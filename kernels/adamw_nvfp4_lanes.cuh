@@ -11,6 +11,7 @@
 
 #include "adamw_pieces.cuh"
 #include "adamw_update.cuh"
+#include "nvfp4_block_lanes.cuh"
 
 namespace qwen3::kernels::adamw::nvfp4_lanes {
 
@@ -127,12 +128,18 @@ QWEN3_HD LaneNormalized normalize(const LaneMoments& lane, BlockDivisor m_row, B
   return out;
 }
 
+// The lane's masters after the step, as stored (a bf16 one after its rounding), as floats (0 past the row's end):
+// what the next forward's operand is made from.
+struct SteppedMasters {
+  float value[kPerLane];
+};
+
 // Encodes the lane's four elements under the block's scale codes (stochastic rounding from the element's
 // draws), writes its two code bytes of each moment and, lane 0, the block's scale codes, and steps the master.
 // Every lane must have read the block's old scale codes before any lane calls this (the kernel's shuffles of
-// the block maxima come between).
+// the block maxima come between). Returns the stepped masters.
 template <typename SquareGaps = ComputedSquareGaps>
-QWEN3_HD void store(const ParamView& p, const StepScalars& s, int64_t row, int64_t block, int lane,
+QWEN3_HD SteppedMasters store(const ParamView& p, const StepScalars& s, int64_t row, int64_t block, int lane,
                     const LaneMoments& moments, const LaneMasters& masters, const LaneNormalized& normalized,
                     uint8_t m_code, uint8_t v_code, SquareGaps square_gaps = SquareGaps(), bool pieces = false) {
   const int64_t col0 = first_column(block, lane);
@@ -181,6 +188,37 @@ QWEN3_HD void store(const ParamView& p, const StepScalars& s, int64_t row, int64
     static_cast<uint8_t*>(p.exp_avg_scale)[scale_index] = m_code;
     static_cast<uint8_t*>(p.exp_avg_sq_scale)[scale_index] = v_code;
   }
+  SteppedMasters stepped;
+  QWEN3_UNROLL
+  for (int k = 0; k < kPerLane; ++k)
+    stepped.value[k] = col0 + k < p.cols ? stored_master_value(bf16_master, master_bits[k]) : 0.0f;
+  return stepped;
+}
+
+// --keep-weight-operands always: the lane's four elements of the next forward's bf16 operand deq(Q(master)) of the
+// masters it has just stepped, [rows, cols] unpadded. The lane group that holds a moment block holds the operand's
+// 16-block too (the launcher asks for rows of whole 16-blocks), and its scale comes from the four lanes
+// (nvfp4_block_lanes.cuh; `exchange(v, d)`: lane ^ d's v, d = 1, 2). Every lane of the warp calls, `here` false
+// (zeros, nothing stored) for a group past the row's blocks. One 8-byte store where the lanes move whole pieces
+// and the operand is aligned to them.
+template <typename Exchange>
+QWEN3_HD void write_operand(const ParamView& p, int64_t row, int64_t block, int lane, bool here,
+                            const SteppedMasters& stepped, bool pieces, const Exchange& exchange) {
+  float operand[kPerLane];
+  const uint8_t code = block_lanes::spread_lane_operand(stepped.value, here, p.operand_search != 0, exchange, operand);
+  if (!here) return;
+  uint16_t* out = p.operand + row * p.cols + first_column(block, lane);
+  if (pieces && aligned_to(p.operand, 8)) {
+    const uint32_t w[2] = {
+        static_cast<uint32_t>(bf16_nearest(operand[0])) | (static_cast<uint32_t>(bf16_nearest(operand[1])) << 16),
+        static_cast<uint32_t>(bf16_nearest(operand[2])) | (static_cast<uint32_t>(bf16_nearest(operand[3])) << 16)};
+    store_piece<8>(out, w);
+  } else {
+    QWEN3_UNROLL
+    for (int k = 0; k < kPerLane; ++k) out[k] = bf16_nearest(operand[k]);
+  }
+  if (code == codec::kNonFiniteBlockScale && p.operand_nonfinite_flag != nullptr && lane == 0)
+    *p.operand_nonfinite_flag = 1;
 }
 
 }  // namespace qwen3::kernels::adamw::nvfp4_lanes

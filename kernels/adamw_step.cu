@@ -104,7 +104,9 @@ __global__ void __launch_bounds__(kThreads) plain_kernel(ParamView p, StepScalar
 // dtype: the kernel is bound by its instructions, and with the dtypes known at run time every element computed
 // both forms of the gradient's scaling and of the master's store and chose one. At most 64 registers: four CTAs
 // of 256 an SM, as before the instantiations (the fp32-master ones took 66 unbounded, so three; no spills at 64).
-template <bool kMasterBf16, bool kGradBf16>
+// kOperand (--keep-weight-operands always): the stepped masters' bf16 operand too, each 16-block's scale from the
+// lane pair that holds it (adamw_int8_lanes.cuh, write_operand), in instantiations of its own.
+template <bool kMasterBf16, bool kGradBf16, bool kOperand>
 __global__ void __launch_bounds__(kThreads, 4) int8_kernel(ParamView p, StepScalars s) {
   namespace lanes = adamw::int8_lanes;
   if (!adamw::take_device_grad_scale(s)) return;  // the same value for every thread: the whole grid returns
@@ -142,7 +144,10 @@ __global__ void __launch_bounds__(kThreads, 4) int8_kernel(ParamView p, StepScal
       m_amax = fmaxf(m_amax, __shfl_xor_sync(0xFFFFFFFFu, m_amax, offset));
       v_max = fmaxf(v_max, __shfl_xor_sync(0xFFFFFFFFu, v_max, offset));
     }
-    if (active) lanes::store(p, s, block, at, lane, state, m_amax, v_max, level, pieces);
+    lanes::SteppedMasters stepped{};
+    if (active) stepped = lanes::store(p, s, block, at, lane, state, m_amax, v_max, level, pieces);
+    if constexpr (kOperand)
+      lanes::write_operand(p, at, lane, active && at.col0 < p.cols, stepped, pieces, block_lanes::ShuffleXor{});
   }
 }
 
@@ -166,8 +171,9 @@ __device__ float block_max(float x, float* shared) {
 constexpr int kNvfp4Threads = 128;
 constexpr int kNvfp4Groups = kNvfp4Threads / adamw::nvfp4_lanes::kLanesPerBlock;
 
-// An instantiation for each master and gradient dtype, as int8_kernel has.
-template <bool kMasterBf16, bool kGradBf16>
+// An instantiation for each master and gradient dtype, as int8_kernel has; kOperand as there (each 16-block's
+// operand scale from the four lanes that hold it).
+template <bool kMasterBf16, bool kGradBf16, bool kOperand>
 __global__ void __launch_bounds__(kNvfp4Threads) nvfp4_kernel(ParamView p, StepScalars s) {
   namespace lanes = adamw::nvfp4_lanes;
   if (!adamw::take_device_grad_scale(s)) return;  // uniform: no thread is left at a barrier or a shuffle
@@ -210,9 +216,12 @@ __global__ void __launch_bounds__(kNvfp4Threads) nvfp4_kernel(ParamView p, StepS
         m_amax = fmaxf(m_amax, __shfl_xor_sync(0xFFFFFFFFu, m_amax, offset));
         root_amax = fmaxf(root_amax, __shfl_xor_sync(0xFFFFFFFFu, root_amax, offset));
       }
+      lanes::SteppedMasters stepped{};
       if (active)
-        lanes::store(p, s, row, b, lane, moments, masters, normalized, adamw::nvfp4_unclipped_scale_code(m_amax),
-                     adamw::nvfp4_unclipped_scale_code(root_amax), adamw::TabledSquareGaps{square_gaps}, pieces);
+        stepped = lanes::store(p, s, row, b, lane, moments, masters, normalized,
+                               adamw::nvfp4_unclipped_scale_code(m_amax), adamw::nvfp4_unclipped_scale_code(root_amax),
+                               adamw::TabledSquareGaps{square_gaps}, pieces);
+      if constexpr (kOperand) lanes::write_operand(p, row, b, lane, active, stepped, pieces, block_lanes::ShuffleXor{});
     }
     if (threadIdx.x == 0) {  // every thread read the old row scales before block_max's barriers
       p.exp_avg_row_scale[row] = m_row;
@@ -248,7 +257,7 @@ int grid_for(int64_t work_items, int items_per_cta, int max_ctas) {
 // 7 of an element's ~194 (the third round's ncu), the prologue a few more. Resident CTAs loop over the blocks
 // instead and build the tables once. 0 where the device cannot say (no cap then). Asked per instantiation: their
 // registers may differ.
-template <bool kMasterBf16, bool kGradBf16>
+template <bool kMasterBf16, bool kGradBf16, bool kOperand>
 int int8_resident_ctas() {
   constexpr int kMaxDevices = 64;
   static std::atomic<int> cached[kMaxDevices] = {};  // 0: not asked yet; two first launches store the same value
@@ -257,7 +266,7 @@ int int8_resident_ctas() {
   if (const int known = cached[device].load(std::memory_order_relaxed); known > 0) return known;
   int sms = 0, per_sm = 0;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, int8_kernel<kMasterBf16, kGradBf16>, kThreads, 0) !=
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, int8_kernel<kMasterBf16, kGradBf16, kOperand>, kThreads, 0) !=
           cudaSuccess) {
     cudaGetLastError();
     return 0;
@@ -272,8 +281,8 @@ int int8_resident_ctas() {
 int launch_adamw_step(const adamw::ParamView& p, const adamw::StepScalars& s, void* stream, int max_ctas) {
   if (p.rows < 0 || p.cols < 0 || p.stored_cols < p.cols || !p.master || !p.grad || !p.exp_avg || !p.exp_avg_sq)
     return static_cast<int>(cudaErrorInvalidValue);
-  // The operand: plain moments only, whole 16-blocks a row.
-  if (p.operand != nullptr && ((p.moments != Moments::f32 && p.moments != Moments::bf16) || p.cols % codec::kBlock != 0))
+  // The operand: whole 16-blocks a row.
+  if (p.operand != nullptr && p.cols % codec::kBlock != 0)
     return static_cast<int>(cudaErrorInvalidValue);
   if (p.rows == 0 || p.cols == 0) return 0;
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
@@ -293,10 +302,15 @@ int launch_adamw_step(const adamw::ParamView& p, const adamw::StepScalars& s, vo
         return static_cast<int>(cudaErrorInvalidValue);
       const int64_t blocks = p.rows * (p.stored_cols / adamw::kInt8Block);
       const int per_cta = kThreads / adamw::int8_lanes::kLanesPerBlock;
-      with_dtypes(p, [&](auto master_bf16, auto grad_bf16) {
+      const auto launch = [&](auto master_bf16, auto grad_bf16, auto operand) {
         constexpr bool kMaster = decltype(master_bf16)::value, kGrad = decltype(grad_bf16)::value;
-        const int cap = max_ctas > 0 ? max_ctas : int8_resident_ctas<kMaster, kGrad>();
-        int8_kernel<kMaster, kGrad><<<grid_for(blocks, per_cta, cap), kThreads, 0, cuda_stream>>>(p, s);
+        constexpr bool kOperand = decltype(operand)::value;
+        const int cap = max_ctas > 0 ? max_ctas : int8_resident_ctas<kMaster, kGrad, kOperand>();
+        int8_kernel<kMaster, kGrad, kOperand><<<grid_for(blocks, per_cta, cap), kThreads, 0, cuda_stream>>>(p, s);
+      };
+      with_dtypes(p, [&](auto master_bf16, auto grad_bf16) {
+        if (p.operand != nullptr) launch(master_bf16, grad_bf16, std::true_type{});
+        else launch(master_bf16, grad_bf16, std::false_type{});
       });
       break;
     }
@@ -305,8 +319,10 @@ int launch_adamw_step(const adamw::ParamView& p, const adamw::StepScalars& s, vo
           !p.exp_avg_sq_row_scale)
         return static_cast<int>(cudaErrorInvalidValue);
       with_dtypes(p, [&](auto master_bf16, auto grad_bf16) {
-        nvfp4_kernel<decltype(master_bf16)::value, decltype(grad_bf16)::value>
-            <<<grid_for(p.rows, 1, max_ctas), kNvfp4Threads, 0, cuda_stream>>>(p, s);
+        constexpr bool kMaster = decltype(master_bf16)::value, kGrad = decltype(grad_bf16)::value;
+        const int grid = grid_for(p.rows, 1, max_ctas);
+        if (p.operand != nullptr) nvfp4_kernel<kMaster, kGrad, true><<<grid, kNvfp4Threads, 0, cuda_stream>>>(p, s);
+        else nvfp4_kernel<kMaster, kGrad, false><<<grid, kNvfp4Threads, 0, cuda_stream>>>(p, s);
       });
       break;
     default:

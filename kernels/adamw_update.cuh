@@ -72,7 +72,7 @@ struct ParamView {
   float* exp_avg_sq_row_scale;  // nvfp4 only
   int64_t rows, cols, stored_cols;
   Moments moments;
-  // --keep-weight-operands always (plain moments, CUDA): where set, the stepped master's bf16 operand deq(Q(master))
+  // --keep-weight-operands always (CUDA): where set, the stepped master's bf16 operand deq(Q(master))
   // for the next forward, [rows, cols] with cols a multiple of 16, written in the same pass; operand_search: the
   // scale mode (rne 0, search 1); operand_nonfinite_flag (nullable): raised to 1 for a block with an infinite or
   // NaN master, as the quantize kernels raise it.

@@ -7,8 +7,8 @@
 # lease is 15 minutes of device time, and the first round measured what each stage takes):
 #   --call 1   env, build, test-gpu, smoke, train-2048:lean+fast+lean-unpacked+fast-unpacked (with their peers),
 #              lean-recompute (the memory goal: each block's operands made by its recompute), lean-fit (only the
-#              blocks recomputed that the memory needs: none on an H200), and lean and fast unpacked with
-#              --overlap-update
+#              blocks recomputed that the memory needs: none on an H200), lean-always (the nvfp4 update
+#              writing the next forward's operands), and lean and fast unpacked with --overlap-update
 #   --call 2   sanitize, hf, bench, train-512:lean+fast+fast-codes+fast-always (fast with its codes, and with its
 #              operands kept across steps), test-all
 #   --call 3   train-512:fast-unpacked+grad-checkpoint (what is left, if the lease has time)
@@ -17,7 +17,7 @@
 # train-512), hf, summary, or all (every stage). train-2048 and train-512 take the configurations to run after
 # a colon, joined by '+': lean, fast, grad-checkpoint, base, each packed, or with -unpacked; lean and fast also
 # with -overlap before it (--overlap-update: lean-overlap, fast-overlap-unpacked), or -codes / -recompute / -always
-# (--keep-weight-operands off / recompute / always: fast-codes, lean-recompute, fast-always), or -fit
+# (--keep-weight-operands off / recompute / always: fast-codes, lean-recompute, fast-always, lean-always), or -fit
 # (--grad-checkpoint-blocks auto: lean-fit) (default: TRAIN_CONFIGS).
 # The build folder (BUILD_DIR, default build-gpu/, ignored) keeps the build and the status of every step run so
 # far (BUILD_DIR/gpu-check/status.tsv). RESULTS_DIR is rewritten after every step, so that a call cut short
@@ -55,7 +55,7 @@ while [ $# -gt 0 ]; do
     --stage=*) IFS=', ' read -r -a more <<<"${1#--stage=}"; stages+=("${more[@]}"); shift ;;
     --call) [ $# -ge 2 ] || usage
       case "$2" in
-        1) stages+=(env build test-gpu smoke train-2048:lean+fast+lean-unpacked+fast-unpacked+lean-recompute+lean-fit+lean-overlap-unpacked+fast-overlap-unpacked) ;;
+        1) stages+=(env build test-gpu smoke train-2048:lean+fast+lean-unpacked+fast-unpacked+lean-recompute+lean-fit+lean-always+lean-overlap-unpacked+fast-overlap-unpacked) ;;
         2) stages+=(sanitize hf bench train-512:lean+fast+fast-codes+fast-always test-all) ;;
         3) stages+=(train-512:fast-unpacked+grad-checkpoint) ;;
         *) echo "gpu-check: --call is 1, 2 or 3" >&2; usage ;;
@@ -860,6 +860,7 @@ EOF
               "matmul-M256|nvfp4_matmul_kernel|matmul_bf16/M256/N9728/K2560" \
               "adamw-fp32|plain_kernel|adamw/f32_moments/fp32_master" \
               "adamw-int8-bf16|int8_kernel|adamw/int8_moments/bf16_master" \
+              "adamw-int8-bf16-operand|int8_kernel|adamw/int8_moments/bf16_master_operand" \
               "adamw-nvfp4-bf16|nvfp4_kernel|adamw/nvfp4_moments/bf16_master" \
               "rmsnorm|rmsnorm_forward_kernel|fused/0" \
               "rmsnorm-backward|rmsnorm_dx_kernel|fused/1" \

@@ -14,6 +14,7 @@
 
 #include "adamw_update.cuh"
 #include "optim/adamw_step.h"
+#include "qwen3/nvfp4/nvfp4.h"
 
 namespace qwen3::adamw_test {
 
@@ -127,6 +128,48 @@ void expect_split_equals_cpu_step(ka::Moments kind, bool bf16_master, bool bf16_
     EXPECT_EQ(host_split.m_row, cpu.m_row) << shape_text;
     EXPECT_EQ(host_split.v_row, cpu.v_row) << shape_text;
   }
+}
+
+// --keep-weight-operands always: three steps of `split` (split(view, scalars, pieces), a host run of a kernel's
+// work split with view.operand set), after each of which the operand must be the CPU codec's quantize and
+// dequantize of the stepped master, bf16 bit for bit: both scale modes, both masters, by pieces and by elements.
+// Rows of 2560 and 80 columns, and 48 (for int8 one 64-block a row whose last two lanes lie past the row); eight
+// sentinels past the operand must stay, and the non-finite flag down.
+template <typename Split>
+void expect_operand_is_the_codecs(ka::Moments kind, Split split) {
+  for (const bool bf16_master : {true, false})
+    for (const nvfp4::ScaleMode mode : {nvfp4::ScaleMode::rne, nvfp4::ScaleMode::search})
+      for (const bool pieces : {true, false})
+        for (const auto& shape : {std::pair<int64_t, int64_t>{7, 2560}, {300, 80}, {5, 48}}) {
+          const int64_t rows = shape.first, cols = shape.second;
+          HostParam h(rows, cols, kind, bf16_master, /*bf16_grad=*/true);
+          std::vector<uint16_t> operand(rows * cols + 8, 0xDEADu);
+          int flag = 0;
+          for (int step = 1; step <= 3; ++step) {
+            h.set_grad(step);
+            ka::ParamView p = h.view(h.master.data(), h.grad.data(), h.exp_avg.data(), h.exp_avg_sq.data(),
+                                     h.exp_avg_scale.data(), h.exp_avg_sq_scale.data(),
+                                     h.m_row.empty() ? nullptr : h.m_row.data(),
+                                     h.v_row.empty() ? nullptr : h.v_row.data());
+            p.operand = operand.data();
+            p.operand_search = mode == nvfp4::ScaleMode::search ? 1 : 0;
+            p.operand_nonfinite_flag = &flag;
+            split(p, scalars_for(step, step == 2), pieces);
+            std::vector<float> master(rows * cols), want(rows * cols);
+            for (int64_t i = 0; i < rows * cols; ++i) master[i] = HostParam::read(h.master, bf16_master, i);
+            std::vector<uint8_t> codes(rows * cols / 2), scales(rows * cols / 16);
+            nvfp4::quantize_rows_cpu(master.data(), rows, cols, codes.data(), scales.data(), mode);
+            nvfp4::dequantize_rows_cpu(codes.data(), scales.data(), rows, cols, want.data());
+            const std::string what = std::to_string(rows) + " x " + std::to_string(cols) + ", step " +
+                                     std::to_string(step) + (bf16_master ? ", bf16" : ", fp32") + " master, " +
+                                     nvfp4::scale_mode_name(mode) + (pieces ? "" : ", elements");
+            int64_t wrong = 0;
+            for (int64_t i = 0; i < rows * cols; ++i) wrong += operand[i] != ka::bf16_nearest(want[i]) ? 1 : 0;
+            EXPECT_EQ(wrong, 0) << what;
+            for (int64_t i = rows * cols; i < rows * cols + 8; ++i) EXPECT_EQ(operand[i], 0xDEADu) << what;
+          }
+          EXPECT_EQ(flag, 0);
+        }
 }
 
 }  // namespace qwen3::adamw_test

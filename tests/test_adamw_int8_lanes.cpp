@@ -9,9 +9,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "adamw_int8_lanes.cuh"
 #include "adamw_test_buffers.h"
+#include "lane_lockstep.h"
 
 namespace qwen3 {
 namespace {
@@ -22,12 +24,15 @@ namespace int8_split = kernels::adamw::int8_lanes;
 // What int8_kernel does, with its shuffles as a maximum over the block's eight lanes: every lane of a block reads
 // the old state (the block's step and maximum among it) before any lane of it writes. `pieces`: whether lanes move
 // whole pieces where moves_whole_pieces allows (the kernel's choice) or always elements; `lanes_in_pieces` counts
-// the lanes that did.
+// the lanes that did. With p.operand set, each lane then writes its half of the next forward's operand, the two
+// lanes of each 16-block's pair on two host threads in lock-step (the kernel's shuffle partner, lane ^ 1).
 void run_int8_split_on_host(const ka::ParamView& p, ka::StepScalars s, bool narrow, bool pieces,
                             int64_t& lanes_in_pieces) {
   if (!ka::take_device_grad_scale(s)) return;
   const int64_t total_blocks = p.rows * (p.stored_cols / ka::kInt8Block);
   const bool whole_pieces = pieces && int8_split::moves_whole_pieces(p);
+  std::vector<int8_split::LanePosition> positions;
+  std::vector<int8_split::SteppedMasters> stepped_lanes;
   for (int64_t block = 0; block < total_blocks; ++block) {
     int8_split::LanePosition at[int8_split::kLanesPerBlock];
     int8_split::LaneState state[int8_split::kLanesPerBlock];
@@ -39,9 +44,23 @@ void run_int8_split_on_host(const ka::ParamView& p, ka::StepScalars s, bool narr
       m_amax = std::max(m_amax, state[lane].m_amax);
       v_max = std::max(v_max, state[lane].v_max);
     }
-    for (int lane = 0; lane < int8_split::kLanesPerBlock; ++lane)
-      int8_split::store(p, s, block, at[lane], lane, state[lane], m_amax, v_max, ka::ComputedLevels{}, whole_pieces);
+    for (int lane = 0; lane < int8_split::kLanesPerBlock; ++lane) {
+      const int8_split::SteppedMasters stepped = int8_split::store(p, s, block, at[lane], lane, state[lane], m_amax,
+                                                                   v_max, ka::ComputedLevels{}, whole_pieces);
+      positions.push_back(at[lane]);
+      stepped_lanes.push_back(stepped);
+    }
   }
+  if (p.operand == nullptr) return;
+  // Thread t takes lane 2j + t of every pair j of every block.
+  test::LaneLockstep pair(2);
+  pair.run([&](int t, const test::LaneLockstep::Exchange& exchange) {
+    for (size_t first = 0; first < positions.size(); first += 2) {
+      const int8_split::LanePosition& at = positions[first + t];
+      const int lane = static_cast<int>((first + t) % int8_split::kLanesPerBlock);
+      int8_split::write_operand(p, at, lane, at.col0 < p.cols, stepped_lanes[first + t], whole_pieces, exchange);
+    }
+  });
 }
 
 struct Int8SplitCase {
@@ -77,6 +96,16 @@ INSTANTIATE_TEST_SUITE_P(MasterAndGradientDtypes, AdamWInt8Lanes,
                                   (info.param.narrow ? "narrow" : "wide") + "_division" +
                                   (info.param.pieces ? "" : "_elements_only");
                          });
+
+// --keep-weight-operands always with int8 moments: the operand the lane pairs write after each step is the CPU
+// codec's quantize and dequantize of the stepped master (adamw_test_buffers.h).
+TEST(AdamWInt8Lanes, OperandIsTheCodecsQuantizeOfTheSteppedMaster) {
+  adamw_test::expect_operand_is_the_codecs(ka::Moments::int8, [](const ka::ParamView& p, const ka::StepScalars& s,
+                                                                 bool pieces) {
+    int64_t lanes_in_pieces = 0;
+    run_int8_split_on_host(p, s, /*narrow=*/true, pieces, lanes_in_pieces);
+  });
+}
 
 TEST(AdamWInt8Lanes, WholePiecesNeedRowsOfEightsAndAlignedBuffers) {
   alignas(16) static uint8_t buffer[64];

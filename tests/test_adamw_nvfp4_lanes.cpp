@@ -12,6 +12,7 @@
 
 #include "adamw_nvfp4_lanes.cuh"
 #include "adamw_test_buffers.h"
+#include "lane_lockstep.h"
 
 namespace qwen3 {
 namespace {
@@ -22,11 +23,14 @@ namespace lanes = kernels::adamw::nvfp4_lanes;
 // What nvfp4_kernel does, with its shuffles as a maximum over the block's four lanes and its barriers as the
 // order of the loops: every lane of a block reads the old state before any lane of it writes.
 // `pieces`: whether lanes move whole pieces where moves_whole_pieces allows (the kernel's choice) or always
-// elements; `lanes_in_pieces` counts the lanes that did.
+// elements; `lanes_in_pieces` counts the lanes that did. With p.operand set, each lane then writes its four
+// elements of the next forward's operand, the four lanes of each block on the host in lock-step (the kernel's
+// shuffles over lane ^ 1 and lane ^ 2).
 void run_nvfp4_split_on_host(const ka::ParamView& p, ka::StepScalars s, bool pieces, int64_t& lanes_in_pieces) {
   if (!ka::take_device_grad_scale(s)) return;
   const bool whole = pieces && lanes::moves_whole_pieces(p);
   const int64_t blocks = p.stored_cols / ka::kNvfp4Block;
+  std::vector<lanes::SteppedMasters> stepped;  // [row][block][lane]
   for (int64_t row = 0; row < p.rows; ++row) {
     const float old_m_row = p.exp_avg_row_scale[row], old_v_row = p.exp_avg_sq_row_scale[row];
     float m_max = 0.0f, v_max = 0.0f;
@@ -48,12 +52,31 @@ void run_nvfp4_split_on_host(const ka::ParamView& p, ka::StepScalars s, bool pie
         root_amax = std::max(root_amax, normalized[lane].root_amax);
       }
       for (int lane = 0; lane < lanes::kLanesPerBlock; ++lane)
-        lanes::store(p, s, row, b, lane, moments[lane], masters[lane], normalized[lane], ka::nvfp4_unclipped_scale_code(m_amax),
-                     ka::nvfp4_unclipped_scale_code(root_amax), ka::ComputedSquareGaps{}, whole);
+        stepped.push_back(lanes::store(p, s, row, b, lane, moments[lane], masters[lane], normalized[lane],
+                                       ka::nvfp4_unclipped_scale_code(m_amax), ka::nvfp4_unclipped_scale_code(root_amax),
+                                       ka::ComputedSquareGaps{}, whole));
     }
     p.exp_avg_row_scale[row] = m_row;
     p.exp_avg_sq_row_scale[row] = v_row;
   }
+  if (p.operand == nullptr) return;
+  test::LaneLockstep group(lanes::kLanesPerBlock);
+  group.run([&](int lane, const test::LaneLockstep::Exchange& exchange) {
+    for (int64_t row = 0; row < p.rows; ++row)
+      for (int64_t b = 0; b < blocks; ++b)
+        lanes::write_operand(p, row, b, lane, true, stepped[(row * blocks + b) * lanes::kLanesPerBlock + lane], whole,
+                             exchange);
+  });
+}
+
+// --keep-weight-operands always with nvfp4 moments: the operand the four lanes of each block write after each step
+// is the CPU codec's quantize and dequantize of the stepped master (adamw_test_buffers.h).
+TEST(AdamWNvfp4Lanes, OperandIsTheCodecsQuantizeOfTheSteppedMaster) {
+  adamw_test::expect_operand_is_the_codecs(ka::Moments::nvfp4, [](const ka::ParamView& p, const ka::StepScalars& s,
+                                                                  bool pieces) {
+    int64_t lanes_in_pieces = 0;
+    run_nvfp4_split_on_host(p, s, pieces, lanes_in_pieces);
+  });
 }
 
 struct SplitCase {

@@ -447,7 +447,9 @@ TEST(RunsCli, KeepWeightOperandsIsACudaChoice) {
 // weights; the log says which ran. Both fused and not (the update in backward, or after it), both scale modes; under
 // --grad-checkpoint also the recompute's operands (recompute) and the first forward's held through the recompute
 // (backward), whose buffers the trainer marks stale after each update (without that the second step's forward
-// would multiply the first step's weights), with an fp32 master and with a bf16 one and int8 moments.
+// would multiply the first step's weights), with an fp32 master and with a bf16 one and int8 moments; always with
+// int8 moments (the int8 kernel writes the operand), with and without checkpointing, both scale modes, and with
+// nvfp4 moments.
 TEST(RunsCli, GpuKeptWeightOperandsTrainTheSameBytes) {
   QWEN3_GPU_TEST(at::hasCUDA());
   struct Case {
@@ -457,7 +459,13 @@ TEST(RunsCli, GpuKeptWeightOperandsTrainTheSameBytes) {
   for (const Case& c : {Case{"", {"backward", "always"}}, Case{" --fused-optimizer --scale-mode search", {"backward", "always"}},
                         Case{" --grad-checkpoint", {"backward", "recompute", "always"}},
                         Case{" --grad-checkpoint --fused-optimizer --master-dtype bfloat16 --optimizer-state-mode int8",
-                             {"backward", "recompute"}},
+                             {"backward", "recompute", "always"}},
+                        // The int8 kernel's operand (its lane pairs' block scales) after the backward, both modes.
+                        Case{" --master-dtype bfloat16 --optimizer-state-mode int8", {"always"}},
+                        Case{" --optimizer-state-mode int8 --scale-mode search", {"always"}},
+                        // The nvfp4 kernel's (four lanes a block): the leanest configuration.
+                        Case{" --grad-checkpoint --fused-optimizer --master-dtype bfloat16 --optimizer-state-mode nvfp4",
+                             {"always"}},
                         // The first block recomputed (its operands in buffers under backward), the others saved by
                         // their nodes.
                         Case{" --grad-checkpoint --grad-checkpoint-blocks 1 --fused-optimizer", {"backward", "recompute"}}}) {

@@ -2,6 +2,7 @@
 // and the CLI that prints it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <string>
@@ -322,6 +323,30 @@ TEST(StepTimeModel, TheUpdateRunsAtTheSlowerOfItsBytesAndItsElementRate) {
               1e-9 * with_operand.ms);
   EXPECT_GT(with_operand.ms, plain.ms * 1.25) << "the operand's update counted at its bytes alone";
   EXPECT_EQ(update_elements_per_s(device_rates("cpu"), MomentStorage::nvfp4, MasterDtype::bfloat16), 0.0);
+  // With int8 moments the operand-writing update runs at the int8 kernel's own rate with the operand (estimated
+  // from the lane path's instructions until a round measures it), below the int8 rate without it; forward then
+  // makes no operand for the projections.
+  TrainOptions int8_lean = options(2048);
+  int8_lean.master_dtype = MasterDtype::bfloat16;
+  int8_lean.adamw.moments = MomentStorage::int8;
+  TrainOptions int8_always = int8_lean;
+  int8_always.keep_weight_operands = KeepWeightOperands::always;
+  const double int8_operand_rate = update_elements_per_s(h200, MomentStorage::int8, MasterDtype::bfloat16, true);
+  EXPECT_GT(int8_operand_rate, 0.0);
+  EXPECT_LT(int8_operand_rate, update_elements_per_s(h200, MomentStorage::int8, MasterDtype::bfloat16));
+  EXPECT_LT(update_elements_per_s(h200, MomentStorage::int8, MasterDtype::float32, true),
+            update_elements_per_s(h200, MomentStorage::int8, MasterDtype::float32));
+  const StepTimePlan int8_plan = predict_step_time(c, false, int8_lean, h200);
+  const StepTimePlan int8_always_plan = predict_step_time(c, false, int8_always, h200);
+  const PhaseTime& int8_operand = phase(int8_always_plan, "optimizer_step_done");
+  ASSERT_GT(int8_operand.operand_updated, 3e9);
+  const PhaseTime& u = int8_operand;
+  const double others_s = std::max((u.update_bytes - u.norm_bytes - u.operand_update_bytes) / (4800e9 * 0.85),
+                                   (u.updated - u.operand_updated) / 138.8e9);
+  const double operand_s = std::max(u.operand_update_bytes / (4800e9 * 0.85), u.operand_updated / (int8_operand_rate * 1e9));
+  EXPECT_NEAR(u.ms, 1e3 * (u.norm_bytes / (4800e9 * 0.85) + others_s + operand_s), 1e-9 * u.ms);
+  EXPECT_LT(phase(int8_always_plan, "forward_done").bytes, phase(int8_plan, "forward_done").bytes)
+      << "the update's operand leaves forward's to make";
 }
 
 // Without a flag naming it, a run is predicted (and its MFU measured) with the rates of the GPU it runs on: a

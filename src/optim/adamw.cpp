@@ -192,12 +192,11 @@ void AdamW::update_with(size_t i, const at::Tensor& grad, double lr, double grad
   view.grad_bf16 = grad_dtype == at::kBFloat16 ? 1 : 0;
   const at::Device device = p.param.device();
   if (p.operand.defined()) {  // the next forward's operand, written by the CUDA kernel in the same pass
-    if (!device.is_cuda() || (o.moments != MomentStorage::float32 && o.moments != MomentStorage::bfloat16) ||
+    if (!device.is_cuda() ||
         p.operand.scalar_type() != at::kBFloat16 || !p.operand.is_contiguous() ||
         !p.operand.sizes().equals(p.param.sizes()) || p.operand.device() != device)
       throw Error("AdamW: '" + p.name + "' has an operand " + describe(p.operand) +
-                  ": the update writes a bf16 operand of the parameter's shape only on CUDA with float32 or "
-                  "bfloat16 moments");
+                  ": the update writes a bf16 operand of the parameter's shape only on CUDA");
     view.operand = static_cast<uint16_t*>(p.operand.data_ptr());
     view.operand_search = p.operand_search ? 1 : 0;
     view.operand_nonfinite_flag =

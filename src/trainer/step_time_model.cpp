@@ -53,17 +53,31 @@ DeviceRates device_rates(std::string_view name) {
   // bytes, ran at 97% of that machine's copy rate and is left at its faster machine's 147.9, a ceiling the byte
   // count reaches first); the plain update that writes the operand too, the third round's 89.8 G/s (fp32 moments,
   // bf16 master; 91.3 with an fp32 master, 89.5 and 94.5 with bf16 moments: 74% of a copy and below, where the
-  // same kernel without it reached 97%). The H100 has the H200's SMs and clocks: the same
+  // same kernel without it reached 97%); the int8 and nvfp4 updates that write the operand, not measured yet,
+  // estimated from their rates by the static machine instructions of the path a lane runs (sm_90, a lane's work
+  // with write_operand in rne mode and without, compiled alone, kernels/adamw_step.md): int8 1,728 -> 2,104 with a
+  // bf16 master and gradient, 1,640 -> 2,016 with fp32 ones (138.8 -> 114.0, 133.3 -> 108.4); nvfp4, both passes,
+  // 1,472 -> 1,696 and 1,360 -> 1,560 (80.0 -> 69.4, 81.5 -> 71.1). Static counts include the reciprocal's slow
+  // path, which no real block runs: if anything too slow. The H100
+  // has the H200's SMs and clocks: the same
   // fractions and element rates, assumed. GB10: the same fractions, and the element rates scaled by its 48 SMs
   // against 132, assumed. cpu: the development machine (dev-2c, its two cores), measured by bench_train_step's
   // BM_ProductRate: a [32, 2560] x [2560, 9728] product at 300 GFLOP/s in bf16 and 107 in fp32; memcpy 23.5
   // GiB/s; the product rates are already what a training-shaped product reaches, an elementwise ATen pass about
   // half of it; no element bound on its update (its loops are measured in bytes, docs/optim.md).
-  const UpdateRates hopper{147.9, 133.3, 138.8, 81.5, 80.0, 89.8};
+  const UpdateRates hopper{147.9, 133.3, 138.8, 81.5, 80.0, 89.8,
+                           133.3 * 1640 / 2016, 138.8 * 1728 / 2104, 81.5 * 1360 / 1560, 80.0 * 1472 / 1696};
   const double gb10_share = 48.0 / 132.0;
-  const UpdateRates gb10{hopper.plain * gb10_share,        hopper.int8_fp32_master * gb10_share,
-                         hopper.int8_bf16_master * gb10_share, hopper.nvfp4_fp32_master * gb10_share,
-                         hopper.nvfp4_bf16_master * gb10_share, hopper.plain_with_operand * gb10_share};
+  const UpdateRates gb10{hopper.plain * gb10_share,
+                         hopper.int8_fp32_master * gb10_share,
+                         hopper.int8_bf16_master * gb10_share,
+                         hopper.nvfp4_fp32_master * gb10_share,
+                         hopper.nvfp4_bf16_master * gb10_share,
+                         hopper.plain_with_operand * gb10_share,
+                         hopper.int8_fp32_master_with_operand * gb10_share,
+                         hopper.int8_bf16_master_with_operand * gb10_share,
+                         hopper.nvfp4_fp32_master_with_operand * gb10_share,
+                         hopper.nvfp4_bf16_master_with_operand * gb10_share};
   if (name == "h100") return {"h100", 989.0, 67.0, 3350.0, 0.6, 0.85, false, 80.0, 0.55, hopper};
   if (name == "h200") return {"h200", 989.0, 67.0, 4800.0, 0.6, 0.85, false, 141.0, 0.55, hopper};
   if (name == "gb10") return {"gb10", 125.0, 31.0, 273.0, 0.6, 0.85, true, 128.0, 0.55, gb10};
@@ -73,15 +87,19 @@ DeviceRates device_rates(std::string_view name) {
   throw UsageError("--predict-device: unknown '" + std::string(name) + "' (" + known + ")");
 }
 
-double update_elements_per_s(const DeviceRates& device, MomentStorage moments, MasterDtype master) {
+double update_elements_per_s(const DeviceRates& device, MomentStorage moments, MasterDtype master,
+                             bool writes_operand) {
   const bool bf16 = master == MasterDtype::bfloat16;
+  const UpdateRates& u = device.update;
   switch (moments) {
     case MomentStorage::int8:
-      return bf16 ? device.update.int8_bf16_master : device.update.int8_fp32_master;
+      if (writes_operand) return bf16 ? u.int8_bf16_master_with_operand : u.int8_fp32_master_with_operand;
+      return bf16 ? u.int8_bf16_master : u.int8_fp32_master;
     case MomentStorage::nvfp4:
-      return bf16 ? device.update.nvfp4_bf16_master : device.update.nvfp4_fp32_master;
+      if (writes_operand) return bf16 ? u.nvfp4_bf16_master_with_operand : u.nvfp4_fp32_master_with_operand;
+      return bf16 ? u.nvfp4_bf16_master : u.nvfp4_fp32_master;
     default:
-      return device.update.plain;
+      return writes_operand ? u.plain_with_operand : u.plain;
   }
 }
 
@@ -308,8 +326,8 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
   const double update_floor_bytes = trainable * (e + 2 * e) + 2 * state_bytes;
   // --fused-optimizer: the blocks' updates run inside backward; the optimizer phase has the rest.
   const double in_backward = o.fused_optimizer ? 1 : 0;
-  // --keep-weight-operands always: the update writes each trained projection's operand (plain moments only:
-  // the same state bytes an element as the block's others).
+  // --keep-weight-operands always: the update writes each trained projection's operand (the same state bytes an
+  // element as the block's others).
   double operand_elements = 0;
   if (update_operand)
     for (int64_t l = 0; l < s.layers; ++l) operand_elements += trained_projections[l] - trained_experts[l];
@@ -339,7 +357,7 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
   const double memory_rate = device.memory_gbps * 1e9 * device.memory_efficiency;
   const double pass_rate = device.memory_gbps * 1e9 * device.pass_efficiency;
   const double element_rate = 1e9 * update_elements_per_s(device, o.adamw.moments, o.master_dtype);
-  const double operand_rate = 1e9 * device.update.plain_with_operand;
+  const double operand_rate = 1e9 * update_elements_per_s(device, o.adamw.moments, o.master_dtype, true);
   // Each kernel at the slower of its bytes and its elements: the operand-writing updates apart from the others.
   const auto bound = [&](double bytes, double elements, double rate) {
     return std::max(bytes / memory_rate, rate > 0 ? elements / rate : 0.0);

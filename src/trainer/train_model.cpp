@@ -49,9 +49,6 @@ void check_weight_operands(const TrainOptions& o, const c10::Device& device, int
                                  "micro-batch, --batch-size x --seq-len)",
                                  flag, nvfp4::kNvfp4KernelMaxRows));
   if (keep != KeepWeightOperands::always) return;
-  if (o.adamw.moments != MomentStorage::float32 && o.adamw.moments != MomentStorage::bfloat16)
-    throw UsageError(flag + ": the update writes the operand with float32 or bfloat16 moments only (the int8 and "
-                     "nvfp4 moment kernels do not)");
   if (world_size > 1)
     throw UsageError(flag + " is for one process (data parallel's collectives change weights outside the update)");
   if (config.is_moe())

@@ -85,13 +85,14 @@ INSTANTIATE_TEST_SUITE_P(
                       KernelCase{ka::Moments::nvfp4, false, true}),
     [](const ::testing::TestParamInfo<KernelCase>& info) { return case_name(info.param); });
 
-// --keep-weight-operands always: the plain kernels write the stepped master's bf16 operand deq(Q(master)) in the
-// same pass. Master and state bytes as without it (the CPU step's); the operand equal to the CPU codec's quantize
+// --keep-weight-operands always: every kernel writes the stepped master's bf16 operand deq(Q(master)) in the same
+// pass, each 16-block's scale from the lanes that hold it (16 of an element for plain moments, 4 of 4 for nvfp4, 2
+// of 8 for int8, where 3 x 48 leaves the last two lanes of each 64-block past the row). Master and state bytes as without it (the CPU step's); the operand equal to the CPU codec's quantize
 // and dequantize of the master after each step, in both scale modes; a non-finite master block gives NaN values and
 // raises the flag.
 TEST(GpuAdamWKernelOperand, IsTheCodecsOperandOfTheSteppedMaster) {
   QWEN3_REQUIRE_GPU();
-  for (const ka::Moments moments : {ka::Moments::f32, ka::Moments::bf16})
+  for (const ka::Moments moments : {ka::Moments::f32, ka::Moments::bf16, ka::Moments::int8, ka::Moments::nvfp4})
     for (const bool bf16_master : {false, true})
       for (const bool search : {false, true})
         for (const auto& shape : {std::pair<int64_t, int64_t>{70, 2560}, {3, 48}, {300, 80}}) {
@@ -100,7 +101,10 @@ TEST(GpuAdamWKernelOperand, IsTheCodecsOperandOfTheSteppedMaster) {
           HostParam cpu(shape.first, shape.second, moments, bf16_master, bf16_master);
           const int64_t n = shape.first * shape.second;
           if (name.find("3 x 48") != std::string::npos) HostParam::write(cpu.master, bf16_master, 17, INFINITY);
-          std::vector<std::vector<uint8_t>*> buffers{&cpu.master, &cpu.grad, &cpu.exp_avg, &cpu.exp_avg_sq};
+          std::vector<std::vector<uint8_t>*> buffers{&cpu.master, &cpu.grad, &cpu.exp_avg, &cpu.exp_avg_sq,
+                                                     &cpu.exp_avg_scale, &cpu.exp_avg_sq_scale, &cpu.m_row, &cpu.v_row};
+          const bool scaled = moments == ka::Moments::int8 || moments == ka::Moments::nvfp4;
+          const bool row_scaled = moments == ka::Moments::nvfp4;
           std::vector<std::unique_ptr<DeviceBuffer>> device;
           for (auto* b : buffers) device.push_back(std::make_unique<DeviceBuffer>(b->size() + 16));
           for (size_t i = 0; i < buffers.size(); ++i)
@@ -112,10 +116,13 @@ TEST(GpuAdamWKernelOperand, IsTheCodecsOperandOfTheSteppedMaster) {
             QWEN3_CUDA_OK(cudaMemcpy(device[1]->at(), cpu.grad.data(), cpu.grad.size(), cudaMemcpyHostToDevice));
             const ka::StepScalars s = scalars_for(step, step == 2);
             optim_detail::adamw_step_cpu(cpu.view(cpu.master.data(), cpu.grad.data(), cpu.exp_avg.data(),
-                                                  cpu.exp_avg_sq.data(), nullptr, nullptr, nullptr, nullptr),
+                                                  cpu.exp_avg_sq.data(), scaled ? cpu.exp_avg_scale.data() : nullptr,
+                                                  scaled ? cpu.exp_avg_sq_scale.data() : nullptr,
+                                                  row_scaled ? cpu.m_row.data() : nullptr, row_scaled ? cpu.v_row.data() : nullptr),
                                          s, 0);
-            ka::ParamView p = cpu.view(device[0]->at(), device[1]->at(), device[2]->at(), device[3]->at(), nullptr,
-                                       nullptr, nullptr, nullptr);
+            ka::ParamView p = cpu.view(device[0]->at(), device[1]->at(), device[2]->at(), device[3]->at(),
+                                       scaled ? device[4]->at() : nullptr, scaled ? device[5]->at() : nullptr,
+                                       row_scaled ? device[6]->at() : nullptr, row_scaled ? device[7]->at() : nullptr);
             p.operand = reinterpret_cast<uint16_t*>(operand.at());
             p.operand_search = search ? 1 : 0;
             p.operand_nonfinite_flag = reinterpret_cast<int*>(flag.at());
@@ -124,6 +131,11 @@ TEST(GpuAdamWKernelOperand, IsTheCodecsOperandOfTheSteppedMaster) {
             std::vector<uint8_t> back(cpu.master.size());
             QWEN3_CUDA_OK(cudaMemcpy(back.data(), device[0]->at(), back.size(), cudaMemcpyDeviceToHost));
             ASSERT_EQ(back, cpu.master) << name << ", step " << step;
+            for (size_t i = 2; i < buffers.size(); ++i) {
+              std::vector<uint8_t> state(buffers[i]->size());
+              QWEN3_CUDA_OK(cudaMemcpy(state.data(), device[i]->at(), state.size(), cudaMemcpyDeviceToHost));
+              ASSERT_EQ(state, *buffers[i]) << name << ", step " << step << ", state buffer " << i;
+            }
             // The codec on the CPU step's master, block by block (a non-finite block: NaN values, no codes).
             std::vector<float> master(n), want(n);
             for (int64_t i = 0; i < n; ++i) master[i] = HostParam::read(cpu.master, bf16_master, i);
@@ -174,9 +186,13 @@ TEST(AdamWKernelLaunch, RejectsBadArgumentsWithoutLaunching) {
   EXPECT_EQ(kernels::launch_adamw_step(p, s, nullptr), 0);  // nothing to do is success
   uint16_t operand[4];
   p.rows = 2, p.operand = operand;
-  EXPECT_EQ(kInvalidValue, kernels::launch_adamw_step(p, s, nullptr));  // an operand with nvfp4 moments
   p.moments = ka::Moments::f32, p.cols = 40, p.stored_cols = 40;
   EXPECT_EQ(kInvalidValue, kernels::launch_adamw_step(p, s, nullptr));  // an operand of rows not whole 16-blocks
+  p.moments = ka::Moments::int8, p.stored_cols = 64;
+  EXPECT_EQ(kInvalidValue, kernels::launch_adamw_step(p, s, nullptr));  // the same with int8 moments
+  float row_scales[2];
+  p.moments = ka::Moments::nvfp4, p.stored_cols = 48, p.exp_avg_row_scale = p.exp_avg_sq_row_scale = row_scales;
+  EXPECT_EQ(kInvalidValue, kernels::launch_adamw_step(p, s, nullptr));  // and with nvfp4 moments
 }
 
 }  // namespace

@@ -27,6 +27,9 @@ struct UpdateRates {
   // The plain update that also writes the element's bf16 operand (--keep-weight-operands always): each
   // 16-block's scale chosen by its lanes' exchanges, an arithmetic its two more bytes do not show.
   double plain_with_operand = 0;
+  // The compressed moments' updates that also write the operand, by master dtype.
+  double int8_fp32_master_with_operand = 0, int8_bf16_master_with_operand = 0;
+  double nvfp4_fp32_master_with_operand = 0, nvfp4_bf16_master_with_operand = 0;
 };
 
 // A device as the model sees it. Peak rates are the vendor's dense figures (or, for `cpu`, measured on the
@@ -46,8 +49,10 @@ struct DeviceRates {
   UpdateRates update;
 };
 
-// The update's element rate (G elements/s) for this storage and master; 0 where only bytes bound it.
-double update_elements_per_s(const DeviceRates& device, MomentStorage moments, MasterDtype master);
+// The update's element rate (G elements/s) for this storage and master, with or without writing the operand;
+// 0 where only bytes bound it.
+double update_elements_per_s(const DeviceRates& device, MomentStorage moments, MasterDtype master,
+                             bool writes_operand = false);
 
 // h100 | h200 | gb10 | cpu; UsageError naming the known ones otherwise.
 DeviceRates device_rates(std::string_view name);

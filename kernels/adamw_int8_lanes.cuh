@@ -167,7 +167,8 @@ QWEN3_HD SteppedMasters store(const ParamView& p, const StepScalars& s, int64_t 
   }
   SteppedMasters stepped;
   QWEN3_UNROLL
-  for (int i = 0; i < kPerLane; ++i) stepped.value[i] = at.col0 + i < p.cols ? stored_master_value(bf16_master, master[i]) : 0.0f;
+  for (int i = 0; i < kPerLane; ++i)
+    stepped.value[i] = at.col0 + i < p.cols ? stored_master_value(bf16_master, master[i]) : 0.0f;
   return stepped;
 }
 
@@ -188,7 +189,8 @@ QWEN3_HD void write_operand(const ParamView& p, LanePosition at, int lane, bool 
     uint32_t w[4];
     QWEN3_UNROLL
     for (int k = 0; k < 4; ++k)
-      w[k] = static_cast<uint32_t>(bf16_nearest(operand[2 * k])) | (static_cast<uint32_t>(bf16_nearest(operand[2 * k + 1])) << 16);
+      w[k] = static_cast<uint32_t>(bf16_nearest(operand[2 * k])) |
+             (static_cast<uint32_t>(bf16_nearest(operand[2 * k + 1])) << 16);
     store_piece<16>(out, w);
   } else {
     QWEN3_UNROLL

@@ -266,8 +266,8 @@ int int8_resident_ctas() {
   if (const int known = cached[device].load(std::memory_order_relaxed); known > 0) return known;
   int sms = 0, per_sm = 0;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, int8_kernel<kMasterBf16, kGradBf16, kOperand>, kThreads, 0) !=
-          cudaSuccess) {
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, int8_kernel<kMasterBf16, kGradBf16, kOperand>, kThreads,
+                                                    0) != cudaSuccess) {
     cudaGetLastError();
     return 0;
   }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <string>
 #include <utility>
@@ -464,6 +465,16 @@ TEST(StepTimeModel, PredictOnlyPrintsTheTimeForANamedDevice) {
   r = test::run_cli("vram-report --predict-only --config " + config + " --seq-len 2048 --predict-device h100");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.out.find("one memory pool"), std::string::npos) << "an H100's memory is its own: " << r.out;
+  EXPECT_EQ(r.out.find("where it writes the operand"), std::string::npos) << r.out;
+  // The update's element rate, and where it writes the operand (always) that update's rate beside it.
+  r = test::run_cli("vram-report --predict-only --config " + config +
+                    " --seq-len 2048 --predict-device h100 --master-dtype bfloat16 --optimizer-state-mode int8 "
+                    "--keep-weight-operands always");
+  ASSERT_EQ(r.code, 0) << r.err;
+  char expected[96];
+  std::snprintf(expected, sizeof expected, "the update at most 138.8 G parameters/s (%.1f where it writes the operand)",
+                update_elements_per_s(device_rates("h100"), MomentStorage::int8, MasterDtype::bfloat16, true));
+  EXPECT_NE(r.out.find(expected), std::string::npos) << r.out;
   r = test::run_cli("vram-report --predict-only --config " + config + " --predict-device tpu");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("--predict-device"), std::string::npos) << r.err;

@@ -28,12 +28,17 @@ void print_memory_plan(const StepMemoryPlan& plan, const c10::Device& device) {
              plan.saved_codes / kMiB, plan.saved_operands / kMiB, plan.peak() / kMiB);
 }
 
-void print_time_plan(const StepTimePlan& plan, const DeviceRates& rates, double update_g_per_s) {
+// `operand_update_g_per_s`: the element rate of the updates that write their weight's operand (0: none do).
+void print_time_plan(const StepTimePlan& plan, const DeviceRates& rates, double update_g_per_s,
+                     double operand_update_g_per_s) {
+  const std::string operand_rate =
+      operand_update_g_per_s > 0 ? fmt::format(" ({:.1f} where it writes the operand)", operand_update_g_per_s) : "";
   fmt::print("predicted time of one step on {} ({:g} bf16 / {:g} fp32 TFLOPS at {:.0f}%, {:g} GB/s at {:.0f}% for the "
              "update and {:.0f}% for the other passes{}{}):\n",
              plan.device, rates.bf16_tflops, rates.fp32_tflops, 100 * rates.matmul_efficiency, rates.memory_gbps,
              100 * rates.memory_efficiency, 100 * rates.pass_efficiency,
-             update_g_per_s > 0 ? fmt::format(", the update at most {:g} G parameters/s", update_g_per_s) : "",
+             update_g_per_s > 0 ? fmt::format(", the update at most {:g} G parameters/s{}", update_g_per_s, operand_rate)
+                                : "",
              rates.unified_memory ? ", memory shared with the CPU" : "");
   // Each phase, then its terms as predict_step_time counts them (StepTerm: a term's ms at its kind's rate).
   fmt::print("{:<44} {:>12} {:>12} {:>12}\n", "phase", "GFLOP", "GB moved", "ms");
@@ -123,7 +128,10 @@ Command add_vram_report_command(CLI::App& app) {
               }
               print_memory_plan(prediction.memory, device);
               print_time_plan(prediction.time, prediction.rates,
-                              update_elements_per_s(prediction.rates, o.adamw.moments, o.master_dtype));
+                              update_elements_per_s(prediction.rates, o.adamw.moments, o.master_dtype),
+                              device.is_cuda() && prediction.operands.written_by_update()
+                                  ? update_elements_per_s(prediction.rates, o.adamw.moments, o.master_dtype, true)
+                                  : 0.0);
               // The memory model holds the update in flight beside backward; the time model has no figure yet for
               // how much of it hides there (docs/build.md, "After the round"), so it says it counts none.
               if (o.overlap_update && device.is_cuda())

@@ -50,7 +50,7 @@ __device__ __forceinline__ void write_operand(const ParamView& p, int64_t tile, 
   }
 }
 
-// kOperand: an instantiation of its own, so that the update without it keeps five CTAs an SM (48 and 40 registers,
+// kOperand: an instantiation of its own, so that the update without it keeps five CTAs an SM (48 and 47 registers,
 // where the operand's exchanges take 52 and 58: kernels/adamw_step.md).
 template <bool kBf16Moments, bool kOperand>
 __global__ void __launch_bounds__(kThreads) plain_kernel(ParamView p, StepScalars s) {

@@ -17,6 +17,7 @@
 #include "qwen3/model/lm_loss.h"
 #include "qwen3/model/model_loader.h"
 #include "qwen3/trainer/memory_model.h"
+#include "qwen3/trainer/step_prediction.h"
 #include "qwen3/memory/memory_probe.h"
 #include "qwen3/model/synth.h"
 #include "qwen3/trainer/trainer.h"
@@ -666,10 +667,16 @@ TEST(MemoryModel, CheckpointedBlocksAreTheFewestWhoseStepFits) {
     const CheckpointBlocksChoice c = choose_checkpoint_blocks(o, config, cuda);
     EXPECT_EQ(c.decided, k) << c.why;
     const uint64_t p = peak(o);
-    if (k == 0) EXPECT_EQ(p, none);
-    if (k == layers) EXPECT_EQ(p, all);
+    if (k == 0) {
+      EXPECT_EQ(p, none);
+    }
+    if (k == layers) {
+      EXPECT_EQ(p, all);
+    }
     EXPECT_LE(p, previous) << k;
-    if (k > 0 && k < layers) EXPECT_LT(p, previous) << k;
+    if (k > 0 && k < layers) {
+      EXPECT_LT(p, previous) << k;
+    }
     previous = p;
   }
   o.grad_checkpoint_blocks = TrainOptions::kCheckpointAllBlocks;

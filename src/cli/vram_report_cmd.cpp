@@ -10,6 +10,7 @@
 #include "qwen3/config/config.h"
 #include "qwen3/memory/memory_probe.h"
 #include "qwen3/trainer/memory_model.h"
+#include "qwen3/trainer/step_prediction.h"
 #include "qwen3/trainer/step_time_model.h"
 #include "qwen3/trainer/trainer.h"
 #include "train_flags.h"

@@ -249,7 +249,8 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
   const auto trained_recompute_per = [&](int64_t l) { return held_operand(l) ? 0 : trained_forward_per(l); };
   const double dequantize_per = gpu ? kCodeBytes + a : kCodeBytes + 4 + a;
 
-  PhaseTime forward{"forward_done"}, backward{"backward_done"}, optimizer{"optimizer_step_done"};
+  PhaseTime forward, backward, optimizer;
+  forward.phase = "forward_done", backward.phase = "backward_done", optimizer.phase = "optimizer_step_done";
   // The grouped experts on a GPU at training shapes: codes and operand from one pass (the codes where backward
   // reads them: not in a checkpointed block's first forward), dequantized again in backward.
   const bool grouped_experts = one_pass_operand;

@@ -11,7 +11,7 @@
 #include "block_runner.h"
 #include "qwen3/config/config.h"
 #include "qwen3/dat/dat.h"
-#include "qwen3/trainer/memory_model.h"
+#include "qwen3/trainer/step_prediction.h"
 #include "qwen3/trainer/trainer.h"
 #include "train_setup.h"
 

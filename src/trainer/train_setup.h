@@ -60,7 +60,7 @@ inline bool recomputes_block(const TrainOptions& o, int64_t layer) {
 }
 
 // --keep-weight-operands as the models and the trainer read it, auto not yet decided by choose_weight_operands
-// (memory_model.h) counting as recompute under --grad-checkpoint and off without it: whether dX reads the operand;
+// (step_prediction.h) counting as recompute under --grad-checkpoint and off without it: whether dX reads the operand;
 // whether the operands are held in buffers of their own for the whole run (PersistentOperands: always, and
 // backward under --grad-checkpoint, where the first forward makes each one and the recompute and backward
 // multiply it); and whether the update writes them (always: forward makes none).

@@ -28,6 +28,7 @@
 #include "qwen3/export/output_target.h"
 #include "qwen3/export/exporter.h"
 #include "qwen3/trainer/memory_model.h"
+#include "qwen3/trainer/step_prediction.h"
 #include "qwen3/memory/memory_probe.h"
 #include "qwen3/model/model_loader.h"
 #include "qwen3/nvfp4/nvfp4_linear.h"

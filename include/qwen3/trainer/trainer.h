@@ -71,7 +71,7 @@ struct TrainOptions {
   // recompute (--grad-checkpoint only) holds the operand each block's recompute makes, one block at a time;
   // always keeps it across steps, written by the update that steps the weight, so forward makes none. auto: where
   // the memory model says the step still fits, backward, else under --grad-checkpoint recompute (where only some
-  // blocks are recomputed, if the step fits with it) and otherwise off (choose_weight_operands, memory_model.h).
+  // blocks are recomputed, if the step fits with it) and otherwise off (choose_weight_operands, step_prediction.h).
   KeepWeightOperands keep_weight_operands = KeepWeightOperands::auto_select;
   // Micro-batches per optimizer step; the loss is the mean over all their loss tokens (not with fused_optimizer).
   int64_t grad_accum_steps = 1;

@@ -16,6 +16,13 @@
 
 namespace qwen3::train_detail {
 
+// Whether activation checkpointing runs block `layer` again in backward: with it on, the first `recomputed_blocks`
+// blocks (all where negative). The one rule the runner, the memory and time models and the trainer's setup read
+// (recomputes_block in train_setup.h gives it the options).
+inline bool recomputes_block(bool grad_checkpoint, int64_t recomputed_blocks, int64_t layer) {
+  return grad_checkpoint && (recomputed_blocks < 0 || layer < recomputed_blocks);
+}
+
 // Receives, during backward, the gradients of one block's trainable tensors (parameter, gradient) as soon as
 // they are complete; those parameters then get no .grad() from that block.
 using BlockGradientSink =
@@ -37,9 +44,7 @@ class TrainingBlockRunner final : public BlockRunner {
   int64_t recomputed_blocks() const { return recomputed_blocks_; }
 
   // For the segment's backward.
-  bool recompute(int64_t layer) const {
-    return recompute_ && (recomputed_blocks_limit_ < 0 || layer < recomputed_blocks_limit_);
-  }
+  bool recompute(int64_t layer) const { return recomputes_block(recompute_, recomputed_blocks_limit_, layer); }
   const BlockGradientSink* sink() const { return sink_ ? &sink_ : nullptr; }
   at::Tensor run_again(Qwen3Model& model, int64_t layer, const at::Tensor& x, const at::Tensor& cos,
                        const at::Tensor& sin, const at::Tensor& allowed) {

@@ -58,8 +58,7 @@ DeviceRates device_rates(std::string_view name) {
   // with write_operand in rne mode and without, compiled alone, kernels/adamw_step.md): int8 1,728 -> 2,104 with a
   // bf16 master and gradient, 1,640 -> 2,016 with fp32 ones (138.8 -> 114.0, 133.3 -> 108.4); nvfp4, both passes,
   // 1,472 -> 1,696 and 1,360 -> 1,560 (80.0 -> 69.4, 81.5 -> 71.1). Static counts include the reciprocal's slow
-  // path, which no real block runs: if anything too slow. The H100
-  // has the H200's SMs and clocks: the same
+  // path, which no real block runs: if anything too slow. The H100 has the H200's SMs and clocks: the same
   // fractions and element rates, assumed. GB10: the same fractions, and the element rates scaled by its 48 SMs
   // against 132, assumed. cpu: the development machine (dev-2c, its two cores), measured by bench_train_step's
   // BM_ProductRate: a [32, 2560] x [2560, 9728] product at 300 GFLOP/s in bf16 and 107 in fp32; memcpy 23.5

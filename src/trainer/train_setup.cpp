@@ -59,6 +59,12 @@ ComputeDtype parse_compute_dtype(const std::string& name) {
 }
 
 nlohmann::json to_json(const TrainOptions& o) {
+  // --grad-checkpoint-blocks as the flag takes it: all, auto or a count.
+  const nlohmann::json checkpoint_blocks = o.grad_checkpoint_blocks == TrainOptions::kCheckpointAllBlocks
+                                               ? nlohmann::json("all")
+                                           : o.grad_checkpoint_blocks == TrainOptions::kCheckpointBlocksAuto
+                                               ? nlohmann::json("auto")
+                                               : nlohmann::json(o.grad_checkpoint_blocks);
   return {{"weights", o.weights},
           {"config", o.config},
           {"device", o.device},
@@ -83,9 +89,7 @@ nlohmann::json to_json(const TrainOptions& o) {
           {"weight_decay", o.adamw.weight_decay},
           {"grad_clip", o.grad_clip},
           {"grad_checkpoint", o.grad_checkpoint},
-          {"grad_checkpoint_blocks", o.grad_checkpoint_blocks == TrainOptions::kCheckpointAllBlocks    ? nlohmann::json("all")
-                                     : o.grad_checkpoint_blocks == TrainOptions::kCheckpointBlocksAuto ? nlohmann::json("auto")
-                                                                                                       : nlohmann::json(o.grad_checkpoint_blocks)},
+          {"grad_checkpoint_blocks", checkpoint_blocks},
           {"fused_optimizer", o.fused_optimizer},
           {"overlap_update", o.overlap_update},
           {"keep_weight_operands", to_string(o.keep_weight_operands)},

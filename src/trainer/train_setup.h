@@ -13,6 +13,7 @@
 #include "qwen3/optim/optim.h"
 #include "qwen3/checkpoint/checkpoint.h"
 #include "qwen3/trainer/trainer.h"
+#include "block_runner.h"
 
 namespace qwen3::train_detail {
 
@@ -56,7 +57,7 @@ inline int64_t recomputed_block_count(const TrainOptions& o, int64_t layers) {
   return o.grad_checkpoint_blocks < 0 ? layers : std::min(o.grad_checkpoint_blocks, layers);
 }
 inline bool recomputes_block(const TrainOptions& o, int64_t layer) {
-  return o.grad_checkpoint && (o.grad_checkpoint_blocks < 0 || layer < o.grad_checkpoint_blocks);
+  return recomputes_block(o.grad_checkpoint, o.grad_checkpoint_blocks, layer);
 }
 
 // --keep-weight-operands as the models and the trainer read it, auto not yet decided by choose_weight_operands

@@ -111,16 +111,17 @@ class Trainer {
     DenseFileType dense;
     if (const DatEntry* e = reader_->find("model.embed_tokens.weight"))
       dense = {static_cast<int>(elem_size(e->type)), scalar_type_of(e->type) == master_scalar_type(o.master_dtype)};
-    // What the models count (one rank's share) and the model is set up with: --grad-checkpoint-blocks auto
-    // decided here, for the step as the models count it.
+    // What the models count (one rank's share) and the model is set up with: --grad-checkpoint-blocks auto and
+    // --keep-weight-operands auto decided once, by the prediction of the step as the models count it (which the
+    // one-step report shows beside the measurement).
+    check_weight_operands(o, device_, dp_.world_size(), config_);
     TrainOptions per_rank = o;
     per_rank.predict_world_size = dp_.world_size();
-    const CheckpointBlocksChoice checkpoint = choose_checkpoint_blocks(per_rank, config_, device_, dense);
-    if (o.grad_checkpoint) spdlog::info("activation checkpointing: {}", checkpoint.why);
-    per_rank.grad_checkpoint_blocks = checkpoint.decided;
+    const StepPrediction prediction = predict(per_rank, config_, device_, dense);
+    if (o.grad_checkpoint) spdlog::info("activation checkpointing: {}", prediction.checkpoint.why);
+    per_rank.grad_checkpoint_blocks = prediction.checkpoint.decided;
     run_["recomputed_blocks"] = train_detail::recomputed_block_count(per_rank, config_.num_hidden_layers);
-    check_weight_operands(o, device_, dp_.world_size(), config_);
-    const WeightOperandsChoice operands = choose_weight_operands(per_rank, config_, device_, dense);
+    const WeightOperandsChoice& operands = prediction.operands;
     if (device_.is_cuda()) spdlog::info("trained projections' product operands for backward: {}", operands.why);
     if (!operands.warning.empty()) spdlog::warn("{}", operands.warning);
     run_["weight_operands"] = operands.written_by_update() ? "kept across steps"
@@ -130,7 +131,6 @@ class Trainer {
     model_ = setup_model(per_rank, config_, *reader_, device_, operands);
     set_up_mfu(o);
     if (report_) {
-      const StepPrediction prediction = predict(per_rank, config_, device_, dense);
       report_->set_plan(prediction.memory);
       report_->set_time_plan(prediction.time);
     }

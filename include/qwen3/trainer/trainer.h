@@ -58,7 +58,7 @@ struct TrainOptions {
   // --grad-checkpoint-blocks: how many blocks, from the first, --grad-checkpoint recomputes; the others keep their
   // graph (the same gradients either way, bit for bit). kCheckpointAllBlocks: every block. kCheckpointBlocksAuto: as
   // few as keep the memory model's step within kWeightOperandsMemoryShare of the device's memory
-  // (choose_checkpoint_blocks, memory_model.h), decided before the first step; the models read it as all.
+  // (choose_checkpoint_blocks, step_prediction.h), decided before the first step; the models read it as all.
   static constexpr int64_t kCheckpointAllBlocks = -1, kCheckpointBlocksAuto = -2;
   int64_t grad_checkpoint_blocks = kCheckpointAllBlocks;
   bool fused_optimizer = false;  // update each block in backward and free its gradients (docs/trainer.md)

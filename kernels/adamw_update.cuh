@@ -193,7 +193,16 @@ QWEN3_HD uint16_t bf16_nearest(float x) {
 template <bool kBf16>
 QWEN3_HD float scaled_grad(float read, float grad_scale) {
   // Multiplying by exactly 1 (and rounding a bf16 value to bf16) changes nothing: no branch for the common case.
-  if (kBf16) return bf16_to_float(bf16_nearest(mul_rn(read, grad_scale)));
+  if (kBf16) {
+#if defined(__CUDA_ARCH__)
+    // Without bf16_nearest's NaN test: a NaN gradient stays NaN either way, and its payload reaches no byte (the
+    // GPU's arithmetic gives every NaN result the same canonical bits; the gradient is never stored). Two
+    // instructions an element fewer in the compressed updates, which are bound by their instructions.
+    return __bfloat162float(__float2bfloat16_rn(mul_rn(read, grad_scale)));
+#else
+    return bf16_to_float(bf16_nearest(mul_rn(read, grad_scale)));
+#endif
+  }
   return mul_rn(read, grad_scale);
 }
 template <bool kBf16>
@@ -362,26 +371,49 @@ QWEN3_HD uint32_t int8_log_upper_code(float ratio) {
   return static_cast<uint32_t>(ratio > 0.0f ? code : 254);  // zero (and NaN): the floor level
 }
 
-// The same code from an estimate of -8 log2(ratio) within kInt8LogEstimateError of it, by one comparison with a
-// level: floor(estimate + kInt8LogEstimateMargin) is then the code or the one above it (the margin covers the
-// estimate's error and the levels' own rounding, about 1e-6 of a code, and is far below one code), and the level
-// at it says which. The GPU kernel estimates with the hardware's approximate log2: CUDA documents __log2f to
-// 2^-22 absolute in [0.5, 2] and two ulps elsewhere, so below 2^-32 (where every ratio takes code 254 anyway) its
-// error is under 2^-14 of a code, a sixteenth of kInt8LogEstimateError. One special-function op, a table load and
-// a comparison where the exponent form takes eight comparisons and their sum (and the form before this, an
-// estimate within half a code, two table loads and comparisons). Every code read is within 0..255.
+// The same code from an estimate of log2(ratio) within kInt8LogEstimateError / 8 of it (so -8 times it within
+// kInt8LogEstimateError of -8 log2 ratio), by one comparison with a level: floor(-8 estimate +
+// kInt8LogEstimateMargin) is then the code or the one above it (the margin covers the estimate's error and the
+// levels' own rounding, about 1e-6 of a code, and is far below one code), and the level at it says which. The GPU
+// kernel estimates with the hardware's approximate log2 (lg2.approx.ftz): CUDA documents it to 2^-22 absolute in
+// [0.5, 2] and two ulps elsewhere, so above 2^-126 its error is under 2^-17 of log2 ratio, a sixteenth of the
+// bound; a subnormal ratio is flushed to 0 and estimated at -infinity, which gives 254, its code (every ratio
+// below 2^-32 takes it). One special-function op, a table load and a comparison where the exponent form takes
+// eight comparisons and their sum. What each step may leave out, given the bound: a candidate of 255 or more
+// means a ratio below 2^-31.87, under level(254), so clamping it to 254 before the comparison keeps 254; a ratio
+// of 1 or more gives a candidate of 0, which the comparison keeps; -8 times a float is exact, so the one fused
+// multiply-add is the product's sum with the margin rounded once. Every code read is within 0..254.
 constexpr float kInt8LogEstimateError = 0x1p-10f;
 constexpr float kInt8LogEstimateMargin = 0x1p-9f;
+
+// floor(x) as an unsigned integer, saturated: 0 for a negative x or NaN, 2^32 - 1 from 2^32 up (PTX's cvt.rmi.u32.f32,
+// one instruction on the GPU).
+QWEN3_HD uint32_t floor_to_u32_saturated(float x) {
+#if defined(__CUDA_ARCH__)
+  return __float2uint_rd(x);
+#else
+  if (!(x >= 1.0f)) return 0u;  // NaN too
+  return x >= 4294967296.0f ? 0xFFFFFFFFu : static_cast<uint32_t>(floorf(x));
+#endif
+}
+
 template <typename Levels>
-QWEN3_HD uint32_t int8_log_upper_code_from_estimate(float ratio, float estimate, Levels level) {
-  float candidate = floorf(add_rn(estimate, kInt8LogEstimateMargin));
-  candidate = candidate >= 0.0f ? (candidate > 255.0f ? 255.0f : candidate) : 0.0f;  // NaN: 0
-  uint32_t code = static_cast<uint32_t>(candidate);
-  code = level(code) >= ratio ? code : (code > 0 ? code - 1 : 0);
+QWEN3_HD uint32_t int8_log_upper_code_from_log2(float ratio, float log2_estimate, Levels level) {
+  uint32_t code = floor_to_u32_saturated(fmaf(-8.0f, log2_estimate, kInt8LogEstimateMargin));
   code = code > 254 ? 254 : code;
-  code = ratio >= 1.0f ? 0 : code;
+  code = level(code) >= ratio ? code : (code > 0 ? code - 1 : 0);
   return ratio > 0.0f ? code : 254;  // zero (and NaN): the floor level
 }
+
+#if defined(__CUDA_ARCH__)
+// log2(x) by the special-function unit with subnormal inputs flushed to 0 (-infinity out): one instruction, where
+// __log2f scales a subnormal input first (three more).
+__device__ __forceinline__ float log2_approx_ftz(float x) {
+  float out;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(out) : "f"(x));
+  return out;
+}
+#endif
 
 // Code of v >= 0 under its block maximum (`inverse`: block_divisor(block maximum); any code for a zero block):
 // one of the two levels around v / max, chosen with probability linear in v, so E[decoded] = v. Below the last
@@ -390,13 +422,15 @@ template <typename Levels = ComputedLevels>
 QWEN3_HD uint8_t int8_log_encode(float v, BlockDivisor inverse, float uniform, Levels level = Levels()) {
   const float ratio = divide(v, inverse);
 #if defined(__CUDA_ARCH__)
-  const uint32_t upper_code = int8_log_upper_code_from_estimate(ratio, -8.0f * __log2f(ratio), level);
+  const uint32_t upper_code = int8_log_upper_code_from_log2(ratio, log2_approx_ftz(ratio), level);
 #else
   const uint32_t upper_code = int8_log_upper_code(ratio);
 #endif
   const LowerAndInverseGap below = level.below(upper_code);
-  float p_upper = mul_rn(sub_rn(ratio, below.lower), below.inverse_gap);
-  p_upper = p_upper < 0.0f ? 0.0f : (p_upper > 1.0f ? 1.0f : p_upper);
+  // The probability of the upper level. Not clamped to [0, 1]: the uniform is in [0, 1), so at or below 0 the
+  // lower level (upper_code + 1) is taken and from 1 up the upper one, as the clamped value would give (NaN: the
+  // upper, either way).
+  const float p_upper = mul_rn(sub_rn(ratio, below.lower), below.inverse_gap);
   return static_cast<uint8_t>(upper_code + (uniform >= p_upper ? 1u : 0u));
 }
 

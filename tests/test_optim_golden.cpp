@@ -329,14 +329,16 @@ TEST(AdamWRules, Int8EncodersEqualThePlainRulesAtTheirThresholds) {
   EXPECT_GT(checked, 50000);
 }
 
-// The GPU's int8 log code from an estimate of -8 log2(ratio) (the hardware's approximate log2 there) is the exact
-// one for any estimate within kInt8LogEstimateError of it: every level and its neighbours one and two ulps away,
+// The GPU's int8 log code from an estimate of log2(ratio) (the hardware's approximate log2 there) is the exact one
+// for any estimate within kInt8LogEstimateError / 8 of it: every level and its neighbours one and two ulps away,
 // ratios between levels, and the edges (0, subnormal, NaN, 1 and above), each with estimates off by up to that
-// either way and with non-finite estimates where the hardware gives them. Fails without the margin (an estimate
-// just under a level's code) or without the one comparison (an estimate just over it).
+// either way, and with what the hardware gives where it flushes: -infinity for 0 and for a subnormal ratio.
+// Fails without the margin (an estimate just under a level's code), without the one comparison (an estimate just
+// over it), or with the candidate clamped to 253 (checked).
 TEST(AdamWRules, Int8LogCodeFromAnEstimateIsTheExactOne) {
   namespace ka = kernels::adamw;
-  std::vector<float> ratios{0.0f, 1e-45f, 1e-40f, 0x1p-126f, 1e-30f, 1.0f, 1.0000001f, 2.0f, std::nanf("")};
+  std::vector<float> ratios{0.0f, 1e-45f, 1e-40f, 0x1p-126f, 1e-30f, 1.0f, 1.0000001f, 2.0f, 3e38f, HUGE_VALF,
+                            std::nanf("")};
   for (uint32_t code = 0; code <= 255; ++code) {
     const float level = ka::int8_log_level(code);
     float below = level, above = level;
@@ -349,14 +351,18 @@ TEST(AdamWRules, Int8LogCodeFromAnEstimateIsTheExactOne) {
   int64_t checked = 0, differing = 0;
   std::string first;
   for (float ratio : ratios) {
-    const double exact = ratio > 0.0f ? -8.0 * std::log2(static_cast<double>(ratio)) : HUGE_VAL;
     std::vector<float> estimates;
-    const double e = ka::kInt8LogEstimateError;
-    for (double delta : {-e, -e / 2, 0.0, e / 2, e}) estimates.push_back(static_cast<float>(exact + delta));
-    if (!(ratio > 0.0f)) estimates = {HUGE_VALF, -HUGE_VALF, std::nanf("")};
+    if (ratio > 0.0f) {
+      const double exact = std::log2(static_cast<double>(ratio));
+      const double e = ka::kInt8LogEstimateError / 8.0;
+      for (double delta : {-e, -e / 2, 0.0, e / 2, e}) estimates.push_back(static_cast<float>(exact + delta));
+      if (ratio < 0x1p-126f) estimates.push_back(-HUGE_VALF);  // flushed to 0
+    } else {
+      estimates = {HUGE_VALF, -HUGE_VALF, std::nanf("")};
+    }
     for (float estimate : estimates) {
       ++checked;
-      const uint32_t got = ka::int8_log_upper_code_from_estimate(ratio, estimate, ka::ComputedLevels{});
+      const uint32_t got = ka::int8_log_upper_code_from_log2(ratio, estimate, ka::ComputedLevels{});
       const uint32_t want = ka::int8_log_upper_code(ratio);
       if (got != want && differing++ == 0)
         first = "ratio " + std::to_string(ratio) + ", estimate " + std::to_string(estimate) + ": " + std::to_string(got) +
@@ -365,6 +371,21 @@ TEST(AdamWRules, Int8LogCodeFromAnEstimateIsTheExactOne) {
   }
   EXPECT_EQ(differing, 0) << "of " << checked << "; first: " << first;
   EXPECT_GT(checked, 10000);
+}
+
+// The host form of the GPU's saturating floor conversion (cvt.rmi.u32.f32) at its edges.
+TEST(AdamWRules, FloorToU32SaturatesAsTheGpuConversion) {
+  namespace ka = kernels::adamw;
+  EXPECT_EQ(ka::floor_to_u32_saturated(std::nanf("")), 0u);
+  EXPECT_EQ(ka::floor_to_u32_saturated(-HUGE_VALF), 0u);
+  EXPECT_EQ(ka::floor_to_u32_saturated(-0.5f), 0u);
+  EXPECT_EQ(ka::floor_to_u32_saturated(0.0f), 0u);
+  EXPECT_EQ(ka::floor_to_u32_saturated(0.999f), 0u);
+  EXPECT_EQ(ka::floor_to_u32_saturated(1.0f), 1u);
+  EXPECT_EQ(ka::floor_to_u32_saturated(254.998f), 254u);
+  EXPECT_EQ(ka::floor_to_u32_saturated(0x1.fffffep31f), 0xFFFFFF00u);
+  EXPECT_EQ(ka::floor_to_u32_saturated(0x1p32f), 0xFFFFFFFFu);
+  EXPECT_EQ(ka::floor_to_u32_saturated(HUGE_VALF), 0xFFFFFFFFu);
 }
 
 // The reciprocal tables of the encoders equal the reciprocals they stand for: int8's inverse level gaps (every

@@ -188,9 +188,7 @@ QWEN3_HD void write_operand(const ParamView& p, LanePosition at, int lane, bool 
   if (pieces && aligned_to(p.operand, 16)) {
     uint32_t w[4];
     QWEN3_UNROLL
-    for (int k = 0; k < 4; ++k)
-      w[k] = static_cast<uint32_t>(bf16_nearest(operand[2 * k])) |
-             (static_cast<uint32_t>(bf16_nearest(operand[2 * k + 1])) << 16);
+    for (int k = 0; k < 4; ++k) w[k] = block_lanes::operand_bf16_pair(operand[2 * k], operand[2 * k + 1], code);
     store_piece<16>(out, w);
   } else {
     QWEN3_UNROLL

@@ -209,9 +209,8 @@ QWEN3_HD void write_operand(const ParamView& p, int64_t row, int64_t block, int 
   if (!here) return;
   uint16_t* out = p.operand + row * p.cols + first_column(block, lane);
   if (pieces && aligned_to(p.operand, 8)) {
-    const uint32_t w[2] = {
-        static_cast<uint32_t>(bf16_nearest(operand[0])) | (static_cast<uint32_t>(bf16_nearest(operand[1])) << 16),
-        static_cast<uint32_t>(bf16_nearest(operand[2])) | (static_cast<uint32_t>(bf16_nearest(operand[3])) << 16)};
+    const uint32_t w[2] = {block_lanes::operand_bf16_pair(operand[0], operand[1], code),
+                           block_lanes::operand_bf16_pair(operand[2], operand[3], code)};
     store_piece<8>(out, w);
   } else {
     QWEN3_UNROLL

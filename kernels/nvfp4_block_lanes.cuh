@@ -84,13 +84,32 @@ QWEN3_HD uint8_t spread_scale_code(const float (&x)[kPer], bool search, const Ex
   return static_cast<uint8_t>(best_code);
 }
 
-// The lane's elements of deq(Q(block)) under the block's scale code (NaN for kNonFiniteBlockScale).
+// The lane's elements of deq(Q(block)) under the block's scale code (NaN for kNonFiniteBlockScale). The scale's
+// test once for the lane's elements (they share it), where each element's element_operand made it again.
 template <int kPer>
 QWEN3_HD void spread_operand(const float (&x)[kPer], uint8_t scale_code, float (&out)[kPer]) {
   const float scale = codec::e4m3_to_float(scale_code);
-  const float reciprocal = scale > 0.0f ? codec::recip_rn(scale) : 0.0f;
+  if (!(scale > 0.0f)) {  // an all-zero block (0) or a non-finite one (NaN): element_operand's 0 * scale
+    QWEN3_UNROLL
+    for (int i = 0; i < kPer; ++i) out[i] = 0.0f * scale;
+    return;
+  }
+  const float reciprocal = codec::recip_rn(scale);
   QWEN3_UNROLL
-  for (int i = 0; i < kPer; ++i) out[i] = codec::element_operand(x[i], scale, reciprocal);
+  for (int i = 0; i < kPer; ++i) out[i] = codec::scaled_operand(x[i], scale, reciprocal);
+}
+
+// Two operand values as one word of bf16 halves, `low` first, as bf16 round-to-nearest-even (bf16_nearest) makes
+// them: an E2M1 value times an E4M3 scale has at most five significant bits and lies within bf16's normal range,
+// so its bf16 is its fp32's top half exactly (one byte permute on the device for the pair, where each value took
+// a conversion and a NaN test); a non-finite block's values are NaN, whose bf16 bf16_nearest makes 0x7FC0.
+QWEN3_HD uint32_t operand_bf16_pair(float low, float high, uint8_t scale_code) {
+  if (scale_code == codec::kNonFiniteBlockScale) return 0x7FC07FC0u;
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(codec::float_bits(low), codec::float_bits(high), 0x7632u);
+#else
+  return (codec::float_bits(low) >> 16) | (codec::float_bits(high) & 0xFFFF0000u);
+#endif
 }
 
 // A lane's part of the operand of the values it holds where `here` (zeros otherwise, as a lane past the data

@@ -313,10 +313,30 @@ QWEN3_HD uint8_t search_scale_code(const float* x, float amax) {
   return static_cast<uint8_t>(best_code);
 }
 
+// e2m1_to_float(e2m1_encode-style code of v) without the code: the E2M1 value nearest the finite or infinite
+// quotient v, ties to even, +0 where the magnitude rounds to 0 (no -0, as e2m1_encode writes none). Below 1 the
+// grid 0, 0.5, 1 is 2|v| rounded to an integer (the 1.5 * 2^23 addition, as e2m1_magnitude_code_from_bits)
+// and halved; from 1 on the value itself with its mantissa rounded to one bit, ties to even (the same sum whose
+// top bits are that function's code + 252: a code c from 2 up decodes to the float bits (126 << 23) + (c << 22),
+// which are those sum's bits cut below bit 22), capped at 6 (code 7). About half the instructions of the code and
+// its decoding; Nvfp4KernelCodec.E2m1ValueEqualsTheCodeDecoded holds it to them.
+QWEN3_HD float e2m1_value_nearest(float v) {
+  const uint32_t bits = float_bits(v), magnitude = bits & 0x7FFFFFFFu;
+  const float below_one = mul_rn(sub_rn(fmaf(fabsf(v), 2.0f, 12582912.0f), 12582912.0f), 0.5f);
+  const float from_one = fminf(bits_to_float((magnitude + ((magnitude >> 22) & 1u) + 0x1FFFFFu) & 0xFFC00000u), 6.0f);
+  const float nearest = magnitude < 0x3F800000u ? below_one : from_one;
+  return bits_to_float(float_bits(nearest) | (nearest != 0.0f ? bits & 0x80000000u : 0u));
+}
+
 // One element's value in the dense operand deq(Q(x)): its E2M1 code decoded times the block's scale (exact in
 // fp32 and in bf16), 0 for scale 0 (an all-zero block), NaN for a non-finite block's NaN scale.
+// scaled_operand: the same for a scale known to be positive (finite), for callers that test the block's scale
+// once for all its elements.
+QWEN3_HD float scaled_operand(float x, float scale, float reciprocal) {
+  return mul_rn(e2m1_value_nearest(divide_by_scale(x, scale, reciprocal)), scale);
+}
 QWEN3_HD float element_operand(float x, float scale, float reciprocal) {
-  return scale > 0.0f ? e2m1_to_float(e2m1_encode(x, scale, reciprocal)) * scale : 0.0f * scale;
+  return scale > 0.0f ? scaled_operand(x, scale, reciprocal) : 0.0f * scale;
 }
 
 // Quantizes one block of 16 fp32 values into 8 code bytes (element 2j in the low nibble of byte j) and

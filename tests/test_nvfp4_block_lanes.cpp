@@ -15,6 +15,7 @@
 #include <random>
 #include <vector>
 
+#include "adamw_update.cuh"
 #include "lane_lockstep.h"
 #include "nvfp4_block_lanes.cuh"
 #include "qwen3/nvfp4/nvfp4.h"
@@ -161,6 +162,29 @@ void expect_non_finite_scale() {
         }
     }
   }
+}
+
+// The operand's bf16 pair from the top halves of its fp32 values equals bf16 round-to-nearest-even
+// (bf16_nearest) of each: every E2M1 value of both signs times every finite E4M3 scale (those products are what an
+// operand holds), and a non-finite block's NaN. Fails where a value needs rounding (checked with a value of nine
+// significant bits).
+TEST(Nvfp4BlockLanes, OperandPairIsTheBf16OfEachValue) {
+  namespace adamw = kernels::adamw;
+  std::vector<float> values;
+  for (uint32_t scale_code = 0; scale_code < 0x7F; ++scale_code)
+    for (uint32_t e2m1 = 0; e2m1 < 16; ++e2m1)
+      values.push_back(codec::e2m1_to_float(e2m1) * codec::e4m3_to_float(static_cast<uint8_t>(scale_code)));
+  int64_t checked = 0;
+  for (size_t i = 0; i < values.size(); ++i) {
+    const float low = values[i], high = values[(i * 37 + 11) % values.size()];
+    const uint32_t want = adamw::bf16_nearest(low) | (static_cast<uint32_t>(adamw::bf16_nearest(high)) << 16);
+    ASSERT_EQ(lanes::operand_bf16_pair(low, high, 0x38), want) << low << " " << high;
+    ++checked;
+  }
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(lanes::operand_bf16_pair(nan, -nan, codec::kNonFiniteBlockScale),
+            adamw::bf16_nearest(nan) | (static_cast<uint32_t>(adamw::bf16_nearest(-nan)) << 16));
+  EXPECT_GT(checked, 2000);
 }
 
 TEST(Nvfp4BlockLanes, NonFiniteBlocksGiveTheNanScale) {

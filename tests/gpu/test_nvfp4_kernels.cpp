@@ -135,6 +135,40 @@ TEST(Nvfp4KernelCodec, MagnitudeCodeFromBitsEqualsTheComparisons) {
   EXPECT_GT(checked, 20000000);
 }
 
+// The operand's E2M1 value straight from the quotient (e2m1_value_nearest, what element_operand now multiplies by
+// the scale) against the code and its decoding, which define it: the magnitude code by the seven comparisons, the
+// sign only on a non-zero magnitude, e2m1_to_float. A stride through every non-negative fp32 and infinity with both
+// signs, and a few ulps either side of every threshold, of 1 (where its two forms meet) and of 6, 7 and 8 (the
+// cap). Bit for bit, so -0 would fail. Fails with ties rounded up, without the cap, or with the sign kept on zero
+// (checked).
+TEST(Nvfp4KernelCodec, E2m1ValueEqualsTheCodeDecoded) {
+  std::vector<float> probes{0.0f, 1e-45f, FLT_MIN, FLT_MAX, INFINITY};
+  for (float edge : {0.25f, 0.75f, 1.0f, 1.25f, 1.75f, 2.0f, 2.5f, 3.5f, 4.0f, 5.0f, 6.0f, 7.0f, 8.0f}) {
+    float below = edge, above = edge;
+    for (int k = 0; k < 4; ++k) {
+      probes.insert(probes.end(), {below, above});
+      below = std::nextafter(below, 0.0f);
+      above = std::nextafter(above, INFINITY);
+    }
+  }
+  for (uint64_t bits = 0; bits < 0x7F800000u; bits += 211) {
+    float v;
+    const uint32_t b = static_cast<uint32_t>(bits);
+    std::memcpy(&v, &b, 4);
+    probes.push_back(v);
+  }
+  int64_t checked = 0;
+  for (float v : probes)
+    for (float sign : {1.0f, -1.0f}) {
+      const float x = sign * v;
+      const uint32_t magnitude = codec::e2m1_magnitude_code(v);
+      const uint32_t code = magnitude | (magnitude != 0u && x < 0.0f ? 8u : 0u);
+      ASSERT_EQ(gpu_test::float_bits(codec::e2m1_value_nearest(x)), gpu_test::float_bits(codec::e2m1_to_float(code))) << x;
+      ++checked;
+    }
+  EXPECT_GT(checked, 20000000);
+}
+
 // The scale code's RN(amax / 6) by a Markstein step instead of a division: the quotient is exact from 2^-125 up
 // and the scale code equal for every input (the whole 2^31 compared once when written: 0 differences; here a
 // stride, and every seventh input below 2^-124, where the quotient becomes subnormal). Fails with the

@@ -55,17 +55,17 @@ DeviceRates device_rates(std::string_view name) {
   // bf16 master; 91.3 with an fp32 master, 89.5 and 94.5 with bf16 moments: 74% of a copy and below, where the
   // same kernel without it reached 97%); the int8 and nvfp4 updates that write the operand, not measured yet,
   // estimated from their rates by the static machine instructions of the path a lane runs (sm_90, a lane's work
-  // with write_operand in rne mode and without, compiled alone, kernels/adamw_step.md): int8 1,728 -> 2,104 with a
-  // bf16 master and gradient, 1,640 -> 2,016 with fp32 ones (138.8 -> 114.0, 133.3 -> 108.4); nvfp4, both passes,
-  // 1,472 -> 1,696 and 1,360 -> 1,560 (80.0 -> 69.4, 81.5 -> 71.1). Static counts include the reciprocal's slow
-  // path, which no real block runs: if anything too slow. The H100 has the H200's SMs and clocks: the same
+  // with write_operand in rne mode and without, compiled alone, kernels/adamw_step.md; the code of 2026-11-28): int8
+  // 1,608 -> 1,936 with a bf16 master and gradient, 1,504 -> 1,848 with fp32 ones (138.8 -> 115.3, 133.3 -> 108.5);
+  // nvfp4, both passes, 1,456 -> 1,632 and 1,376 -> 1,552 (80.0 -> 71.4, 81.5 -> 72.3). Static counts include the
+  // reciprocal's slow path, which no real block runs: if anything too slow. The H100 has the H200's SMs and clocks: the same
   // fractions and element rates, assumed. GB10: the same fractions, and the element rates scaled by its 48 SMs
   // against 132, assumed. cpu: the development machine (dev-2c, its two cores), measured by bench_train_step's
   // BM_ProductRate: a [32, 2560] x [2560, 9728] product at 300 GFLOP/s in bf16 and 107 in fp32; memcpy 23.5
   // GiB/s; the product rates are already what a training-shaped product reaches, an elementwise ATen pass about
   // half of it; no element bound on its update (its loops are measured in bytes, docs/optim.md).
   const UpdateRates hopper{147.9, 133.3, 138.8, 81.5, 80.0, 89.8,
-                           133.3 * 1640 / 2016, 138.8 * 1728 / 2104, 81.5 * 1360 / 1560, 80.0 * 1472 / 1696};
+                           133.3 * 1504 / 1848, 138.8 * 1608 / 1936, 81.5 * 1376 / 1552, 80.0 * 1456 / 1632};
   const double gb10_share = 48.0 / 132.0;
   const UpdateRates gb10{hopper.plain * gb10_share,
                          hopper.int8_fp32_master * gb10_share,

@@ -40,6 +40,7 @@ constexpr float kE2m1Smallest = 0.5f;
 struct StepScalars {
   float beta1, one_minus_beta1, beta2, one_minus_beta2;
   float bias_correction2_sqrt;  // sqrt(1 - beta2^t)
+  float inverse_bias_correction2_sqrt;  // RN(1 / bias_correction2_sqrt): set_bias_correction2 sets both
   float eps;
   float neg_step_size;          // -lr / (1 - beta1^t)
   float decay_factor;           // 1 - lr * weight_decay; exactly 1 where no decay applies (x * 1 is x)
@@ -50,6 +51,12 @@ struct StepScalars {
   // the device and launches without waiting for it (kernels/adamw_step.md). The CPU loops never see it set.
   const float* grad_scale_on_device;
 };
+
+// sqrt(1 - beta2^t) rounded to fp32 once, and its correctly rounded reciprocal, which divide_by_known takes.
+QWEN3_HD void set_bias_correction2(StepScalars& s, float bias_correction2_sqrt) {
+  s.bias_correction2_sqrt = bias_correction2_sqrt;
+  s.inverse_bias_correction2_sqrt = recip_rn(bias_correction2_sqrt);
+}
 
 // Resolves grad_scale_on_device into grad_scale; false: the factor is NaN and nothing is to be updated.
 QWEN3_HD bool take_device_grad_scale(StepScalars& s) {
@@ -218,9 +225,29 @@ QWEN3_HD void update_moments(float g, float& m, float& v, const StepScalars& s) 
   v = fmaf(mul_rn(s.one_minus_beta2, g), g, mul_rn(v, s.beta2));
 }
 
+// RN(x / d) for a divisor known in advance, given r = RN(1 / d), by two Markstein corrections instead of an IEEE
+// division: q0 = RN(x r) is within a few ulps of x / d; q1 = RN(q0 + RN(x - q0 d) r) is then within one ulp (the
+// correction's own error is about 2^-23 of q0's); with q1 within one ulp and r within half an ulp of 1 / d,
+// Markstein's theorem makes the remainder x - q1 d exact and q2 = RN(q1 + (x - q1 d) r) the correctly rounded
+// quotient, wherever nothing over- or underflows. updated_master's x = sqrt(v) of a finite v >= 0 is 0 or at least
+// 2^-75, and d = sqrt(1 - beta2^t) lies in [2^-27, 1] for any beta2 < 1 (a double: 1 - beta2 >= 2^-53), so the
+// quotients are normal and the remainders multiples of 2^-148, exact; x = 0 gives +0.
+// An infinite or NaN x (or a quotient past fp32's range, which the update never makes) gives q0, x r: what IEEE's
+// x / d is there. Five multiply-adds and a select where the
+// device's division runs a reciprocal, its refinement, a range check and a branch around five multiply-adds (the
+// compressed updates are bound by their instructions). AdamWRules.KnownDivisorQuotientIsTheIeeeOne compares it with
+// the division for every mantissa of x under a set of divisors.
+QWEN3_HD float divide_by_known(float x, float d, float r) {
+  const float q0 = mul_rn(x, r);
+  const float q1 = fmaf(fmaf(-q0, d, x), r, q0);
+  const float q2 = fmaf(fmaf(-q1, d, x), r, q1);
+  return fabsf(q0) <= 3.40282347e38f ? q2 : q0;  // x / d infinite or NaN: q0 (NaN compares false)
+}
+
 // p <- p (1 - lr wd) - step_size m / (sqrt(v) / sqrt(1 - b2^t) + eps), from the fresh fp32 moments.
 QWEN3_HD float updated_master(float p, float m, float v, const StepScalars& s) {
-  const float denom = add_rn(div_rn(sqrtf(v), s.bias_correction2_sqrt), s.eps);
+  const float corrected = divide_by_known(sqrtf(v), s.bias_correction2_sqrt, s.inverse_bias_correction2_sqrt);
+  const float denom = add_rn(corrected, s.eps);
   return add_rn(mul_rn(p, s.decay_factor), div_rn(mul_rn(s.neg_step_size, m), denom));
 }
 

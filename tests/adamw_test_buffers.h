@@ -92,7 +92,7 @@ inline ka::StepScalars scalars_for(int step, bool clip) {
   ka::StepScalars s{};
   s.beta1 = 0.9f, s.one_minus_beta1 = static_cast<float>(1 - 0.9), s.beta2 = 0.999f;
   s.one_minus_beta2 = static_cast<float>(1 - 0.999);
-  s.bias_correction2_sqrt = static_cast<float>(std::sqrt(1 - std::pow(0.999, step)));
+  ka::set_bias_correction2(s, static_cast<float>(std::sqrt(1 - std::pow(0.999, step))));
   s.eps = 1e-8f, s.neg_step_size = static_cast<float>(-1e-2 / (1 - std::pow(0.9, step)));
   s.decay_factor = static_cast<float>(1 - 1e-2 * 0.05), s.grad_scale = clip ? 0.37f : 1.0f;
   s.random_key = 0x1122334455667788ULL + static_cast<uint64_t>(step);

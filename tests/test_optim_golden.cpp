@@ -14,6 +14,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -371,6 +373,48 @@ TEST(AdamWRules, Int8LogCodeFromAnEstimateIsTheExactOne) {
   }
   EXPECT_EQ(differing, 0) << "of " << checked << "; first: " << first;
   EXPECT_GT(checked, 10000);
+}
+
+// The master update's division by sqrt(1 - beta2^t) as two Markstein corrections with the divisor's reciprocal
+// (divide_by_known) is IEEE's quotient: for the bias corrections of four beta2 at steps from 1 to 1000, the smallest
+// divisor any beta2 gives, 1, and a few others, a stride through every mantissa of x in [1, 2) (quotients scale
+// with x's exponent, so that covers every binade where nothing under- or overflows), x in the binades the update
+// reaches (from sqrt of the smallest subnormal, 2^-75, to 2^63), and 0, infinity, NaN and 2^64 less an ulp. Bit for
+// bit. Written, it was compared for 3,703 divisors over all 2^23 mantissas each (0 differences). Fails without the
+// corrections (q0 = RN(x r) alone; checked).
+TEST(AdamWRules, KnownDivisorQuotientIsTheIeeeOne) {
+  namespace ka = kernels::adamw;
+  std::vector<float> divisors{1.0f, static_cast<float>(std::sqrt(std::ldexp(1.0, -53))), 0.0316227766f, 0.7f,
+                              0x1.fffffep-1f, 0x1.000002p-7f};
+  for (double beta2 : {0.999, 0.99, 0.95, 0.9999})
+    for (int t : {1, 2, 3, 10, 100, 1000}) divisors.push_back(static_cast<float>(std::sqrt(1.0 - std::pow(beta2, t))));
+  int64_t checked = 0, differing = 0;
+  std::string first;
+  auto check = [&](float x, float d) {
+    ka::StepScalars s{};
+    ka::set_bias_correction2(s, d);
+    const float got = ka::divide_by_known(x, s.bias_correction2_sqrt, s.inverse_bias_correction2_sqrt);
+    const float want = x / d;
+    ++checked;
+    uint32_t got_bits, want_bits;
+    std::memcpy(&got_bits, &got, 4);
+    std::memcpy(&want_bits, &want, 4);
+    if (got_bits != want_bits && !(std::isnan(got) && std::isnan(want)) && differing++ == 0)
+      first = "x " + std::to_string(x) + " d " + std::to_string(d);
+  };
+  for (float d : divisors) {
+    for (uint32_t m = 0; m < (1u << 23); m += 5) {
+      check(std::ldexp(1.0f + std::ldexp(static_cast<float>(m), -23), 0), d);
+    }
+    for (int e : {-75, -74, -40, -1, 20, 63})
+      for (uint32_t m = 0; m < (1u << 23); m += 4099)
+        check(std::ldexp(1.0f + std::ldexp(static_cast<float>(m), -23), e), d);
+    for (float x : {0.0f, 0x1.fffffep63f, std::numeric_limits<float>::infinity(),
+                    std::numeric_limits<float>::quiet_NaN()})
+      check(x, d);
+  }
+  EXPECT_EQ(differing, 0) << "of " << checked << "; first: " << first;
+  EXPECT_GT(checked, 20000000);
 }
 
 // The host form of the GPU's saturating floor conversion (cvt.rmi.u32.f32) at its edges.

@@ -344,7 +344,8 @@ void BM_AdamWStep(benchmark::State& state, qwen3::kernels::adamw::Moments moment
   if (operand) p.operand = operand_buffer.as<uint16_t>();
   ka::StepScalars sc{};
   sc.beta1 = 0.9f, sc.one_minus_beta1 = 0.1f, sc.beta2 = 0.999f, sc.one_minus_beta2 = 0.001f;
-  sc.bias_correction2_sqrt = 0.1f, sc.eps = 1e-8f, sc.neg_step_size = -1e-5f, sc.decay_factor = 1.0f, sc.grad_scale = 1.0f;
+  ka::set_bias_correction2(sc, 0.1f);
+  sc.eps = 1e-8f, sc.neg_step_size = -1e-5f, sc.decay_factor = 1.0f, sc.grad_scale = 1.0f;
   for (int step = 0; step < 5; ++step) check(qwen3::kernels::launch_adamw_step(p, sc, nullptr), "adamw warm-up");
   check(cudaDeviceSynchronize(), "warm-up");
   double step_s = 0, copy_s = 0;

@@ -174,7 +174,7 @@ void AdamW::update_with(size_t i, const at::Tensor& grad, double lr, double grad
   scalars.one_minus_beta1 = static_cast<float>(1.0 - o.beta1);
   scalars.beta2 = static_cast<float>(o.beta2);
   scalars.one_minus_beta2 = static_cast<float>(1.0 - o.beta2);
-  scalars.bias_correction2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(o.beta2, t)));
+  kernels::adamw::set_bias_correction2(scalars, static_cast<float>(std::sqrt(1.0 - std::pow(o.beta2, t))));
   scalars.eps = static_cast<float>(o.eps);
   scalars.neg_step_size = static_cast<float>(-step_size);
   scalars.decay_factor = p.decay && o.weight_decay != 0.0 ? static_cast<float>(1.0 - lr * o.weight_decay) : 1.0f;

@@ -56,16 +56,16 @@ DeviceRates device_rates(std::string_view name) {
   // same kernel without it reached 97%); the int8 and nvfp4 updates that write the operand, not measured yet,
   // estimated from their rates by the static machine instructions of the path a lane runs (sm_90, a lane's work
   // with write_operand in rne mode and without, compiled alone, kernels/adamw_step.md; the code of 2026-11-28): int8
-  // 1,608 -> 1,936 with a bf16 master and gradient, 1,504 -> 1,848 with fp32 ones (138.8 -> 115.3, 133.3 -> 108.5);
-  // nvfp4, both passes, 1,456 -> 1,632 and 1,376 -> 1,552 (80.0 -> 71.4, 81.5 -> 72.3). Static counts include the
-  // reciprocal's slow path, which no real block runs: if anything too slow. The H100 has the H200's SMs and clocks: the same
-  // fractions and element rates, assumed. GB10: the same fractions, and the element rates scaled by its 48 SMs
+  // 1,536 -> 1,856 with a bf16 master and gradient, 1,432 -> 1,768 with fp32 ones (138.8 -> 114.9, 133.3 -> 108.0);
+  // nvfp4, both passes, 1,400 -> 1,592 and 1,336 -> 1,504 (80.0 -> 70.4, 81.5 -> 72.4). Static counts include the
+  // reciprocal's slow path, which no real block runs: if anything too slow. The H100 has the H200's SMs and clocks:
+  // the same fractions and element rates, assumed. GB10: the same fractions, and the element rates scaled by its 48 SMs
   // against 132, assumed. cpu: the development machine (dev-2c, its two cores), measured by bench_train_step's
   // BM_ProductRate: a [32, 2560] x [2560, 9728] product at 300 GFLOP/s in bf16 and 107 in fp32; memcpy 23.5
   // GiB/s; the product rates are already what a training-shaped product reaches, an elementwise ATen pass about
   // half of it; no element bound on its update (its loops are measured in bytes, docs/optim.md).
   const UpdateRates hopper{147.9, 133.3, 138.8, 81.5, 80.0, 89.8,
-                           133.3 * 1504 / 1848, 138.8 * 1608 / 1936, 81.5 * 1376 / 1552, 80.0 * 1456 / 1632};
+                           133.3 * 1432 / 1768, 138.8 * 1536 / 1856, 81.5 * 1336 / 1504, 80.0 * 1400 / 1592};
   const double gb10_share = 48.0 / 132.0;
   const UpdateRates gb10{hopper.plain * gb10_share,
                          hopper.int8_fp32_master * gb10_share,

@@ -163,7 +163,8 @@ TEST(Nvfp4KernelCodec, E2m1ValueEqualsTheCodeDecoded) {
       const float x = sign * v;
       const uint32_t magnitude = codec::e2m1_magnitude_code(v);
       const uint32_t code = magnitude | (magnitude != 0u && x < 0.0f ? 8u : 0u);
-      ASSERT_EQ(gpu_test::float_bits(codec::e2m1_value_nearest(x)), gpu_test::float_bits(codec::e2m1_to_float(code))) << x;
+      ASSERT_EQ(gpu_test::float_bits(codec::e2m1_value_nearest(x)), gpu_test::float_bits(codec::e2m1_to_float(code)))
+          << x;
       ++checked;
     }
   EXPECT_GT(checked, 20000000);

@@ -233,10 +233,10 @@ QWEN3_HD void update_moments(float g, float& m, float& v, const StepScalars& s) 
 // 2^-75, and d = sqrt(1 - beta2^t) lies in [2^-27, 1] for any beta2 < 1 (a double: 1 - beta2 >= 2^-53), so the
 // quotients are normal and the remainders multiples of 2^-148, exact; x = 0 gives +0.
 // An infinite or NaN x (or a quotient past fp32's range, which the update never makes) gives q0, x r: what IEEE's
-// x / d is there. Five multiply-adds and a select where the
-// device's division runs a reciprocal, its refinement, a range check and a branch around five multiply-adds (the
-// compressed updates are bound by their instructions). AdamWRules.KnownDivisorQuotientIsTheIeeeOne compares it with
-// the division for every mantissa of x under a set of divisors.
+// x / d is there. Five multiply-adds and a select where the device's division runs a reciprocal, its refinement, a
+// range check and a branch around five multiply-adds (the compressed updates are bound by their instructions).
+// AdamWRules.KnownDivisorQuotientIsTheIeeeOne compares it with the division for every mantissa of x under a set of
+// divisors.
 QWEN3_HD float divide_by_known(float x, float d, float r) {
   const float q0 = mul_rn(x, r);
   const float q1 = fmaf(fmaf(-q0, d, x), r, q0);
@@ -413,8 +413,8 @@ QWEN3_HD uint32_t int8_log_upper_code(float ratio) {
 constexpr float kInt8LogEstimateError = 0x1p-10f;
 constexpr float kInt8LogEstimateMargin = 0x1p-9f;
 
-// floor(x) as an unsigned integer, saturated: 0 for a negative x or NaN, 2^32 - 1 from 2^32 up (PTX's cvt.rmi.u32.f32,
-// one instruction on the GPU).
+// floor(x) as an unsigned integer, saturated: 0 for a negative x or NaN, 2^32 - 1 from 2^32 up (PTX's
+// cvt.rmi.u32.f32, one instruction on the GPU).
 QWEN3_HD uint32_t floor_to_u32_saturated(float x) {
 #if defined(__CUDA_ARCH__)
   return __float2uint_rd(x);

@@ -184,16 +184,7 @@ QWEN3_HD void write_operand(const ParamView& p, LanePosition at, int lane, bool 
   float operand[kPerLane];
   const uint8_t code = block_lanes::spread_lane_operand(stepped.value, here, p.operand_search != 0, exchange, operand);
   if (!here) return;
-  uint16_t* out = p.operand + at.row * p.cols + at.col0;
-  if (pieces && aligned_to(p.operand, 16)) {
-    uint32_t w[4];
-    QWEN3_UNROLL
-    for (int k = 0; k < 4; ++k) w[k] = block_lanes::operand_bf16_pair(operand[2 * k], operand[2 * k + 1], code);
-    store_piece<16>(out, w);
-  } else {
-    QWEN3_UNROLL
-    for (int i = 0; i < kPerLane; ++i) out[i] = bf16_nearest(operand[i]);
-  }
+  store_operand_values(p.operand + at.row * p.cols + at.col0, operand, code, pieces && aligned_to(p.operand, 16));
   if (code == codec::kNonFiniteBlockScale && p.operand_nonfinite_flag != nullptr && lane % 2 == 0)
     *p.operand_nonfinite_flag = 1;
 }

@@ -207,15 +207,8 @@ QWEN3_HD void write_operand(const ParamView& p, int64_t row, int64_t block, int 
   float operand[kPerLane];
   const uint8_t code = block_lanes::spread_lane_operand(stepped.value, here, p.operand_search != 0, exchange, operand);
   if (!here) return;
-  uint16_t* out = p.operand + row * p.cols + first_column(block, lane);
-  if (pieces && aligned_to(p.operand, 8)) {
-    const uint32_t w[2] = {block_lanes::operand_bf16_pair(operand[0], operand[1], code),
-                           block_lanes::operand_bf16_pair(operand[2], operand[3], code)};
-    store_piece<8>(out, w);
-  } else {
-    QWEN3_UNROLL
-    for (int k = 0; k < kPerLane; ++k) out[k] = bf16_nearest(operand[k]);
-  }
+  store_operand_values(p.operand + row * p.cols + first_column(block, lane), operand, code,
+                       pieces && aligned_to(p.operand, 8));
   if (code == codec::kNonFiniteBlockScale && p.operand_nonfinite_flag != nullptr && lane == 0)
     *p.operand_nonfinite_flag = 1;
 }

@@ -6,7 +6,8 @@
 #include <cstdint>
 #include <cstring>
 
-#include "adamw_update.cuh"  // bf16_to_float, bits_to_float; QWEN3_HD, QWEN3_UNROLL
+#include "adamw_update.cuh"      // bf16_to_float, bits_to_float; QWEN3_HD, QWEN3_UNROLL
+#include "nvfp4_block_lanes.cuh"  // operand_bf16_pair
 
 namespace qwen3::kernels::adamw {
 
@@ -87,6 +88,23 @@ QWEN3_HD void load_values(const void* buffer, bool bf16, int64_t first, float (&
     load_piece<4 * K>(static_cast<const float*>(buffer) + first, w);
     QWEN3_UNROLL
     for (int i = 0; i < K; ++i) out[i] = bits_to_float(w[i]);
+  }
+}
+
+// --keep-weight-operands always: a lane's K (4 or 8) values of the next forward's operand (spread_lane_operand's,
+// under the block's `scale_code`) out to `out` in bf16: as one 2K-byte piece where `whole` (the lane moves whole
+// pieces and the operand is aligned to them), else value by value.
+template <int K>
+QWEN3_HD void store_operand_values(uint16_t* out, const float (&operand)[K], uint8_t scale_code, bool whole) {
+  if (whole) {
+    uint32_t w[K / 2];
+    QWEN3_UNROLL
+    for (int k = 0; k < K / 2; ++k)
+      w[k] = block_lanes::operand_bf16_pair(operand[2 * k], operand[2 * k + 1], scale_code);
+    store_piece<2 * K>(out, w);
+  } else {
+    QWEN3_UNROLL
+    for (int i = 0; i < K; ++i) out[i] = bf16_nearest(operand[i]);
   }
 }
 

@@ -50,8 +50,8 @@ __device__ __forceinline__ void write_operand(const ParamView& p, int64_t tile, 
   }
 }
 
-// kOperand: an instantiation of its own, so that the update without it keeps five CTAs an SM (48 and 47 registers,
-// where the operand's exchanges take 52 and 58: kernels/adamw_step.md).
+// kOperand: an instantiation of its own, so that the update without it keeps more CTAs an SM (44 and 38 registers:
+// five and six, where the operand's exchanges take 53 and 58, four: kernels/adamw_step.md).
 template <bool kBf16Moments, bool kOperand>
 __global__ void __launch_bounds__(kThreads) plain_kernel(ParamView p, StepScalars s) {
   if (!adamw::take_device_grad_scale(s)) return;

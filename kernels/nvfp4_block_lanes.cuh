@@ -84,12 +84,12 @@ QWEN3_HD uint8_t spread_scale_code(const float (&x)[kPer], bool search, const Ex
   return static_cast<uint8_t>(best_code);
 }
 
-// The lane's elements of deq(Q(block)) under the block's scale code (NaN for kNonFiniteBlockScale). The scale's
-// test once for the lane's elements (they share it), where each element's element_operand made it again.
+// The lane's elements of deq(Q(block)) under the block's scale code (NaN for kNonFiniteBlockScale), the scale
+// tested once for the lane's elements (they share it).
 template <int kPer>
 QWEN3_HD void spread_operand(const float (&x)[kPer], uint8_t scale_code, float (&out)[kPer]) {
   const float scale = codec::e4m3_to_float(scale_code);
-  if (!(scale > 0.0f)) {  // an all-zero block (0) or a non-finite one (NaN): element_operand's 0 * scale
+  if (!(scale > 0.0f)) {  // an all-zero block (0) or a non-finite one (NaN): 0 * scale, 0 or NaN
     QWEN3_UNROLL
     for (int i = 0; i < kPer; ++i) out[i] = 0.0f * scale;
     return;

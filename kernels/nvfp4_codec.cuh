@@ -328,15 +328,11 @@ QWEN3_HD float e2m1_value_nearest(float v) {
   return bits_to_float(float_bits(nearest) | (nearest != 0.0f ? bits & 0x80000000u : 0u));
 }
 
-// One element's value in the dense operand deq(Q(x)): its E2M1 code decoded times the block's scale (exact in
-// fp32 and in bf16), 0 for scale 0 (an all-zero block), NaN for a non-finite block's NaN scale.
-// scaled_operand: the same for a scale known to be positive (finite), for callers that test the block's scale
-// once for all its elements.
+// One element's value in the dense operand deq(Q(x)) under a positive (finite) block scale with reciprocal
+// RN(1/scale): its E2M1 value times the scale (exact in fp32 and in bf16). A zero scale (an all-zero block) gives 0
+// and a non-finite block's NaN scale NaN: the caller tests the scale once for the block (block_lanes::spread_operand).
 QWEN3_HD float scaled_operand(float x, float scale, float reciprocal) {
   return mul_rn(e2m1_value_nearest(divide_by_scale(x, scale, reciprocal)), scale);
-}
-QWEN3_HD float element_operand(float x, float scale, float reciprocal) {
-  return scale > 0.0f ? scaled_operand(x, scale, reciprocal) : 0.0f * scale;
 }
 
 // Quantizes one block of 16 fp32 values into 8 code bytes (element 2j in the low nibble of byte j) and

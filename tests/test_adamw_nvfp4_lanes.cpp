@@ -53,8 +53,8 @@ void run_nvfp4_split_on_host(const ka::ParamView& p, ka::StepScalars s, bool pie
       }
       for (int lane = 0; lane < lanes::kLanesPerBlock; ++lane)
         stepped.push_back(lanes::store(p, s, row, b, lane, moments[lane], masters[lane], normalized[lane],
-                                       ka::nvfp4_unclipped_scale_code(m_amax), ka::nvfp4_unclipped_scale_code(root_amax),
-                                       ka::ComputedSquareGaps{}, whole));
+                                       ka::nvfp4_unclipped_scale_code(m_amax),
+                                       ka::nvfp4_unclipped_scale_code(root_amax), ka::ComputedSquareGaps{}, whole));
     }
     p.exp_avg_row_scale[row] = m_row;
     p.exp_avg_sq_row_scale[row] = v_row;

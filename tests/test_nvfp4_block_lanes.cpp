@@ -87,7 +87,8 @@ void expect_codec(const std::vector<Block>& blocks, nvfp4::ScaleMode mode) {
       for (int k = 0; k < 5; ++k) {
         bool valid = false;
         const int candidate = codec::search_candidate(codec::rne_scale_code(amax), k, valid);
-        EXPECT_EQ(bits(got[b].error[lane][k]), bits(codec::block_squared_error(x.data(), static_cast<uint8_t>(candidate))))
+        const float tree = codec::block_squared_error(x.data(), static_cast<uint8_t>(candidate));
+        EXPECT_EQ(bits(got[b].error[lane][k]), bits(tree))
             << "the lanes' sum is not the tree's: " << kLanes << " lanes, lane " << lane << ", code " << candidate;
       }
       for (int i = 0; i < kPer; ++i)
@@ -166,8 +167,7 @@ void expect_non_finite_scale() {
 
 // The operand's bf16 pair from the top halves of its fp32 values equals bf16 round-to-nearest-even
 // (bf16_nearest) of each: every E2M1 value of both signs times every finite E4M3 scale (those products are what an
-// operand holds), and a non-finite block's NaN. Fails where a value needs rounding (checked with a value of nine
-// significant bits).
+// operand holds), and a non-finite block's NaN. Fails with the pair's halves swapped (checked).
 TEST(Nvfp4BlockLanes, OperandPairIsTheBf16OfEachValue) {
   namespace adamw = kernels::adamw;
   std::vector<float> values;

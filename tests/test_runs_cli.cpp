@@ -464,7 +464,8 @@ TEST(RunsCli, GpuKeptWeightOperandsTrainTheSameBytes) {
                         Case{" --master-dtype bfloat16 --optimizer-state-mode int8", {"always"}},
                         Case{" --optimizer-state-mode int8 --scale-mode search", {"always"}},
                         // The nvfp4 kernel's (four lanes a block): the leanest configuration.
-                        Case{" --grad-checkpoint --fused-optimizer --master-dtype bfloat16 --optimizer-state-mode nvfp4",
+                        Case{" --grad-checkpoint --fused-optimizer --master-dtype bfloat16"
+                             " --optimizer-state-mode nvfp4",
                              {"always"}},
                         // The first block recomputed (its operands in buffers under backward), the others saved by
                         // their nodes.

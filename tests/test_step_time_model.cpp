@@ -344,7 +344,8 @@ TEST(StepTimeModel, TheUpdateRunsAtTheSlowerOfItsBytesAndItsElementRate) {
   const PhaseTime& u = int8_operand;
   const double others_s = std::max((u.update_bytes - u.norm_bytes - u.operand_update_bytes) / (4800e9 * 0.85),
                                    (u.updated - u.operand_updated) / 138.8e9);
-  const double operand_s = std::max(u.operand_update_bytes / (4800e9 * 0.85), u.operand_updated / (int8_operand_rate * 1e9));
+  const double operand_s =
+      std::max(u.operand_update_bytes / (4800e9 * 0.85), u.operand_updated / (int8_operand_rate * 1e9));
   EXPECT_NEAR(u.ms, 1e3 * (u.norm_bytes / (4800e9 * 0.85) + others_s + operand_s), 1e-9 * u.ms);
   EXPECT_LT(phase(int8_always_plan, "forward_done").bytes, phase(int8_plan, "forward_done").bytes)
       << "the update's operand leaves forward's to make";

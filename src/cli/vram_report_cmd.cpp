@@ -38,8 +38,9 @@ void print_time_plan(const StepTimePlan& plan, const DeviceRates& rates, double 
              "update and {:.0f}% for the other passes{}{}):\n",
              plan.device, rates.bf16_tflops, rates.fp32_tflops, 100 * rates.matmul_efficiency, rates.memory_gbps,
              100 * rates.memory_efficiency, 100 * rates.pass_efficiency,
-             update_g_per_s > 0 ? fmt::format(", the update at most {:g} G parameters/s{}", update_g_per_s, operand_rate)
-                                : "",
+             update_g_per_s > 0
+                 ? fmt::format(", the update at most {:g} G parameters/s{}", update_g_per_s, operand_rate)
+                 : "",
              rates.unified_memory ? ", memory shared with the CPU" : "");
   // Each phase, then its terms as predict_step_time counts them (StepTerm: a term's ms at its kind's rate).
   fmt::print("{:<44} {:>12} {:>12} {:>12}\n", "phase", "GFLOP", "GB moved", "ms");

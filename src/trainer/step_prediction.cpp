@@ -32,8 +32,8 @@ struct MemoryBudget {
   }
   // "<peak> GiB, within|above 90% of the device's <memory> GiB"
   std::string against(uint64_t peak) const {
-    return fmt::format("{:.1f} GiB, {} {:.0f}% of the device's {:.1f} GiB", peak / kGiB, fits(peak) ? "within" : "above",
-                       100 * kWeightOperandsMemoryShare, memory / kGiB);
+    return fmt::format("{:.1f} GiB, {} {:.0f}% of the device's {:.1f} GiB", peak / kGiB,
+                       fits(peak) ? "within" : "above", 100 * kWeightOperandsMemoryShare, memory / kGiB);
   }
 };
 

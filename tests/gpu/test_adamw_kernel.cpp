@@ -87,9 +87,9 @@ INSTANTIATE_TEST_SUITE_P(
 
 // --keep-weight-operands always: every kernel writes the stepped master's bf16 operand deq(Q(master)) in the same
 // pass, each 16-block's scale from the lanes that hold it (16 of an element for plain moments, 4 of 4 for nvfp4, 2
-// of 8 for int8, where 3 x 48 leaves the last two lanes of each 64-block past the row). Master and state bytes as without it (the CPU step's); the operand equal to the CPU codec's quantize
-// and dequantize of the master after each step, in both scale modes; a non-finite master block gives NaN values and
-// raises the flag.
+// of 8 for int8, where 3 x 48 leaves the last two lanes of each 64-block past the row). Master and state bytes as
+// without it (the CPU step's); the operand equal to the CPU codec's quantize and dequantize of the master after each
+// step, in both scale modes; a non-finite master block gives NaN values and raises the flag.
 TEST(GpuAdamWKernelOperand, IsTheCodecsOperandOfTheSteppedMaster) {
   QWEN3_REQUIRE_GPU();
   for (const ka::Moments moments : {ka::Moments::f32, ka::Moments::bf16, ka::Moments::int8, ka::Moments::nvfp4})
@@ -118,7 +118,8 @@ TEST(GpuAdamWKernelOperand, IsTheCodecsOperandOfTheSteppedMaster) {
             optim_detail::adamw_step_cpu(cpu.view(cpu.master.data(), cpu.grad.data(), cpu.exp_avg.data(),
                                                   cpu.exp_avg_sq.data(), scaled ? cpu.exp_avg_scale.data() : nullptr,
                                                   scaled ? cpu.exp_avg_sq_scale.data() : nullptr,
-                                                  row_scaled ? cpu.m_row.data() : nullptr, row_scaled ? cpu.v_row.data() : nullptr),
+                                                  row_scaled ? cpu.m_row.data() : nullptr,
+                                                  row_scaled ? cpu.v_row.data() : nullptr),
                                          s, 0);
             ka::ParamView p = cpu.view(device[0]->at(), device[1]->at(), device[2]->at(), device[3]->at(),
                                        scaled ? device[4]->at() : nullptr, scaled ? device[5]->at() : nullptr,

@@ -135,7 +135,7 @@ TEST(Nvfp4KernelCodec, MagnitudeCodeFromBitsEqualsTheComparisons) {
   EXPECT_GT(checked, 20000000);
 }
 
-// The operand's E2M1 value straight from the quotient (e2m1_value_nearest, what element_operand now multiplies by
+// The operand's E2M1 value straight from the quotient (e2m1_value_nearest, what scaled_operand multiplies by
 // the scale) against the code and its decoding, which define it: the magnitude code by the seven comparisons, the
 // sign only on a non-zero magnitude, e2m1_to_float. A stride through every non-negative fp32 and infinity with both
 // signs, and a few ulps either side of every threshold, of 1 (where its two forms meet) and of 6, 7 and 8 (the

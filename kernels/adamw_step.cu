@@ -9,6 +9,7 @@
 
 #include "adamw_int8_lanes.cuh"
 #include "adamw_nvfp4_lanes.cuh"
+#include "adamw_plain_lanes.cuh"
 #include "adamw_update.cuh"
 #include "nvfp4_block_lanes.cuh"
 #include "qwen3_kernels.h"
@@ -29,30 +30,7 @@ constexpr int kThreads = 256;
 // ran at ~88 µs for 10.5 M parameters whatever the bytes: kernels/adamw_step.md).
 constexpr int kPlainPerThread = 4;
 
-// --keep-weight-operands always: the stepped masters' bf16 operand deq(Q(master)) for the next forward. Element k
-// of lane l is element tile + k * kThreads + l, so a warp's 16-lane halves hold whole 16-blocks (tiles and warps
-// start at multiples of 32; cols, a multiple of 16, keeps blocks within rows) and each block's scale comes from
-// its lanes (nvfp4_block_lanes.cuh); every lane takes part, a lane past the end with 0 and no store (the tensor
-// ends on a block boundary, so a block is all in or all out). The values are the quantize pass's, byte for byte.
-__device__ __forceinline__ void write_operand(const ParamView& p, int64_t tile, int64_t total,
-                                              const float (&master)[kPlainPerThread]) {
-  auto* operand = reinterpret_cast<__nv_bfloat16*>(p.operand);
-#pragma unroll
-  for (int k = 0; k < kPlainPerThread; ++k) {
-    const int64_t i = tile + k * kThreads + threadIdx.x;
-    const bool here = i < total;
-    const float x = here ? master[k] : 0.0f;
-    const uint8_t code = block_lanes::scale_code(x, p.operand_search != 0);
-    if (!here) continue;
-    operand[i] = __float2bfloat16_rn(block_lanes::operand(x, code));
-    if (code == codec::kNonFiniteBlockScale && p.operand_nonfinite_flag != nullptr && threadIdx.x % codec::kBlock == 0)
-      *p.operand_nonfinite_flag = 1;
-  }
-}
-
-// kOperand: an instantiation of its own, so that the update without it keeps more CTAs an SM (44 and 38 registers:
-// five and six, where the operand's exchanges take 53 and 58, four: kernels/adamw_step.md).
-template <bool kBf16Moments, bool kOperand>
+template <bool kBf16Moments>
 __global__ void __launch_bounds__(kThreads) plain_kernel(ParamView p, StepScalars s) {
   if (!adamw::take_device_grad_scale(s)) return;
   using State = typename std::conditional<kBf16Moments, uint16_t, float>::type;
@@ -93,7 +71,32 @@ __global__ void __launch_bounds__(kThreads) plain_kernel(ParamView p, StepScalar
         master[k] = adamw::step_master_drawing(p, s, i, master[k], m[k], v[k], static_cast<uint64_t>(i));
       }
     }
-    if constexpr (kOperand) write_operand(p, tile, total, master);
+  }
+}
+
+// --keep-weight-operands always with plain moments: the update and the stepped masters' bf16 operand
+// deq(Q(master)) for the next forward, four consecutive elements a lane (adamw_plain_lanes.cuh: a 16-block is
+// four lanes, whose two exchanges give its scale; each lane makes the scale once for its four elements, where
+// plain_kernel's split, an element a lane, had each element make it), whole pieces where the buffers allow. A
+// kernel of its own, so that the update without it keeps plain_kernel's registers and CTAs (kernels/adamw_step.md).
+// Tiles and warps start at multiples of 128 elements, and the tensor ends on a 16-block boundary (cols, a multiple
+// of 16): every lane takes part in the exchanges, a lane past the end with zeros and no store.
+template <bool kBf16Moments>
+__global__ void __launch_bounds__(kThreads) plain_operand_kernel(ParamView p, StepScalars s) {
+  namespace lanes = adamw::plain_lanes;
+  if (!adamw::take_device_grad_scale(s)) return;
+  const int64_t total = p.rows * p.cols;
+  const bool pieces = lanes::moves_whole_pieces(p);
+  constexpr int64_t kTile = static_cast<int64_t>(kThreads) * lanes::kPerLane;
+  for (int64_t tile = blockIdx.x * kTile; tile < total; tile += static_cast<int64_t>(gridDim.x) * kTile) {
+    const int64_t first = tile + static_cast<int64_t>(threadIdx.x) * lanes::kPerLane;
+    const bool here = first < total;
+    lanes::SteppedMasters stepped{};
+    if (here) {
+      const lanes::LaneState state = lanes::fresh<kBf16Moments>(p, s, first, total, pieces);
+      stepped = lanes::store<kBf16Moments>(p, s, first, total, state, pieces);
+    }
+    lanes::write_operand(p, first, static_cast<int>(threadIdx.x), here, stepped, pieces, block_lanes::ShuffleXor{});
   }
 }
 
@@ -291,10 +294,12 @@ int launch_adamw_step(const adamw::ParamView& p, const adamw::StepScalars& s, vo
     case Moments::bf16: {
       const int grid = grid_for(p.rows * p.cols, kThreads * kPlainPerThread, max_ctas);
       const bool bf16 = p.moments == Moments::bf16, operand = p.operand != nullptr;
-      if (bf16 && operand) plain_kernel<true, true><<<grid, kThreads, 0, cuda_stream>>>(p, s);
-      if (bf16 && !operand) plain_kernel<true, false><<<grid, kThreads, 0, cuda_stream>>>(p, s);
-      if (!bf16 && operand) plain_kernel<false, true><<<grid, kThreads, 0, cuda_stream>>>(p, s);
-      if (!bf16 && !operand) plain_kernel<false, false><<<grid, kThreads, 0, cuda_stream>>>(p, s);
+      // The two splits take the same tile (kThreads lanes of four elements): the same grid.
+      static_assert(kPlainPerThread == adamw::plain_lanes::kPerLane, "one grid for both plain splits");
+      if (bf16 && operand) plain_operand_kernel<true><<<grid, kThreads, 0, cuda_stream>>>(p, s);
+      if (bf16 && !operand) plain_kernel<true><<<grid, kThreads, 0, cuda_stream>>>(p, s);
+      if (!bf16 && operand) plain_operand_kernel<false><<<grid, kThreads, 0, cuda_stream>>>(p, s);
+      if (!bf16 && !operand) plain_kernel<false><<<grid, kThreads, 0, cuda_stream>>>(p, s);
       break;
     }
     case Moments::int8: {

@@ -2,8 +2,8 @@
 // choice of scale (nvfp4_codec.cuh, docs/nvfp4.md) where no thread holds a whole block. For kernels whose threads
 // own consecutive elements and that want a block's dense operand deq(Q(x)) next to their own work: the AdamW
 // update writing the next forward's bf16 operand of the master it has just stepped (--keep-weight-operands
-// always, kernels/adamw_step.md), whose three kernels hold a block as 16 lanes of one element (plain moments), 4
-// lanes of 4 (nvfp4) and 2 lanes of 8 (int8).
+// always, kernels/adamw_step.md), whose kernels hold a block as 4 lanes of 4 (plain and nvfp4 moments) and 2
+// lanes of 8 (int8); kPer = 1 (16 lanes of one element) is the rule's simplest form, tested beside them.
 //
 // Lane q of a group holds elements q * kPer .. q * kPer + kPer - 1. What the lanes combine: the block maximum
 // (exact in any order) and, in search mode, each candidate's squared errors, summed as block_squared_error's tree
@@ -130,19 +130,6 @@ QWEN3_HD uint8_t spread_lane_operand(const float (&values)[kPer], bool here, boo
 struct ShuffleXor {
   __device__ float operator()(float v, int d) const { return __shfl_xor_sync(0xFFFFFFFFu, v, d); }
 };
-
-// The plain kernel's form: one element a lane, 16 lanes a block.
-__device__ __forceinline__ uint8_t scale_code(float x, bool search) {
-  const float one[1] = {x};
-  return spread_scale_code(one, search, ShuffleXor{});
-}
-
-__device__ __forceinline__ float operand(float x, uint8_t scale_code) {
-  const float one[1] = {x};
-  float out[1];
-  spread_operand(one, scale_code, out);
-  return out[0];
-}
 #endif
 
 }  // namespace qwen3::kernels::block_lanes

@@ -53,8 +53,9 @@ DeviceRates device_rates(std::string_view name) {
   // bytes, ran at 97% of that machine's copy rate and is left at its faster machine's 147.9, a ceiling the byte
   // count reaches first); the plain update that writes the operand too, the third round's 89.8 G/s (fp32 moments,
   // bf16 master; 91.3 with an fp32 master, 89.5 and 94.5 with bf16 moments: 74% of a copy and below, where the
-  // same kernel without it reached 97%); the int8 and nvfp4 updates that write the operand, not measured yet,
-  // estimated from their rates by the static machine instructions of the path a lane runs (sm_90, a lane's work
+  // same kernel without it reached 97%; kept until a round times its own split of four elements a lane, 2026-11-28,
+  // which static scaling puts near 126: kernels/adamw_step.md); the int8 and nvfp4 updates that write the operand,
+  // not measured yet, estimated from their rates by the static machine instructions of the path a lane runs (sm_90, a lane's work
   // with write_operand in rne mode and without, compiled alone, kernels/adamw_step.md; the code of 2026-11-28): int8
   // 1,536 -> 1,856 with a bf16 master and gradient, 1,432 -> 1,768 with fp32 ones (138.8 -> 114.9, 133.3 -> 108.0);
   // nvfp4, both passes, 1,400 -> 1,592 and 1,336 -> 1,504 (80.0 -> 70.4, 81.5 -> 72.4). Static counts include the

@@ -181,12 +181,8 @@ QWEN3_HD SteppedMasters store(const ParamView& p, const StepScalars& s, int64_t 
 template <typename Exchange>
 QWEN3_HD void write_operand(const ParamView& p, LanePosition at, int lane, bool here, const SteppedMasters& stepped,
                             bool pieces, const Exchange& exchange) {
-  float operand[kPerLane];
-  const uint8_t code = block_lanes::spread_lane_operand(stepped.value, here, p.operand_search != 0, exchange, operand);
-  if (!here) return;
-  store_operand_values(p.operand + at.row * p.cols + at.col0, operand, code, pieces && aligned_to(p.operand, 16));
-  if (code == codec::kNonFiniteBlockScale && p.operand_nonfinite_flag != nullptr && lane % 2 == 0)
-    *p.operand_nonfinite_flag = 1;
+  write_lane_operand(p, at.row * p.cols + at.col0, here, pieces && aligned_to(p.operand, 16), lane % 2 == 0,
+                     stepped.value, exchange);
 }
 
 }  // namespace qwen3::kernels::adamw::int8_lanes

@@ -204,13 +204,8 @@ QWEN3_HD SteppedMasters store(const ParamView& p, const StepScalars& s, int64_t 
 template <typename Exchange>
 QWEN3_HD void write_operand(const ParamView& p, int64_t row, int64_t block, int lane, bool here,
                             const SteppedMasters& stepped, bool pieces, const Exchange& exchange) {
-  float operand[kPerLane];
-  const uint8_t code = block_lanes::spread_lane_operand(stepped.value, here, p.operand_search != 0, exchange, operand);
-  if (!here) return;
-  store_operand_values(p.operand + row * p.cols + first_column(block, lane), operand, code,
-                       pieces && aligned_to(p.operand, 8));
-  if (code == codec::kNonFiniteBlockScale && p.operand_nonfinite_flag != nullptr && lane == 0)
-    *p.operand_nonfinite_flag = 1;
+  write_lane_operand(p, row * p.cols + first_column(block, lane), here, pieces && aligned_to(p.operand, 8), lane == 0,
+                     stepped.value, exchange);
 }
 
 }  // namespace qwen3::kernels::adamw::nvfp4_lanes

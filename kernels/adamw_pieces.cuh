@@ -108,4 +108,19 @@ QWEN3_HD void store_operand_values(uint16_t* out, const float (&operand)[K], uin
   }
 }
 
+// The write every lanes header's write_operand makes: the lane's K stepped masters' operand values under their
+// block's scale (spread_lane_operand: every lane of the warp calls, `here` false bringing zeros and storing nothing)
+// out to element `first` of p.operand by store_operand_values (`whole`: as one piece); `flag_lane`: the one lane of
+// the block that raises the non-finite flag for a block with an infinite or NaN master.
+template <int K, typename Exchange>
+QWEN3_HD void write_lane_operand(const ParamView& p, int64_t first, bool here, bool whole, bool flag_lane,
+                                 const float (&stepped)[K], const Exchange& exchange) {
+  float operand[K];
+  const uint8_t code = block_lanes::spread_lane_operand(stepped, here, p.operand_search != 0, exchange, operand);
+  if (!here) return;
+  store_operand_values(p.operand + first, operand, code, whole);
+  if (code == codec::kNonFiniteBlockScale && p.operand_nonfinite_flag != nullptr && flag_lane)
+    *p.operand_nonfinite_flag = 1;
+}
+
 }  // namespace qwen3::kernels::adamw

@@ -859,6 +859,7 @@ EOF
               "matmul-M16|nvfp4_matmul_kernel|matmul_bf16/M16/N9728/K2560" \
               "matmul-M256|nvfp4_matmul_kernel|matmul_bf16/M256/N9728/K2560" \
               "adamw-fp32|plain_kernel|adamw/f32_moments/fp32_master" \
+              "adamw-fp32-operand|plain_operand_kernel|adamw/f32_moments/fp32_master_operand" \
               "adamw-int8-bf16|int8_kernel|adamw/int8_moments/bf16_master" \
               "adamw-int8-bf16-operand|int8_kernel|adamw/int8_moments/bf16_master_operand" \
               "adamw-nvfp4-bf16|nvfp4_kernel|adamw/nvfp4_moments/bf16_master" \

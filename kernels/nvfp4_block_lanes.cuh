@@ -61,13 +61,19 @@ QWEN3_HD float spread_squared_error(const float (&x)[kPer], float scale, float r
 }
 
 // The block's scale code from this lane's elements (zeros for a group past the data: its result is not used);
-// kNonFiniteBlockScale for a block with an infinite or NaN element.
+// kNonFiniteBlockScale for a block with an infinite or NaN element. Every lane makes the same exchanges whatever
+// its block holds: in search mode a non-finite block's lanes search too (over zeros, the result dropped), since on
+// the device a full-warp shuffle that some of the warp's lanes skip is undefined (they would meet the others'
+// exchanges at a later shuffle). Nvfp4BlockLanes.EveryLaneOfAWarpMakesTheSameExchanges holds it.
 template <int kPer, typename Exchange>
 QWEN3_HD uint8_t spread_scale_code(const float (&x)[kPer], bool search, const Exchange& exchange) {
   const float amax = spread_block_max(x, exchange);
-  if (!codec::finite_maximum(amax)) return codec::kNonFiniteBlockScale;
-  const int center = codec::rne_scale_code(amax);
-  if (!search) return static_cast<uint8_t>(center);
+  const bool finite = codec::finite_maximum(amax);
+  if (!search) return finite ? static_cast<uint8_t>(codec::rne_scale_code(amax)) : codec::kNonFiniteBlockScale;
+  float y[kPer];
+  QWEN3_UNROLL
+  for (int i = 0; i < kPer; ++i) y[i] = finite ? x[i] : 0.0f;
+  const int center = codec::rne_scale_code(finite ? amax : 0.0f);
   int best_code = center;
   float best_error = 0.0f;
   bool have_best = false;
@@ -78,10 +84,10 @@ QWEN3_HD uint8_t spread_scale_code(const float (&x)[kPer], bool search, const Ex
     bool valid = false;
     const int code = codec::search_candidate(center, k, valid);
     const float scale = codec::e4m3_to_float(static_cast<uint8_t>(code));
-    const float error = spread_squared_error(x, scale, scale > 0.0f ? codec::recip_rn(scale) : 0.0f, exchange);
+    const float error = spread_squared_error(y, scale, scale > 0.0f ? codec::recip_rn(scale) : 0.0f, exchange);
     keep_better(valid, code, error, best_code, best_error, have_best);
   }
-  return static_cast<uint8_t>(best_code);
+  return finite ? static_cast<uint8_t>(best_code) : codec::kNonFiniteBlockScale;
 }
 
 // The lane's elements of deq(Q(block)) under the block's scale code (NaN for kNonFiniteBlockScale), the scale

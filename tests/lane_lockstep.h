@@ -42,6 +42,14 @@ class LaneLockstep {
     int lane_;
   };
 
+  // After run(): how many exchanges each lane made in the last round (a warp's lanes must all make the same number;
+  // a lane that skips a shuffle the others take is undefined on the device).
+  std::vector<size_t> exchange_counts() const {
+    std::vector<size_t> counts;
+    for (const std::vector<uint32_t>& lane : passed_) counts.push_back(lane.size());
+    return counts;
+  }
+
   template <typename Body>
   void run(Body body) {
     passed_.assign(lanes_, {});

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "adamw_update.cuh"
@@ -185,6 +186,43 @@ TEST(Nvfp4BlockLanes, OperandPairIsTheBf16OfEachValue) {
   EXPECT_EQ(lanes::operand_bf16_pair(nan, -nan, codec::kNonFiniteBlockScale),
             adamw::bf16_nearest(nan) | (static_cast<uint32_t>(adamw::bf16_nearest(-nan)) << 16));
   EXPECT_GT(checked, 2000);
+}
+
+// One warp of 32 lanes holding several blocks, one of them non-finite: every lane makes the same number of exchanges
+// (on the device a full-warp shuffle that some lanes skip is undefined; before 2026-11-28 a non-finite block's lanes
+// left the search before its exchanges, which this fails on: checked), and each block gets its own code, the
+// codec's. Both modes, every layout.
+template <int kPer>
+void expect_uniform_exchanges(bool search) {
+  constexpr int kLanes = codec::kBlock / kPer, kWarp = 32, kBlocksPerWarp = kWarp / kLanes;
+  std::vector<Block> blocks(kBlocksPerWarp);
+  for (int b = 0; b < kBlocksPerWarp; ++b)
+    for (int i = 0; i < codec::kBlock; ++i) blocks[b][i] = 0.37f * static_cast<float>((b + 1) * (i % 5 - 2));
+  blocks[1][3] = std::numeric_limits<float>::infinity();
+  std::vector<uint8_t> codes(kWarp);
+  test::LaneLockstep warp(kWarp);
+  warp.run([&](int lane, const test::LaneLockstep::Exchange& exchange) {
+    const int b = lane / kLanes, q = lane % kLanes;
+    float x[kPer];
+    for (int i = 0; i < kPer; ++i) x[i] = blocks[b][q * kPer + i];
+    codes[lane] = lanes::spread_scale_code(x, search, exchange);
+  });
+  const std::vector<size_t> counts = warp.exchange_counts();
+  const std::string what = std::to_string(kLanes) + " lanes a block, " + (search ? "search" : "rne");
+  for (int lane = 0; lane < kWarp; ++lane) EXPECT_EQ(counts[lane], counts[0]) << what << ", lane " << lane;
+  for (int b = 0; b < kBlocksPerWarp; ++b) {
+    uint8_t packed[codec::kBlock / 2];
+    const uint8_t want = codec::quantize_block(blocks[b].data(), search, packed);
+    for (int q = 0; q < kLanes; ++q) EXPECT_EQ(codes[b * kLanes + q], want) << what << ", block " << b;
+  }
+}
+
+TEST(Nvfp4BlockLanes, EveryLaneOfAWarpMakesTheSameExchanges) {
+  for (const bool search : {false, true}) {
+    expect_uniform_exchanges<1>(search);
+    expect_uniform_exchanges<4>(search);
+    expect_uniform_exchanges<8>(search);
+  }
 }
 
 TEST(Nvfp4BlockLanes, NonFiniteBlocksGiveTheNanScale) {

@@ -145,14 +145,7 @@ QWEN3_HD SteppedMasters store(const ParamView& p, const StepScalars& s, int64_t 
   if (lane_in_pieces<kPerLane>(p, at.col0, pieces)) {
     store_codes(p.exp_avg, at.base, m_code);
     store_codes(p.exp_avg_sq, at.base, v_code);
-    if (bf16_master) {
-      uint32_t w[4];
-      QWEN3_UNROLL
-      for (int k = 0; k < 4; ++k) w[k] = (master[2 * k] & 0xFFFFu) | (master[2 * k + 1] << 16);
-      store_piece<16>(static_cast<uint16_t*>(p.master) + first, w);
-    } else {
-      store_piece<32>(static_cast<float*>(p.master) + first, master);
-    }
+    store_value_bits(p.master, bf16_master, first, master);
   } else {
     QWEN3_UNROLL
     for (int i = 0; i < kPerLane; ++i) {

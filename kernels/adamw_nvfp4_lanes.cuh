@@ -171,14 +171,7 @@ QWEN3_HD SteppedMasters store(const ParamView& p, const StepScalars& s, int64_t 
   if (whole) {
     store_two_bytes(m_packed, m_codes);
     store_two_bytes(v_packed, v_codes);
-    const int64_t first = row * p.cols + col0;
-    if (bf16_master) {
-      const uint32_t w[2] = {(master_bits[0] & 0xFFFFu) | (master_bits[1] << 16),
-                             (master_bits[2] & 0xFFFFu) | (master_bits[3] << 16)};
-      store_piece<8>(static_cast<uint16_t*>(p.master) + first, w);
-    } else {
-      store_piece<16>(static_cast<float*>(p.master) + first, master_bits);
-    }
+    store_value_bits(p.master, bf16_master, row * p.cols + col0, master_bits);
   } else {
     m_packed[0] = static_cast<uint8_t>(m_codes), m_packed[1] = static_cast<uint8_t>(m_codes >> 8);
     v_packed[0] = static_cast<uint8_t>(v_codes), v_packed[1] = static_cast<uint8_t>(v_codes >> 8);

@@ -48,6 +48,21 @@ QWEN3_HD void store_piece(void* to, const uint32_t (&words)[kBytes / 4]) {
 #endif
 }
 
+// A lane's K (4 or 8) 32-bit words each holding a value's bits, stored as one piece of K values: bf16 (the low
+// halves, paired into words, the first value lowest: 2K bytes) or fp32 (4K bytes). What the lanes store of their
+// masters and plain moments.
+template <int K>
+QWEN3_HD void store_value_bits(void* to, bool bf16, int64_t first, const uint32_t (&bits)[K]) {
+  if (bf16) {
+    uint32_t words[K / 2];
+    QWEN3_UNROLL
+    for (int k = 0; k < K / 2; ++k) words[k] = (bits[2 * k] & 0xFFFFu) | (bits[2 * k + 1] << 16);
+    store_piece<2 * K>(static_cast<uint16_t*>(to) + first, words);
+  } else {
+    store_piece<4 * K>(static_cast<float*>(to) + first, bits);
+  }
+}
+
 // Two bytes at an even address, low byte first.
 QWEN3_HD uint32_t load_two_bytes(const void* from) {
 #if defined(__CUDA_ARCH__)

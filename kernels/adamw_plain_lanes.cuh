@@ -85,12 +85,6 @@ struct SteppedMasters {
   float value[kPerLane];
 };
 
-// Four bf16 values (the low halves of `bits`) as the two words of an 8-byte piece, the first value lowest.
-QWEN3_HD void pack_bf16(const uint32_t (&bits)[kPerLane], uint32_t (&words)[2]) {
-  words[0] = (bits[0] & 0xFFFFu) | (bits[1] << 16);
-  words[1] = (bits[2] & 0xFFFFu) | (bits[3] << 16);
-}
-
 // Stores the lane's moments (bf16 ones rounded stochastically with the element's m and v draws) and steps and
 // stores its masters (a bf16 one rounded with its master draw: drawn for fp32 moments only where the master is
 // bf16, as step_master_drawing). Returns the stepped masters (0 past the end).
@@ -116,23 +110,9 @@ QWEN3_HD SteppedMasters store(const ParamView& p, const StepScalars& s, int64_t 
     master[i] = stepped_master_bits(bf16_master, s, st.master[i], st.m[i], st.v[i], master_draw);
   }
   if (pieces && first + kPerLane <= total) {
-    if (kBf16Moments) {
-      uint32_t m_words[2], v_words[2];
-      pack_bf16(m_bits, m_words);
-      pack_bf16(v_bits, v_words);
-      store_piece<8>(static_cast<uint16_t*>(p.exp_avg) + first, m_words);
-      store_piece<8>(static_cast<uint16_t*>(p.exp_avg_sq) + first, v_words);
-    } else {
-      store_piece<16>(static_cast<float*>(p.exp_avg) + first, m_bits);
-      store_piece<16>(static_cast<float*>(p.exp_avg_sq) + first, v_bits);
-    }
-    if (bf16_master) {
-      uint32_t words[2];
-      pack_bf16(master, words);
-      store_piece<8>(static_cast<uint16_t*>(p.master) + first, words);
-    } else {
-      store_piece<16>(static_cast<float*>(p.master) + first, master);
-    }
+    store_value_bits(p.exp_avg, kBf16Moments, first, m_bits);
+    store_value_bits(p.exp_avg_sq, kBf16Moments, first, v_bits);
+    store_value_bits(p.master, bf16_master, first, master);
   } else {
     QWEN3_UNROLL
     for (int i = 0; i < kPerLane; ++i) {

@@ -36,12 +36,6 @@ struct LaneState {
   float m[kPerLane], v[kPerLane], master[kPerLane];
 };
 
-// The moments of an fp32 or bf16 state array, four values from element `first` on (a whole piece).
-template <bool kBf16Moments>
-QWEN3_HD void load_moments(const void* state, int64_t first, float (&out)[kPerLane]) {
-  load_values<kPerLane>(state, kBf16Moments, first, out);
-}
-
 // Reads the lane's elements first .. first + 3 (those below `total`) and updates their moments. Every load comes
 // before any store (a store may alias a later load as far as the compiler knows: adamw_step.cu's plain split).
 template <bool kBf16Moments>
@@ -49,8 +43,8 @@ QWEN3_HD LaneState fresh(const ParamView& p, const StepScalars& s, int64_t first
   LaneState out;
   float grad[kPerLane];
   if (pieces && first + kPerLane <= total) {
-    load_moments<kBf16Moments>(p.exp_avg, first, out.m);
-    load_moments<kBf16Moments>(p.exp_avg_sq, first, out.v);
+    load_values<kPerLane>(p.exp_avg, kBf16Moments, first, out.m);
+    load_values<kPerLane>(p.exp_avg_sq, kBf16Moments, first, out.v);
     load_values<kPerLane>(p.grad, p.grad_bf16 != 0, first, grad);
     load_values<kPerLane>(p.master, p.master_bf16 != 0, first, out.master);
   } else {
@@ -58,16 +52,9 @@ QWEN3_HD LaneState fresh(const ParamView& p, const StepScalars& s, int64_t first
     for (int i = 0; i < kPerLane; ++i) {
       const int64_t e = first + i;
       const bool in = e < total;
-      if (kBf16Moments) {
-        out.m[i] = in ? bf16_to_float(static_cast<const uint16_t*>(p.exp_avg)[e]) : 0.0f;
-        out.v[i] = in ? bf16_to_float(static_cast<const uint16_t*>(p.exp_avg_sq)[e]) : 0.0f;
-      } else {
-        out.m[i] = in ? static_cast<const float*>(p.exp_avg)[e] : 0.0f;
-        out.v[i] = in ? static_cast<const float*>(p.exp_avg_sq)[e] : 0.0f;
-      }
-      grad[i] = !in ? 0.0f
-                : p.grad_bf16 ? bf16_to_float(static_cast<const uint16_t*>(p.grad)[e])
-                              : static_cast<const float*>(p.grad)[e];
+      out.m[i] = in ? master_at<kBf16Moments>(p.exp_avg, e) : 0.0f;  // master_at: a value of either dtype
+      out.v[i] = in ? master_at<kBf16Moments>(p.exp_avg_sq, e) : 0.0f;
+      grad[i] = !in ? 0.0f : p.grad_bf16 ? master_at<true>(p.grad, e) : master_at<false>(p.grad, e);
       out.master[i] = in ? master_of(p, e) : 0.0f;
     }
   }
@@ -118,13 +105,8 @@ QWEN3_HD SteppedMasters store(const ParamView& p, const StepScalars& s, int64_t 
     for (int i = 0; i < kPerLane; ++i) {
       const int64_t e = first + i;
       if (e >= total) continue;
-      if (kBf16Moments) {
-        static_cast<uint16_t*>(p.exp_avg)[e] = static_cast<uint16_t>(m_bits[i]);
-        static_cast<uint16_t*>(p.exp_avg_sq)[e] = static_cast<uint16_t>(v_bits[i]);
-      } else {
-        static_cast<float*>(p.exp_avg)[e] = bits_to_float(m_bits[i]);
-        static_cast<float*>(p.exp_avg_sq)[e] = bits_to_float(v_bits[i]);
-      }
+      store_bits_at(p.exp_avg, kBf16Moments, e, m_bits[i]);
+      store_bits_at(p.exp_avg_sq, kBf16Moments, e, v_bits[i]);
       store_master_bits(p, e, master[i]);
     }
   }

@@ -287,6 +287,14 @@ QWEN3_HD uint32_t stepped_master_bits(bool bf16, const StepScalars& s, float mas
 QWEN3_HD float stored_master_value(bool bf16, uint32_t bits) {
   return bf16 ? bf16_to_float(static_cast<uint16_t>(bits)) : bits_to_float(bits);
 }
+// One value's bits stored at `index` of an fp32 or bf16 array (a bf16 value in the low 16 bits): a master's, or a
+// plain moment's.
+QWEN3_HD void store_bits_at(void* to, bool bf16, int64_t index, uint32_t bits) {
+  if (bf16)
+    static_cast<uint16_t*>(to)[index] = static_cast<uint16_t>(bits);
+  else
+    static_cast<float*>(to)[index] = bits_to_float(bits);
+}
 QWEN3_HD void store_master_bits(const ParamView& p, int64_t index, uint32_t bits) {
   if (p.master_bf16)
     static_cast<uint16_t*>(p.master)[index] = static_cast<uint16_t>(bits);

@@ -947,7 +947,7 @@ stage_smoke() {
     local losses
     losses=$(grep -o -E 'loss [0-9.]+ -> [0-9.]+|loss [0-9.]+' "$d/smoke-$dev.log" | tail -n 1)
     if [ "$step_rc" = 0 ]; then
-      record smoke "smoke-$dev" ok "$step_s" "${losses:+$losses; }$(grep -o -E '(passed|FAILED) in [0-9.]+ s' "$d/smoke-$dev.log" | tail -n 1); $(cat "$d/smoke-$dev.mem")"
+      record smoke "smoke-$dev" ok "$step_s" "${losses:+$losses; }$(grep -o -E '(passed|FAILED) in [0-9.]+ s' "$d/smoke-$dev.log" | tail -n 1); $(cat "$d/smoke-$dev.mem"); slower paths: $(grep -a -c '^smoke: slower ' "$d/smoke-$dev.log")"
     else
       record smoke "smoke-$dev" failed "$step_s" "$(fail_note "$d/smoke-$dev.log")"
       show_tail "$d/smoke-$dev.log" 10
@@ -1132,6 +1132,10 @@ stage_train() {  # stage_train NAME SEQ_LEN BATCH CONFIGS ('+'- or space-separat
     fig+="; $(steady_figures "$d/train-$c.jsonl" "$profiled")"
     fig+="; $(cat "$d/train-$c.mem")"
     fig+="; $(vram_figures "$d/vram-$c.json")"
+    # The slower paths the run's steps took (docs/trainer.md, "Slow paths"): none is what its figures assume.
+    local slower
+    slower=$(grep -a '^slower path: ' "$log" | sed 's/^slower path: //' | head -n 3 | tr '\n' ';')
+    fig+="; slower paths: ${slower:-none}"
     if [ "$step_rc" = 0 ]; then
       record "$name" "$step" ok "$step_s" "$fig"
     else

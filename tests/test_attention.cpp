@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "gpu_test.h"
+#include "qwen3/base/slow_paths.h"
 #include "qwen3/model/model.h"
 
 namespace qwen3 {
@@ -44,6 +45,7 @@ double relative_error(const at::Tensor& got, const at::Tensor& want) {
 // libtorch's path in fp32 (some CPUs' libtorch has no bf16 product), which the same checks hold the test itself to.
 void expect_attention_is_the_reference_every_run(const AttentionShape& s, bool packed, at::Device device) {
   at::manual_seed(7);
+  take_slow_paths();
   const bool cuda = device.is_cuda();
   const at::ScalarType dtype = cuda ? at::kBFloat16 : at::kFloat;
   const auto options = at::TensorOptions().dtype(dtype).device(device);
@@ -79,6 +81,7 @@ void expect_attention_is_the_reference_every_run(const AttentionShape& s, bool p
   for (int run = 1; run < 3; ++run)
     for (size_t i = 0; i < 4; ++i) EXPECT_TRUE(runs[run][i].equal(runs[0][i])) << names[i] << ", run " << run;
   EXPECT_FALSE(at::globalContext().deterministicAlgorithms()) << "the deterministic flag was left on";
+  EXPECT_TRUE(take_slow_paths().empty()) << "the flash node (CUDA) or the reference (CPU) is the designed path";
 
   const at::Tensor qf = q_rows.detach().to(at::kFloat).requires_grad_(true);
   const at::Tensor kf = k_rows.detach().to(at::kFloat).requires_grad_(true);
@@ -112,6 +115,24 @@ TEST(Attention, GpuFlashNodeIsTheReferenceAndTheSameBytesEveryRun) {
 TEST(Attention, GpuPackedRowsFlashNodeIsTheReferenceAndTheSameBytesEveryRun) {
   QWEN3_GPU_TEST(at::hasCUDA());
   expect_attention_is_the_reference_every_run(gpu_shape(), /*packed=*/true, at::kCUDA);
+}
+
+// On a GPU float32 rows are off the flash kernel: packed ones go as a [B, 1, T, T] mask, which is recorded with
+// its reason (docs/trainer.md, "Slow paths"), once a call.
+TEST(Attention, GpuFloat32PackedRowsRecordTheMaskPath) {
+  QWEN3_GPU_TEST(at::hasCUDA());
+  take_slow_paths();
+  const auto options = at::TensorOptions().dtype(at::kFloat).device(at::kCUDA);
+  const at::Tensor q = at::randn({1, 4, 32, 16}, options), k = at::randn({1, 2, 32, 16}, options);
+  const at::Tensor documents = at::cat({at::zeros({16}, at::kLong), at::ones({16}, at::kLong)}).unsqueeze(0);
+  const at::Tensor layout = packed_attention_layout(documents, at::kCUDA, at::kFloat, 16);
+  ASSERT_EQ(layout.scalar_type(), at::kBool);
+  for (int call = 0; call < 2; ++call) causal_attention(q, k, k, layout);
+  const std::vector<SlowPath> taken = take_slow_paths();
+  ASSERT_EQ(taken.size(), 1u);
+  EXPECT_NE(taken[0].what.find("packed rows"), std::string::npos) << taken[0].what;
+  EXPECT_NE(taken[0].why.find("activations in Float"), std::string::npos) << taken[0].why;
+  EXPECT_EQ(taken[0].count, 2);
 }
 
 }  // namespace

@@ -6,12 +6,14 @@
 #include <gtest/gtest.h>
 #include <torch/autograd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
 
 #include "fused_ops.cuh"
 #include "gpu_test.h"
+#include "qwen3/base/slow_paths.h"
 #include "model/activation_ops.h"
 #include "qwen3/model/model.h"
 
@@ -295,12 +297,39 @@ TEST(FusedOpsHeadNormRope, IsTheNormThenRopeOnTheCpu) {
   const at::Tensor w = 1 + 0.1 * at::randn({64});
   const auto [cos, sin] = rope_tables(64, 1e6, 2, 5, at::kCPU);
   at::Tensor x1 = x.clone().requires_grad_(true), x2 = x.clone().requires_grad_(true);
+  take_slow_paths();
   const at::Tensor y1 = head_norm_rotary(x1, w, 1e-6, cos, sin);
+  EXPECT_TRUE(take_slow_paths().empty()) << "on a CPU the two ops are the path, not a slower one";
   const at::Tensor y2 = reference::rotary(reference::rms_norm(x2, w, 1e-6), cos, sin);
   EXPECT_TRUE(y1.equal(y2));
   y1.sum().backward();
   y2.sum().backward();
   EXPECT_TRUE(x1.grad().equal(x2.grad()));
+}
+
+// On a GPU, heads the fused pass does not take (here: not 16-byte aligned) run as the two ops, with the same
+// values, and the slower path is recorded with its reason; aligned ones record nothing.
+TEST(FusedOpsHeadNormRope, GpuMisalignedHeadsTakeARecordedSlowerPath) {
+  QWEN3_GPU_TEST(at::hasCUDA());
+  const at::Device cuda(at::kCUDA, 0);
+  const auto bf16 = at::TensorOptions().device(cuda).dtype(at::kBFloat16);
+  const int64_t n = 2 * 8 * 4 * 128;
+  at::manual_seed(5);
+  const at::Tensor aligned = at::randn({n}, bf16).view({2, 8, 4, 128});
+  const at::Tensor shifted = at::empty({n + 1}, bf16).narrow(0, 1, n).view({2, 8, 4, 128}).copy_(aligned);
+  const at::Tensor w = 1 + 0.1 * at::randn({128}, at::TensorOptions().device(cuda));
+  const auto [cos, sin] = rope_tables(128, 1e6, 0, 8, cuda);
+  take_slow_paths();
+  head_norm_rotary(aligned, w, 1e-6, cos, sin);
+  EXPECT_TRUE(take_slow_paths().empty());
+  const at::Tensor two_ops = head_norm_rotary(shifted, w, 1e-6, cos, sin);
+  EXPECT_TRUE(two_ops.equal(rotary(rms_norm(shifted, w, 1e-6), cos, sin)));
+  const std::vector<SlowPath> taken = take_slow_paths();
+  const auto it = std::find_if(taken.begin(), taken.end(),
+                               [](const SlowPath& p) { return p.what == "fused q/k norm with RoPE"; });
+  ASSERT_NE(it, taken.end()) << "the misaligned heads' fall-back was not recorded";
+  EXPECT_EQ(it->why, "heads or weight not 16-byte aligned");
+  EXPECT_EQ(it->count, 1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fp32AndBf16, FusedOps, ::testing::Values(at::kFloat, at::kBFloat16),

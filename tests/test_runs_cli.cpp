@@ -488,6 +488,25 @@ TEST(RunsCli, GpuKeptWeightOperandsTrainTheSameBytes) {
   }
 }
 
+// On a GPU the step the tool is built for takes no slower path (docs/trainer.md, "Slow paths"): bf16 activations,
+// full and packed rows, the default and the lean flags. Float32 activations send packed rows' attention to a
+// [B, 1, T, T] mask, and the run says so.
+TEST(RunsCli, GpuBf16StepsTakeNoSlowerPath) {
+  QWEN3_GPU_TEST(at::hasCUDA());
+  RunSetup s;
+  const std::string base = s.base + " --device cuda --steps 2 --seq-len 32 --batch-size 2";
+  for (const char* flags : {"", " --pack", " --pack --grad-checkpoint --fused-optimizer --master-dtype bfloat16"
+                                           " --optimizer-state-mode int8 --keep-weight-operands always"}) {
+    const auto r = run_cli(base + flags);
+    ASSERT_EQ(r.code, 0) << flags << "\n" << r.err;
+    EXPECT_EQ((r.out + r.err).find("slower path"), std::string::npos) << flags << "\n" << r.out << r.err;
+  }
+  const auto r = run_cli(base + " --pack --compute-dtype float32");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("slower path: attention of packed rows"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("step 1: attention of packed rows"), std::string::npos) << r.err;
+}
+
 // On CUDA the profiler reports each phase scope twice (the host's range and a device-side annotation): the trace
 // and the table have each phase once, and the table's total is the phases' own time.
 TEST(RunsCli, GpuProfileStepHasEachPhaseOnce) {

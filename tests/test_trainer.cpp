@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "cli_test_util.h"
+#include "qwen3/base/slow_paths.h"
 #include "qwen3/tokenizer/chat_format.h"
 #include "qwen3/checkpoint/checkpoint.h"
 #include "qwen3/model/generate.h"
@@ -87,6 +88,64 @@ TEST(Trainer, OverfitsFourPairsUntilGreedyGenerationReproducesTheTargets) {
     EXPECT_EQ(tok.decode(ids, /*skip_special=*/true), target) << prompt;
     EXPECT_EQ(out.back(), g.stop_ids[0]) << "the reply must end with <|im_end|>";
   }
+}
+
+// The slower-path records (docs/trainer.md, "Slow paths"): counted by what and why, taken once.
+TEST(SlowPaths, RecordsAreCountedByWhatAndWhyAndTakenOnce) {
+  take_slow_paths();
+  record_slow_path("b", "y");
+  record_slow_path("a", "x");
+  record_slow_path("b", "y");
+  record_slow_path("b", "z");
+  const std::vector<SlowPath> taken = take_slow_paths();
+  ASSERT_EQ(taken.size(), 3u);
+  EXPECT_EQ(taken[0].what + "/" + taken[0].why + "/" + std::to_string(taken[0].count), "a/x/1");
+  EXPECT_EQ(taken[1].what + "/" + taken[1].why + "/" + std::to_string(taken[1].count), "b/y/2");
+  EXPECT_EQ(taken[2].what + "/" + taken[2].why + "/" + std::to_string(taken[2].count), "b/z/1");
+  EXPECT_TRUE(take_slow_paths().empty());
+}
+
+// A path is warned of once a run, at the step that first took it; the totals keep counting.
+TEST(SlowPaths, EachPathIsWarnedOfOnceARunAndCountedThroughIt) {
+  std::vector<SlowPath> totals;
+  std::vector<std::string> lines = slow_path_warnings(0, {{"fused RMSNorm", "a reason", 1}}, totals);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0], "set-up: fused RMSNorm took a slower path 1 time (a reason)");
+  lines = slow_path_warnings(3, {{"fused RMSNorm", "a reason", 4}, {"fused SwiGLU", "another", 72}}, totals);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0], "step 3: fused SwiGLU took a slower path 72 times (another)");
+  EXPECT_TRUE(slow_path_warnings(4, {{"fused SwiGLU", "another", 8}}, totals).empty());
+  ASSERT_EQ(totals.size(), 2u);
+  EXPECT_EQ(totals[0].count, 5);
+  EXPECT_EQ(totals[1].count, 80);
+}
+
+// What a step's ops record as a slower path reaches the run's summary, counted by what and why (the after-step
+// hook stands in for a GPU op that fell back), and what an earlier run left is not this run's; on a CPU the
+// steps themselves record nothing (the reference ops are its path), plain or lean, packed rows included.
+TEST(Trainer, SlowPathsOfItsStepsReachTheSummaryAndCpuStepsTakeNone) {
+  test::TempDir dir;
+  const SynthResult m = make_model(dir);
+  TrainOptions o = pair_options(dir, m);
+  o.steps = 3;
+  o.data.pack = true;
+  for (const bool lean : {false, true}) {
+    o.grad_checkpoint = o.fused_optimizer = lean;
+    o.master_dtype = lean ? MasterDtype::bfloat16 : MasterDtype::float32;
+    o.adamw.moments = moment_storage_from_name(lean ? "int8" : "float32");
+    record_slow_path("left over", "an earlier run");
+    const TrainSummary s = run_training(o);
+    EXPECT_TRUE(s.slow_paths.empty()) << (lean ? "lean: " : "") << s.slow_paths.front().what << " ("
+                                      << s.slow_paths.front().why << ")";
+  }
+  const TrainSummary s = run_training(o, nullptr, [](int64_t step) {
+    record_slow_path("a stand-in op", step == 2 ? "in the second step" : "in a step");
+  });
+  ASSERT_EQ(s.slow_paths.size(), 2u);
+  EXPECT_EQ(s.slow_paths[0].why, "in a step");
+  EXPECT_EQ(s.slow_paths[0].count, 2);  // steps 1 and 3 (the last one's taken at the run's end)
+  EXPECT_EQ(s.slow_paths[1].why, "in the second step");
+  EXPECT_EQ(s.slow_paths[1].count, 1);
 }
 
 TEST(Trainer, GradientsReachEveryTrainableTensorAndOnlyThose) {

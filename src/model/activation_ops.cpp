@@ -11,6 +11,7 @@
 
 #include "fused_ops.cuh"
 #include "qwen3/base/error.h"
+#include "qwen3/base/slow_paths.h"
 #include "qwen3/model/model.h"
 
 #include "model/kernel_glue.h"
@@ -208,21 +209,54 @@ bool rope_tables_taken(const at::Tensor& x, const at::Tensor& cos, const at::Ten
   return (shared || per_row) && cos.sizes().equals(sin.sizes()) && cos.size(-1) == x.size(-1);
 }
 bool aligned_16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
+
+// A CUDA tensor sent to the reference ops is a slow path (on a CPU they are the path): recorded with its reason.
+// Returns true, so that the condition that sends it there can record it.
+bool to_reference(const at::Tensor& x, const char* what, const std::string& why) {
+  if (x.is_cuda()) record_slow_path(what, why);
+  return true;
+}
+std::string activations_not_taken(const at::Tensor& x) {
+  return std::string("activations in ") + c10::toString(x.scalar_type()) + " (the kernels take Float and BFloat16)";
+}
+std::string norm_weight_not_taken(const at::Tensor& weight) {
+  return std::string("a norm weight in ") + c10::toString(weight.scalar_type()) +
+         " (the kernels take Float and BFloat16)";
+}
+// Why the fused pass does not take these heads (empty where it does).
+std::string head_norm_rope_not_taken(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& cos,
+                                     const at::Tensor& sin) {
+  if (!fused_activation_ops_take(x)) return activations_not_taken(x);
+  if (!norm_weight_taken(weight)) return norm_weight_not_taken(weight);
+  if (weight.dim() != 1 || x.dim() != 4 || weight.size(0) != x.size(3)) return "a norm weight unlike the heads' width";
+  if (!rope_tables_taken(x, cos, sin)) return "RoPE tables of another shape than the rows'";
+  if (!fused_head_norm_rope_takes(x.size(3)))
+    return "heads " + std::to_string(x.size(3)) + " wide (the kernel takes 16, 32, 64, 128 and 256)";
+  if (!x.is_contiguous()) return "heads not contiguous";
+  if (!aligned_16(x) || !aligned_16(weight)) return "heads or weight not 16-byte aligned";
+  return "";
+}
 }  // namespace
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  if (!fused_activation_ops_take(x) || !norm_weight_taken(weight)) return reference::rms_norm(x, weight, eps);
+  if (!fused_activation_ops_take(x) && to_reference(x, "fused RMSNorm", activations_not_taken(x)))
+    return reference::rms_norm(x, weight, eps);
+  if (!norm_weight_taken(weight) && to_reference(x, "fused RMSNorm", norm_weight_not_taken(weight)))
+    return reference::rms_norm(x, weight, eps);
   return RmsNormFunction::apply(x, weight, eps)[0];
 }
 
 std::pair<at::Tensor, at::Tensor> rms_norm_and_input(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  if (!fused_activation_ops_take(x) || !norm_weight_taken(weight)) return {reference::rms_norm(x, weight, eps), x};
+  if (!fused_activation_ops_take(x) || !norm_weight_taken(weight)) return {rms_norm(x, weight, eps), x};
   const variable_list out = RmsNormFunction::apply(x, weight, eps);
   return {out[0], out[1]};
 }
 
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  if (!fused_activation_ops_take(x) || !rope_tables_taken(x, cos, sin)) return reference::rotary(x, cos, sin);
+  if (!fused_activation_ops_take(x) && to_reference(x, "fused RoPE", activations_not_taken(x)))
+    return reference::rotary(x, cos, sin);
+  if (!rope_tables_taken(x, cos, sin) && to_reference(x, "fused RoPE", "RoPE tables of another shape than the rows'"))
+    return reference::rotary(x, cos, sin);
   return RotaryFunction::apply(x, cos, sin);
 }
 
@@ -230,29 +264,43 @@ at::Tensor head_norm_rotary(const at::Tensor& x, const at::Tensor& weight, doubl
                             const at::Tensor& sin) {
   // The fused pass where it takes the width (head_norm_rope_lanes) and 16-byte aligned rows (a fresh product's
   // output is; its contiguous view of heads too); anything else, the two nodes it replaces.
-  const bool weight_fits = norm_weight_taken(weight) && weight.dim() == 1 && x.dim() == 4 && weight.size(0) == x.size(3);
-  if (!fused_activation_ops_take(x) || !weight_fits || !rope_tables_taken(x, cos, sin) ||
-      !fused_head_norm_rope_takes(x.size(3)) || !x.is_contiguous() || !aligned_16(x) || !aligned_16(weight))
+  const std::string not_taken = head_norm_rope_not_taken(x, weight, cos, sin);
+  if (!not_taken.empty() && to_reference(x, "fused q/k norm with RoPE", not_taken))
     return rotary(rms_norm(x, weight, eps), cos, sin);
   return HeadNormRopeFunction::apply(x, weight, eps, cos, sin);
 }
 
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {
-  if (!fused_activation_ops_take(gate) || gate.scalar_type() != up.scalar_type() || !gate.sizes().equals(up.sizes()))
+  if (!fused_activation_ops_take(gate) && to_reference(gate, "fused SwiGLU", activations_not_taken(gate)))
+    return reference::swiglu(gate, up);
+  if ((gate.scalar_type() != up.scalar_type() || !gate.sizes().equals(up.sizes())) &&
+      to_reference(gate, "fused SwiGLU", "gate and up unlike in dtype or shape"))
     return reference::swiglu(gate, up);
   return SwigluFunction::apply(gate, up);
 }
 
 #else  // no CUDA kernels or a CPU-only libtorch: libtorch ops everywhere
 
+namespace {
+// A CUDA tensor here is a build with a CUDA libtorch but without our kernels (configured without nvcc).
+void note_no_kernels(const at::Tensor& x, const char* what) {
+  if (x.is_cuda()) record_slow_path(what, "this build has no CUDA kernels (configured without nvcc)");
+}
+}  // namespace
+
 bool fused_activation_ops_take(const at::Tensor&) { return false; }
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  note_no_kernels(x, "fused RMSNorm");
   return reference::rms_norm(x, weight, eps);
 }
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  note_no_kernels(x, "fused RoPE");
   return reference::rotary(x, cos, sin);
 }
-at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) { return reference::swiglu(gate, up); }
+at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {
+  note_no_kernels(gate, "fused SwiGLU");
+  return reference::swiglu(gate, up);
+}
 at::Tensor head_norm_rotary(const at::Tensor& x, const at::Tensor& weight, double eps, const at::Tensor& cos,
                             const at::Tensor& sin) {
   return rotary(rms_norm(x, weight, eps), cos, sin);

@@ -8,8 +8,10 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <string>
 #include <vector>
 
+#include "qwen3/base/slow_paths.h"
 #include "qwen3/model/model.h"
 
 // SDPA's enable_gqa (PyTorch 2.5+): causal attention hands it grouped k/v heads without copies.
@@ -139,6 +141,27 @@ bool flash_attention_takes(at::Device device, at::ScalarType dtype, int64_t head
   return device.is_cuda() && (dtype == at::kBFloat16 || dtype == at::kHalf) && head_dim <= 256 && head_dim % 8 == 0;
 }
 
+namespace {
+// Why causal attention of these CUDA tensors does not run as the flash node (empty where it does).
+std::string flash_node_missed_because(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+#ifdef QWEN3_FLASH_ATTENTION
+  if (q.scalar_type() != at::kBFloat16 && q.scalar_type() != at::kHalf)
+    return std::string("activations in ") + c10::toString(q.scalar_type()) +
+           " (the flash kernel takes BFloat16 and Half: --compute-dtype bfloat16)";
+  if (!flash_attention_takes(q.device(), q.scalar_type(), q.size(3)))
+    return "heads " + std::to_string(q.size(3)) + " wide (the flash kernel takes multiples of 8 up to 256)";
+  if (k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type() || k.device() != q.device() ||
+      v.device() != q.device())
+    return "k and v unlike q in dtype or device";
+  if (!flash_kernel_on(q.device())) return "a GPU before Ampere (compute capability below 8.0)";
+  return "";
+#else
+  (void)q, (void)k, (void)v;
+  return "this libtorch has no flash attention node (a CUDA build of libtorch 2.x has)";
+#endif
+}
+}  // namespace
+
 bool sdpa_takes_grouped_heads() {
 #ifdef QWEN3_SDPA_GROUPED_HEADS
   return true;
@@ -179,6 +202,13 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
     return out.view({B, T, nh, d}).transpose(1, 2);
   }
 #endif
+  // On a GPU, training and prefill (T == S) are built for the flash node; anything else there is recorded.
+  if (q.is_cuda() && T == S) {
+    const std::string why = flash_node_missed_because(q, k, v);
+    record_slow_path(mask.defined() ? "attention of packed rows (as a [B, 1, T, T] mask, in T squared memory and time)"
+                                    : "causal attention (SDPA's kernels, not the flash node)",
+                     why.empty() ? "the rows handed as a mask" : why);
+  }
 #ifdef QWEN3_SDPA_GROUPED_HEADS
   // Training and prefill without a mask: SDPA's causal kernel (flash on CUDA) takes the grouped key/value heads
   // as they are (enable_gqa, PyTorch 2.5+), with no copy of k and v for each query head of a group.

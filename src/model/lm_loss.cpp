@@ -7,6 +7,7 @@
 #include <string>
 
 #include "qwen3/base/error.h"
+#include "qwen3/base/slow_paths.h"
 #include "qwen3/nvfp4/nvfp4_linear.h"
 
 #include "model/kernel_glue.h"
@@ -20,12 +21,23 @@ namespace {
 // Each slice's logits are read once on CUDA (kernels/lm_loss_slice.cu: the statistics in forward, the gradient
 // written over the logits in backward) instead of libtorch's fp32 copy, exponentials and masks (5-6 passes
 // over an fp32 [rows, slice]); the libtorch form is the CPU path and the kernels' reference.
+// On CUDA the libtorch form is a slow path, recorded (forward and backward each) with its reason.
 bool fused_slices_take(const at::Tensor& hidden, const at::Tensor& targets) {
+  if (!hidden.is_cuda()) return false;
 #ifdef QWEN3_FUSED_LOSS
-  return hidden.is_cuda() && (hidden.scalar_type() == at::kFloat || hidden.scalar_type() == at::kBFloat16) &&
-         targets.scalar_type() == at::kLong && targets.device() == hidden.device();
+  if (hidden.scalar_type() != at::kFloat && hidden.scalar_type() != at::kBFloat16) {
+    record_slow_path("the loss's fused slices", std::string("hidden states in ") + c10::toString(hidden.scalar_type()) +
+                                                    " (the kernels take Float and BFloat16)");
+    return false;
+  }
+  if (targets.scalar_type() != at::kLong || targets.device() != hidden.device()) {
+    record_slow_path("the loss's fused slices", "targets not int64 on the hidden states' device");
+    return false;
+  }
+  return true;
 #else
-  (void)hidden, (void)targets;
+  (void)targets;
+  record_slow_path("the loss's fused slices", "this build has no CUDA kernels (configured without nvcc)");
   return false;
 #endif
 }

@@ -11,6 +11,7 @@
 #include "nvfp4/nvfp4_cuda.h"
 #include "qwen3/base/error.h"
 #include "qwen3/base/message_text.h"
+#include "qwen3/base/slow_paths.h"
 #include "qwen3/nvfp4/nvfp4_ops.h"
 
 // at::_grouped_mm (PyTorch 2.8+): one grouped GEMM for all the groups of a grouped product.
@@ -83,6 +84,14 @@ SteProduct ste_product(const at::Tensor& x2d, const at::Tensor& weight, ScaleMod
     p.y2d = product([&] { return x2d.mm(operand.t()); });
     return p;
   }
+  const bool kernel_rows = x2d.size(0) < kNvfp4KernelMaxRows && matmul_cuda_supports(x2d);  // the NVFP4 kernel's
+  if (weight.is_cuda() && !kernel_rows)
+    record_slow_path("a trained weight's codes and bf16 operand in one pass",
+                     x2d.scalar_type() != at::kBFloat16
+                         ? std::string("activations in ") + c10::toString(x2d.scalar_type()) +
+                               " (the pass writes a BFloat16 operand: --compute-dtype bfloat16)"
+                     : weight.size(1) % kBlock != 0 ? "rows that are not whole 16-blocks"
+                                                    : std::string("a master in ") + c10::toString(weight.scalar_type()));
   const Quantized quantized = quantize(weight.detach(), mode);
   p.saved = {quantized.codes, quantized.scales};
   p.y2d = product([&] { return quantized_product(x2d, quantized.codes, quantized.scales); });
@@ -241,6 +250,11 @@ class SteGroupedFunction : public torch::autograd::Function<SteGroupedFunction> 
       // (a run has one master dtype), which the launch checks.
       quantize_batch_with_operand_cuda(masters, mode, codes, scales, operands);
     } else {
+      if (rows.is_cuda())
+        record_slow_path("the experts' codes and bf16 operands in one launch",
+                         dtype != at::kBFloat16 ? std::string("activations in ") + c10::toString(dtype) +
+                                                      " (the launch writes BFloat16 operands: --compute-dtype bfloat16)"
+                                                : std::string("masters in ") + c10::toString(master_dtype));
       for (int64_t g = 0; g < groups; ++g) {
         const Quantized q = quantize(masters[static_cast<size_t>(g)], mode);
         if (recorded) codes[g].copy_(q.codes), scales[g].copy_(q.scales);
@@ -298,12 +312,25 @@ at::Tensor quantized_product(const at::Tensor& x2d, const at::Tensor& codes, con
   return x2d.mm(dequantized_for_product(codes, scales, x2d.scalar_type()).t());
 }
 
+namespace {
+// On CUDA a float32 product of half operands is built to be written by cuBLAS in float32; the product in the
+// operands' dtype and a copy after it round it and move it twice (a slow path, recorded). Before PyTorch 2.9
+// (aten::mm.dtype) there is no other way.
+std::string rounded_product_why(const at::Tensor& a, const at::Tensor& b) {
+  return b.scalar_type() != a.scalar_type() ? "operands of two dtypes"
+                                            : "this libtorch has no mm with an out dtype (PyTorch 2.9+)";
+}
+bool half_operand(const at::Tensor& a) { return a.scalar_type() == at::kBFloat16 || a.scalar_type() == at::kHalf; }
+}  // namespace
+
 at::Tensor product_in_dtype(const at::Tensor& a, const at::Tensor& b, at::ScalarType dtype) {
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
   // aten::mm.dtype (PyTorch 2.8 added it; 2.9 is the oldest libtorch this is compiled against).
-  const bool half = a.scalar_type() == at::kBFloat16 || a.scalar_type() == at::kHalf;
-  if (a.is_cuda() && half && dtype == at::kFloat && b.scalar_type() == a.scalar_type()) return at::mm(a, b, at::kFloat);
+  if (a.is_cuda() && half_operand(a) && dtype == at::kFloat && b.scalar_type() == a.scalar_type())
+    return at::mm(a, b, at::kFloat);
 #endif
+  if (a.is_cuda() && half_operand(a) && dtype == at::kFloat)
+    record_slow_path("a float32 product of half operands written by cuBLAS", rounded_product_why(a, b));
   return a.mm(b).to(dtype);
 }
 
@@ -314,13 +341,19 @@ void product_into(at::Tensor out, const at::Tensor& a, const at::Tensor& b) {
       return;
     }
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
-    const bool half = a.scalar_type() == at::kBFloat16 || a.scalar_type() == at::kHalf;
-    if (half && out.scalar_type() == at::kFloat) {
+    if (half_operand(a) && out.scalar_type() == at::kFloat) {
       at::mm_out(out, a, b, at::kFloat);  // aten::mm.dtype_out: product_in_dtype's mm.dtype, written into out
       return;
     }
 #endif
   }
+  if (out.is_cuda())
+    record_slow_path("a product written into its output by cuBLAS",
+                     !out.is_contiguous() ? "an output that is not contiguous"
+                     : b.scalar_type() != a.scalar_type()
+                         ? "operands of two dtypes"
+                         : std::string("a ") + c10::toString(out.scalar_type()) + " output of " +
+                               c10::toString(a.scalar_type()) + " operands in this libtorch");
   out.copy_(product_in_dtype(a, b, out.scalar_type()));
 }
 

@@ -86,6 +86,7 @@ class Trainer {
       report_.emplace(o.vram_report, device_, to_json(o));
     }
     phase("start");
+    take_slow_paths();  // what an earlier run in this process left is not this run's (warn_of_slow_paths)
     // One trainer per checkpoint directory, checked (and the directory made) before anything loads.
     if (!o.checkpoint_dir.empty() && dp_.is_main()) checkpoint_lock_.emplace(o.checkpoint_dir);
     if (!o.metrics_jsonl.empty() && dp_.is_main()) prepare_output_folder("--metrics-jsonl", o.metrics_jsonl);
@@ -225,6 +226,7 @@ class Trainer {
       explicit InSteps(StopRequest* s) : stop(s) { if (stop) stop->in_steps.store(true); }
       ~InSteps() { if (stop) stop->in_steps.store(false); }
     } in_steps(stop);
+    warn_of_slow_paths(0);  // the set-up's
     for (; step_ < steps_; ++step_) {
       StepRecord record;
       try {
@@ -242,6 +244,7 @@ class Trainer {
         log_progress(record, total_ms_ / sum_.steps_done * static_cast<double>(steps_ - record.step) / 1000.0);
       if (metrics_.is_open()) write_metrics(record, metrics_, o_.metrics_jsonl);
       if (tensorboard_) write_tensorboard(record, *tensorboard_);
+      warn_of_slow_paths(record.step);
       if (skipped_ > o_.max_skipped_steps) {
         save(step_ + 1);
         throw Error(fmt::format("{} steps skipped for non-finite values (limit --max-skipped-steps {}); {}", skipped_,
@@ -499,7 +502,15 @@ class Trainer {
     }
     sum_.recomputed_blocks = model_.runner->recomputed_blocks();
     sum_.frozen_code_products = *model_.frozen_code_products;
+    warn_of_slow_paths(step_);  // the last save's and the export's
     return sum_;
+  }
+
+  // A GPU step that took a slower path than it is built for says so, once a path a run (what, why); the
+  // summary keeps the run's counts.
+  void warn_of_slow_paths(int64_t step) {
+    for (const std::string& line : slow_path_warnings(step, take_slow_paths(), sum_.slow_paths))
+      spdlog::warn("{}", line);
   }
 
   void phase(const char* name) {

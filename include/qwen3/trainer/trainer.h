@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "qwen3/base/slow_paths.h"
 #include "qwen3/data/data.h"
 #include "qwen3/nvfp4/nvfp4.h"
 #include "qwen3/optim/optim.h"
@@ -138,6 +139,8 @@ struct TrainSummary {
   int64_t recomputed_blocks = 0;
   int64_t frozen_code_products = 0;
   std::string exported;
+  // Every slower path the run's steps took on a GPU, with its count (docs/trainer.md, "Slow paths").
+  std::vector<SlowPath> slow_paths;
 };
 
 // Called with the global step count after each step, before the stop request is polled: a caller that sets it

@@ -332,6 +332,26 @@ TEST(FusedOpsHeadNormRope, GpuMisalignedHeadsTakeARecordedSlowerPath) {
   EXPECT_EQ(it->count, 1);
 }
 
+// On a GPU float16 activations are none of the kernels' dtypes: each op runs as libtorch's and says so, once a call.
+TEST(FusedOpsHeadNormRope, GpuHalfActivationsTakeRecordedSlowerPaths) {
+  QWEN3_GPU_TEST(at::hasCUDA());
+  const at::Device cuda(at::kCUDA, 0);
+  const auto half = at::TensorOptions().device(cuda).dtype(at::kHalf);
+  const at::Tensor x = at::randn({2, 8, 4, 16}, half), w = at::ones({16}, half);
+  const auto [cos, sin] = rope_tables(16, 1e6, 0, 8, cuda);
+  take_slow_paths();
+  rms_norm(x, w, 1e-6);
+  rotary(x, cos, sin);
+  swiglu(x, x);
+  const std::vector<SlowPath> taken = take_slow_paths();
+  ASSERT_EQ(taken.size(), 3u);
+  for (const SlowPath& p : taken) {
+    EXPECT_EQ(p.why, "activations in Half (the kernels take Float and BFloat16)") << p.what;
+    EXPECT_EQ(p.count, 1) << p.what;
+  }
+  EXPECT_EQ(taken[0].what + ", " + taken[1].what + ", " + taken[2].what, "fused RMSNorm, fused RoPE, fused SwiGLU");
+}
+
 INSTANTIATE_TEST_SUITE_P(Fp32AndBf16, FusedOps, ::testing::Values(at::kFloat, at::kBFloat16),
                          [](const ::testing::TestParamInfo<at::ScalarType>& info) {
                            return std::string(info.param == at::kFloat ? "float32" : "bfloat16");

@@ -6,8 +6,10 @@
 #include <cmath>
 #include <vector>
 
+#include "gpu_test.h"
 #include "optim_test_util.h"
 #include "qwen3/base/error.h"
+#include "qwen3/base/slow_paths.h"
 #include "qwen3/optim/optim.h"
 
 namespace qwen3 {
@@ -93,6 +95,32 @@ TEST(AdamW, FirstStepMovesEveryElementByLrWhateverTheGradientScale) {
     const at::Tensor expected = -0.01 * grad / (grad.abs() + 1e-8);
     EXPECT_TRUE(at::allclose(params[0].param.detach(), expected, 1e-5, 0)) << moment_storage_name(storage);
   }
+}
+
+// On a GPU the kernel reads the gradient as autograd writes it (contiguous, the master's dtype); another one is
+// copied first, with the same result, and the slower path is recorded (docs/trainer.md, "Slow paths").
+TEST(AdamW, GpuGradientNotAsAutogradWritesItIsRecorded) {
+  QWEN3_GPU_TEST(at::hasCUDA());
+  at::manual_seed(4);
+  const at::Tensor start = at::randn({4, 16}).to(at::kCUDA), grad = at::randn({16, 4}).to(at::kCUDA).t();
+  ASSERT_FALSE(grad.is_contiguous());
+  std::vector<at::Tensor> stepped;
+  for (const bool contiguous : {true, false}) {
+    std::vector<OptimParam> params{make_param("p", start)};
+    AdamW optimizer(params, AdamWOptions{});
+    at::Tensor(params[0].param).mutable_grad() = contiguous ? grad.contiguous() : grad;
+    take_slow_paths();
+    optimizer.step(0.01);
+    const std::vector<SlowPath> taken = take_slow_paths();
+    if (contiguous) {
+      EXPECT_TRUE(taken.empty());
+    } else {
+      ASSERT_EQ(taken.size(), 1u);
+      EXPECT_EQ(taken[0].why, "a gradient that is not contiguous");
+    }
+    stepped.push_back(params[0].param.detach().cpu());
+  }
+  EXPECT_TRUE(stepped[0].equal(stepped[1]));
 }
 
 TEST(AdamW, WeightDecayOnlyWhereAsked) {

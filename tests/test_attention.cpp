@@ -131,7 +131,7 @@ TEST(Attention, GpuFloat32PackedRowsRecordTheMaskPath) {
   const std::vector<SlowPath> taken = take_slow_paths();
   ASSERT_EQ(taken.size(), 1u);
   EXPECT_NE(taken[0].what.find("packed rows"), std::string::npos) << taken[0].what;
-  EXPECT_NE(taken[0].why.find("activations in Float"), std::string::npos) << taken[0].why;
+  EXPECT_NE(taken[0].why.find("activations in float32"), std::string::npos) << taken[0].why;
   EXPECT_EQ(taken[0].count, 2);
 }
 

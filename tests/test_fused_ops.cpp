@@ -346,7 +346,7 @@ TEST(FusedOpsHeadNormRope, GpuHalfActivationsTakeRecordedSlowerPaths) {
   const std::vector<SlowPath> taken = take_slow_paths();
   ASSERT_EQ(taken.size(), 3u);
   for (const SlowPath& p : taken) {
-    EXPECT_EQ(p.why, "activations in Half (the kernels take Float and BFloat16)") << p.what;
+    EXPECT_EQ(p.why, "activations in float16 (the kernels take float32 and bfloat16)") << p.what;
     EXPECT_EQ(p.count, 1) << p.what;
   }
   EXPECT_EQ(taken[0].what + ", " + taken[1].what + ", " + taken[2].what, "fused RMSNorm, fused RoPE, fused SwiGLU");

@@ -11,6 +11,7 @@
 
 #include "fused_ops.cuh"
 #include "qwen3/base/error.h"
+#include "qwen3/base/message_text.h"
 #include "qwen3/base/slow_paths.h"
 #include "qwen3/model/model.h"
 
@@ -217,11 +218,11 @@ bool to_reference(const at::Tensor& x, const char* what, const std::string& why)
   return true;
 }
 std::string activations_not_taken(const at::Tensor& x) {
-  return std::string("activations in ") + c10::toString(x.scalar_type()) + " (the kernels take Float and BFloat16)";
+  return std::string("activations in ") + dtype_text(x.scalar_type()) + " (the kernels take float32 and bfloat16)";
 }
 std::string norm_weight_not_taken(const at::Tensor& weight) {
-  return std::string("a norm weight in ") + c10::toString(weight.scalar_type()) +
-         " (the kernels take Float and BFloat16)";
+  return std::string("a norm weight in ") + dtype_text(weight.scalar_type()) +
+         " (the kernels take float32 and bfloat16)";
 }
 // Why the fused pass does not take these heads (empty where it does).
 std::string head_norm_rope_not_taken(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& cos,

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "qwen3/base/message_text.h"
 #include "qwen3/base/slow_paths.h"
 #include "qwen3/model/model.h"
 
@@ -146,8 +147,8 @@ namespace {
 std::string flash_node_missed_because(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
 #ifdef QWEN3_FLASH_ATTENTION
   if (q.scalar_type() != at::kBFloat16 && q.scalar_type() != at::kHalf)
-    return std::string("activations in ") + c10::toString(q.scalar_type()) +
-           " (the flash kernel takes BFloat16 and Half: --compute-dtype bfloat16)";
+    return std::string("activations in ") + dtype_text(q.scalar_type()) +
+           " (the flash kernel takes bfloat16 and float16: --compute-dtype bfloat16)";
   if (!flash_attention_takes(q.device(), q.scalar_type(), q.size(3)))
     return "heads " + std::to_string(q.size(3)) + " wide (the flash kernel takes multiples of 8 up to 256)";
   if (k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type() || k.device() != q.device() ||

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "qwen3/base/error.h"
+#include "qwen3/base/message_text.h"
 #include "qwen3/base/slow_paths.h"
 #include "qwen3/nvfp4/nvfp4_linear.h"
 
@@ -26,8 +27,8 @@ bool fused_slices_take(const at::Tensor& hidden, const at::Tensor& targets) {
   if (!hidden.is_cuda()) return false;
 #ifdef QWEN3_FUSED_LOSS
   if (hidden.scalar_type() != at::kFloat && hidden.scalar_type() != at::kBFloat16) {
-    record_slow_path("the loss's fused slices", std::string("hidden states in ") + c10::toString(hidden.scalar_type()) +
-                                                    " (the kernels take Float and BFloat16)");
+    record_slow_path("the loss's fused slices", std::string("hidden states in ") + dtype_text(hidden.scalar_type()) +
+                                                    " (the kernels take float32 and bfloat16)");
     return false;
   }
   if (targets.scalar_type() != at::kLong || targets.device() != hidden.device()) {

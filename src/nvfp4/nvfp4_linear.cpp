@@ -88,10 +88,10 @@ SteProduct ste_product(const at::Tensor& x2d, const at::Tensor& weight, ScaleMod
   if (weight.is_cuda() && !kernel_rows)
     record_slow_path("a trained weight's codes and bf16 operand in one pass",
                      x2d.scalar_type() != at::kBFloat16
-                         ? std::string("activations in ") + c10::toString(x2d.scalar_type()) +
-                               " (the pass writes a BFloat16 operand: --compute-dtype bfloat16)"
+                         ? std::string("activations in ") + dtype_text(x2d.scalar_type()) +
+                               " (the pass writes a bfloat16 operand: --compute-dtype bfloat16)"
                      : weight.size(1) % kBlock != 0 ? "rows that are not whole 16-blocks"
-                                                    : std::string("a master in ") + c10::toString(weight.scalar_type()));
+                                                    : std::string("a master in ") + dtype_text(weight.scalar_type()));
   const Quantized quantized = quantize(weight.detach(), mode);
   p.saved = {quantized.codes, quantized.scales};
   p.y2d = product([&] { return quantized_product(x2d, quantized.codes, quantized.scales); });
@@ -252,9 +252,9 @@ class SteGroupedFunction : public torch::autograd::Function<SteGroupedFunction> 
     } else {
       if (rows.is_cuda())
         record_slow_path("the experts' codes and bf16 operands in one launch",
-                         dtype != at::kBFloat16 ? std::string("activations in ") + c10::toString(dtype) +
-                                                      " (the launch writes BFloat16 operands: --compute-dtype bfloat16)"
-                                                : std::string("masters in ") + c10::toString(master_dtype));
+                         dtype != at::kBFloat16 ? std::string("activations in ") + dtype_text(dtype) +
+                                                      " (the launch writes bfloat16 operands: --compute-dtype bfloat16)"
+                                                : std::string("masters in ") + dtype_text(master_dtype));
       for (int64_t g = 0; g < groups; ++g) {
         const Quantized q = quantize(masters[static_cast<size_t>(g)], mode);
         if (recorded) codes[g].copy_(q.codes), scales[g].copy_(q.scales);
@@ -352,8 +352,8 @@ void product_into(at::Tensor out, const at::Tensor& a, const at::Tensor& b) {
                      !out.is_contiguous() ? "an output that is not contiguous"
                      : b.scalar_type() != a.scalar_type()
                          ? "operands of two dtypes"
-                         : std::string("a ") + c10::toString(out.scalar_type()) + " output of " +
-                               c10::toString(a.scalar_type()) + " operands in this libtorch");
+                         : std::string("a ") + dtype_text(out.scalar_type()) + " output of " +
+                               dtype_text(a.scalar_type()) + " operands in this libtorch");
   out.copy_(product_in_dtype(a, b, out.scalar_type()));
 }
 

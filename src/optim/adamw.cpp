@@ -12,6 +12,7 @@
 #include "optim/counter_random.h"
 #include "optim/moment_codec.h"
 #include "qwen3/base/error.h"
+#include "qwen3/base/message_text.h"
 #include "qwen3/base/slow_paths.h"
 #include "qwen3/optim/optim.h"
 
@@ -188,7 +189,7 @@ void AdamW::update_with(size_t i, const at::Tensor& grad, double lr, double grad
   if (grad.is_cuda() && (grad.scalar_type() != grad_dtype || !grad.is_contiguous()))  // a copy first: recorded
     record_slow_path("the AdamW kernel reading the gradient as autograd wrote it",
                      !grad.is_contiguous() ? "a gradient that is not contiguous"
-                                           : std::string("a gradient in ") + c10::toString(grad.scalar_type()));
+                                           : std::string("a gradient in ") + dtype_text(grad.scalar_type()));
   const at::Tensor g = grad.to(grad_dtype).contiguous();
   kernels::adamw::ParamView view = codec_->view(states_[i]);
   view.master = p.param.data_ptr();

@@ -1310,6 +1310,14 @@ line = "memory MiB peak/reserved/predicted: " + ", ".join(
 line += "; step peak %.0f, reserved %s, predicted %s" % (peak, fmt(reserved or None), fmt(predicted))
 if predicted:
     line += " (%+.1f%%)" % (100.0 * (peak - predicted) / predicted)
+# The step-time model's step for this run (the steady ms/step is the figure to hold it against), and what its
+# attention was counted over: packed rows' samples alone, as a share of whole rows.
+step_ms = [s.get("PredictedMs") for s in r.get("Samples", []) if s.get("PredictedMs") is not None]
+if step_ms:
+    line += "; predicted step %.1f ms on %s" % (sum(step_ms), r.get("PredictedTimeDevice", "?"))
+    whole, counted = r.get("PredictedWholeRowsSquare"), r.get("PredictedAttentionSquare")
+    if whole and counted is not None:
+        line += " (attention over %.0f%% of whole rows)" % (100.0 * counted / whole)
 print(line)
 PY
 }

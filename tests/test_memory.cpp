@@ -220,6 +220,33 @@ TEST(MemoryReport, HasTheOriginalShapeAndThisToolsFields) {
   EXPECT_GT(r["PoolTotalMiB"].get<double>(), most);
 }
 
+// Packed rows: the report's time prediction counts attention as the flash node runs it, each sample of the
+// first batch alone (what a GPU's rates assume, --predict-device h100; a CPU runs the masked rows whole), and
+// says over what. Short lines, so that every row holds several samples.
+TEST(MemoryReport, PackedRowsPredictAttentionOfTheFirstBatchsSamples) {
+  test::TempDir dir;
+  const SynthResult m = make_model(dir, test::trainable_tiny_config(), "m");
+  {
+    std::ofstream out(dir.file("short.txt"));
+    for (int line = 0; line < 40; ++line) out << (line % 3 == 0 ? "hello qwen\n" : "the quick brown fox\n");
+  }
+  TrainOptions o = options_for(m, dir.file("short.txt"));
+  o.steps = 1;
+  o.data.seq_len = 32;
+  o.data.batch_size = 2;
+  o.predict_device = "h100";
+  o.vram_report = dir.file("report.json");
+  run_training(o);
+  const nlohmann::json r = nlohmann::json::parse(test::slurp(o.vram_report));
+  const Tokenizer tok = Tokenizer::from_file(test::tiny_tokenizer_path());
+  const Batch first = TrainingData(tok, o.data).batch(0, 0);
+  ASSERT_TRUE(first.document_ids.defined());
+  const double samples = packed_attention_square(first.document_ids);
+  EXPECT_EQ(r["PredictedWholeRowsSquare"].get<double>(), 2 * 32 * 32);
+  EXPECT_EQ(r["PredictedAttentionSquare"].get<double>(), samples);
+  EXPECT_LT(samples, 2 * 32 * 32 / 2) << "rows of several samples";
+}
+
 // The master weights of the newest checkpoint in `dir`, by name.
 std::map<std::string, at::Tensor> master_weights(const std::string& dir) {
   std::map<std::string, at::Tensor> out;

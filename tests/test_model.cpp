@@ -303,6 +303,10 @@ TEST(Model, PackedSegmentOffsetsFollowTheDocumentRuns) {
   EXPECT_EQ(longest_segment(offsets), 3);
   EXPECT_EQ(longest_segment(at::tensor({0, 2, 9, 10}, at::kInt)), 7) << "the longest in the middle";
   EXPECT_EQ(longest_segment(at::tensor({0}, at::kInt)), 0);
+  // What the flash node's attention over them costs (the step-time model's attention_square): 3² + 2² + 1² in the
+  // first row, 1² + 3² + 2² in the second; one document a row, B·T².
+  EXPECT_EQ(packed_attention_square(documents), 9 + 4 + 1 + 1 + 9 + 4);
+  EXPECT_EQ(packed_attention_square(at::zeros({3, 4}, at::kLong)), 3 * 16);
   // The flash kernel's conditions, one predicate for full and packed rows (the memory and step-time models share
   // it): CUDA, half precision, head_dim a multiple of 8 up to 256.
   EXPECT_TRUE(flash_attention_takes(at::kCUDA, at::kBFloat16, 128));

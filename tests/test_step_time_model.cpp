@@ -370,6 +370,32 @@ const StepTerm* term(const PhaseTime& p, const std::string& name) {
   return nullptr;
 }
 
+// Packed rows on a GPU run each sample alone through the flash node: attention costs the sum of the samples'
+// squares, not B·T² (a row of four samples of T/4: a quarter), and nothing else changes; where attention takes
+// the whole masked row (a CPU) the sum does not apply.
+TEST(StepTimeModel, PackedRowsAttentionCountsEachSampleAlone) {
+  const Qwen3Config c = qwen3_4b();
+  const TrainOptions o = options(2048, 2);
+  const double whole = 2 * 2048.0 * 2048.0, quarters = 2 * 4 * 512.0 * 512.0;
+  for (const char* device : {"h100", "cpu"}) {
+    const StepTimePlan rows = predict_step_time(c, false, o, device_rates(device));
+    const StepTimePlan packed = predict_step_time(c, false, o, device_rates(device), quarters);
+    const bool per_sample = std::string(device) != "cpu";
+    EXPECT_EQ(rows.attention_square, whole);
+    EXPECT_EQ(rows.whole_rows_square, whole);
+    EXPECT_EQ(packed.attention_square, per_sample ? quarters : whole) << device;
+    for (const char* name : {"forward_done", "backward_done"}) {
+      const StepTerm* a = term(phase(rows, name), "attention");
+      const StepTerm* b = term(phase(packed, name), "attention");
+      ASSERT_TRUE(a && b) << device << " " << name;
+      EXPECT_NEAR(b->flops, a->flops * (per_sample ? 0.25 : 1.0), 1e-9 * a->flops) << device << " " << name;
+      EXPECT_NEAR(phase(packed, name).flops - b->flops, phase(rows, name).flops - a->flops,
+                  1e-9 * phase(rows, name).flops)
+          << "only attention changes: " << device << " " << name;
+    }
+  }
+}
+
 // Every FLOP and byte of a phase belongs to a named term (StepTerm) (the phase's time is the terms' by construction):
 // what vram-report --predict-only prints under each phase, so that each figure points at the place in
 // predict_step_time that counts it. Checked for the configurations whose counts differ (plain, checkpointed with

@@ -138,6 +138,14 @@ int64_t longest_segment(const at::Tensor& offsets) {
   return longest;
 }
 
+double packed_attention_square(const at::Tensor& documents) {
+  const at::Tensor offsets = packed_segment_offsets(documents);
+  const auto o = offsets.accessor<int32_t, 1>();
+  double square = 0;
+  for (int64_t i = 1; i < o.size(0); ++i) square += static_cast<double>(o[i] - o[i - 1]) * (o[i] - o[i - 1]);
+  return square;
+}
+
 bool flash_attention_takes(at::Device device, at::ScalarType dtype, int64_t head_dim) {
   return device.is_cuda() && (dtype == at::kBFloat16 || dtype == at::kHalf) && head_dim <= 256 && head_dim % 8 == 0;
 }

@@ -90,7 +90,12 @@ void StepMemoryReport::finish() {
   for (auto& sample : report_["Samples"])
     for (const auto& p : time_plan_.phases)
       if (sample["Phase"] == p.phase) sample["PredictedMs"] = round1(p.ms);
-  if (!time_plan_.device.empty()) report_["PredictedTimeDevice"] = time_plan_.device;
+  if (!time_plan_.device.empty()) {
+    report_["PredictedTimeDevice"] = time_plan_.device;
+    // Attention as the prediction counts it: packed rows' samples alone (the first batch's), or whole rows.
+    report_["PredictedAttentionSquare"] = time_plan_.attention_square;
+    report_["PredictedWholeRowsSquare"] = time_plan_.whole_rows_square;
+  }
   report_["RssPeakSinceStartMiB"] = round1(mib(probe_.read().rss_peak_since_start));
   report_["Predicted"] = {{"WeightsMiB", round1(mib(plan_.weights))},
                           {"MomentsMiB", round1(mib(plan_.moments))},

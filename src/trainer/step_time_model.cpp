@@ -128,7 +128,7 @@ double StepTimePlan::floor_ms() const {
 }
 
 StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, const TrainOptions& o,
-                               const DeviceRates& device) {
+                               const DeviceRates& device, double attention_square) {
   const ModelShape s = config.shape();
   const bool gpu = device.name != "cpu";
   const c10::Device as_device = gpu ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
@@ -201,9 +201,12 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
   // libtorch's unfused ops: an estimate of their passes.
   const bool fused_qk = fused_head_norm_rope_takes(s.head_dim);
   const double qk_forward = fused_qk ? 2 : 4, qk_backward = fused_qk ? 3 : 7;
-  const double heads_copy =
-      flash_attention_takes(as_device, compute_bf16 ? at::kBFloat16 : at::kFloat, s.head_dim) ? 0 : 2 * Q;
-  const double attention_flops = 2 * B * nh * T * T * hd;
+  const bool flash = flash_attention_takes(as_device, compute_bf16 ? at::kBFloat16 : at::kFloat, s.head_dim);
+  const double heads_copy = flash ? 0 : 2 * Q;
+  // Causal: half of each sequence's square of scores, twice two FLOPs a score (q·k, then p·v). Packed rows' samples
+  // run alone through the flash node (a sum of their squares); elsewhere a row is one masked sequence of T.
+  const double counted_square = flash && attention_square > 0 ? attention_square : B * T * T;
+  const double attention_flops = 2 * nh * hd * counted_square;
   // A sparse block's MLP is k experts wide a token, and each routed row is gathered, and added back, once more.
   const double k = static_cast<double>(std::max<int64_t>(config.num_experts_per_tok, 1));
   const auto mlp_width = [&](int64_t l) { return s.moe_layer(l) ? k * static_cast<double>(s.expert_intermediate) : I; };
@@ -380,6 +383,7 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
     }
   }
   plan.update_floor_ms = 1e3 * update_floor_bytes / memory_rate;
+  plan.attention_square = counted_square, plan.whole_rows_square = B * T * T;
   return plan;
 }
 

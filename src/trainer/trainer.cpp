@@ -134,6 +134,13 @@ class Trainer {
     if (report_) {
       report_->set_plan(prediction.memory);
       report_->set_time_plan(prediction.time);
+      // Packed rows: the first batch says what the flash node's attention costs, each sample alone, which the
+      // report's time prediction then counts (predict_step_time's attention_square) in place of whole rows.
+      TrainOptions timed = per_rank;
+      timed.keep_weight_operands = operands.decided;
+      time_with_attention_ = [this, timed, rates = prediction.rates](double attention_square) {
+        return predict_step_time(config_, !config_.tie_word_embeddings, timed, rates, attention_square);
+      };
     }
     phase("model_loaded");
     opt_.emplace(optimizer_params(o), o.adamw);
@@ -319,6 +326,9 @@ class Trainer {
     mark("optimizer_step_done");
     if (profiler) profiler->finish(step_ + 1);
     if (first_step && report_) {
+      const Batch& first = batches.front();  // the models' step is one micro-batch
+      if (first.document_ids.defined() && time_with_attention_)
+        report_->set_time_plan(time_with_attention_(packed_attention_square(first.document_ids.cpu())));
       report_->finish();
       report_.reset();  // stops its sampling thread
     }
@@ -547,6 +557,7 @@ class Trainer {
   Clock::time_point t_start_;
   c10::Device device_;
   std::optional<StepMemoryReport> report_;
+  std::function<StepTimePlan(double)> time_with_attention_;  // the report's time prediction for a packed batch
   std::optional<CheckpointDirLock> checkpoint_lock_;
   Qwen3Config config_;
   std::optional<Tokenizer> tok_;

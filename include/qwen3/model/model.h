@@ -233,6 +233,9 @@ at::Tensor packed_attention_mask(const at::Tensor& documents);
 at::Tensor packed_segment_offsets(const at::Tensor& documents);
 // The longest segment of such offsets (0 for none).
 int64_t longest_segment(const at::Tensor& offsets);
+// The sum of the squared lengths of packed rows' segments (as packed_segment_offsets makes them): what the flash
+// node's causal attention over them costs, against B·T² for rows attending whole. documents: int64 [B, T], CPU.
+double packed_attention_square(const at::Tensor& documents);
 // What attention gets for packed rows: where flash_attention_takes (and the libtorch is a CUDA 2.x), the
 // segment offsets (on the host, pinned: attention copies them to the device and sizes the kernel by the longest
 // segment), so each sample runs alone through the variable-length flash kernel; else the mask [B, 1, T, T] on

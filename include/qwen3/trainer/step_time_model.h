@@ -103,12 +103,17 @@ struct StepTimePlan {
   // and written once, nothing else (what the fused update kernel moves when it is not re-reading). An fp32 AdamW
   // of billions of parameters cannot step faster than floor_ms() + this: the two do not overlap in this code.
   double update_floor_ms = 0;
+  // What attention was counted over: the sum of its sequences' squared lengths, and B·T² of rows attending whole
+  // (equal unless packed rows' samples run alone: predict_step_time's attention_square).
+  double attention_square = 0, whole_rows_square = 0;
 };
 
 // The device's dtype rules follow the trainer's (compute dtype auto: bf16 on a GPU device, the master dtype
-// on cpu). `separate_head`: the model has its own lm_head.
+// on cpu). `separate_head`: the model has its own lm_head. `attention_square`: for packed rows where the flash
+// node runs each sample alone (a GPU, bf16), the sum over the batch's rows of their segments' squared lengths
+// (packed_attention_square); 0, or elsewhere: every row attends over all seq_len positions (B·T²).
 StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, const TrainOptions& options,
-                               const DeviceRates& device);
+                               const DeviceRates& device, double attention_square = 0);
 
 // The model FLOPs of one trained token, what MFU divides by the peak (docs/performance.md, "MFU"), the same count
 // for qwen3-train and for the peer (bench/hf_peer.py): 6 per parameter a token's products use — every parameter

@@ -1132,6 +1132,7 @@ stage_train() {  # stage_train NAME SEQ_LEN BATCH CONFIGS ('+'- or space-separat
     fig+="; $(steady_figures "$d/train-$c.jsonl" "$profiled")"
     fig+="; $(cat "$d/train-$c.mem")"
     fig+="; $(vram_figures "$d/vram-$c.json")"
+    fig+="; $(floor_figures "$d/train-$c.jsonl" "$d/vram-$c.json" "$profiled")"
     # The slower paths the run's steps took (docs/trainer.md, "Slow paths"): none is what its figures assume.
     local slower
     slower=$(grep -a '^slower path: ' "$log" | sed 's/^slower path: //' | head -n 3 | tr '\n' ';')
@@ -1286,6 +1287,30 @@ print("steps %d-%d: %.0f tokens/s, %.1f ms/step%s%s%s" % (rows[0]["step"], rows[
       ms / len(rows), ", MFU %.1f%%" % (100 * sum(mfu) / len(mfu)) if mfu else "",
       ", %.3g TFLOP/s" % (sum(t * r["step_ms"] for t, r in zip(tflops, rows)) / ms) if tflops else "",
       ", model FLOPs/token %.6g" % per_token if per_token else ""))
+PY
+}
+
+# The run's steady step against the step-time model (its prediction for this run, packed rows' attention as the
+# first batch has it) and against the compute floor (the step's products alone at the matmul rate: the goal is a
+# step within 1.5x of it): "step/predicted/floor ms".
+floor_figures() {  # floor_figures METRICS_JSONL VRAM_JSON PROFILED_STEP
+  py - "$1" "$2" "${3:-0}" <<'PY'
+import json, sys
+try:
+    rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{") and '"step"' in l]
+    r = json.load(open(sys.argv[2]))
+except (OSError, ValueError):
+    print("no step against the floor")
+    sys.exit(0)
+rows = [x for x in rows if x.get("step_ms") and x["step"] != int(sys.argv[3])][3:]
+floor = r.get("PredictedFloorMs")
+predicted = sum(s.get("PredictedMs") or 0 for s in r.get("Samples", []))
+if not rows or not floor:
+    print("no step against the floor")
+    sys.exit(0)
+step = sum(x["step_ms"] for x in rows) / len(rows)
+print("step/predicted/floor ms %.1f/%.1f/%.1f on %s: %.2fx the floor (predicted %.2fx)" % (
+    step, predicted, floor, r.get("PredictedTimeDevice", "?"), step / floor, predicted / floor))
 PY
 }
 

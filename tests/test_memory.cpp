@@ -209,6 +209,11 @@ TEST(MemoryReport, HasTheOriginalShapeAndThisToolsFields) {
       EXPECT_TRUE(s.contains(field)) << field;
   EXPECT_TRUE(r["Samples"][0]["ReservedMiB"].is_null()) << "no caching allocator on CPU";
   EXPECT_GT(r["Predicted"]["MomentsMiB"].get<double>(), 0);
+  // The compute floor the step is held against (its products alone) is part of the predicted step.
+  double predicted = 0;
+  for (const auto& s : r["Samples"]) predicted += s["PredictedMs"].is_null() ? 0.0 : s["PredictedMs"].get<double>();
+  EXPECT_GT(r["PredictedFloorMs"].get<double>(), 0) << predicted;
+  EXPECT_LT(r["PredictedFloorMs"].get<double>(), predicted);
   // A CPU run draws on one memory with everything else (as on GB10): its one number is the RSS peak, against
   // the machine's MemTotal.
   double most = 0;

@@ -95,6 +95,8 @@ void StepMemoryReport::finish() {
     // Attention as the prediction counts it: packed rows' samples alone (the first batch's), or whole rows.
     report_["PredictedAttentionSquare"] = time_plan_.attention_square;
     report_["PredictedWholeRowsSquare"] = time_plan_.whole_rows_square;
+    // The compute floor (the step's products alone at the matmul rate): what issue 28 holds the step against.
+    report_["PredictedFloorMs"] = round1(time_plan_.floor_ms());
   }
   report_["RssPeakSinceStartMiB"] = round1(mib(probe_.read().rss_peak_since_start));
   report_["Predicted"] = {{"WeightsMiB", round1(mib(plan_.weights))},

@@ -436,6 +436,9 @@ at::Tensor grouped_product(const at::Tensor& rows, const at::Tensor& mats, const
 #ifdef QWEN3_NATIVE_GROUPED_MM
   if (native_grouped_product(rows)) return at::_grouped_mm(rows, mats.transpose(1, 2), ends);
 #endif
+  if (rows.is_cuda())
+    record_slow_path("the experts' grouped product as one grouped GEMM",
+                     "this libtorch has no _grouped_mm (PyTorch 2.8+): a product an expert");
   std::vector<at::Tensor> pieces;
   int64_t start = 0;
   for (size_t g = 0; g < counts.size(); ++g) {

@@ -590,6 +590,49 @@ TEST(MemoryModel, OperandsHeldThroughTheRecomputeTakeABufferForTheRun) {
   EXPECT_EQ(phase_peak(held, "forward_done") - phase_peak(recompute, "forward_done"), 2 * 36 * block);
 }
 
+// auto holds the operands across steps, written by the update (always), where every update is bound by its bytes
+// with the operand and without it and the step-time model predicts the step faster: a GB10 (273 GB/s), the fast
+// and the lean Qwen3-4B step; not an H100 or an H200, whose operand-writing updates are bound by their kernels'
+// rates; nor with data parallel or for a mixture-of-experts model (always's own conditions).
+TEST(MemoryModel, AutoKeepsOperandsAcrossStepsWhereTheUpdateIsBoundByItsBytes) {
+  const Qwen3Config config = preset_config("qwen3-4b");
+  const c10::Device cuda(c10::kCUDA, 0);
+  TrainOptions o;
+  o.data.seq_len = 2048;
+  o.fused_optimizer = true;
+  for (const bool lean : {false, true}) {
+    o.master_dtype = lean ? MasterDtype::bfloat16 : MasterDtype::float32;
+    o.adamw.moments = lean ? MomentStorage::int8 : MomentStorage::float32;
+    o.grad_checkpoint = lean;
+    o.predict_world_size = 1;
+    o.predict_device = "gb10";
+    const WeightOperandsChoice across = choose_weight_operands(o, config, cuda);
+    EXPECT_TRUE(across.written_by_update()) << across.why;
+    EXPECT_NE(across.why.find("bound by its bytes on gb10"), std::string::npos) << across.why;
+    TrainOptions made = o;
+    made.keep_weight_operands = KeepWeightOperands::backward;
+    EXPECT_LT(predict(o, config, cuda).time.total_ms(), predict(made, config, cuda).time.total_ms()) << lean;
+    TrainOptions decided = o;
+    decided.keep_weight_operands = across.decided;
+    EXPECT_TRUE(updates_bound_by_bytes(predict(o, config, cuda).time, decided, device_rates("gb10")));
+    for (const char* device : {"h100", "h200"}) {
+      o.predict_device = device;
+      const WeightOperandsChoice made_by_forward = choose_weight_operands(o, config, cuda);
+      EXPECT_FALSE(made_by_forward.written_by_update()) << device << ": " << made_by_forward.why;
+      TrainOptions always = o;
+      always.keep_weight_operands = KeepWeightOperands::always;
+      EXPECT_FALSE(updates_bound_by_bytes(predict(always, config, cuda).time, always, device_rates(device)))
+          << device << (lean ? " lean" : " fast");
+    }
+    o.predict_device = "gb10";
+    o.predict_world_size = 2;
+    EXPECT_FALSE(choose_weight_operands(o, config, cuda).written_by_update()) << "data parallel";
+  }
+  TrainOptions moe = o;
+  moe.predict_world_size = 1;
+  EXPECT_FALSE(choose_weight_operands(moe, preset_config("qwen3-30b-a3b"), cuda).written_by_update());
+}
+
 // auto decides by the memory model against the device: on CUDA the operands held from the forward that makes them
 // where the peak with them stays within 90% of the device's memory (an H100's 80 GB holds the fast Qwen3-4B step at
 // 2048 tokens with them, not four such rows), else codes, or under --grad-checkpoint each block's recompute's

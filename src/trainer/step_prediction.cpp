@@ -155,16 +155,44 @@ WeightOperandsChoice choose_weight_operands(const TrainOptions& o, const Qwen3Co
   if (o.keep_weight_operands == KeepWeightOperands::recompute)
     return from_recompute(recompute + " (--keep-weight-operands recompute)");
   // auto: the step with every trained projection's operand held from the forward that makes it, against the device.
-  const uint64_t peak = peak_with(KeepWeightOperands::backward);
-  const std::string because = " (auto: the memory model's peak with them " + budget.against(peak) + ")";
-  if (fits(peak)) return from_forward(held + because);
-  // Every block recomputed: each recompute's operands, one block's held at a time. Some blocks only
-  // (--grad-checkpoint-blocks): the others would hold theirs from forward as under backward, so the recompute's
-  // where that fits, else codes. None: codes.
-  if (recomputed >= layers) return from_recompute(recompute + because);
-  if (recomputed > 0 && fits(peak_with(KeepWeightOperands::recompute)))
-    return from_recompute(recompute + " (the other blocks' from forward)" + because);
-  return codes("codes" + because);
+  const auto within_a_step = [&]() {
+    const uint64_t peak = peak_with(KeepWeightOperands::backward);
+    const std::string because = " (auto: the memory model's peak with them " + budget.against(peak) + ")";
+    if (fits(peak)) return from_forward(held + because);
+    // Every block recomputed: each recompute's operands, one block's held at a time. Some blocks only
+    // (--grad-checkpoint-blocks): the others would hold theirs from forward as under backward, so the recompute's
+    // where that fits, else codes. None: codes.
+    if (recomputed >= layers) return from_recompute(recompute + because);
+    if (recomputed > 0 && fits(peak_with(KeepWeightOperands::recompute)))
+      return from_recompute(recompute + " (the other blocks' from forward)" + because);
+    return codes("codes" + because);
+  };
+  const WeightOperandsChoice usual = within_a_step();
+  // Across steps, written by the update (always), where the step-time model predicts it faster and every update is
+  // bound by its bytes with the operand and without it (a GB10: the update's 2 bytes an element more against
+  // forward's and the recompute's operand pass, e + 2): a choice that rests on the bytes the code moves, not on
+  // the operand-writing kernels' rates, which no GPU round has measured since their last changes (on an H100 or an
+  // H200 they bound the update, and the third round found `always` 1.1% slower there). One process, a dense model
+  // (always's own conditions), and the memory to hold the operands for the run.
+  if (o.predict_world_size > 1 || config.is_moe()) return usual;
+  const DeviceRates rates = device_rates(!o.predict_device.empty() ? o.predict_device : default_rates_name(device));
+  TrainOptions as_usual = o, across = o;
+  as_usual.keep_weight_operands = usual.decided;
+  across.keep_weight_operands = KeepWeightOperands::always;
+  const bool separate = !config.tie_word_embeddings;
+  const StepTimePlan usual_plan = predict_step_time(config, separate, as_usual, rates);
+  const StepTimePlan across_plan = predict_step_time(config, separate, across, rates);
+  if (!updates_bound_by_bytes(usual_plan, as_usual, rates) || !updates_bound_by_bytes(across_plan, across, rates) ||
+      across_plan.total_ms() >= usual_plan.total_ms())
+    return usual;
+  const uint64_t peak = peak_with(KeepWeightOperands::always);
+  if (!fits(peak)) return usual;
+  return choice(KeepWeightOperands::always,
+                fmt::format("kept across steps, written by the update (auto: its update is bound by its bytes on {}, "
+                            "and the step is predicted {:.1f} ms faster than with the operands {}; the memory model's "
+                            "peak with them {})",
+                            rates.name, usual_plan.total_ms() - across_plan.total_ms(),
+                            usual.keep() ? "made by forward" : "as codes", budget.against(peak)));
 }
 
 bool weight_operands_made(const TrainOptions& o, const c10::Device& device) {

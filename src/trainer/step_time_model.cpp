@@ -387,6 +387,18 @@ StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, co
   return plan;
 }
 
+bool updates_bound_by_bytes(const StepTimePlan& plan, const TrainOptions& o, const DeviceRates& device) {
+  const double memory_rate = device.memory_gbps * 1e9 * device.memory_efficiency;
+  const double element_rate = 1e9 * update_elements_per_s(device, o.adamw.moments, o.master_dtype);
+  const double operand_rate = 1e9 * update_elements_per_s(device, o.adamw.moments, o.master_dtype, true);
+  for (const PhaseTime& p : plan.phases) {
+    const double bytes = p.update_bytes - p.norm_bytes - p.operand_update_bytes, elements = p.updated - p.operand_updated;
+    if (element_rate > 0 && elements / element_rate > bytes / memory_rate) return false;
+    if (operand_rate > 0 && p.operand_updated / operand_rate > p.operand_update_bytes / memory_rate) return false;
+  }
+  return true;
+}
+
 double model_flops_per_token(const Qwen3Config& c, int64_t seq_len) {
   // The parameters a token's products use: the layout's tensors with a head of their own (a tied head is the
   // embedding, counted once as the head), less the input embedding, whose lookup is no product; of a sparse

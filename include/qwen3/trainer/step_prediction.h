@@ -33,7 +33,8 @@ struct WeightOperandsChoice {
   std::string warning;
   bool keep() const;               // dX reads the operand, not the codes
   bool persistent() const;         // in buffers for the whole run (always; backward where a block is recomputed)
-  bool written_by_update() const;  // always (never chosen by auto until measured): forward makes none
+  // always (auto's choice only where every update is bound by its bytes: choose_weight_operands): forward makes none
+  bool written_by_update() const;
   // The options the three read: the decision with the run's checkpointing.
   TrainOptions decided_options() const;
 };

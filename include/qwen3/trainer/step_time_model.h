@@ -115,6 +115,12 @@ struct StepTimePlan {
 StepTimePlan predict_step_time(const Qwen3Config& config, bool separate_head, const TrainOptions& options,
                                const DeviceRates& device, double attention_square = 0);
 
+// Whether every update of the plan is bound by its bytes at the device's memory rate rather than by its elements at
+// the update kernels' rates (the operand-writing ones' apart): then the plan's update time rests on the bytes the
+// code moves, not on a kernel's measured or estimated rate (a GB10's 273 GB/s; an H100's instruction-bound int8
+// update is not). `options`: the ones the plan was predicted with.
+bool updates_bound_by_bytes(const StepTimePlan& plan, const TrainOptions& options, const DeviceRates& device);
+
 // The model FLOPs of one trained token, what MFU divides by the peak (docs/performance.md, "MFU"), the same count
 // for qwen3-train and for the peer (bench/hf_peer.py): 6 per parameter a token's products use — every parameter
 // but the input embedding, a tied head counted once, as the head — plus 12·L·(heads·head_dim)·T for attention over

@@ -947,7 +947,9 @@ stage_smoke() {
     local losses
     losses=$(grep -o -E 'loss [0-9.]+ -> [0-9.]+|loss [0-9.]+' "$d/smoke-$dev.log" | tail -n 1)
     if [ "$step_rc" = 0 ]; then
-      record smoke "smoke-$dev" ok "$step_s" "${losses:+$losses; }$(grep -o -E '(passed|FAILED) in [0-9.]+ s' "$d/smoke-$dev.log" | tail -n 1); $(cat "$d/smoke-$dev.mem"); slower paths: $(grep -a '^smoke: slower ' "$d/smoke-$dev.log" | sed 's/^smoke: slower *//' | head -n 3 | tr '\n' ';' | grep . || echo none)"
+      local slower
+      slower=$(grep -a '^smoke: slower ' "$d/smoke-$dev.log" | sed 's/^smoke: slower *//' | head -n 3 | tr '\n' ';')
+      record smoke "smoke-$dev" ok "$step_s" "${losses:+$losses; }$(grep -o -E '(passed|FAILED) in [0-9.]+ s' "$d/smoke-$dev.log" | tail -n 1); $(cat "$d/smoke-$dev.mem"); slower paths: ${slower:-none}"
     else
       record smoke "smoke-$dev" failed "$step_s" "$(fail_note "$d/smoke-$dev.log")"
       show_tail "$d/smoke-$dev.log" 10

@@ -392,7 +392,8 @@ bool updates_bound_by_bytes(const StepTimePlan& plan, const TrainOptions& o, con
   const double element_rate = 1e9 * update_elements_per_s(device, o.adamw.moments, o.master_dtype);
   const double operand_rate = 1e9 * update_elements_per_s(device, o.adamw.moments, o.master_dtype, true);
   for (const PhaseTime& p : plan.phases) {
-    const double bytes = p.update_bytes - p.norm_bytes - p.operand_update_bytes, elements = p.updated - p.operand_updated;
+    const double bytes = p.update_bytes - p.norm_bytes - p.operand_update_bytes;
+    const double elements = p.updated - p.operand_updated;
     if (element_rate > 0 && elements / element_rate > bytes / memory_rate) return false;
     if (operand_rate > 0 && p.operand_updated / operand_rate > p.operand_update_bytes / memory_rate) return false;
   }

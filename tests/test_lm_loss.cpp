@@ -7,12 +7,14 @@
 
 #include <torch/autograd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
 
 #include "gpu_test.h"
 #include "lm_loss_slice.cuh"
+#include "qwen3/base/slow_paths.h"
 #include "qwen3/model/lm_loss.h"
 #include "qwen3/nvfp4/nvfp4_linear.h"
 #include "trainer/train_setup.h"
@@ -177,6 +179,7 @@ TEST(LinearCrossEntropy, GpuFusedSlicesFollowTheCpuPath) {
   // Qwen3's vocabulary, or a smaller one under the sanitizers (racecheck ran out of its time on the full one).
   // 125 rows as well as 128: any row count (the slice width, loss_slice_width, keeps the products aligned).
   const int64_t h = 64, vocab = test::small_gpu_shapes() ? 8192 : 151936;
+  take_slow_paths();
   for (const int64_t n : {int64_t{128}, int64_t{125}})
   for (const at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
     SCOPED_TRACE(n);
@@ -201,6 +204,27 @@ TEST(LinearCrossEntropy, GpuFusedSlicesFollowTheCpuPath) {
     EXPECT_LE((dh_gpu - dh_cpu).abs().max().item<double>(), rtol * dh_cpu.abs().max().item<double>()) << at::toString(dtype);
     EXPECT_LE((dw_gpu - dw_cpu).abs().max().item<double>(), rtol * dw_cpu.abs().max().item<double>()) << at::toString(dtype);
   }
+  // The designed path, products included (an fp32 weight's rows written by cuBLAS from bf16 operands): no record.
+  for (const SlowPath& p : take_slow_paths()) ADD_FAILURE() << p.what << " (" << p.why << ")";
+}
+
+// On a GPU float16 hidden states are none of the slice kernels' dtypes: the libtorch form runs, and says so,
+// forward and backward.
+TEST(LinearCrossEntropy, GpuHalfHiddenStatesTakeARecordedSlowerPath) {
+  QWEN3_GPU_TEST(at::hasCUDA());
+  const at::Device cuda(at::kCUDA, 0);
+  at::manual_seed(14);
+  const at::Tensor hidden = at::randn({16, 64}).to(cuda, at::kHalf).requires_grad_(true);
+  const at::Tensor weight = (at::randn({300, 64}) * 0.1).to(cuda).requires_grad_(true);
+  const at::Tensor targets = at::randint(0, 300, {16}, at::kLong).to(cuda);
+  take_slow_paths();
+  linear_cross_entropy(hidden, weight, targets, 16 * 128).backward();
+  const std::vector<SlowPath> taken = take_slow_paths();
+  const auto loss = std::find_if(taken.begin(), taken.end(),
+                                 [](const SlowPath& p) { return p.what == "the loss's fused slices"; });
+  ASSERT_NE(loss, taken.end());
+  EXPECT_EQ(loss->why, "hidden states in float16 (the kernels take float32 and bfloat16)");
+  EXPECT_EQ(loss->count, 2) << "forward and backward";
 }
 
 // On CUDA the head's gradient, made by backward, has each slice's rows written once (no zeroed buffer, no sum):

@@ -313,13 +313,6 @@ at::Tensor quantized_product(const at::Tensor& x2d, const at::Tensor& codes, con
 }
 
 namespace {
-// On CUDA a float32 product of half operands is built to be written by cuBLAS in float32; the product in the
-// operands' dtype and a copy after it round it and move it twice (a slow path, recorded). Before PyTorch 2.9
-// (aten::mm.dtype) there is no other way.
-std::string rounded_product_why(const at::Tensor& a, const at::Tensor& b) {
-  return b.scalar_type() != a.scalar_type() ? "operands of two dtypes"
-                                            : "this libtorch has no mm with an out dtype (PyTorch 2.9+)";
-}
 bool half_operand(const at::Tensor& a) { return a.scalar_type() == at::kBFloat16 || a.scalar_type() == at::kHalf; }
 }  // namespace
 
@@ -329,8 +322,11 @@ at::Tensor product_in_dtype(const at::Tensor& a, const at::Tensor& b, at::Scalar
   if (a.is_cuda() && half_operand(a) && dtype == at::kFloat && b.scalar_type() == a.scalar_type())
     return at::mm(a, b, at::kFloat);
 #endif
-  if (a.is_cuda() && half_operand(a) && dtype == at::kFloat)
-    record_slow_path("a float32 product of half operands written by cuBLAS", rounded_product_why(a, b));
+  // On CUDA a float32 product of half operands is built to be written by cuBLAS in float32; before PyTorch 2.9
+  // (aten::mm.dtype) it is the product in the operands' dtype and a copy, rounded and moved twice: recorded.
+  if (a.is_cuda() && half_operand(a) && dtype == at::kFloat && b.scalar_type() == a.scalar_type())
+    record_slow_path("a float32 product of half operands written by cuBLAS",
+                     "this libtorch has no mm with an out dtype (PyTorch 2.9+)");
   return a.mm(b).to(dtype);
 }
 
@@ -347,13 +343,11 @@ void product_into(at::Tensor out, const at::Tensor& a, const at::Tensor& b) {
     }
 #endif
   }
-  if (out.is_cuda())
+  if (out.is_cuda() && b.scalar_type() == a.scalar_type())  // (operands of two dtypes: mm refuses them below)
     record_slow_path("a product written into its output by cuBLAS",
                      !out.is_contiguous() ? "an output that is not contiguous"
-                     : b.scalar_type() != a.scalar_type()
-                         ? "operands of two dtypes"
-                         : std::string("a ") + dtype_text(out.scalar_type()) + " output of " +
-                               dtype_text(a.scalar_type()) + " operands in this libtorch");
+                                          : "a " + dtype_text(out.scalar_type()) + " output of " +
+                                                dtype_text(a.scalar_type()) + " operands in this libtorch");
   out.copy_(product_in_dtype(a, b, out.scalar_type()));
 }
 

@@ -930,6 +930,14 @@ device() { [ "$dry_run" = 1 ] && echo cpu || echo cuda; }
 has_command() { "$bin" --help 2>/dev/null | grep -E "^ +$1( |$)" >/dev/null; }
 has_flag() { "$bin" "$1" --help 2>/dev/null | grep -E -- "(^| |,)$2([ =,:\[]|$)" >/dev/null; }
 
+# The slower paths a run's summary lists (docs/trainer.md, "Slow paths"), its lines starting with PREFIX: the first
+# three, or "none" (what the run's figures assume).
+slower_paths() {  # slower_paths LOG PREFIX
+  local found
+  found=$(awk -v p="$2" 'index($0, p) == 1 { print substr($0, length(p) + 1) }' "$1" | head -n 3 | tr '\n' ';')
+  echo "${found:-none}"
+}
+
 stage_smoke() {
   stage_begin smoke
   local d=$stage_dir dev
@@ -947,9 +955,7 @@ stage_smoke() {
     local losses
     losses=$(grep -o -E 'loss [0-9.]+ -> [0-9.]+|loss [0-9.]+' "$d/smoke-$dev.log" | tail -n 1)
     if [ "$step_rc" = 0 ]; then
-      local slower
-      slower=$(grep -a '^smoke: slower ' "$d/smoke-$dev.log" | sed 's/^smoke: slower *//' | head -n 3 | tr '\n' ';')
-      record smoke "smoke-$dev" ok "$step_s" "${losses:+$losses; }$(grep -o -E '(passed|FAILED) in [0-9.]+ s' "$d/smoke-$dev.log" | tail -n 1); $(cat "$d/smoke-$dev.mem"); slower paths: ${slower:-none}"
+      record smoke "smoke-$dev" ok "$step_s" "${losses:+$losses; }$(grep -o -E '(passed|FAILED) in [0-9.]+ s' "$d/smoke-$dev.log" | tail -n 1); $(cat "$d/smoke-$dev.mem"); slower paths: $(slower_paths "$d/smoke-$dev.log" 'smoke: slower     ')"
     else
       record smoke "smoke-$dev" failed "$step_s" "$(fail_note "$d/smoke-$dev.log")"
       show_tail "$d/smoke-$dev.log" 10
@@ -1131,14 +1137,11 @@ stage_train() {  # stage_train NAME SEQ_LEN BATCH CONFIGS ('+'- or space-separat
     fi
     local fig
     fig=$(grep -o -E 'trained [0-9]+ steps.*' "$log" | tail -n 1 | sed -E 's/^trained ([0-9]+) steps \(now at step [0-9]+, ([0-9]+) skipped\)/\1 steps, \2 skipped/' | cut -c1-150)
-    fig+="; $(steady_figures "$d/train-$c.jsonl" "$profiled")"
+    fig+="; $(steady_figures "$d/train-$c.jsonl" "$profiled" "$d/vram-$c.json")"
     fig+="; $(cat "$d/train-$c.mem")"
     fig+="; $(vram_figures "$d/vram-$c.json")"
-    fig+="; $(floor_figures "$d/train-$c.jsonl" "$d/vram-$c.json" "$profiled")"
     # The slower paths the run's steps took (docs/trainer.md, "Slow paths"): none is what its figures assume.
-    local slower
-    slower=$(grep -a '^slower path: ' "$log" | sed 's/^slower path: //' | head -n 3 | tr '\n' ';')
-    fig+="; slower paths: ${slower:-none}"
+    fig+="; slower paths: $(slower_paths "$log" 'slower path: ')"
     if [ "$step_rc" = 0 ]; then
       record "$name" "$step" ok "$step_s" "$fig"
     else
@@ -1269,8 +1272,12 @@ PY
 # The steps after the first 3 of a metrics JSONL (as hf_peer.py times them), but a profiled one (second argument,
 # 0: none): tokens/s, ms/step, the model TFLOP/s and MFU (against --mfu-device's bf16 peak: H100's 989 TFLOP/s
 # unless told) and the model FLOPs of a token (tflops / tok_per_s: the count the peer must share).
-steady_figures() {
-  py - "$1" "${2:-0}" <<'PY'
+# The steady steps (after the first 3, the profiled one left out). With the run's first-step report (VRAM_JSON),
+# the steady step against the step-time model's prediction for this run (packed rows' attention as the first
+# batch has it) and against the compute floor (the step's products alone at the matmul rate: the goal is a step
+# within 1.5x of it): "step/predicted/floor ms".
+steady_figures() {  # steady_figures METRICS_JSONL PROFILED_STEP [VRAM_JSON]
+  py - "$1" "${2:-0}" "${3:-}" <<'PY'
 import json, sys
 try:
     rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{") and '"step"' in l]
@@ -1285,34 +1292,21 @@ tokens = sum(r["tokens"] for r in rows)
 mfu = [r["mfu"] for r in rows if r.get("mfu") is not None]
 tflops = [r["tflops"] for r in rows if r.get("tflops")]
 per_token = rows[0]["tflops"] * 1e12 / rows[0]["tok_per_s"] if rows[0].get("tflops") else None
-print("steps %d-%d: %.0f tokens/s, %.1f ms/step%s%s%s" % (rows[0]["step"], rows[-1]["step"], 1000 * tokens / ms,
-      ms / len(rows), ", MFU %.1f%%" % (100 * sum(mfu) / len(mfu)) if mfu else "",
-      ", %.3g TFLOP/s" % (sum(t * r["step_ms"] for t, r in zip(tflops, rows)) / ms) if tflops else "",
-      ", model FLOPs/token %.6g" % per_token if per_token else ""))
-PY
-}
-
-# The run's steady step against the step-time model (its prediction for this run, packed rows' attention as the
-# first batch has it) and against the compute floor (the step's products alone at the matmul rate: the goal is a
-# step within 1.5x of it): "step/predicted/floor ms".
-floor_figures() {  # floor_figures METRICS_JSONL VRAM_JSON PROFILED_STEP
-  py - "$1" "$2" "${3:-0}" <<'PY'
-import json, sys
+line = "steps %d-%d: %.0f tokens/s, %.1f ms/step%s%s%s" % (rows[0]["step"], rows[-1]["step"], 1000 * tokens / ms,
+       ms / len(rows), ", MFU %.1f%%" % (100 * sum(mfu) / len(mfu)) if mfu else "",
+       ", %.3g TFLOP/s" % (sum(t * r["step_ms"] for t, r in zip(tflops, rows)) / ms) if tflops else "",
+       ", model FLOPs/token %.6g" % per_token if per_token else "")
 try:
-    rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{") and '"step"' in l]
-    r = json.load(open(sys.argv[2]))
+    report = json.load(open(sys.argv[3])) if sys.argv[3] else {}
 except (OSError, ValueError):
-    print("no step against the floor")
-    sys.exit(0)
-rows = [x for x in rows if x.get("step_ms") and x["step"] != int(sys.argv[3])][3:]
-floor = r.get("PredictedFloorMs")
-predicted = sum(s.get("PredictedMs") or 0 for s in r.get("Samples", []))
-if not rows or not floor:
-    print("no step against the floor")
-    sys.exit(0)
-step = sum(x["step_ms"] for x in rows) / len(rows)
-print("step/predicted/floor ms %.1f/%.1f/%.1f on %s: %.2fx the floor (predicted %.2fx)" % (
-    step, predicted, floor, r.get("PredictedTimeDevice", "?"), step / floor, predicted / floor))
+    report = {}
+floor = report.get("PredictedFloorMs")
+if floor:
+    step = ms / len(rows)
+    predicted = sum(s.get("PredictedMs") or 0 for s in report.get("Samples", []))
+    line += "; step/predicted/floor ms %.1f/%.1f/%.1f on %s: %.2fx the floor (predicted %.2fx)" % (
+        step, predicted, floor, report.get("PredictedTimeDevice", "?"), step / floor, predicted / floor)
+print(line)
 PY
 }
 

@@ -504,7 +504,7 @@ TEST(RunsCli, GpuBf16StepsTakeNoSlowerPath) {
   const auto r = run_cli(base + " --pack --compute-dtype float32");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("slower path: attention of packed rows"), std::string::npos) << r.out;
-  EXPECT_NE(r.err.find("step 1: attention of packed rows"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("step 1: slower path: attention of packed rows"), std::string::npos) << r.err;
 }
 
 // On CUDA the profiler reports each phase scope twice (the host's range and a device-side annotation): the trace

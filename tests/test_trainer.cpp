@@ -110,10 +110,10 @@ TEST(SlowPaths, EachPathIsWarnedOfOnceARunAndCountedThroughIt) {
   std::vector<SlowPath> totals;
   std::vector<std::string> lines = slow_path_warnings(0, {{"fused RMSNorm", "a reason", 1}}, totals);
   ASSERT_EQ(lines.size(), 1u);
-  EXPECT_EQ(lines[0], "set-up: fused RMSNorm took a slower path 1 time (a reason)");
+  EXPECT_EQ(lines[0], "set-up: slower path: fused RMSNorm (a reason), 1 time");
   lines = slow_path_warnings(3, {{"fused RMSNorm", "a reason", 4}, {"fused SwiGLU", "another", 72}}, totals);
   ASSERT_EQ(lines.size(), 1u);
-  EXPECT_EQ(lines[0], "step 3: fused SwiGLU took a slower path 72 times (another)");
+  EXPECT_EQ(lines[0], "step 3: slower path: fused SwiGLU (another), 72 times");
   EXPECT_TRUE(slow_path_warnings(4, {{"fused SwiGLU", "another", 8}}, totals).empty());
   ASSERT_EQ(totals.size(), 2u);
   EXPECT_EQ(totals[0].count, 5);

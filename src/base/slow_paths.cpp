@@ -36,6 +36,10 @@ std::vector<SlowPath> take_slow_paths() {
   return out;
 }
 
+std::string slow_path_text(const SlowPath& p) {
+  return p.what + " (" + p.why + "), " + std::to_string(p.count) + (p.count == 1 ? " time" : " times");
+}
+
 std::vector<std::string> slow_path_warnings(int64_t step, const std::vector<SlowPath>& taken,
                                             std::vector<SlowPath>& totals) {
   std::vector<std::string> lines;
@@ -47,9 +51,8 @@ std::vector<std::string> slow_path_warnings(int64_t step, const std::vector<Slow
       continue;
     }
     totals.push_back(p);
-    lines.push_back((step > 0 ? "step " + std::to_string(step) : std::string("set-up")) + ": " + p.what +
-                    " took a slower path " + std::to_string(p.count) + (p.count == 1 ? " time" : " times") + " (" +
-                    p.why + ")");
+    lines.push_back((step > 0 ? "step " + std::to_string(step) : std::string("set-up")) + ": slower path: " +
+                    slow_path_text(p));
   }
   return lines;
 }

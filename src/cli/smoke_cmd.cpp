@@ -106,8 +106,7 @@ int run_smoke(const SmokeFlags& f) {
   const TrainSummary s = run_training(o);
   fmt::print("smoke: train      {} steps, loss {:.4f} -> {:.4f}, {:.0f} ms/step\n", s.steps_done, s.first_loss,
              s.last_loss, s.mean_step_ms);
-  for (const SlowPath& p : s.slow_paths)
-    fmt::print("smoke: slower     {} ({}), {} {}\n", p.what, p.why, p.count, p.count == 1 ? "time" : "times");
+  for (const SlowPath& p : s.slow_paths) fmt::print("smoke: slower     {}\n", slow_path_text(p));
   fmt::print("smoke: export     {}\n", s.exported);
 
   const Qwen3Config config = load_config(model_files.config_path);

@@ -159,8 +159,7 @@ Command add_train_command(CLI::App& app) {
                          s.steps_done, s.final_step, s.skipped_steps, s.first_loss, s.last_loss, s.mean_step_ms,
                          s.tokens_per_second, s.last_checkpoint.empty() ? "" : ", checkpoint " + s.last_checkpoint,
                          s.exported.empty() ? "" : ", exported " + s.exported);
-            for (const SlowPath& p : s.slow_paths)
-              fmt::print("slower path: {} ({}), {} {}\n", p.what, p.why, p.count, p.count == 1 ? "time" : "times");
+            for (const SlowPath& p : s.slow_paths) fmt::print("slower path: {}\n", slow_path_text(p));
             return s.stop_signal ? 128 + s.stop_signal : 0;
           }};
 }

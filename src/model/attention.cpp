@@ -42,12 +42,23 @@ bool flash_kernel_on(at::Device device) {
                                                                                 : device.index())->major >= 8;
 }
 
-// Dense causal rows the node takes: flash_attention_takes their device, dtype and head width, k and v are alike,
-// and the GPU runs the kernel.
+// Why the node does not take these rows (empty where it does): flash_attention_takes their device, dtype and head
+// width, k and v are alike, and the GPU runs the kernel. The reason is what a slower path records.
+std::string flash_node_missed_because(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  if (!q.is_cuda()) return "a tensor off the GPU";
+  if (q.scalar_type() != at::kBFloat16 && q.scalar_type() != at::kHalf)
+    return "activations in " + dtype_text(q.scalar_type()) +
+           " (the flash kernel takes bfloat16 and float16: --compute-dtype bfloat16)";
+  if (!flash_attention_takes(q.device(), q.scalar_type(), q.size(3)))
+    return "heads " + std::to_string(q.size(3)) + " wide (the flash kernel takes multiples of 8 up to 256)";
+  if (k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type() || k.device() != q.device() ||
+      v.device() != q.device())
+    return "k and v unlike q in dtype or device";
+  if (!flash_kernel_on(q.device())) return "a GPU before Ampere (compute capability below 8.0)";
+  return "";
+}
 bool flash_attention_runs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  return flash_attention_takes(q.device(), q.scalar_type(), q.size(3)) && k.scalar_type() == q.scalar_type() &&
-         v.scalar_type() == q.scalar_type() && k.device() == q.device() && v.device() == q.device() &&
-         flash_kernel_on(q.device());
+  return flash_node_missed_because(q, k, v).empty();
 }
 
 // Flash attention's backward adds a query block's gradient over the key blocks with atomic adds, in whatever
@@ -150,26 +161,13 @@ bool flash_attention_takes(at::Device device, at::ScalarType dtype, int64_t head
   return device.is_cuda() && (dtype == at::kBFloat16 || dtype == at::kHalf) && head_dim <= 256 && head_dim % 8 == 0;
 }
 
+#ifndef QWEN3_FLASH_ATTENTION
 namespace {
-// Why causal attention of these CUDA tensors does not run as the flash node (empty where it does).
-std::string flash_node_missed_because(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-#ifdef QWEN3_FLASH_ATTENTION
-  if (q.scalar_type() != at::kBFloat16 && q.scalar_type() != at::kHalf)
-    return std::string("activations in ") + dtype_text(q.scalar_type()) +
-           " (the flash kernel takes bfloat16 and float16: --compute-dtype bfloat16)";
-  if (!flash_attention_takes(q.device(), q.scalar_type(), q.size(3)))
-    return "heads " + std::to_string(q.size(3)) + " wide (the flash kernel takes multiples of 8 up to 256)";
-  if (k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type() || k.device() != q.device() ||
-      v.device() != q.device())
-    return "k and v unlike q in dtype or device";
-  if (!flash_kernel_on(q.device())) return "a GPU before Ampere (compute capability below 8.0)";
-  return "";
-#else
-  (void)q, (void)k, (void)v;
+std::string flash_node_missed_because(const at::Tensor&, const at::Tensor&, const at::Tensor&) {
   return "this libtorch has no flash attention node (a CUDA build of libtorch 2.x has)";
-#endif
 }
 }  // namespace
+#endif
 
 bool sdpa_takes_grouped_heads() {
 #ifdef QWEN3_SDPA_GROUPED_HEADS

@@ -34,11 +34,19 @@ at::Tensor dequantized_for_product(const at::Tensor& codes, const at::Tensor& sc
 }
 
 // On CUDA with bf16 activations at training shapes (the dense-operand product): the weight's codes and its bf16
-// operand come from one kernel, and the product reads the operand without the codes being read back.
-bool operand_in_quantize_pass(const at::Tensor& x2d, const at::Tensor& weight) {
-  return weight.is_cuda() && x2d.scalar_type() == at::kBFloat16 && weight.size(1) % kBlock == 0 &&
-         (weight.scalar_type() == at::kFloat || weight.scalar_type() == at::kBFloat16) &&
-         !(x2d.size(0) < kNvfp4KernelMaxRows && matmul_cuda_supports(x2d));
+// operand come from one kernel, and the product reads the operand without the codes being read back. Where a CUDA
+// weight's product does not take that pass, why (what a slower path records); empty where it does, and
+// kKernelRows where the rows are few enough for the NVFP4 kernel, which is then the path.
+constexpr const char* kKernelRows = "the NVFP4 kernel's rows";
+std::string one_pass_refusal(const at::Tensor& x2d, const at::Tensor& weight) {
+  if (x2d.size(0) < kNvfp4KernelMaxRows && matmul_cuda_supports(x2d)) return kKernelRows;
+  if (x2d.scalar_type() != at::kBFloat16)
+    return "activations in " + dtype_text(x2d.scalar_type()) +
+           " (the pass writes a bfloat16 operand: --compute-dtype bfloat16)";
+  if (weight.size(1) % kBlock != 0) return "rows that are not whole 16-blocks";
+  if (weight.scalar_type() != at::kFloat && weight.scalar_type() != at::kBFloat16)
+    return "a master in " + dtype_text(weight.scalar_type());
+  return "";
 }
 
 // One trained weight's product in forward and what its backward keeps for dX: the bf16 operand (`kept_operand`),
@@ -61,7 +69,9 @@ SteProduct ste_product(const at::Tensor& x2d, const at::Tensor& weight, ScaleMod
   const auto product = [&](const auto& multiply) {
     return computed ? multiply() : at::empty({x2d.size(0), weight.size(0)}, x2d.options());
   };
-  if (persistent != nullptr && operand_in_quantize_pass(x2d, weight)) {
+  const std::string refusal = weight.is_cuda() ? one_pass_refusal(x2d, weight) : "a weight off the GPU";
+  const bool one_pass = refusal.empty();
+  if (persistent != nullptr && one_pass) {
     if (persistent->version != weight._version()) {
       quantize_with_operand_cuda(weight.detach().contiguous(), mode, at::Tensor(), at::Tensor(), persistent->operand);
       persistent->version = weight._version();
@@ -70,7 +80,7 @@ SteProduct ste_product(const at::Tensor& x2d, const at::Tensor& weight, ScaleMod
     p.y2d = product([&] { return x2d.mm(persistent->operand.t()); });
     return p;
   }
-  if (operand_in_quantize_pass(x2d, weight)) {
+  if (one_pass) {
     const at::Tensor w = weight.detach().contiguous();
     const bool kept = recorded && keep_operand, codes_saved = recorded && !keep_operand;
     const auto bytes = w.options().dtype(at::kByte);
@@ -84,14 +94,8 @@ SteProduct ste_product(const at::Tensor& x2d, const at::Tensor& weight, ScaleMod
     p.y2d = product([&] { return x2d.mm(operand.t()); });
     return p;
   }
-  const bool kernel_rows = x2d.size(0) < kNvfp4KernelMaxRows && matmul_cuda_supports(x2d);  // the NVFP4 kernel's
-  if (weight.is_cuda() && !kernel_rows)
-    record_slow_path("a trained weight's codes and bf16 operand in one pass",
-                     x2d.scalar_type() != at::kBFloat16
-                         ? std::string("activations in ") + dtype_text(x2d.scalar_type()) +
-                               " (the pass writes a bfloat16 operand: --compute-dtype bfloat16)"
-                     : weight.size(1) % kBlock != 0 ? "rows that are not whole 16-blocks"
-                                                    : std::string("a master in ") + dtype_text(weight.scalar_type()));
+  if (weight.is_cuda() && refusal != kKernelRows)
+    record_slow_path("a trained weight's codes and bf16 operand in one pass", refusal);
   const Quantized quantized = quantize(weight.detach(), mode);
   p.saved = {quantized.codes, quantized.scales};
   p.y2d = product([&] { return quantized_product(x2d, quantized.codes, quantized.scales); });

@@ -20,6 +20,9 @@ void record_slow_path(const std::string& what, const std::string& why);
 // The records since the last call (ordered by what, then why), and clears them.
 std::vector<SlowPath> take_slow_paths();
 
+// "WHAT (WHY), N times": how every report names a path.
+std::string slow_path_text(const SlowPath& path);
+
 // What the trainer warns of after step `step` (0: its set-up): a line for each path of `taken` not yet in
 // `totals`, the run's counts so far, into which every path of `taken` is merged (by what and why).
 std::vector<std::string> slow_path_warnings(int64_t step, const std::vector<SlowPath>& taken,

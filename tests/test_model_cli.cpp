@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 
 #include "cli_test_util.h"
+#include "gpu_test.h"
 #include "qwen3/convert/safetensors.h"
 #include "tokenizer_test_util.h"
 #include "build_paths.h"
@@ -147,6 +148,32 @@ TEST_F(ModelCli, EvalPrintsPerSequenceAndTokenWeightedMean) {
   r = run_cli("eval " + model_flags() + " --data " + tsv + " --tokenizer " + test::tiny_tokenizer_path());
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("mean loss"), std::string::npos) << r.out;
+}
+
+// eval and generate on a GPU warn of the slower paths their forward passes took, as training does (docs/trainer.md,
+// "Slow paths"): none in bfloat16, attention off the flash node in float32. On a CPU nothing is recorded.
+TEST_F(ModelCli, GpuEvalAndGenerateWarnOfTheirSlowerPaths) {
+  QWEN3_GPU_TEST(at::hasCUDA());
+  const std::string ids = dir_->file("gpu-ids.txt");
+  std::ofstream(ids) << "9707 4337 13 151645 1 2 3 4\n";
+  for (const char* dtype : {"bfloat16", "float32"}) {
+    const std::string device = std::string(" --device cuda --dtype ") + dtype;
+    const auto eval = run_cli("eval " + model_flags() + " --token-ids-file " + ids + device);
+    const auto gen = run_cli("generate " + model_flags() + " --prompt-ids '9707 4337 13' --print-ids --ignore-eos"
+                             " --max-new-tokens 4" + device);
+    for (const auto* r : {&eval, &gen}) {
+      ASSERT_EQ(r->code, 0) << dtype << "\n" << r->err;
+      const bool warned = r->err.find("slower path: causal attention") != std::string::npos;
+      EXPECT_EQ(warned, std::string(dtype) == "float32") << dtype << "\n" << r->err;
+    }
+    if (std::string(dtype) == "float32") {
+      EXPECT_NE(eval.err.find("eval: slower path:"), std::string::npos) << eval.err;
+      EXPECT_NE(gen.err.find("generate: slower path:"), std::string::npos) << gen.err;
+    }
+  }
+  const auto cpu = run_cli("eval " + model_flags() + " --token-ids-file " + ids);
+  ASSERT_EQ(cpu.code, 0) << cpu.err;
+  EXPECT_EQ(cpu.err.find("slower path"), std::string::npos) << cpu.err;
 }
 
 // One definition (issue 14 point 13): `eval --data` scores what training's eval_loss scores — a pair's target

@@ -14,6 +14,7 @@
 #include "qwen3/tokenizer/chat_format.h"
 
 #include "qwen3/base/error.h"
+#include "qwen3/base/slow_paths.h"
 
 namespace qwen3::cli {
 
@@ -176,6 +177,10 @@ void setup_logging(const std::string& level) {
   if (lvl == spdlog::level::off && level != "off")
     throw UsageError("--log-level: unknown level '" + level + "' (trace, debug, info, warn, error, off)");
   spdlog::set_level(lvl);
+}
+
+void warn_of_slow_paths(const std::string& command) {
+  for (const SlowPath& p : take_slow_paths()) spdlog::warn("{}: slower path: {}", command, slow_path_text(p));
 }
 
 }  // namespace qwen3::cli

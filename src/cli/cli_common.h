@@ -83,6 +83,11 @@ TokenizerSource tokenizer_source(const std::string& tokenizer, const ChatTemplat
 
 void setup_logging(const std::string& level);  // trace|debug|info|warn|error|off; progress goes to stderr
 
+// After a command that ran the model without the trainer (eval, generate): a warning on stderr for each slower
+// path its forward passes took on a GPU (docs/trainer.md, "Slow paths"), as the trainer warns of a step's. A
+// process runs one command, so the records are all this command's.
+void warn_of_slow_paths(const std::string& command);
+
 // Registration of each command (one file each).
 Command add_inspect_command(CLI::App& app);
 Command add_synth_command(CLI::App& app);

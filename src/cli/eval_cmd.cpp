@@ -164,6 +164,7 @@ int run_eval(EvalFlags& f) {
   if (!f.logits_out.empty()) logits.emplace(f.logits_out, windows, config);
   const Evaluation e = data ? evaluate(*model, *data) : evaluate_id_windows(*model, windows, logits ? &*logits : nullptr);
   if (logits) logits->commit();
+  warn_of_slow_paths("eval");
   if (e.samples.empty()) throw Error(f.data + ": no target carries loss");
   nlohmann::json rows = nlohmann::json::array();
   for (const SampleLoss& s : e.samples) {

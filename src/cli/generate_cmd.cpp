@@ -106,6 +106,7 @@ int run_generate(const GenerateFlags& f) {
   const auto out = generate(*model, prompt, gen, [&](int64_t id) { printer.add(id); });
   const std::string reply = printer.finish();
   const auto t2 = std::chrono::steady_clock::now();
+  warn_of_slow_paths("generate");
   if (f.print_ids) {
     fmt::print("{}\n", fmt::join(out, " "));
     std::fflush(stdout);

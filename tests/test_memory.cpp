@@ -864,6 +864,22 @@ TEST(VramReportCli, PredictOnlyAndBadFlags) {
                                                     " --optimizer-state-mode int4");
   EXPECT_EQ(bad_moments.code, 2);
   EXPECT_NE(bad_moments.err.find("int4"), std::string::npos) << bad_moments.err;
+  // Flags another makes meaningless are refused as `train` refuses them (exit 2, the command and both flags
+  // named), with or without --predict-only: its figures would otherwise describe a step the flags do not ask for.
+  for (const std::string& mode : {std::string(" --predict-only"), " --out " + dir.file("refused.json")}) {
+    for (const auto& [flags, named] : std::vector<std::pair<std::string, std::string>>{
+             {" --overlap-update", "--overlap-update runs the in-backward updates beside backward: it needs "
+                                   "--fused-optimizer"},
+             {" --fused-optimizer --grad-accum-steps 2", "--grad-accum-steps needs the plain update"},
+             {" --pack-strategy stream", "--pack-strategy applies with --pack only"},
+             {" --train-lm-head", "--train-lm-head applies with --train-last-layers"},
+             {" --synthetic", "--synthetic trains random weights of --config's shape: drop --weights"}}) {
+      const test::CliResult r = test::run_cli("vram-report" + mode + train + flags);
+      EXPECT_EQ(r.code, 2) << mode << flags << "\n" << r.err;
+      EXPECT_NE(r.err.find("vram-report: " + named), std::string::npos) << mode << flags << "\n" << r.err;
+      EXPECT_EQ(r.err.find("step 1/1"), std::string::npos) << "refused before the step";
+    }
+  }
 }
 
 // The report's first reading comes before anything has reached the device; in a fresh process the CUDA caching

@@ -94,27 +94,15 @@ void apply_config_file(CLI::App* sub, const std::string& path) {
   }
 }
 
-// Flags that contradict each other or would be silently ignored (docs/trainer.md, "Flag combinations"). Only
-// `train`: vram-report runs one step of whatever the flags say.
+// Flags that contradict each other or would be silently ignored (docs/trainer.md, "Flag combinations"): those
+// vram-report shares, and the run's length, which vram-report has not (it runs one step).
 void check_flag_combinations(const TrainFlags& f) {
   const TrainOptions& o = f.o;
-  check_micro_batch(o);
+  check_shared_flag_combinations(f);
   if (o.steps > 0 && o.epochs > 0) throw UsageError("train: give --steps or --epochs, not both");
   if (o.steps_per_epoch > 0 && o.epochs <= 0)
     throw UsageError("train: --steps-per-epoch applies with --epochs only");
-  if (f.synthetic && !o.weights.empty())
-    throw UsageError("train: --synthetic trains random weights of --config's shape: drop --weights or --synthetic");
   if (o.eval_every > 0 && o.eval_data.empty()) throw UsageError("train: --eval-every needs --eval-data");
-  if (parse_pack_strategy(f.pack_strategy) != PackStrategy::best_fit && !o.data.pack)
-    throw UsageError("train: --pack-strategy applies with --pack only");
-  if (o.grad_accum_steps > 1 && o.fused_optimizer)
-    throw UsageError("train: --grad-accum-steps needs the plain update: --fused-optimizer applies each block's "
-                     "gradient as soon as it exists, so there is nothing to accumulate into (docs/trainer.md)");
-  if (o.overlap_update && !o.fused_optimizer)
-    throw UsageError("train: --overlap-update runs the in-backward updates beside backward: it needs --fused-optimizer");
-  if (o.train_lm_head && o.train_last_layers <= 0)
-    throw UsageError("train: --train-lm-head applies with --train-last-layers (without it every tensor trains, the "
-                     "head included)");
   if (o.steps > 0 && o.schedule.warmup_steps > o.steps)
     throw UsageError(fmt::format("train: --warmup-steps {} exceeds --steps {}: the learning rate would never reach --lr",
                                  o.schedule.warmup_steps, o.steps));

@@ -90,7 +90,7 @@ void claim_run_folders(TrainFlags& f) {
   std::sort(found.begin(), found.end());
   const std::string listed = fmt::format("{}", fmt::join(found, ", "));
   if (!f.overwrite)
-    throw UsageError("train: a previous run's files are here: " + listed +
+    throw UsageError(f.command + ": a previous run's files are here: " + listed +
                      ". Give --resume to continue that run, another --output-dir for a new one, or --overwrite to "
                      "remove them before the first step");
   spdlog::warn("--overwrite: the previous run's {} will be removed before the first step", listed);
@@ -105,6 +105,24 @@ void check_micro_batch(const TrainOptions& o) {
                                  "beyond any device's memory; use --grad-accum-steps for a larger batch",
                                  o.data.batch_size, o.data.seq_len, o.data.batch_size * o.data.seq_len,
                                  flag_limit::micro_batch_tokens));
+}
+
+void check_shared_flag_combinations(const TrainFlags& f) {
+  const TrainOptions& o = f.o;
+  const std::string& c = f.command;
+  check_micro_batch(o);
+  if (f.synthetic && !o.weights.empty())
+    throw UsageError(c + ": --synthetic trains random weights of --config's shape: drop --weights or --synthetic");
+  if (parse_pack_strategy(f.pack_strategy) != PackStrategy::best_fit && !o.data.pack)
+    throw UsageError(c + ": --pack-strategy applies with --pack only");
+  if (o.grad_accum_steps > 1 && o.fused_optimizer)
+    throw UsageError(c + ": --grad-accum-steps needs the plain update: --fused-optimizer applies each block's "
+                     "gradient as soon as it exists, so there is nothing to accumulate into (docs/trainer.md)");
+  if (o.overlap_update && !o.fused_optimizer)
+    throw UsageError(c + ": --overlap-update runs the in-backward updates beside backward: it needs --fused-optimizer");
+  if (o.train_lm_head && o.train_last_layers <= 0)
+    throw UsageError(c + ": --train-lm-head applies with --train-last-layers (without it every tensor trains, the "
+                     "head included)");
 }
 
 void convert_flag_values(TrainFlags& f) {
@@ -147,7 +165,7 @@ void resolve(TrainFlags& f) {
         // A Hugging Face folder: its safetensors become a .dat once, with `convert`.
         for (const auto& entry : std::filesystem::directory_iterator(f.model_dir, ec))
           if (entry.path().extension() == ".safetensors")
-            throw UsageError("train: --model-dir " + f.model_dir + " holds Hugging Face safetensors and no model.dat: "
+            throw UsageError(f.command + ": --model-dir " + f.model_dir + " holds Hugging Face safetensors and no model.dat: "
                              "convert it once with `qwen3-train convert --hf-dir " + f.model_dir + " --out " +
                              f.model_dir + "/model.dat --nvfp4` (docs/export.md), then train with --model-dir " +
                              f.model_dir);
@@ -158,9 +176,9 @@ void resolve(TrainFlags& f) {
   for (auto [name, value] : {std::pair{"--weights", &o.weights}, {"--config", &o.config}, {"--tokenizer", &o.tokenizer},
                              {"--train-data", &o.data.path}})
     if (value->empty() && !(f.synthetic && value != &o.tokenizer && value != &o.data.path))  // --synthetic makes two
-      throw UsageError(std::string("train: ") + name + " is required");
+      throw UsageError(f.command + ": " + name + " is required");
   if (o.steps <= 0 && o.epochs <= 0)
-    throw UsageError("train: give a positive --steps or --epochs (0, their default, means neither was given)");
+    throw UsageError(f.command + ": give a positive --steps or --epochs (0, their default, means neither was given)");
   if (f.synthetic) make_synthetic_weights(f);
   if (o.resume_if_present) o.resume = true;
   apply_output_dir(o);
@@ -173,7 +191,7 @@ void resolve(TrainFlags& f) {
                         {o.weights, o.config, o.tokenizer, o.data.path, o.eval_data}, {o.checkpoint_dir});
   if (o.profile_step > 0) {
     if (o.profile_out.empty() && o.output_dir.empty())
-      throw UsageError("train: --profile-step needs --profile-out FILE (or --output-dir, which holds "
+      throw UsageError(f.command + ": --profile-step needs --profile-out FILE (or --output-dir, which holds "
                        "profile-step-N.json)");
     if (o.profile_out.empty())
       o.profile_out = (std::filesystem::path(o.output_dir) / fmt::format("profile-step-{}.json", o.profile_step)).string();
@@ -182,7 +200,7 @@ void resolve(TrainFlags& f) {
     prepare_output_target("--profile-out", o.profile_out, replaced,
                         {o.weights, o.config, o.tokenizer, o.data.path, o.eval_data, o.output_dat}, {o.checkpoint_dir});
   } else if (!o.profile_out.empty()) {
-    throw UsageError("train: --profile-out applies with --profile-step");
+    throw UsageError(f.command + ": --profile-out applies with --profile-step");
   }
 }
 

@@ -22,11 +22,15 @@ struct TrainFlags {
   std::string config_file;
   bool synthetic = false, overwrite = false;
   int64_t test_max_tokens = 0;
+  std::string command = "train";  // whose flags these are, as its messages name it: train or vram-report
 };
 
 // Each size flag is in its range (flag_limit); their product is what a micro-batch holds. Before anything is
 // loaded or made (train and vram-report).
 void check_micro_batch(const TrainOptions& o);
+// Flags that contradict each other or would be silently ignored, in both commands (docs/trainer.md, "Flag
+// combinations"); check_micro_batch among them. `train` checks its run-length flags besides.
+void check_shared_flag_combinations(const TrainFlags& f);
 // The flags whose text becomes a typed option (shared by `train` and `vram-report --predict-only`).
 void convert_flag_values(TrainFlags& f);
 // The run's files and folders from the flags (--model-dir, --output-dir, --synthetic's weights), the output targets

@@ -87,6 +87,7 @@ void drop_flags(CLI::App* sub, std::initializer_list<const char*> names) {
 
 Command add_vram_report_command(CLI::App& app) {
   auto f = std::make_shared<TrainFlags>();
+  f->command = "vram-report";
   auto out = std::make_shared<std::string>();
   auto predict_only = std::make_shared<bool>(false);
   auto* sub = app.add_subcommand(
@@ -111,7 +112,7 @@ Command add_vram_report_command(CLI::App& app) {
       ->check(CLI::IsMember(predict_device_names()));
   return {sub, [f, out, predict_only]() {
             TrainOptions& o = f->o;
-            check_micro_batch(o);
+            check_shared_flag_combinations(*f);
             o.steps = 1;
             o.epochs = 0;
             if (*predict_only) {

@@ -2,7 +2,9 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include <ATen/ATen.h>
@@ -301,6 +303,32 @@ TEST(SmokeCli, PassesOnTheMixtureOfExpertsModel) {
   EXPECT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("-> \"I am Qwen.\" (expected \"I am Qwen.\") ok"), std::string::npos) << r.out;
   EXPECT_NE(r.err.find("load-balancing loss: trained with coefficient 0.001"), std::string::npos) << r.err;
+}
+
+// smoke owns its --out-dir: a re-run replaces its own files there, and a folder holding anything else (a mistyped
+// path to someone's model) is refused before anything in it is written.
+TEST(SmokeCli, RefusesAFolderHoldingFilesItDoesNotWrite) {
+  test::TempDir dir;
+  std::filesystem::create_directories(dir.file("theirs/model"));
+  std::ofstream(dir.file("theirs/model/model.dat")) << "precious";
+  std::ofstream(dir.file("theirs/notes.txt")) << "mine";
+  const std::string flags = " --steps 1 --tokenizer " + test::tiny_tokenizer_path();
+  auto r = test::run_cli("smoke --out-dir " + dir.file("theirs") + flags);
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("smoke: --out-dir " + dir.file("theirs") + " holds files smoke does not write (notes.txt)"),
+            std::string::npos)
+      << r.err;
+  std::ifstream in(dir.file("theirs/model/model.dat"));
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "precious");
+  // Only smoke's own names (a previous smoke's folder): it runs (one step is too few to reply: exit 1, not 2).
+  std::filesystem::remove(dir.file("theirs/notes.txt"));
+  r = test::run_cli("smoke --out-dir " + dir.file("theirs") + flags);
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_NE(r.out.find("smoke: export"), std::string::npos) << r.out;
+  std::ofstream(dir.file("file")) << "x";
+  r = test::run_cli("smoke --out-dir " + dir.file("file") + flags);
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("is a file; give a folder"), std::string::npos) << r.err;
 }
 
 TEST(SmokeCli, PassesWithTheTinyTokenizer) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <iterator>
 
 #include "cli_test_util.h"
 #include "qwen3/base/remove_tree.h"
@@ -227,6 +228,29 @@ TEST(Cli, SynthAndQuantizeFlags) {
   EXPECT_NE(r.out.find("nvfp4 pairs: 22"), std::string::npos) << r.out;
   r = test::run_cli("quantize --in " + dir.file("m/model.dat") + " --out " + dir.file("m/model.dat"));
   EXPECT_EQ(r.code, 2) << r.err;
+  // A model already in --out-dir is not replaced unasked (nor half-replaced: refused before anything is written),
+  // and --config is never the file written.
+  const auto bytes = [&](const std::string& name) {
+    std::ifstream in(dir.file(name), std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string dat = bytes("m/model.dat"), config = bytes("m/config.json");
+  r = test::run_cli("synth --preset tiny --seed 7 --out-dir " + dir.file("m"));
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("synth: --out-dir " + dir.file("m/model.dat") + " exists; pass --overwrite"),
+            std::string::npos)
+      << r.err;
+  EXPECT_TRUE(bytes("m/model.dat") == dat && bytes("m/config.json") == config);
+  std::filesystem::remove(dir.file("m/model.dat"));
+  r = test::run_cli("synth --preset tiny --seed 7 --out-dir " + dir.file("m"));  // the config alone is a model too
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("config.json exists; pass --overwrite"), std::string::npos) << r.err;
+  r = test::run_cli("synth --config " + dir.file("m/config.json") + " --out-dir " + dir.file("m") + " --overwrite");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("is the input file"), std::string::npos) << r.err;
+  r = test::run_cli("synth --preset tiny --seed 7 --out-dir " + dir.file("m") + " --overwrite");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(bytes("m/model.dat"), dat);  // another seed's weights
 }
 
 

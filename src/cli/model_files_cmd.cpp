@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <filesystem>
 
 #include "cli_common.h"
 #include "qwen3/base/error.h"
@@ -29,7 +30,7 @@ Command add_synth_command(CLI::App& app) {
   struct Options {
     std::string preset, config, out_dir, scale_mode = "rne";
     uint64_t seed = 0;
-    bool dense = false;
+    bool dense = false, overwrite = false;
   };
   auto o = std::make_shared<Options>();
   auto* sub = app.add_subcommand("synth", "Write a random Qwen3 model (config.json + model.dat) of any shape");
@@ -41,8 +42,14 @@ Command add_synth_command(CLI::App& app) {
   sub->add_option("--seed", o->seed, "random seed")->check(seed_integer())->capture_default_str();
   add_bool_flag(sub, "--dense", o->dense, "float16 everywhere instead of NVFP4 pairs");
   add_scale_mode(sub, o->scale_mode);
+  add_bool_flag(sub, "--overwrite", o->overwrite, "replace a model.dat and config.json already in --out-dir (never --config)");
   return {sub, [o]() {
             if (o->preset.empty() && o->config.empty()) throw UsageError("synth: give --preset or --config");
+            // Before anything is written: a model already in the folder is someone's (exit 2 unless --overwrite),
+            // and the config read is never the one written.
+            for (const char* name : {"model.dat", "config.json"})
+              prepare_output_target("synth: --out-dir", (std::filesystem::path(o->out_dir) / name).string(),
+                                    o->overwrite, {o->config});
             SynthOptions opt;
             opt.config = o->config.empty() ? preset_config(o->preset) : load_config(o->config);
             opt.out_dir = o->out_dir;

@@ -2,13 +2,17 @@
 // on a built-in TSV, export, reload of the exported .dat, and a greedy reply that must reproduce a trained
 // target. Non-zero exit if any stage fails.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
+#include "qwen3/base/error.h"
 #include "qwen3/tokenizer/chat_format.h"
 #include "qwen3/model/generate.h"
 #include "qwen3/model/model_loader.h"
@@ -48,6 +52,33 @@ std::string find_tokenizer(const std::string& given) {
   return {};
 }
 
+// smoke owns its folder: it writes these names, and a re-run replaces them. A folder holding anything else is
+// someone's (a mistyped --out-dir), and smoke refuses it before writing anything, rather than replace a model.dat
+// or a trained.dat of theirs.
+void check_smoke_folder(const std::string& out_dir) {
+  static const char* const kOwn[] = {"tiny_tokenizer.json", "pairs.tsv", "trained.dat", "model", "model/model.dat",
+                                     "model/config.json"};
+  std::error_code ec;
+  if (!fs::exists(out_dir, ec)) return;
+  if (!fs::is_directory(out_dir, ec)) throw UsageError("smoke: --out-dir " + out_dir + " is a file; give a folder");
+  std::vector<std::string> foreign;
+  for (auto it = fs::recursive_directory_iterator(out_dir, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec)) {
+    const std::string rel = it->path().lexically_relative(out_dir).generic_string();
+    if (std::find(std::begin(kOwn), std::end(kOwn), rel) != std::end(kOwn)) continue;
+    foreign.push_back(rel);
+    it.disable_recursion_pending();  // a foreign folder is named once, not file by file
+  }
+  if (ec) throw Error("smoke: --out-dir " + out_dir + ": cannot list it: " + ec.message());
+  if (foreign.empty()) return;
+  std::sort(foreign.begin(), foreign.end());
+  const size_t shown = std::min<size_t>(foreign.size(), 3);
+  throw UsageError(fmt::format("smoke: --out-dir {} holds files smoke does not write ({}{}): give a new or empty "
+                               "folder (smoke replaces only its own files there)",
+                               out_dir, fmt::join(foreign.begin(), foreign.begin() + static_cast<std::ptrdiff_t>(shown), ", "),
+                               foreign.size() > shown ? fmt::format(" and {} more", foreign.size() - shown) : ""));
+}
+
 double peak_rss_mib() {
   rusage u{};
   ::getrusage(RUSAGE_SELF, &u);
@@ -57,6 +88,7 @@ double peak_rss_mib() {
 int run_smoke(const SmokeFlags& f) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
+  check_smoke_folder(f.out_dir);
   fs::create_directories(f.out_dir);
   const std::string tok_path = find_tokenizer(f.tokenizer);
   const std::string tok_used = tok_path.empty() ? (fs::path(f.out_dir) / "tiny_tokenizer.json").string() : tok_path;

@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "qwen3/base/error.h"
+#include "qwen3/dat/durable_file.h"
 
 namespace qwen3 {
 namespace {
@@ -250,9 +251,7 @@ Qwen3Config load_config(const std::string& path) {
 }
 
 void save_config(const Qwen3Config& config, const std::string& path) {
-  std::ofstream f(path);
-  f << config.to_json().dump(2) << "\n";
-  if (!f) throw Error(path + ": cannot write config");
+  write_file_durably(path, config.to_json().dump(2) + "\n");  // complete under its name or not there
 }
 
 Qwen3Config preset_config(const std::string& name) {

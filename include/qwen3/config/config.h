@@ -66,7 +66,7 @@ struct Qwen3Config {
 
 Qwen3Config config_from_json(const nlohmann::json& j, const std::string& origin);
 Qwen3Config load_config(const std::string& path);  // reads, parses, validates
-void save_config(const Qwen3Config& config, const std::string& path);
+void save_config(const Qwen3Config& config, const std::string& path);  // durably: complete or absent
 
 // Presets for `synth`: "qwen3-4b" (the real Qwen3-4B-Instruct-2507 values) and "tiny" (real vocabulary, so
 // the real tokenizer works, with a small body: GQA and head_dim != hidden / heads, like the real model).

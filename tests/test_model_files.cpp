@@ -4,6 +4,7 @@
 
 #include <fstream>
 #include <iterator>
+#include <tuple>
 
 #include "cli_test_util.h"
 #include "qwen3/base/remove_tree.h"
@@ -109,18 +110,38 @@ TEST(Layout, LayerOfKey) {
   EXPECT_EQ(layer_of_key("model.layers.12345678901.weight"), std::nullopt);  // no overflow: refused
 }
 
-// train --synthetic's model: written once into its folder, then found there again (a resume trains the same
-// weights); no folder: a fresh temporary one each time.
-TEST(Synth, TrainingModelIsWrittenOnceAndReused) {
+// train --synthetic's model: written once into its folder, then found there again while its config and seed are
+// the ones asked for (a resume trains the same weights); another seed's or config's are refused, or drawn anew
+// where asked (a new run over an old one); no folder: a fresh temporary one each time.
+TEST(Synth, TrainingModelIsWrittenOnceAndReusedOnlyForItsConfigAndSeed) {
   test::TempDir dir;
   const Qwen3Config config = test::trainable_tiny_config();
-  const SynthResult first = synthetic_training_model(config, 3, dir.file("synthetic-model"));
+  const std::string folder = dir.file("synthetic-model");
+  const SynthResult first = synthetic_training_model(config, 3, folder);
   EXPECT_GT(first.entries, 0u);
   const std::string bytes = test::slurp(first.dat_path);
-  const SynthResult again = synthetic_training_model(config, 4, dir.file("synthetic-model"));
+  const SynthResult again = synthetic_training_model(config, 3, folder);
   EXPECT_EQ(again.entries, 0u) << "found, not written";
   EXPECT_EQ(again.dat_path, first.dat_path);
   EXPECT_EQ(test::slurp(again.dat_path), bytes);
+  Qwen3Config wider = config;
+  wider.intermediate_size *= 2;
+  for (const auto& [other, seed, what] : {std::tuple{config, uint64_t{4}, std::string("seed 3, not 4")},
+                                          std::tuple{wider, uint64_t{3}, std::string("another config")}}) {
+    try {
+      synthetic_training_model(other, seed, folder);
+      ADD_FAILURE() << what << ": trained the other run's weights";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(test::slurp(first.dat_path), bytes) << "refused before anything was written";
+  }
+  const SynthResult redrawn = synthetic_training_model(config, 4, folder, /*replace_other=*/true);
+  EXPECT_GT(redrawn.entries, 0u);
+  EXPECT_NE(test::slurp(redrawn.dat_path), bytes);
+  EXPECT_EQ(synthetic_training_model(config, 4, folder).entries, 0u) << "the new record is found";
+  std::filesystem::remove(folder + "/synthetic.json");  // weights nothing says the origin of are not taken
+  EXPECT_THROW(synthetic_training_model(config, 4, folder), UsageError);
   const SynthResult fresh = synthetic_training_model(config, 3, "");
   EXPECT_NE(fresh.dat_path, first.dat_path);
   EXPECT_GT(fresh.entries, 0u);

@@ -733,6 +733,24 @@ TEST(TrainCli, SyntheticWeightsAndTheAfterExportSelfTest) {
                     " --train-data " + dir.file("pairs.tsv") + " --steps 1 --test-max-tokens 8");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("--output-dat"), std::string::npos) << r.err;
+
+  // A new run over the old one in the same --checkpoint-dir, with another config: --overwrite trains the config
+  // asked for (the old run's random weights drawn anew), where it once trained the old run's in its place; a
+  // resume with another config is refused.
+  nlohmann::json two = nlohmann::json::parse(test::slurp(m.config_path));
+  two["num_hidden_layers"] = 1;
+  std::ofstream(dir.file("one-layer.json")) << two.dump();
+  const std::string rerun = "train --synthetic --config " + dir.file("one-layer.json") + " --tokenizer " +
+                            test::tiny_tokenizer_path() + " --train-data " + dir.file("pairs.tsv") +
+                            " --steps 1 --checkpoint-dir " + dir.file("ck");
+  r = test::run_cli(rerun + " --resume");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("holds the random weights of another run (another config than --config)"),
+            std::string::npos)
+      << r.err;
+  r = test::run_cli(rerun + " --overwrite");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(load_config(dir.file("ck/synthetic-model/config.json")).num_hidden_layers, 1);
 }
 
 

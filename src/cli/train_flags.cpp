@@ -22,12 +22,16 @@ namespace qwen3::cli {
 namespace {
 
 // The original's `--synthetic true`: train on random weights of the config's shape (the tiny preset without
-// --config), written once with `synth` into the checkpoint directory (or a temporary one) and reused on resume.
+// --config), written once with `synth` into the checkpoint directory (or a temporary one) and reused on resume
+// (synthetic_training_model: only while they are of this config and seed).
 void make_synthetic_weights(TrainFlags& f) {
   TrainOptions& o = f.o;
   const Qwen3Config config = o.config.empty() ? preset_config("tiny") : load_config(o.config);
-  const SynthResult model =
-      synthetic_training_model(config, o.data.seed, o.checkpoint_dir.empty() ? "" : o.checkpoint_dir + "/synthetic-model");
+  // A previous run's weights of another config or seed are replaced only where --overwrite replaces that run
+  // (never under a resume, whose checkpoints were trained from them).
+  const bool replace_other = f.overwrite && !o.resume && !o.resume_if_present;
+  const SynthResult model = synthetic_training_model(
+      config, o.data.seed, o.checkpoint_dir.empty() ? "" : o.checkpoint_dir + "/synthetic-model", replace_other);
   o.weights = model.dat_path;
   o.config = model.config_path;
   spdlog::info("--synthetic: training random weights in {}", o.weights);

@@ -12,8 +12,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
+#include "qwen3/base/error.h"
+#include "qwen3/base/file_io.h"
+#include "qwen3/base/json_limits.h"
 #include "qwen3/dat/dat.h"
+#include "qwen3/dat/durable_file.h"
 #include "qwen3/model/layout.h"
 #include "qwen3/nvfp4/nvfp4_pair_writer.h"
 
@@ -49,7 +54,8 @@ uint64_t stream_seed(uint64_t seed, const std::string& key) {
 
 }  // namespace
 
-SynthResult synthetic_training_model(const Qwen3Config& config, uint64_t seed, const std::string& folder) {
+SynthResult synthetic_training_model(const Qwen3Config& config, uint64_t seed, const std::string& folder,
+                                     bool replace_other) {
   SynthOptions s;
   s.config = config;
   s.seed = seed;
@@ -60,11 +66,39 @@ SynthResult synthetic_training_model(const Qwen3Config& config, uint64_t seed, c
       throw Error(std::string("cannot create a temporary folder for --synthetic: ") + std::strerror(errno));
     s.out_dir = pattern;
   }
-  if (!std::filesystem::exists(s.out_dir + "/model.dat")) return write_synthetic_model(s);
-  SynthResult existing;
-  existing.dat_path = s.out_dir + "/model.dat";
-  existing.config_path = s.out_dir + "/config.json";
-  return existing;
+  // What the weights were drawn from: the config as written and the seed.
+  const nlohmann::json wanted = {{"seed", seed}, {"config", config.to_json()}};
+  const std::string record = s.out_dir + "/synthetic.json";
+  std::error_code ec;
+  if (std::filesystem::exists(s.out_dir + "/model.dat", ec)) {
+    std::string differs = "no synthetic.json says what they were drawn from";
+    if (std::filesystem::exists(record, ec)) {
+      nlohmann::json found;
+      try {
+        std::ifstream in = open_input_file(record, "--synthetic's record");
+        found = nlohmann::json::parse(in, depth_limited(record), /*allow_exceptions=*/false);
+      } catch (const Error&) {  // unreadable or too deep: not a record of these weights
+      }
+      if (!found.is_object()) found = nlohmann::json::object();
+      if (found == wanted) {
+        SynthResult existing;
+        existing.dat_path = s.out_dir + "/model.dat";
+        existing.config_path = s.out_dir + "/config.json";
+        return existing;
+      }
+      differs = found.value("seed", nlohmann::json()) != wanted["seed"]
+                    ? "seed " + found.value("seed", nlohmann::json()).dump() + ", not " + std::to_string(seed)
+                    : "another config than --config";
+    }
+    if (!replace_other)
+      throw UsageError("--synthetic: " + s.out_dir + " holds the random weights of another run (" + differs +
+                       "): resume that run with its own --config and --seed, replace it with --overwrite, or give "
+                       "another --checkpoint-dir");
+    spdlog::warn("--synthetic: {} held another run's random weights ({}): drawn anew", s.out_dir, differs);
+  }
+  SynthResult written = write_synthetic_model(s);
+  write_file_durably(record, wanted.dump(2) + "\n");  // last: a model without it is never taken for this one's
+  return written;
 }
 
 SynthResult write_synthetic_model(const SynthOptions& opt) {

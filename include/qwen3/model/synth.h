@@ -27,9 +27,13 @@ struct SynthResult {
 
 SynthResult write_synthetic_model(const SynthOptions& options);
 
-// The model `train --synthetic` trains: random weights of `config`'s shape, written once into `folder` and
-// reused while a model.dat is there (a resume finds the same weights); an empty `folder`: a fresh temporary one.
-// The result names the files (its counts are those of a fresh write only).
-SynthResult synthetic_training_model(const Qwen3Config& config, uint64_t seed, const std::string& folder);
+// The model `train --synthetic` trains: random weights of `config`'s shape from `seed`, written once into `folder`
+// with a record of both (synthetic.json), and reused while that record matches (a resume, or the same run again,
+// finds the same weights). A folder holding another config's or seed's weights (a new run with other flags in
+// the same --checkpoint-dir) is written anew where `replace_other` (train's --overwrite of a previous run), else
+// refused: UsageError naming what differs, never trained in place of what the flags ask for. An empty `folder`: a
+// fresh temporary one. The result names the files (its counts are those of a fresh write only).
+SynthResult synthetic_training_model(const Qwen3Config& config, uint64_t seed, const std::string& folder,
+                                     bool replace_other = false);
 
 }  // namespace qwen3

@@ -1,6 +1,7 @@
 // `plot METRICS.jsonl --out loss.svg`, read back by an independent XML parser (Python's xml.etree).
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 
 #include "cli_test_util.h"
@@ -109,6 +110,29 @@ TEST(PlotCli, BadMetricsAreNamedByLine) {
   r = run_cli("plot " + dir.file("empty.jsonl") + " --out " + dir.file("y.svg"));
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("no step with a finite loss"), std::string::npos) << r.err;
+}
+
+// --out is an output target: an existing file only with --overwrite, a folder never, and never a metrics file the
+// command reads, with --overwrite or not (it once replaced a run's metrics with the picture of them).
+TEST(PlotCli, OutNeverReplacesWhatItReads) {
+  test::TempDir dir;
+  const std::string metrics = "{\"step\": 1, \"loss\": 2}\n";
+  std::ofstream(dir.file("m.jsonl")) << metrics;
+  auto r = run_cli("plot " + dir.file("m.jsonl") + " --out " + dir.file("m.jsonl") + " --overwrite");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("is the input file"), std::string::npos) << r.err;
+  EXPECT_EQ(test::slurp(dir.file("m.jsonl")), metrics);
+  std::filesystem::create_directories(dir.file("folder"));
+  r = run_cli("plot " + dir.file("m.jsonl") + " --out " + dir.file("folder") + " --overwrite");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("is a directory; give a file path"), std::string::npos) << r.err;
+  std::ofstream(dir.file("old.svg")) << "old";
+  r = run_cli("plot " + dir.file("m.jsonl") + " --out " + dir.file("old.svg"));
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_EQ(test::slurp(dir.file("old.svg")), "old");
+  r = run_cli("plot " + dir.file("m.jsonl") + " --out " + dir.file("old.svg") + " --overwrite");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(test::slurp(dir.file("old.svg")).find("<svg"), std::string::npos);
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "qwen3/base/error.h"
 #include "qwen3/base/file_io.h"
 #include "qwen3/dat/durable_file.h"
+#include "qwen3/export/output_target.h"
 
 namespace qwen3::cli {
 namespace {
@@ -221,8 +222,8 @@ Command add_plot_command(CLI::App& app) {
       ->capture_default_str();
   add_bool_flag(sub, "--overwrite", o->overwrite, "replace an existing --out");
   return {sub, [o]() {
-            if (!o->overwrite && std::ifstream(o->out).good())
-              throw UsageError("plot: --out " + o->out + " exists; pass --overwrite to replace it");
+            // Never one of the runs' metrics files it reads, overwrite or not (a run's history is not redrawn).
+            prepare_output_target("plot: --out", o->out, o->overwrite, o->metrics);
             static const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"};
             std::vector<Run> runs;
             for (size_t i = 0; i < o->metrics.size(); ++i)

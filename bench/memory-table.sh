@@ -31,6 +31,7 @@ PY
 row() {  # name, model folder, seq, extra flags...
   local name=$1 model=$2 seq=$3
   shift 3
+  rm -f "$work/r.json"  # each row's report is new (vram-report replaces one only with --overwrite)
   "$bin" vram-report --weights "$work/$model/model.dat" --config "$work/$model/config.json" --tokenizer "$tok" \
     --train-data "$work/text.txt" --data-format text --pack --seq-len "$seq" --batch-size 4 --lr 1e-3 \
     --out "$work/r.json" "$@" >/dev/null 2>&1 || { echo "| $name | failed: vram-report $* |"; return; }

@@ -5,6 +5,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <utility>
+#include <vector>
 #include <string>
 
 #include "cli_test_util.h"
@@ -80,6 +82,43 @@ TEST(OutputTarget, QuantizeAndTrainCheckBeforeTheyStart) {
   r = test::run_cli(train + " --output-dat /proc/qwen3-no-such/t.dat");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("cannot create its folder"), std::string::npos) << r.err;
+}
+
+// What a run writes besides its model never replaces an input: --metrics-jsonl once appended to the training data
+// it named, and the memory report replaced the config; an existing report is replaced only with --overwrite
+// (train's --vram-report and vram-report's --out alike). All refused before anything loads.
+TEST(OutputTarget, ARunsMetricsAndReportNeverReplaceItsInputs) {
+  test::TempDir dir;
+  auto r = test::run_cli("synth --preset tiny --out-dir " + dir.file("m"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string data = dir.file("d.tsv"), config = dir.file("m/config.json");
+  std::ofstream(data) << "hi\tworld\n";
+  std::ofstream(dir.file("old.json")) << "precious";
+  const std::string config_bytes = test::slurp(config);
+  const std::string run = " --weights " + dir.file("m/model.dat") + " --config " + config + " --tokenizer " +
+                          test::tiny_tokenizer_path() + " --train-data " + data;
+  const std::string train = "train" + run + " --steps 1";
+  for (const auto& [flags, named] : std::vector<std::pair<std::string, std::string>>{
+           {" --metrics-jsonl " + data, "--metrics-jsonl " + data + " is the input file"},
+           {" --metrics-jsonl " + data + " --overwrite", "--metrics-jsonl " + data + " is the input file"},
+           {" --vram-report " + config + " --overwrite", "--vram-report " + config + " is the input file"},
+           {" --vram-report " + dir.file("old.json"), "--vram-report " + dir.file("old.json") + " exists"}}) {
+    r = test::run_cli(train + flags);
+    EXPECT_EQ(r.code, 2) << flags << "\n" << r.err;
+    EXPECT_NE(r.err.find(named), std::string::npos) << flags << "\n" << r.err;
+  }
+  r = test::run_cli("vram-report" + run + " --out " + dir.file("old.json"));
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("vram-report: --out " + dir.file("old.json") + " exists; pass --overwrite"), std::string::npos)
+      << r.err;
+  r = test::run_cli("vram-report" + run + " --out " + config + " --overwrite");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_EQ(test::slurp(data), "hi\tworld\n");
+  EXPECT_EQ(test::slurp(config), config_bytes);
+  EXPECT_EQ(test::slurp(dir.file("old.json")), "precious");
+  r = test::run_cli("vram-report" + run + " --out " + dir.file("old.json") + " --overwrite");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(test::slurp(dir.file("old.json")).find("Samples"), std::string::npos);
 }
 
 }  // namespace

@@ -186,6 +186,14 @@ void resolve(TrainFlags& f) {
   if (f.synthetic) make_synthetic_weights(f);
   if (o.resume_if_present) o.resume = true;
   apply_output_dir(o);
+  // The files the run writes besides its model are never its inputs: --metrics-jsonl appended to the training
+  // data, and the memory report replaced the config, before 2026-11-28. The report is a file like --output-dat
+  // (an existing one only with --overwrite); the metrics are appended to (claim_run_folders says whose they are).
+  const std::vector<std::string> inputs = {o.weights, o.config, o.tokenizer, o.data.path, o.eval_data};
+  if (!o.metrics_jsonl.empty()) refuse_input_as_output("--metrics-jsonl", o.metrics_jsonl, inputs);
+  if (!o.vram_report.empty())
+    prepare_output_target(f.command == "vram-report" ? "vram-report: --out" : "--vram-report", o.vram_report,
+                          f.overwrite, inputs);  // inside --checkpoint-dir too, as the original's users kept it
   claim_run_folders(f);
   convert_flag_values(f);
   resolve_device(o.device);

@@ -94,11 +94,14 @@ Command add_vram_report_command(CLI::App& app) {
       "vram-report", "Run one training step of the `train` flags and report memory per phase, measured and predicted");
   auto* run = add_train_flags(sub, f);
   // One step, and only the report written: a run's length, checkpoints, export and evaluation are not its.
-  drop_flags(sub, {"--output-dat", "--overwrite", "--test-max-tokens", "--test-prompt", "--eval-data", "--steps",
+  drop_flags(sub, {"--output-dat", "--test-max-tokens", "--test-prompt", "--eval-data", "--steps",
                    "--epochs", "--steps-per-epoch", "--checkpoint-dir", "--save-every-steps", "--keep-checkpoints",
                    "--resume", "--resume-if-present", "--eval-every", "--output-dir", "--allow-data-change",
                    "--mfu-device", "--dist-init", "--dist-timeout", "--tensorboard"});
-  run->add_option("--out", *out, "write the report (JSON) here");
+  run->add_option("--out", *out, "write the report (JSON) here (a new file, or with --overwrite an old report)");
+  // train's --overwrite, for what this command writes: the report, and --metrics-jsonl's previous lines.
+  sub->get_option("--overwrite")
+      ->description("replace an existing --out (never an input), and a previous run's --metrics-jsonl");
   add_bool_flag(run, "--predict-only", *predict_only,
                 "print the memory and step-time models' figures for --config and the flags; load nothing, run nothing");
   run->add_option("--world-size", f->o.predict_world_size,

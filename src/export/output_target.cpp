@@ -29,8 +29,8 @@ bool inside(const fs::path& child, const fs::path& dir) {
 
 }  // namespace
 
-void prepare_output_target(std::string_view flag, const std::string& out, bool overwrite,
-                         const std::vector<std::string>& input_files, const std::vector<std::string>& input_dirs) {
+void refuse_input_as_output(std::string_view flag, const std::string& out, const std::vector<std::string>& input_files,
+                            const std::vector<std::string>& input_dirs) {
   const std::string name(flag);
   const fs::path target = resolved(out);
   std::error_code ec;
@@ -44,6 +44,13 @@ void prepare_output_target(std::string_view flag, const std::string& out, bool o
     if (inside(target, resolved(dir)))
       throw UsageError(name + " " + out + " is inside " + dir + ", which this command reads; write somewhere else");
   }
+}
+
+void prepare_output_target(std::string_view flag, const std::string& out, bool overwrite,
+                         const std::vector<std::string>& input_files, const std::vector<std::string>& input_dirs) {
+  refuse_input_as_output(flag, out, input_files, input_dirs);
+  const std::string name(flag);
+  std::error_code ec;
   if (fs::is_directory(out, ec)) throw UsageError(name + " " + out + " is a directory; give a file path");
   if (fs::exists(out, ec) && !overwrite)
     throw UsageError(name + " " + out + " exists; pass --overwrite to replace it (or choose another path)");

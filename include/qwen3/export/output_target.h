@@ -15,6 +15,11 @@ namespace qwen3 {
 void prepare_output_target(std::string_view flag, const std::string& out, bool overwrite,
                          const std::vector<std::string>& input_files, const std::vector<std::string>& input_dirs = {});
 
+// Its first check alone, for a file written whether or not it exists (--metrics-jsonl appends): `out` is none of
+// `input_files` and lies in none of `input_dirs` (UsageError naming the flag and both paths).
+void refuse_input_as_output(std::string_view flag, const std::string& out, const std::vector<std::string>& input_files,
+                            const std::vector<std::string>& input_dirs = {});
+
 // For a file that is appended to (--metrics-jsonl): not a directory (UsageError), its folder made if missing
 // and writable (Error with the OS reason).
 void prepare_output_folder(std::string_view flag, const std::string& out);

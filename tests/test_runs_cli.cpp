@@ -66,6 +66,21 @@ TEST(RunsCli, ConfigFileGivesFlagsAndTheCommandLineWins) {
   EXPECT_NE(r.err.find("seq-len"), std::string::npos) << r.err;
   r = run_cli(s.base + " --steps 1 --config-file " + s.dir.file("missing.toml"));
   EXPECT_EQ(r.code, 1) << r.err;
+  // Values a flag does not take are named as such: an array for a flag of one value (CLI11 kept one element),
+  // a word a switch does not take (CLI11's "Could not convert"), a file that names another.
+  for (const auto& [text, named] : std::vector<std::pair<std::string, std::string>>{
+           {"lr = [0.001, 0.002]\n", ":1: lr: one value, not an array of 2"},
+           {"pack = \"maybe\"\n", ":1: pack: 'maybe' is not true or false"},
+           {"steps = 1\nconfig-file = \"other.toml\"\n", ":2: config-file: a flags file does not read another"}}) {
+    std::ofstream(s.dir.file("values.toml")) << text;
+    r = run_cli(s.base + " --steps 1 --config-file " + s.dir.file("values.toml"));
+    EXPECT_EQ(r.code, 2) << text;
+    EXPECT_NE(r.err.find(s.dir.file("values.toml") + named), std::string::npos) << text << r.err;
+  }
+  r = run_cli(s.base + " --steps 1 --pack maybe");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--pack: 'maybe' is not true or false (true, false, 1, 0, yes, no)"), std::string::npos)
+      << r.err;
 }
 
 // One folder holds the run; run.json says what ran and on what; run.toml repeats it, loss for loss.

@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
@@ -21,6 +23,16 @@ namespace qwen3::cli {
 CLI::Option* add_bool_flag(CLI::App* app, const std::string& names, bool& target, const std::string& help) {
   // A bare flag means true; expected(0, 1) lets an explicit value follow after a space, as the original took it.
   auto* opt = app->add_flag(names, target, help)->expected(0, 1);
+  // CLI11's own refusal of another word ("Could not convert: --pack = maybe") names neither the values it takes
+  // nor which of them a flags file may use; this one runs first. An empty value is the bare flag's.
+  opt->check(CLI::Validator(
+      [](std::string& value) -> std::string {
+        std::string v = value;
+        std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+        static const std::set<std::string> words = {"", "true", "false", "1", "0", "yes", "no", "on", "off"};
+        return words.count(v) ? std::string() : "'" + value + "' is not true or false (true, false, 1, 0, yes, no)";
+      },
+      ""));
   opt->type_name("[BOOL]");
   opt->default_str(target ? "true" : "false");
   return opt;

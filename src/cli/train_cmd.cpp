@@ -75,14 +75,20 @@ void apply_config_file(CLI::App* sub, const std::string& path) {
                      "stream of samples; add pack-strategy = \"stream\" to repeat such a run, or \"best-fit\" for "
                      "whole samples a row (docs/data.md)");
   for (const FlagFileEntry& e : entries) {
+    if (e.flag == "config-file")
+      throw UsageError(fmt::format("{}:{}: config-file: a flags file does not read another; write its flags here",
+                                   path, e.line));
     CLI::Option* opt = sub->get_option_no_throw("--" + e.flag);
-    if (!opt || e.flag == "config-file") {
+    if (!opt) {
       const std::string guess = suggest_flag(*sub, "--" + e.flag);
       throw UsageError(fmt::format("{}:{}: '{}' is not a flag of train{} (keys are long flag names, e.g. seq-len)",
                                    path, e.line, e.flag,
                                    guess.empty() ? "" : "; did you mean " + guess.substr(2) + "?"));
     }
     if (opt->count() > 0) continue;  // the command line wins
+    // An array is a list flag's; for a flag of one value CLI11 would keep one element of it and drop the others.
+    if (e.values.size() > 1 && opt->get_items_expected_max() == 1)
+      throw UsageError(fmt::format("{}:{}: {}: one value, not an array of {}", path, e.line, e.flag, e.values.size()));
     try {
       opt->add_result(e.values);
       opt->run_callback();

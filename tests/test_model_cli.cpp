@@ -74,6 +74,12 @@ TEST_F(ModelCli, GenerateChecksItsFlags) {
   EXPECT_NE(r.err.find("--top-p: a probability in (0, 1]"), std::string::npos) << r.err;
   r = run_cli("generate " + model_flags() + " --prompt-ids 1 --print-ids --top-p 1.5");
   EXPECT_EQ(r.code, 2);
+  // The value given, quoted (CLI11's range said "Value 1e30 not in range 0.000000 to 100.000000").
+  r = run_cli("generate " + model_flags() + " --prompt-ids 1 --print-ids --temperature 1e30");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--temperature: must be at most 100 (logits divided by more are uniform noise), got '1e30'"),
+            std::string::npos)
+      << r.err;
 }
 
 // Generation is bounded by the model's positions, not by --max-new-tokens (1e9 allocated a cache of 1e9

@@ -137,7 +137,9 @@ Command add_generate_command(CLI::App& app) {
       ->check(integer_in(1, flag_limit::tokens))->capture_default_str();
   sub->add_option("--temperature", f->gen.sampling.temperature, "0 = greedy")
       ->check(finite_number())
-      ->check(CLI::Range(0.0, 100.0))->capture_default_str();
+      ->check(non_negative_number())
+      ->check(at_most(100, "logits divided by more are uniform noise"))
+      ->capture_default_str();
   sub->add_option("--top-k", f->gen.sampling.top_k, "keep the k most likely tokens (0 = all)")
       ->check(integer_in(0, flag_limit::top_k))->capture_default_str();
   sub->add_option("--top-p", f->gen.sampling.top_p, "nucleus: smallest set with this much probability")

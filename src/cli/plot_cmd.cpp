@@ -217,8 +217,9 @@ Command add_plot_command(CLI::App& app) {
   sub->add_option("--out", o->out, "the SVG to write")->required();
   sub->add_option("--smoothing", o->smoothing,
                   "weight of the past in the loss's moving average, as TensorBoard's smoothing (0: none)")
-      ->check(finite_number())  // CLI::Range lets NaN through
-      ->check(CLI::Range(0.0, 0.999))
+      ->check(finite_number())
+      ->check(non_negative_number())
+      ->check(at_most(0.999, "1 would never move the average"))
       ->capture_default_str();
   add_bool_flag(sub, "--overwrite", o->overwrite, "replace an existing --out");
   return {sub, [o]() {

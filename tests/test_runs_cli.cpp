@@ -290,6 +290,37 @@ TEST(RunsCli, ResumeRefusesOtherTrainingDataUnlessAllowed) {
   EXPECT_EQ(r.code, 0) << r.err;
 }
 
+// What a resume may change (the learning rate, its schedule) it never changes silently: a warning names each
+// option against the checkpoint's run, and run.json keeps them; the run's length and the memory-for-time choices
+// are not named. A resume at or past the run's end says there is nothing to train (it said "stopped by signal 0").
+TEST(RunsCli, ResumeSaysWhatItChangedAndWhenNothingIsLeft) {
+  RunSetup s;
+  const std::string ck = s.dir.file("ck");
+  ASSERT_EQ(run_cli(s.base + " --steps 2 --lr 1e-4 --checkpoint-dir " + ck).code, 0);
+  auto r = run_cli(s.base + " --steps 3 --lr 2e-4 --lr-schedule cosine --checkpoint-dir " + ck + " --resume");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("--resume: options changed since the checkpoint's run: lr 0.0001 -> 0.0002, lr_schedule "
+                       "\"constant\" -> \"cosine\"\n"),
+            std::string::npos)
+      << r.err;
+  const nlohmann::json run = nlohmann::json::parse(test::slurp(ck + "/run.json"));
+  EXPECT_DOUBLE_EQ(run["changed_on_resume"]["lr"]["checkpoint"].get<double>(), 1e-4);
+  EXPECT_EQ(run["changed_on_resume"]["lr_schedule"]["now"], "cosine");
+  r = run_cli(s.base + " --steps 4 --lr 2e-4 --lr-schedule cosine --checkpoint-dir " + ck + " --resume");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.err.find("options changed"), std::string::npos) << "only the length changed\n" << r.err;
+  r = run_cli(s.base + " --steps 2 --lr 2e-4 --lr-schedule cosine --checkpoint-dir " + ck + " --resume");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("nothing to train: the run is at step 4 and ends at step 2, checkpoint " + ck +
+                       "/step-00000004"),
+            std::string::npos)
+      << r.out;
+  // A flag given twice is named so (CLI11: "--steps: At Most 1 required but received 2").
+  r = run_cli(s.base + " --steps 2 --steps 3");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("error: --steps is given 2 times; give it once"), std::string::npos) << r.err;
+}
+
 // --pack-strategy (best-fit by default) is part of what a run is: recorded, compared on resume, and never
 // silently changed for a run from before it, whose packed rows were cut from the stream.
 TEST(RunsCli, PackStrategyIsRecordedAndOldPackedRunsAreNotSilentlyChanged) {

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <regex>
 #include <string>
 
 #include "cli_common.h"
@@ -100,7 +101,15 @@ int parse_and_run(int argc, char** argv) {
         return 2;
       }
     }
-    fmt::print(stderr, "error: {}\nRun '{} --help' for the flags.\n", e.what(),
+    // A flag given twice (a script's default, then an override): CLI11 says "--seq-len: At Most 1 required but
+    // received 2", which reads as a miscount; no occurrence wins, so say that.
+    std::string why = e.what();
+    static const std::regex repeated("^(--[A-Za-z0-9-]+): At Most 1 required but received ([0-9]+)$");
+    std::smatch m;
+    if (std::regex_match(why, m, repeated))
+      why = fmt::format("{} is given {} times; give it once (neither value is taken over the other)", m[1].str(),
+                        m[2].str());
+    fmt::print(stderr, "error: {}\nRun '{} --help' for the flags.\n", why,
                known ? "qwen3-train " + word : std::string("qwen3-train"));
     return 2;
   }

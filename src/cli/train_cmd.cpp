@@ -144,7 +144,10 @@ Command add_train_command(CLI::App& app) {
                              {"config_file", flags.toml}};
             const TrainSummary s = run_training(f->o, &g_stop);
             if (f->test_max_tokens > 0 && !s.exported.empty()) self_test(*f);
-            if (s.steps_done == 0)  // stopped inside its first step: no loss or speed to report
+            if (s.steps_done == 0 && s.stop_signal == 0)  // resumed at or past its end
+              fmt::print("nothing to train: the run is at step {} and ends at step {}{}\n", s.final_step, s.run_steps,
+                         s.last_checkpoint.empty() ? "" : ", checkpoint " + s.last_checkpoint);
+            else if (s.steps_done == 0)  // stopped inside its first step: no loss or speed to report
               fmt::print("stopped by signal {} before a step completed (still at step {}){}\n", s.stop_signal,
                          s.final_step, s.last_checkpoint.empty() ? "" : ", checkpoint " + s.last_checkpoint);
             else

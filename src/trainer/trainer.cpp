@@ -179,6 +179,14 @@ class Trainer {
       step_ = at.step;
       skipped_ = at.skipped;
       resumed_from = at.path;
+      // Allowed, never silent: said now and kept in run.json, so the run's record says what changed where.
+      if (!at.changed.empty()) {
+        std::vector<std::string> said;
+        for (const auto& [key, c] : at.changed.items())
+          said.push_back(fmt::format("{} {} -> {}", key, c["checkpoint"].dump(), c["now"].dump()));
+        spdlog::warn("--resume: options changed since the checkpoint's run: {}", fmt::join(said, ", "));
+        run_["changed_on_resume"] = at.changed;
+      }
     }
     // Every rank continues from the same step (a checkpoint folder each rank sees differently would not).
     const std::vector<int64_t> steps = dp_.all_gather(step_, "resume step");
@@ -501,6 +509,7 @@ class Trainer {
     check_replicas();
     save(step_);
     sum_.final_step = step_;
+    sum_.run_steps = steps_;
     sum_.skipped_steps = skipped_;
     sum_.mean_step_ms = sum_.steps_done ? total_ms_ / sum_.steps_done : 0;
     sum_.tokens_per_second = total_ms_ > 0 ? total_tokens_ / (total_ms_ / 1000.0) : 0;

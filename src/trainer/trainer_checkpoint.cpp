@@ -99,6 +99,20 @@ CheckpointState make_checkpoint(const TrainableSet& set, const AdamW& opt, int64
   return s;
 }
 
+nlohmann::json changed_since_checkpoint(const nlohmann::json& saved, const nlohmann::json& now) {
+  static const std::set<std::string> same_training = {
+      "steps", "epochs", "config", "weights", "device", "keep_weight_operands", "overlap_update",
+      "optimizer_step_chunk_rows", "grad_checkpoint", "grad_checkpoint_blocks"};
+  const nlohmann::json then = saved.value("options", nlohmann::json::object());
+  const nlohmann::json current = now.value("options", nlohmann::json::object());
+  nlohmann::json changed = nlohmann::json::object();
+  if (!then.is_object() || !current.is_object()) return changed;  // checkpoints from before run records
+  for (const auto& [key, value] : current.items())
+    if (!same_training.count(key) && then.contains(key) && then.at(key) != value)
+      changed[key] = {{"checkpoint", then.at(key)}, {"now", value}};
+  return changed;
+}
+
 ResumePoint restore_newest(const TrainOptions& o, TrainableSet& set, AdamW& opt, const std::string& hash,
                            const std::string& sample_hash, const nlohmann::json& run, int world_size) {
   if (o.checkpoint_dir.empty()) throw UsageError("--resume needs --checkpoint-dir");
@@ -111,7 +125,8 @@ ResumePoint restore_newest(const TrainOptions& o, TrainableSet& set, AdamW& opt,
     }
     restore_checkpoint(s, set, opt, hash, sample_hash, o, *it, run, world_size);
     spdlog::info("resumed from {} at step {}", *it, s.step);
-    return ResumePoint{s.step, s.skipped_steps, *it};
+    return ResumePoint{s.step, s.skipped_steps, *it,
+                       changed_since_checkpoint(s.extra.value("run", nlohmann::json::object()), run)};
   }
   if (!paths.empty())
     throw Error("--resume: every checkpoint in " + o.checkpoint_dir + " holds non-finite values; nothing to resume");

@@ -44,7 +44,16 @@ CheckpointState make_checkpoint(const TrainableSet& set, const AdamW& opt, int64
 struct ResumePoint {
   int64_t step = 0, skipped = 0;
   std::string path;  // empty when starting from the weights
+  // The options a resume may change (the learning rate, its schedule, ...) that this run did change, against
+  // the run that saved the checkpoint: {name: {"checkpoint": then, "now": now}} (changed_since_checkpoint).
+  nlohmann::json changed = nlohmann::json::object();
 };
+
+// The options of `now` (run.json's "options") that differ from those of the run that saved a checkpoint
+// (`saved`, its copy of run.json), but for those that do not change what is trained: the run's length, paths,
+// the device and the memory-for-time choices whose bytes are the same (docs/trainer.md, "Checkpoints and resume").
+// A resume must agree on the others (resume_flags) or is refused before this is asked.
+nlohmann::json changed_since_checkpoint(const nlohmann::json& saved, const nlohmann::json& now);
 
 ResumePoint restore_newest(const TrainOptions& o, TrainableSet& set, AdamW& opt, const std::string& hash,
                            const std::string& sample_hash, const nlohmann::json& run, int world_size);

@@ -127,6 +127,7 @@ nlohmann::json to_json(const TrainOptions& options);
 struct TrainSummary {
   int64_t steps_done = 0;        // steps run in this invocation
   int64_t final_step = 0;        // global step count at the end
+  int64_t run_steps = 0;         // the step the run ends at (--steps, or what --epochs make)
   int64_t skipped_steps = 0;
   double first_loss = 0, last_loss = 0;
   double mean_step_ms = 0;

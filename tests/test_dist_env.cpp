@@ -64,6 +64,21 @@ TEST(DistEnv, BadValuesAreUsageErrors) {
     for (const auto& [name, value] : vars) ::setenv(name, value, 1);
     EXPECT_THROW(dist_env_from_environment(), UsageError) << vars.front().second;
   }
+  // A port is a port: 99999 was cast to 16 bits (34463), where the rank waited for peers that never came.
+  for (const char* port : {"99999", "0", "abc", "-1"}) {
+    Environment e({{"MASTER_PORT", port}});
+    try {
+      dist_env_from_environment();
+      ADD_FAILURE() << port;
+    } catch (const UsageError& error) {
+      EXPECT_EQ(std::string(error.what()), std::string("MASTER_PORT='") + port + "' is not a TCP port (1 to 65535)");
+    }
+  }
+  const Environment port({{"MASTER_PORT", "65535"}});
+  EXPECT_EQ(dist_env_from_environment().master_port, 65535);
+  // --dist-init's form, in one process too (it was looked at only when there were ranks to join).
+  EXPECT_THROW(DataParallel(DistEnv{}, "http://x", std::chrono::milliseconds(1000), c10::Device("cpu")), UsageError);
+  EXPECT_NO_THROW(DataParallel(DistEnv{}, "file:///tmp/x", std::chrono::milliseconds(1000), c10::Device("cpu")));
 }
 
 // One process per GPU: `--device cuda` lands on the rank's LOCAL_RANK; an explicit index or the CPU stays.

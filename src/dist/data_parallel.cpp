@@ -87,7 +87,15 @@ DistEnv dist_env_from_environment() {
       !read_launcher(env, "slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"))
     read_launcher(env, "openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK");
   if (const char* addr = std::getenv("MASTER_ADDR")) env.master_addr = addr;
-  if (const auto port = env_int("MASTER_PORT")) env.master_port = *port;
+  // A port past 65535 was cast to 16 bits (99999 became 34463), and the rank waited there for peers that were
+  // never coming; a word was called "not a rank or a count".
+  if (const char* port = std::getenv("MASTER_PORT"); port && *port) {
+    char* end = nullptr;
+    const long v = std::strtol(port, &end, 10);
+    if (*end != '\0' || v < 1 || v > 65535)
+      throw UsageError(fmt::format("MASTER_PORT='{}' is not a TCP port (1 to 65535)", port));
+    env.master_port = static_cast<int>(v);
+  }
   return env;
 }
 
@@ -107,6 +115,10 @@ struct DataParallel::Group {
 DataParallel::DataParallel(const DistEnv& env, const std::string& init, std::chrono::milliseconds timeout,
                            const c10::Device& device)
     : env_(env), timeout_(timeout) {
+  constexpr std::string_view kFile = "file://";
+  // Its form is checked in one process too: a script's flag is wrong before it is ever run by a launcher.
+  if (!init.empty() && init.rfind(kFile, 0) != 0)
+    throw UsageError("--dist-init '" + init + "': give file://PATH, or nothing for MASTER_ADDR:MASTER_PORT");
   if (env_.world_size <= 1) return;
   // A peer that dies mid-collective closes its sockets, and Gloo's next write to one raises SIGPIPE, which
   // killed this rank silently (exit 141) instead of letting the collective fail with its message and exit 1.
@@ -125,11 +137,8 @@ DataParallel::DataParallel(const DistEnv& env, const std::string& init, std::chr
 #endif
   group_ = std::make_unique<Group>();
   backend_ = nccl ? "nccl" : "gloo";
-  constexpr std::string_view kFile = "file://";
-  if (init.rfind(kFile, 0) == 0) {
+  if (!init.empty()) {
     group_->store = c10::make_intrusive<c10d::FileStore>(init.substr(kFile.size()), env_.world_size);
-  } else if (!init.empty()) {
-    throw UsageError("--dist-init '" + init + "': give file://PATH, or nothing for MASTER_ADDR:MASTER_PORT");
   } else {
     if (env_.master_addr.empty())
       throw UsageError(fmt::format("{} rank {} of {}: MASTER_ADDR is not set (or pass --dist-init file://PATH)",

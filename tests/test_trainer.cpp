@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <set>
 #include <sstream>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -1097,6 +1098,62 @@ TEST(Trainer, NonFiniteStatesAreNotSavedNorResumed) {
   o.save_every_steps = 0;
   const TrainSummary s = run_training(o);
   EXPECT_EQ(s.final_step, 1) << "resumed from the finite step-1, not the poisoned step-5";
+}
+
+// A checkpoint whose file changed after it was written (a disk's or a copy's fault) is never resumed from: every
+// tensor's bytes are hashed into checkpoint.json as they are written, and checked as they are read. Resume passes
+// over it to an older checkpoint (it once resumed from the changed moments silently); a checkpoint from before
+// the hashes is read as it was.
+TEST(Trainer, ACheckpointChangedOnDiskIsNotResumedFrom) {
+  test::TempDir dir;
+  const SynthResult m = make_model(dir);
+  TrainOptions o = pair_options(dir, m);
+  o.checkpoint_dir = dir.file("ckpt");
+  o.steps = 1;
+  run_training(o);
+  const std::string good = *latest_checkpoint(o.checkpoint_dir);
+  CheckpointState later = load_checkpoint(good);
+  later.step = 5;
+  const std::string changed = save_checkpoint(o.checkpoint_dir, later, 0);
+  const std::string tensors = changed + "/tensors.dat";
+  {
+    std::fstream f(tensors, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(0, std::ios::end);
+    const std::streamoff middle = f.tellg() / 2;  // inside a tensor's payload: the headers are a few hundred bytes
+    f.seekg(middle);
+    char byte = 0;
+    f.read(&byte, 1);
+    byte = static_cast<char>(byte ^ 0x10);
+    f.seekp(middle);
+    f.write(&byte, 1);
+  }
+  try {
+    load_checkpoint(changed);
+    ADD_FAILURE() << "a changed tensor was read back";
+  } catch (const CheckpointDamaged& e) {
+    EXPECT_NE(std::string(e.what()).find("is not the tensor saved there"), std::string::npos) << e.what();
+  }
+  o.resume = true;
+  const TrainSummary s = run_training(o);
+  EXPECT_EQ(s.final_step, 1) << "resumed from step-1, not the changed step-5";
+  // Without the hashes (a checkpoint from before them) nothing is checked, and it is read as it is.
+  nlohmann::json meta = nlohmann::json::parse(test::slurp(good + "/checkpoint.json"));
+  ASSERT_EQ(meta["tensor_hashes"].size(), later.tensors.size());
+  meta.erase("tensor_hashes");
+  std::ofstream(good + "/checkpoint.json") << meta.dump();
+  EXPECT_EQ(load_checkpoint(good).tensors.size(), later.tensors.size());
+  // The hash sees one bit anywhere, and the length.
+  std::vector<unsigned char> bytes(77);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<unsigned char>(i * 37);
+  const std::string whole = tensor_bytes_hash(bytes.data(), bytes.size());
+  EXPECT_NE(tensor_bytes_hash(bytes.data(), bytes.size() - 1), whole);
+  std::set<std::string> seen = {whole};
+  for (size_t bit = 0; bit < bytes.size() * 8; ++bit) {
+    bytes[bit / 8] ^= static_cast<unsigned char>(1u << (bit % 8));
+    seen.insert(tensor_bytes_hash(bytes.data(), bytes.size()));
+    bytes[bit / 8] ^= static_cast<unsigned char>(1u << (bit % 8));
+  }
+  EXPECT_EQ(seen.size(), bytes.size() * 8 + 1) << "every one-bit change has its own hash";
 }
 
 TEST(TrainCli, NonFiniteFloatFlagsAreUsageErrors) {

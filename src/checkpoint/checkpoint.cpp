@@ -50,6 +50,30 @@ std::string stable_hash(const std::string& text) {
   return fmt::format("{:016x}", h);
 }
 
+std::string tensor_bytes_hash(const void* data, size_t bytes) {
+  // Each lane: add the word times one odd constant, rotate, multiply by another (every input bit reaches every
+  // lane bit within a few words); the lanes are independent so their multiplies overlap. Then the lanes, the tail
+  // bytes and the length are folded in order. Little-endian words, as every machine this tool builds for.
+  constexpr uint64_t kA = 0x9E3779B185EBCA87ull, kB = 0xC2B2AE3D27D4EB4Full, kC = 0x165667B19E3779F9ull;
+  const auto rotl = [](uint64_t x, int r) { return (x << r) | (x >> (64 - r)); };
+  const auto* p = static_cast<const unsigned char*>(data);
+  uint64_t lane[4] = {kA + kB, kB, 0, kC};
+  size_t i = 0;
+  for (; i + 32 <= bytes; i += 32)
+    for (int k = 0; k < 4; ++k) {
+      uint64_t w;
+      std::memcpy(&w, p + i + 8 * static_cast<size_t>(k), 8);
+      lane[k] = rotl(lane[k] + w * kB, 31) * kA;
+    }
+  uint64_t h = static_cast<uint64_t>(bytes) * kC;
+  for (uint64_t l : lane) h = rotl(h ^ (rotl(l * kB, 31) * kA), 27) * kA + kC;
+  for (; i < bytes; ++i) h = rotl(h ^ (p[i] * kC), 11) * kA;
+  h ^= h >> 33;
+  h *= kB;
+  h ^= h >> 29;
+  return fmt::format("{:016x}", h);
+}
+
 std::string file_content_hash(const std::string& path) {
   std::ifstream in = open_input_file(path, "data file", std::ios::binary);
   uint64_t h = 1469598103934665603ull;
@@ -82,16 +106,16 @@ std::string save_checkpoint(const std::string& dir, const CheckpointState& state
   if (!::mkdtemp(tmpl.data())) throw Error(dir + ": cannot create a temporary checkpoint directory");
   const fs::path tmp = tmpl;
   try {
+    nlohmann::json hashes = nlohmann::json::object();
     {
       DatWriter w((tmp / "tensors.dat").string(), state.tensors.size());
       for (size_t i = 0; i < state.tensors.size(); ++i) {
         const auto& [key, t] = state.tensors[i];
-        if (t.defined()) {
-          write_tensor(w, key, t);
-          continue;
-        }
-        if (!state.fetch) throw Error("checkpoint: '" + key + "' has no tensor and nothing fetches it");
-        write_tensor(w, key, state.fetch(i));  // released when written
+        if (!t.defined() && !state.fetch) throw Error("checkpoint: '" + key + "' has no tensor and nothing fetches it");
+        // The bytes as written, hashed from the same host copy (a fetched one is released when written).
+        const at::Tensor cpu = (t.defined() ? t : state.fetch(i)).to(at::kCPU).contiguous();
+        write_tensor(w, key, cpu);
+        hashes[key] = tensor_bytes_hash(cpu.data_ptr(), cpu.numel() * cpu.element_size());
       }
       w.commit();  // fsyncs the file
     }
@@ -103,7 +127,9 @@ std::string save_checkpoint(const std::string& dir, const CheckpointState& state
                            {"model_hash", state.model_hash},
                            // Objects always (a state that set none writes {}): the reader refuses anything else.
                            {"flags", state.flags.is_null() ? nlohmann::json::object() : state.flags},
-                           {"extra", state.extra.is_null() ? nlohmann::json::object() : state.extra}};
+                           {"extra", state.extra.is_null() ? nlohmann::json::object() : state.extra},
+                           // Checked on load (CheckpointDamaged); checkpoints from before 2026-11-28 lack it.
+                           {"tensor_hashes", hashes}};
     {
       std::ofstream f(tmp / "checkpoint.json");
       f << meta.dump(2) << "\n";
@@ -252,9 +278,25 @@ CheckpointState load_checkpoint(const std::string& path, const std::string& tens
   if (s.skipped_steps > s.step)
     throw Error(origin + ": " + std::to_string(s.skipped_steps) + " skipped steps of " + std::to_string(s.step) +
                 ": not a checkpoint this tool wrote");
+  const nlohmann::json hashes = meta.value("tensor_hashes", nlohmann::json::object());
+  if (!hashes.is_object())
+    throw Error(origin + ": field \"tensor_hashes\" must be an object, got " + json_excerpt(hashes));
   DatReader r((p / "tensors.dat").string(), DatRules::container_only);
-  for (const auto& e : r.entries())
-    if (e.key.compare(0, tensor_prefix.size(), tensor_prefix) == 0) s.tensors.emplace_back(e.key, read_tensor(r, e));
+  for (const auto& e : r.entries()) {
+    if (e.key.compare(0, tensor_prefix.size(), tensor_prefix) != 0) continue;
+    at::Tensor t = read_tensor(r, e);
+    if (!hashes.empty()) {  // a checkpoint that records them records every tensor's
+      const auto saved = hashes.find(e.key);
+      if (saved == hashes.end() || !saved->is_string())
+        throw CheckpointDamaged(origin + ": no hash for '" + e.key + "' (the checkpoint's files do not belong together)");
+      const std::string found = tensor_bytes_hash(t.data_ptr(), e.nbytes);
+      if (found != saved->get<std::string>())
+        throw CheckpointDamaged(fmt::format("{}: '{}' is not the tensor saved there (hash {}, saved {}): the file "
+                                            "changed after it was written",
+                                            (p / "tensors.dat").string(), e.key, found, saved->get<std::string>()));
+    }
+    s.tensors.emplace_back(e.key, std::move(t));
+  }
   return s;
 }
 

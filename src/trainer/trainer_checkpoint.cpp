@@ -118,7 +118,13 @@ ResumePoint restore_newest(const TrainOptions& o, TrainableSet& set, AdamW& opt,
   if (o.checkpoint_dir.empty()) throw UsageError("--resume needs --checkpoint-dir");
   const std::vector<std::string> paths = complete_checkpoint_paths(o.checkpoint_dir);
   for (auto it = paths.rbegin(); it != paths.rend(); ++it) {
-    const CheckpointState s = load_checkpoint(*it);
+    CheckpointState s;
+    try {
+      s = load_checkpoint(*it);
+    } catch (const CheckpointDamaged& e) {  // changed since it was written: never resumed from, as a poisoned one
+      spdlog::warn("--resume: {}; trying an older checkpoint", e.what());
+      continue;
+    }
     if (const auto bad = first_nonfinite_tensor(s)) {
       spdlog::warn("--resume: {} holds non-finite values ('{}'); trying an older checkpoint", *it, *bad);
       continue;
@@ -129,7 +135,8 @@ ResumePoint restore_newest(const TrainOptions& o, TrainableSet& set, AdamW& opt,
                        changed_since_checkpoint(s.extra.value("run", nlohmann::json::object()), run)};
   }
   if (!paths.empty())
-    throw Error("--resume: every checkpoint in " + o.checkpoint_dir + " holds non-finite values; nothing to resume");
+    throw Error("--resume: every checkpoint in " + o.checkpoint_dir +
+                " holds non-finite values or changed since it was written (above); nothing to resume");
   if (!o.resume_if_present) {
     const bool is_a_step = std::filesystem::path(o.checkpoint_dir).filename().string().rfind("step-", 0) == 0;
     throw Error("--resume: no checkpoint in " + o.checkpoint_dir +

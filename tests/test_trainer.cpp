@@ -571,6 +571,13 @@ TEST(TrainCli, FilesAreNamedByRoleAndFoldersMade) {
   EXPECT_NE(r.err.find("eval data (--eval-data) " + dir.file("missing.tsv") + ": cannot open (No such file"),
             std::string::npos)
       << r.err;
+  // A --model-dir that is no folder is named as such (it said "--weights is required").
+  for (const auto& [folder, why] : {std::pair{dir.file("nowhere"), std::string(": no such folder")},
+                                    std::pair{dir.file("pairs.tsv"), std::string(" is not a folder")}}) {
+    r = test::run_cli("train --model-dir " + folder + " --train-data " + dir.file("pairs.tsv") + " --steps 1");
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_NE(r.err.find("train: --model-dir " + folder + why), std::string::npos) << r.err;
+  }
   const std::string metrics = dir.file("runs/a/b/metrics.jsonl");
   // The report inside the checkpoint folder, which does not exist yet (the original's users wrote it there).
   const std::string report = dir.file("ck/step-memory.json");

@@ -159,6 +159,10 @@ void resolve(TrainFlags& f) {
   TrainOptions& o = f.o;
   if (f.test_max_tokens > 0 && o.output_dat.empty()) throw UsageError("--test-max-tokens needs --output-dat");
   if (!f.model_dir.empty()) {  // the folder holding config.json, tokenizer.json and the weights (model.dat)
+    std::error_code missing;
+    if (!std::filesystem::is_directory(f.model_dir, missing))  // it said "--weights is required"
+      throw UsageError(f.command + ": --model-dir " + f.model_dir +
+                       (std::filesystem::exists(f.model_dir, missing) ? " is not a folder" : ": no such folder"));
     if (o.config.empty()) o.config = f.model_dir + "/config.json";
     if (o.tokenizer.empty()) o.tokenizer = f.model_dir + "/tokenizer.json";
     std::error_code ec;

@@ -321,6 +321,24 @@ TEST(RunsCli, ResumeSaysWhatItChangedAndWhenNothingIsLeft) {
   EXPECT_NE(r.err.find("error: --steps is given 2 times; give it once"), std::string::npos) << r.err;
 }
 
+// The evaluation data is scored every --eval-every steps and after the last step, whatever the interval: one
+// longer than the run scored nothing (and one that does not divide it left the run's end unscored).
+TEST(RunsCli, EvalDataIsScoredAfterTheLastStepWhateverTheInterval) {
+  RunSetup s;
+  for (const auto& [every, scored] : std::vector<std::pair<int, std::vector<int64_t>>>{
+           {5, {3}}, {2, {2, 3}}, {0, {3}}}) {
+    const std::string metrics = s.dir.file("eval-" + std::to_string(every) + ".jsonl");
+    const auto r = run_cli(s.base + " --steps 3 --eval-data " + s.dir.file("pairs.tsv") +
+                           (every > 0 ? " --eval-every " + std::to_string(every) : std::string()) +
+                           " --metrics-jsonl " + metrics);
+    ASSERT_EQ(r.code, 0) << r.err;
+    std::vector<int64_t> steps;
+    for (const auto& m : jsonl(metrics))
+      if (m.contains("eval_loss") && m["eval_loss"].is_number()) steps.push_back(m["step"].get<int64_t>());
+    EXPECT_EQ(steps, scored) << "--eval-every " << every;
+  }
+}
+
 // --pack-strategy (best-fit by default) is part of what a run is: recorded, compared on resume, and never
 // silently changed for a run from before it, whose packed rows were cut from the stream.
 TEST(RunsCli, PackStrategyIsRecordedAndOldPackedRunsAreNotSilentlyChanged) {

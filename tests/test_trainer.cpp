@@ -519,6 +519,7 @@ TEST(TrainCli, ContradictoryOrIgnoredFlagsAreRefused) {
       {" --steps 2 --steps-per-epoch 3", "--steps-per-epoch applies with --epochs"},
       {" --steps 2 --synthetic", "drop --weights or --synthetic"},
       {" --steps 2 --eval-every 1", "--eval-every needs --eval-data"},
+      {" --steps 2 --lr 1e-5 --min-lr 1", "train: --min-lr 1 exceeds --lr 1e-05"},
       {" --steps 2 --train-lm-head", "--train-lm-head applies with --train-last-layers"},
       {" --steps 2 --warmup-steps 3", "--warmup-steps 3 exceeds --steps 2"},
       {" --epochs 1 --warmup-steps 30", "--warmup-steps 30 exceeds the 4 steps of --epochs 1"},

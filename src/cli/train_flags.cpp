@@ -127,6 +127,9 @@ void check_shared_flag_combinations(const TrainFlags& f) {
   if (o.train_lm_head && o.train_last_layers <= 0)
     throw UsageError(c + ": --train-lm-head applies with --train-last-layers (without it every tensor trains, the "
                      "head included)");
+  if (o.schedule.min_lr > o.schedule.lr)
+    throw UsageError(fmt::format("{}: --min-lr {:g} exceeds --lr {:g}: a schedule decays from --lr to --min-lr", c,
+                                 o.schedule.min_lr, o.schedule.lr));
 }
 
 void convert_flag_values(TrainFlags& f) {

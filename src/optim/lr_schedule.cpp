@@ -1,3 +1,5 @@
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -25,7 +27,7 @@ LrScheduleKind parse_lr_schedule_kind(const std::string& name) {
 void LrSchedule::validate() const {
   if (!(lr >= 0 && std::isfinite(lr))) throw UsageError("learning rate must be >= 0, got " + std::to_string(lr));
   if (!(min_lr >= 0 && min_lr <= lr))
-    throw UsageError("min LR must be in [0, lr], got " + std::to_string(min_lr) + " with lr " + std::to_string(lr));
+    throw UsageError(fmt::format("min LR must be in [0, lr]: got {:g} with lr {:g}", min_lr, lr));
   if (warmup_steps < 0) throw UsageError("warmup steps must be >= 0, got " + std::to_string(warmup_steps));
   if (total_steps < 1) throw UsageError("total steps must be >= 1, got " + std::to_string(total_steps));
 }

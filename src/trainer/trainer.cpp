@@ -355,8 +355,9 @@ class Trainer {
     if (sum_.steps_done == 1) sum_.first_loss = out.loss;
     sum_.last_loss = out.loss;
     std::optional<double> eval_loss;
-    // --eval-data alone: scored once, after the last step.
-    const bool eval_now = o_.eval_every > 0 ? (step_ + 1) % o_.eval_every == 0 : step_ + 1 == steps_;
+    // Every --eval-every steps, and after the last step in any case: --eval-data alone scores once there, and an
+    // interval longer than the run (--eval-every 500 of a 200-step run) scored nothing, silently.
+    const bool eval_now = (o_.eval_every > 0 && (step_ + 1) % o_.eval_every == 0) || step_ + 1 == steps_;
     if (eval_data_ && eval_now) {  // data parallel: each rank scores its share of the batches, summed over ranks
       const Evaluation e = evaluate(*model_.model, *eval_data_, dp_.rank(), dp_.world_size(), stop_now_);
       // The sum and the token count in one collective (a count is exact in a double up to 2^53).

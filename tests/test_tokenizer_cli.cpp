@@ -111,6 +111,13 @@ TEST(TokenizeCli, ErrorsAreOneLineWithTheRightExitCode) {
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("not valid UTF-8"), std::string::npos) << r.err;
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  // A template renders --chat's records only: given beside text or ids it was ignored, silently.
+  for (const char* flags : {"--text hi --chat-template chatml", "--decode --text '1 2' --tokenizer-config x.json"}) {
+    r = run_cli(tokenize(flags));
+    EXPECT_EQ(r.code, 2) << flags;
+    EXPECT_NE(r.err.find("tokenize: --tokenizer-config and --chat-template apply to --chat"), std::string::npos)
+        << r.err;
+  }
 }
 
 TEST(TokenizeCli, RealTokenizerExample) {

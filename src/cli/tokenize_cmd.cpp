@@ -113,6 +113,9 @@ Command add_tokenize_command(CLI::App& app) {
               return 0;
             }
             if (!o->system.empty()) throw UsageError("tokenize: --system applies to --chat");
+            // Text is encoded as it is, ids decoded as they are: no template renders them (both were ignored).
+            if (!o->chat_template.config.empty() || !o->chat_template.name.empty())
+              throw UsageError("tokenize: --tokenizer-config and --chat-template apply to --chat");
             if (text->count() == 0 && file->count() == 0) throw UsageError("tokenize: give --text, --file or --chat");
             const bool from_flag = text->count() > 0;
             std::vector<Input> inputs;

@@ -74,6 +74,17 @@ TEST_F(ModelCli, GenerateChecksItsFlags) {
   EXPECT_NE(r.err.find("--top-p: a probability in (0, 1]"), std::string::npos) << r.err;
   r = run_cli("generate " + model_flags() + " --prompt-ids 1 --print-ids --top-p 1.5");
   EXPECT_EQ(r.code, 2);
+  // What renders a chat prompt applies to one (each was ignored beside ids or --no-chat, silently).
+  for (const auto& [flags, named] : std::vector<std::pair<std::string, std::string>>{
+           {" --prompt-ids 1 --print-ids --system hi", "generate: --system applies to a chat prompt"},
+           {" --prompt-ids 1 --print-ids --chat-template chatml", "--chat-template apply to a chat prompt"},
+           {" --prompt hi --no-chat --system hi --tokenizer " + test::tiny_tokenizer_path(),
+            "generate: --system applies to a chat prompt"},
+           {" --prompt-ids 1 --print-ids --no-chat", "generate: --no-chat applies to --prompt"}}) {
+    r = run_cli("generate " + model_flags() + flags);
+    EXPECT_EQ(r.code, 2) << flags;
+    EXPECT_NE(r.err.find(named), std::string::npos) << flags << "\n" << r.err;
+  }
   // The value given, quoted (CLI11's range said "Value 1e30 not in range 0.000000 to 100.000000").
   r = run_cli("generate " + model_flags() + " --prompt-ids 1 --print-ids --temperature 1e30");
   EXPECT_EQ(r.code, 2);

@@ -60,6 +60,15 @@ class ReplyPrinter {
 
 int run_generate(const GenerateFlags& f) {
   if (f.prompt.empty() == f.prompt_ids.empty()) throw UsageError("generate: give exactly one of --prompt and --prompt-ids");
+  // What renders a chat prompt applies to one: --prompt-ids are fed as they are, --no-chat encodes the text alone
+  // (each of these was ignored there, silently).
+  if (!f.prompt_ids.empty() && f.no_chat) throw UsageError("generate: --no-chat applies to --prompt");
+  const bool chat_prompt = !f.prompt.empty() && !f.no_chat;
+  if (!chat_prompt && !f.system.empty())
+    throw UsageError("generate: --system applies to a chat prompt (--prompt without --no-chat)");
+  if (!chat_prompt && (!f.chat.config.empty() || !f.chat.name.empty()))
+    throw UsageError("generate: --tokenizer-config and --chat-template apply to a chat prompt (--prompt without "
+                     "--no-chat)");
   const bool need_tokenizer = !f.prompt.empty() || !f.print_ids || !f.expect.empty();
   if (need_tokenizer && f.tokenizer.empty())
     throw UsageError("generate: --tokenizer is needed unless both --prompt-ids and --print-ids are given");

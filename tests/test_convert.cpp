@@ -188,6 +188,10 @@ TEST(ConvertCli, TiedWithHeadBfloat16AndFlags) {
   EXPECT_EQ(out.entries().back().key, "lm_head.weight");
   EXPECT_EQ(test::run_cli("convert --out " + dir.file("x.dat")).code, 2);
   EXPECT_EQ(test::run_cli("convert --hf-dir " + hf + " --out " + dir.file("x.dat") + " --dtype float32").code, 2);
+  // Block scales without --nvfp4 quantize nothing (the flag was ignored, silently).
+  r = test::run_cli("convert --hf-dir " + hf + " --out " + dir.file("x.dat") + " --scale-mode search");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("convert: --scale-mode applies with --nvfp4"), std::string::npos) << r.err;
   // The config.json written beside the first output is not replaced unasked (nor the .dat).
   r = test::run_cli("convert --hf-dir " + hf + " --out " + dir.file("x.dat"));
   EXPECT_EQ(r.code, 2);

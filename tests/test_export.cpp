@@ -359,6 +359,10 @@ TEST(ExportCli, FlagsDefaultScaleModeAndWriteFailure) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_FALSE(test::read_file(dir.file("b.dat")) == test::read_file(t.exported));
   EXPECT_EQ(test::run_cli(base).code, 2);                                           // --out missing
+  // A flag of the Hugging Face formats beside --format dat is refused (--max-shard-size was ignored, silently).
+  r = test::run_cli(base + " --out " + dir.file("d.dat") + " --max-shard-size 1GB");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--max-shard-size apply to --format hf | nvfp4-hf"), std::string::npos) << r.err;
   EXPECT_EQ(test::run_cli(base + " --out " + dir.file("c.dat") + " --scale-mode x").code, 2);
   r = test::run_cli(base + " --out " + m.dat);
   EXPECT_EQ(r.code, 2);

@@ -27,12 +27,14 @@ Command add_convert_command(CLI::App& app) {
       ->check(CLI::IsMember({"float16", "bfloat16"}))
       ->capture_default_str();
   add_bool_flag(sub, "--nvfp4", o->opt.nvfp4, "write the projections and lm_head as NVFP4 pairs (as `quantize`)");
-  sub->add_option("--scale-mode", o->scale_mode, "NVFP4 block scales with --nvfp4: rne or search")
+  auto* scale_mode = sub->add_option("--scale-mode", o->scale_mode, "NVFP4 block scales with --nvfp4: rne or search")
       ->check(CLI::IsMember({"rne", "search"}))
       ->capture_default_str();
   add_bool_flag(sub, "--overwrite", o->overwrite,
                 "replace an existing --out and the config.json beside it (never the input's own files)");
-  return {sub, [o]() {
+  return {sub, [o, scale_mode]() {
+            if (scale_mode->count() > 0 && !o->opt.nvfp4)  // it was ignored: nothing is quantized without --nvfp4
+              throw UsageError("convert: --scale-mode applies with --nvfp4");
             // The input's own files (its config.json and shards) are never replaced; the folder itself may hold
             // the output.
             std::vector<std::string> inputs;

@@ -57,11 +57,12 @@ Command add_export_command(CLI::App& app) {
   add_bool_flag(sub, "--nvfp4-w4a4", o->w4a4,
                 "nvfp4-hf: declare W4A4 (NVFP4: FP4 activations, with an uncalibrated input_scale of 1) instead of "
                 "the weight-only W4A16_NVFP4 the model trained as; needs calibrated activation scales to be accurate");
-  sub->add_option("--max-shard-size", o->max_shard_size, "hf, nvfp4-hf: largest safetensors shard")->capture_default_str();
+  auto* shard_size =
+      sub->add_option("--max-shard-size", o->max_shard_size, "hf, nvfp4-hf: largest safetensors shard")->capture_default_str();
   sub->add_option("--scale-mode", o->scale_mode, "NVFP4 block scales: rne or search (default: the checkpoint's)")
       ->check(CLI::IsMember({"rne", "search"}));
   add_bool_flag(sub, "--overwrite", o->overwrite, "replace an existing --out (never an input or a checkpoint file)");
-  return {sub, [o]() {
+  return {sub, [o, shard_size]() {
             const auto t0 = std::chrono::steady_clock::now();
             const auto seconds = [&t0] {
               return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -90,9 +91,9 @@ Command add_export_command(CLI::App& app) {
               return 0;
             }
             if (o->opt.checkpoint.empty()) throw UsageError("export: --checkpoint is required with --format dat");
-            if (!o->config.empty() || !o->tokenizer.empty() || o->no_tokenizer || o->w4a4)
-              throw UsageError("export: --config, --tokenizer, --no-tokenizer and --nvfp4-w4a4 apply to --format hf | "
-                               "nvfp4-hf");
+            if (!o->config.empty() || !o->tokenizer.empty() || o->no_tokenizer || o->w4a4 || shard_size->count() > 0)
+              throw UsageError("export: --config, --tokenizer, --no-tokenizer, --nvfp4-w4a4 and --max-shard-size apply "
+                               "to --format hf | nvfp4-hf");
             prepare_output_target("--out", o->opt.out, o->overwrite, {o->opt.weights}, {o->opt.checkpoint});
             if (!o->scale_mode.empty()) o->opt.scale_mode = nvfp4::scale_mode_from_name(o->scale_mode);
             const CheckpointExportResult r = export_checkpoint(o->opt);

@@ -136,9 +136,12 @@ TEST(RunsCli, EveryFlagRoundTripsThroughRunToml) {
   RunSetup s;
   std::ofstream(s.dir.file("text.txt")) << "# a comment line, skipped\nalpha beta gamma\n#1 is not a comment here\n"
                                           "delta epsilon zeta\n";
+  // Pairs, so that the system prompt (with its '#', which a TOML writer must quote) is the run's.
+  std::ofstream(s.dir.file("pairs-commented.tsv")) << "# a comment line, skipped\nalpha\tbeta gamma\n"
+                                                      "#1 is not a comment here\tnor this\ndelta\tepsilon zeta\n";
   const std::string out = s.dir.file("first");
   // Relative paths from the test's folder: the data and the output folder.
-  const std::string flags = " --train-data text.txt --data-format text --comment-prefix '# ' --system 'be #1, always'"
+  const std::string flags = " --train-data pairs-commented.tsv --data-format tsv --comment-prefix '# ' --system 'be #1, always'"
                             " --seq-len 24 --batch-size 2 --steps 3 --lr 0.003 --warmup-steps 1 --weight-decay 0.05"
                             " --seed 7 --grad-clip 0.5 --output-dir first";
   const std::string model = "train --weights " + s.model.dat_path + " --config " + s.model.config_path +
@@ -149,7 +152,7 @@ TEST(RunsCli, EveryFlagRoundTripsThroughRunToml) {
   EXPECT_EQ(first["flags"]["comment-prefix"], "# ");
   EXPECT_EQ(first["flags"]["system"], "be #1, always");
   const std::string toml = test::slurp(out + "/run.toml");
-  EXPECT_NE(toml.find("train-data = \"" + s.dir.file("text.txt") + "\""), std::string::npos) << toml;
+  EXPECT_NE(toml.find("train-data = \"" + s.dir.file("pairs-commented.tsv") + "\""), std::string::npos) << toml;
   // Repeated from its run.toml, from another folder, into another output folder.
   fs::create_directories(s.dir.file("elsewhere"));
   r = test::run_shell("cd " + s.dir.file("elsewhere") + " && " + test::binary_command() + " train --config-file " + out +
@@ -160,7 +163,7 @@ TEST(RunsCli, EveryFlagRoundTripsThroughRunToml) {
     if (name == "output-dir" || name == "train-data") continue;  // another folder; the same file, now absolute
     EXPECT_EQ(again["flags"][name], value) << name;
   }
-  EXPECT_EQ(again["flags"]["train-data"], s.dir.file("text.txt"));
+  EXPECT_EQ(again["flags"]["train-data"], s.dir.file("pairs-commented.tsv"));
   EXPECT_EQ(again["options"], first["options"]);
   const auto losses = jsonl(out + "/metrics.jsonl"), repeated = jsonl(s.dir.file("again/metrics.jsonl"));
   ASSERT_EQ(losses.size(), 3u);

@@ -105,6 +105,22 @@ void apply_config_file(CLI::App* sub, const std::string& path) {
 void check_flag_combinations(const TrainFlags& f) {
   const TrainOptions& o = f.o;
   check_shared_flag_combinations(f);
+  // Flags of what a run writes or reads back, given where it writes or reads nothing of the kind: each was
+  // ignored, silently. By value, not by whether the flag was given: a run.toml repeats every flag, defaults
+  // included, and must repeat its run.
+  const TrainFlags defaults;
+  const bool checkpoints = !o.checkpoint_dir.empty() || !o.output_dir.empty();
+  if (!checkpoints && (o.save_every_steps > 0 || o.keep_checkpoints != defaults.o.keep_checkpoints))
+    throw UsageError("train: --save-every-steps and --keep-checkpoints apply with --checkpoint-dir (or --output-dir)");
+  if (o.allow_data_change && !o.resume && !o.resume_if_present)
+    throw UsageError("train: --allow-data-change applies with --resume (or --resume-if-present)");
+  if (f.test_prompt != defaults.test_prompt && f.test_max_tokens <= 0)
+    throw UsageError("train: --test-prompt applies with --test-max-tokens N (the self-test's reply length)");
+  if (f.test_max_tokens > 0 && o.output_dat.empty() && o.output_dir.empty())
+    throw UsageError("train: --test-max-tokens replies with the exported model: give --output-dat (or --output-dir)");
+  if (!f.system.empty() && (f.data_format == "text" || f.data_format == "text-jsonl"))
+    throw UsageError("train: --system applies to pairs and chat records; --data-format " + f.data_format +
+                     " trains on plain text");
   if (o.steps > 0 && o.epochs > 0) throw UsageError("train: give --steps or --epochs, not both");
   if (o.steps_per_epoch > 0 && o.epochs <= 0)
     throw UsageError("train: --steps-per-epoch applies with --epochs only");

@@ -160,7 +160,6 @@ void convert_flag_values(TrainFlags& f) {
 
 void resolve(TrainFlags& f) {
   TrainOptions& o = f.o;
-  if (f.test_max_tokens > 0 && o.output_dat.empty()) throw UsageError("--test-max-tokens needs --output-dat");
   if (!f.model_dir.empty()) {  // the folder holding config.json, tokenizer.json and the weights (model.dat)
     std::error_code missing;
     if (!std::filesystem::is_directory(f.model_dir, missing))  // it said "--weights is required"

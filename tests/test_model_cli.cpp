@@ -167,6 +167,10 @@ TEST_F(ModelCli, EvalPrintsPerSequenceAndTokenWeightedMean) {
   r = run_cli("eval " + model_flags() + " --data " + tsv + " --tokenizer " + test::tiny_tokenizer_path());
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("mean loss"), std::string::npos) << r.out;
+  r = run_cli("eval " + model_flags() + " --data " + tsv + " --tokenizer " + test::tiny_tokenizer_path() +
+              " --data-format text --system be");
+  EXPECT_EQ(r.code, 2);  // it was ignored, silently
+  EXPECT_NE(r.err.find("eval: --system applies to pairs and chat records"), std::string::npos) << r.err;
 }
 
 // eval and generate on a GPU warn of the slower paths their forward passes took, as training does (docs/trainer.md,

@@ -141,7 +141,8 @@ TEST(RunsCli, EveryFlagRoundTripsThroughRunToml) {
                                                       "#1 is not a comment here\tnor this\ndelta\tepsilon zeta\n";
   const std::string out = s.dir.file("first");
   // Relative paths from the test's folder: the data and the output folder.
-  const std::string flags = " --train-data pairs-commented.tsv --data-format tsv --comment-prefix '# ' --system 'be #1, always'"
+  const std::string flags = " --train-data pairs-commented.tsv --data-format tsv --comment-prefix '# '"
+                            " --system 'be #1, always'"
                             " --seq-len 24 --batch-size 2 --steps 3 --lr 0.003 --warmup-steps 1 --weight-decay 0.05"
                             " --seed 7 --grad-clip 0.5 --output-dir first";
   const std::string model = "train --weights " + s.model.dat_path + " --config " + s.model.config_path +

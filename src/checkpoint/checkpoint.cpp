@@ -288,7 +288,8 @@ CheckpointState load_checkpoint(const std::string& path, const std::string& tens
     if (!hashes.empty()) {  // a checkpoint that records them records every tensor's
       const auto saved = hashes.find(e.key);
       if (saved == hashes.end() || !saved->is_string())
-        throw CheckpointDamaged(origin + ": no hash for '" + e.key + "' (the checkpoint's files do not belong together)");
+        throw CheckpointDamaged(origin + ": no hash for '" + e.key +
+                                "' (the checkpoint's files do not belong together)");
       const std::string found = tensor_bytes_hash(t.data_ptr(), e.nbytes);
       if (found != saved->get<std::string>())
         throw CheckpointDamaged(fmt::format("{}: '{}' is not the tensor saved there (hash {}, saved {}): the file "

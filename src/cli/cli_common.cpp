@@ -28,7 +28,8 @@ CLI::Option* add_bool_flag(CLI::App* app, const std::string& names, bool& target
   opt->check(CLI::Validator(
       [](std::string& value) -> std::string {
         std::string v = value;
-        std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+        std::transform(v.begin(), v.end(), v.begin(),
+                       [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
         static const std::set<std::string> words = {"", "true", "false", "1", "0", "yes", "no", "on", "off"};
         return words.count(v) ? std::string() : "'" + value + "' is not true or false (true, false, 1, 0, yes, no)";
       },

@@ -57,8 +57,8 @@ Command add_export_command(CLI::App& app) {
   add_bool_flag(sub, "--nvfp4-w4a4", o->w4a4,
                 "nvfp4-hf: declare W4A4 (NVFP4: FP4 activations, with an uncalibrated input_scale of 1) instead of "
                 "the weight-only W4A16_NVFP4 the model trained as; needs calibrated activation scales to be accurate");
-  auto* shard_size =
-      sub->add_option("--max-shard-size", o->max_shard_size, "hf, nvfp4-hf: largest safetensors shard")->capture_default_str();
+  auto* shard_size = sub->add_option("--max-shard-size", o->max_shard_size, "hf, nvfp4-hf: largest safetensors shard")
+                         ->capture_default_str();
   sub->add_option("--scale-mode", o->scale_mode, "NVFP4 block scales: rne or search (default: the checkpoint's)")
       ->check(CLI::IsMember({"rne", "search"}));
   add_bool_flag(sub, "--overwrite", o->overwrite, "replace an existing --out (never an input or a checkpoint file)");

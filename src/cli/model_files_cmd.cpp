@@ -42,7 +42,8 @@ Command add_synth_command(CLI::App& app) {
   sub->add_option("--seed", o->seed, "random seed")->check(seed_integer())->capture_default_str();
   add_bool_flag(sub, "--dense", o->dense, "float16 everywhere instead of NVFP4 pairs");
   add_scale_mode(sub, o->scale_mode);
-  add_bool_flag(sub, "--overwrite", o->overwrite, "replace a model.dat and config.json already in --out-dir (never --config)");
+  add_bool_flag(sub, "--overwrite", o->overwrite,
+                "replace a model.dat and config.json already in --out-dir (never --config)");
   return {sub, [o]() {
             if (o->preset.empty() && o->config.empty()) throw UsageError("synth: give --preset or --config");
             // Before anything is written: a model already in the folder is someone's (exit 2 unless --overwrite),

@@ -73,9 +73,10 @@ void check_smoke_folder(const std::string& out_dir) {
   if (foreign.empty()) return;
   std::sort(foreign.begin(), foreign.end());
   const size_t shown = std::min<size_t>(foreign.size(), 3);
+  const auto first = foreign.begin(), last = foreign.begin() + static_cast<std::ptrdiff_t>(shown);
   throw UsageError(fmt::format("smoke: --out-dir {} holds files smoke does not write ({}{}): give a new or empty "
                                "folder (smoke replaces only its own files there)",
-                               out_dir, fmt::join(foreign.begin(), foreign.begin() + static_cast<std::ptrdiff_t>(shown), ", "),
+                               out_dir, fmt::join(first, last, ", "),
                                foreign.size() > shown ? fmt::format(" and {} more", foreign.size() - shown) : ""));
 }
 

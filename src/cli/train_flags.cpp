@@ -175,7 +175,8 @@ void resolve(TrainFlags& f) {
         // A Hugging Face folder: its safetensors become a .dat once, with `convert`.
         for (const auto& entry : std::filesystem::directory_iterator(f.model_dir, ec))
           if (entry.path().extension() == ".safetensors")
-            throw UsageError(f.command + ": --model-dir " + f.model_dir + " holds Hugging Face safetensors and no model.dat: "
+            throw UsageError(f.command + ": --model-dir " + f.model_dir +
+                             " holds Hugging Face safetensors and no model.dat: "
                              "convert it once with `qwen3-train convert --hf-dir " + f.model_dir + " --out " +
                              f.model_dir + "/model.dat --nvfp4` (docs/export.md), then train with --model-dir " +
                              f.model_dir);

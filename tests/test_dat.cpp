@@ -133,6 +133,20 @@ TEST(DatReaderMalformed, EmptyAndTruncatedFiles) {
   expect_dat_error(more, {"entry 6", "file ends before this entry"});
 }
 
+// A JSON file given for a .dat (a config.json as --weights) says so beside what the parse found; a malformed file
+// that does not start with '{' does not.
+TEST(DatReaderMalformed, AJsonFileIsNamedAsOne) {
+  const std::string json = "{\n  \"architectures\": [\"Qwen3ForCausalLM\"],\n  \"hidden_size\": 64\n}\n";
+  expect_dat_error(std::vector<uint8_t>(json.begin(), json.end()), {"a JSON file, such as a config.json"});
+  try {
+    const std::vector<uint8_t> other = {5, 1, 2};
+    DatReader r(memory_source("bad.dat", other.data(), other.size()));
+    ADD_FAILURE() << "no error";
+  } catch (const DatError& e) {
+    EXPECT_EQ(std::string(e.what()).find("JSON"), std::string::npos) << e.what();
+  }
+}
+
 TEST(DatReaderMalformed, BadLeb128) {
   std::vector<uint8_t> too_long(10, 0x80);
   too_long.push_back(0x01);

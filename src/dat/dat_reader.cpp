@@ -227,7 +227,18 @@ std::unique_ptr<ByteSource> memory_source(std::string name, const void* data, si
 DatReader::DatReader(const std::string& path, DatRules rules) : DatReader(open_file_source(path), rules) {}
 
 DatReader::DatReader(std::unique_ptr<ByteSource> source, DatRules rules) : source_(std::move(source)) {
-  entries_ = parse_index(*source_);
+  try {
+    entries_ = parse_index(*source_);
+  } catch (const DatError& e) {
+    // A .dat whose index does not parse and whose first byte is '{' is most likely a JSON file given for one (a
+    // config.json as --weights): say so beside what the parse found. ('{' alone proves nothing: it is also the
+    // entry count of a 123-entry file.)
+    unsigned char first = 0;
+    if (source_->size() > 0) source_->read_at(0, &first, 1);
+    if (first != '{') throw;
+    throw DatError(std::string(e.what()) +
+                   " (it starts with '{': a JSON file, such as a config.json, given for a .dat?)");
+  }
   index_.reserve(entries_.size());
   for (size_t i = 0; i < entries_.size(); ++i) {
     const auto& e = entries_[i];

@@ -249,6 +249,10 @@ TEST(Cli, SynthAndQuantizeFlags) {
   EXPECT_NE(r.out.find("nvfp4 pairs: 22"), std::string::npos) << r.out;
   r = test::run_cli("quantize --in " + dir.file("m/model.dat") + " --out " + dir.file("m/model.dat"));
   EXPECT_EQ(r.code, 2) << r.err;
+  // An NVFP4 file has nothing to quantize: it is copied, and the run says so.
+  r = test::run_cli("quantize --in " + dir.file("m/model.dat") + " --out " + dir.file("copy.dat"));
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("holds no dense projection or head to quantize (NVFP4 already?)"), std::string::npos) << r.err;
   // A model already in --out-dir is not replaced unasked (nor half-replaced: refused before anything is written),
   // and --config is never the file written.
   const auto bytes = [&](const std::string& name) {

@@ -86,6 +86,9 @@ Command add_quantize_command(CLI::App& app) {
             for (const auto& f : r.families) fmt::print("{:<10} {:>8} {:>14.4f}\n", f.family, f.tensors, f.relative());
             fmt::print("wrote {}: {} entries ({} quantized of {} input entries) in {:.1f} s\n", o->out, r.entries_out,
                        r.quantized, r.entries_in, seconds_since(t0));
+            if (r.quantized == 0)  // the file is written all the same (a copy), but that is rarely what was meant
+              spdlog::warn("quantize: {} holds no dense projection or head to quantize (NVFP4 already?): {} is a copy",
+                           o->in, o->out);
             return 0;
           }};
 }

@@ -36,6 +36,7 @@
 #include "qwen3/trainer/step_time_model.h"
 #include "step_update.h"
 #include "memory_report.h"
+#include "optimizer_shards.h"
 #include "step_profiler.h"
 #include "step_record.h"
 #include "tensorboard_writer.h"
@@ -411,7 +412,7 @@ class Trainer {
     }
     // A shared-out state reaches rank 0's writer tensor by tensor (every rank takes part in each), so the
     // checkpoint is the one a single process writes, whatever the world size, and no rank holds all of it.
-    const StreamedState state = streamed_optimizer_state();
+    const StreamedState state = stream_optimizer_state(model_.set.params, owners_, *opt_, o_.adamw, dp_);
     saver_->save(step, skipped_, &state, dp_.is_main());
   }
 
@@ -421,20 +422,11 @@ class Trainer {
     const auto& all = model_.set.params;
     const bool shard = o.shard_optimizer_state && dp_.world_size() > 1;
     if (shard) {
-      // Largest first to the least loaded rank: shares within one tensor of each other, the same on every rank.
-      std::vector<size_t> order(all.size());
-      for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-      std::stable_sort(order.begin(), order.end(),
-                       [&](size_t a, size_t b) { return all[a].param.numel() > all[b].param.numel(); });
-      std::vector<int64_t> load(static_cast<size_t>(dp_.world_size()), 0);
-      owners_.assign(all.size(), 0);
-      for (size_t i : order) {
-        const auto least = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
-        owners_[i] = least;
-        load[static_cast<size_t>(least)] += all[i].param.numel();
-      }
+      owners_ = assign_state_owners(all, dp_.world_size());
+      int64_t held = 0;
+      for (size_t i = 0; i < all.size(); ++i) held += owners_[i] == dp_.rank() ? all[i].param.numel() : 0;
       spdlog::info("optimizer state shared out: this rank holds {} of {} parameters' state ({} elements)",
-                   std::count(owners_.begin(), owners_.end(), dp_.rank()), all.size(), load[dp_.rank()]);
+                   std::count(owners_.begin(), owners_.end(), dp_.rank()), all.size(), held);
     }
     std::vector<OptimParam> mine;
     for (size_t i = 0; i < all.size(); ++i) {
@@ -445,40 +437,6 @@ class Trainer {
     }
     hand_operands_to_update(model_, o.scale_mode, device_, mine);
     return mine;
-  }
-
-  // Every parameter's optimizer state in the trainable set's order, as the checkpoint writer fetches it: the
-  // rank that holds a parameter's state broadcasts each of its tensors; the others receive it into a buffer of one
-  // parameter's state (a one-parameter optimizer's), made when its first tensor is fetched and dropped after it.
-  StreamedState streamed_optimizer_state() {
-    // The state tensors' names are the parameter's name and a suffix the moment storage decides, not the shape.
-    std::vector<std::string> suffixes;
-    for (auto& [name, t] : AdamW({OptimParam{"p", at::zeros({1}), false}}, o_.adamw).state_tensors())
-      suffixes.push_back(name.substr(1));
-    const size_t per_param = suffixes.size();
-    StreamedState s;
-    std::vector<size_t> held_at(model_.set.params.size(), 0);  // where a parameter of this rank starts in `held`
-    size_t next_held = 0;
-    for (size_t i = 0; i < model_.set.params.size(); ++i) {
-      for (const std::string& suffix : suffixes) s.names.push_back(model_.set.params[i].name + suffix);
-      if (owners_[i] == dp_.rank()) {
-        held_at[i] = next_held;
-        next_held += per_param;
-      }
-    }
-    auto held = std::make_shared<std::vector<std::pair<std::string, at::Tensor>>>(opt_->state_tensors());
-    auto receiving = std::make_shared<std::vector<std::pair<std::string, at::Tensor>>>();
-    s.fetch = [this, per_param, held_at, held, receiving](size_t k) {
-      const size_t i = k / per_param, j = k % per_param;
-      const OptimParam& p = model_.set.params[i];
-      const bool mine = owners_[i] == dp_.rank();
-      if (!mine && j == 0) *receiving = AdamW({OptimParam{p.name, p.param.detach(), p.decay}}, o_.adamw).state_tensors();
-      at::Tensor t = mine ? (*held)[held_at[i] + j].second : (*receiving)[j].second;
-      dp_.broadcast(t, owners_[i], "optimizer state");
-      if (!mine && j + 1 == per_param) receiving->clear();  // the caller's handle is the last one
-      return t;
-    };
-    return s;
   }
 
   // run.json: what the caller knows (tool, git hash, command line, every flag), the options by name, the

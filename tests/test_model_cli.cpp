@@ -170,7 +170,13 @@ TEST_F(ModelCli, EvalPrintsPerSequenceAndTokenWeightedMean) {
   r = run_cli("eval " + model_flags() + " --data " + tsv + " --tokenizer " + test::tiny_tokenizer_path() +
               " --data-format text --system be");
   EXPECT_EQ(r.code, 2);  // it was ignored, silently
-  EXPECT_NE(r.err.find("eval: --system applies to pairs and chat records"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--system applies to pairs and chat records"), std::string::npos) << r.err;
+  // Found from the data as well, where --data-format is auto: plain text lines.
+  std::ofstream(dir_->file("plain.txt")) << "just some text\n";
+  r = run_cli("eval " + model_flags() + " --data " + dir_->file("plain.txt") + " --tokenizer " +
+              test::tiny_tokenizer_path() + " --system be");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("plain.txt' is text: plain text"), std::string::npos) << r.err;
 }
 
 // eval and generate on a GPU warn of the slower paths their forward passes took, as training does (docs/trainer.md,

@@ -136,9 +136,6 @@ int run_eval(EvalFlags& f) {
     throw UsageError("eval: --tokenizer, --tokenizer-config, --chat-template, --system and --data-format apply to "
                      "--data only");
   if (!f.logits_out.empty() && f.ids_file.empty()) throw UsageError("eval: --logits-out needs --token-ids-file");
-  if (!f.system.empty() && (f.data_format == "text" || f.data_format == "text-jsonl"))
-    throw UsageError("eval: --system applies to pairs and chat records; --data-format " + f.data_format +
-                     " scores plain text");
   if (f.overwrite && f.logits_out.empty()) throw UsageError("eval: --overwrite applies to --logits-out only");
   const Qwen3Config config = load_config(f.config);
   DataOptions& d = f.data_options;

@@ -118,9 +118,6 @@ void check_flag_combinations(const TrainFlags& f) {
     throw UsageError("train: --test-prompt applies with --test-max-tokens N (the self-test's reply length)");
   if (f.test_max_tokens > 0 && o.output_dat.empty() && o.output_dir.empty())
     throw UsageError("train: --test-max-tokens replies with the exported model: give --output-dat (or --output-dir)");
-  if (!f.system.empty() && (f.data_format == "text" || f.data_format == "text-jsonl"))
-    throw UsageError("train: --system applies to pairs and chat records; --data-format " + f.data_format +
-                     " trains on plain text");
   if (o.steps > 0 && o.epochs > 0) throw UsageError("train: give --steps or --epochs, not both");
   if (o.steps_per_epoch > 0 && o.epochs <= 0)
     throw UsageError("train: --steps-per-epoch applies with --epochs only");

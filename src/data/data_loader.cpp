@@ -267,6 +267,11 @@ void load_training_data(const Tokenizer& tokenizer, TrainingData::Impl& d) {
     if (!layout) {
       layout = detect_layout(chunk, opt);
       if (layout && renders_chat(layout->format)) tokenizer.check_chat_format();  // once, not per line skipped
+      // Plain text has no prompt to put a system prompt before: given, it was ignored, silently (train and eval,
+      // whatever --data-format said, auto included; a JSON array's records decide their kinds one by one).
+      if (layout && opt.system && layout->format != DataFormat::auto_detect && !renders_chat(layout->format))
+        throw UsageError(fmt::format("--system applies to pairs and chat records; {} '{}' is {}: plain text",
+                                     opt.role, opt.path, to_string(layout->format)));
     }
     if (layout && layout->json_array) break;
     // Until a data line decides the format every line is blank or a comment, so the fallback is never used.

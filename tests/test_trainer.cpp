@@ -1079,15 +1079,20 @@ TEST(Trainer, AStepOnDiskIsNotSavedAgain) {
 }
 
 
-// A diverged state is never saved, and a poisoned checkpoint is never resumed from.
-TEST(Trainer, NonFiniteStatesAreNotSavedNorResumed) {
-  test::TempDir dir;
-  const SynthResult m = make_model(dir);
+// One step of the pairs, checkpointed into dir/ckpt: the options (for a resume) and the checkpoint's path.
+std::pair<TrainOptions, std::string> one_checkpointed_step(const test::TempDir& dir, const SynthResult& m) {
   TrainOptions o = pair_options(dir, m);
   o.checkpoint_dir = dir.file("ckpt");
   o.steps = 1;
   run_training(o);
-  const std::string good = *latest_checkpoint(o.checkpoint_dir);
+  return {o, *latest_checkpoint(o.checkpoint_dir)};
+}
+
+// A diverged state is never saved, and a poisoned checkpoint is never resumed from.
+TEST(Trainer, NonFiniteStatesAreNotSavedNorResumed) {
+  test::TempDir dir;
+  const SynthResult m = make_model(dir);
+  auto [o, good] = one_checkpointed_step(dir, m);
   // A learning rate that is finite as a flag but not in fp32 (1e39): the first update makes the weights infinite
   // while the loss and the norm it was computed from were fine, so the step is not skipped; its save is refused.
   o.resume = true;
@@ -1121,11 +1126,7 @@ TEST(Trainer, NonFiniteStatesAreNotSavedNorResumed) {
 TEST(Trainer, ACheckpointChangedOnDiskIsNotResumedFrom) {
   test::TempDir dir;
   const SynthResult m = make_model(dir);
-  TrainOptions o = pair_options(dir, m);
-  o.checkpoint_dir = dir.file("ckpt");
-  o.steps = 1;
-  run_training(o);
-  const std::string good = *latest_checkpoint(o.checkpoint_dir);
+  auto [o, good] = one_checkpointed_step(dir, m);
   CheckpointState later = load_checkpoint(good);
   later.step = 5;
   const std::string changed = save_checkpoint(o.checkpoint_dir, later, 0);

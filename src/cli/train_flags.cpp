@@ -193,7 +193,7 @@ void resolve(TrainFlags& f) {
   if (f.synthetic) make_synthetic_weights(f);
   if (o.resume_if_present) o.resume = true;
   apply_output_dir(o);
-  // The files the run writes besides its model are never its inputs: --metrics-jsonl appended to the training
+  // The run's inputs, which nothing it writes may be: --metrics-jsonl appended to the training
   // data, and the memory report replaced the config, before 2026-11-28. The report is a file like --output-dat
   // (an existing one only with --overwrite); the metrics are appended to (claim_run_folders says whose they are).
   const std::vector<std::string> inputs = {o.weights, o.config, o.tokenizer, o.data.path, o.eval_data};
@@ -206,8 +206,7 @@ void resolve(TrainFlags& f) {
   resolve_device(o.device);
   // Before the first step: the export target must not replace anything unasked, nor any input of the run.
   if (!o.output_dat.empty())
-    prepare_output_target("--output-dat", o.output_dat, f.overwrite,
-                        {o.weights, o.config, o.tokenizer, o.data.path, o.eval_data}, {o.checkpoint_dir});
+    prepare_output_target("--output-dat", o.output_dat, f.overwrite, inputs, {o.checkpoint_dir});
   if (o.profile_step > 0) {
     if (o.profile_out.empty() && o.output_dir.empty())
       throw UsageError(f.command + ": --profile-step needs --profile-out FILE (or --output-dir, which holds "
@@ -216,8 +215,9 @@ void resolve(TrainFlags& f) {
       o.profile_out = (std::filesystem::path(o.output_dir) / fmt::format("profile-step-{}.json", o.profile_step)).string();
     const bool replaced = std::find(o.replace_previous_run.begin(), o.replace_previous_run.end(), o.profile_out) !=
                           o.replace_previous_run.end();
-    prepare_output_target("--profile-out", o.profile_out, replaced,
-                        {o.weights, o.config, o.tokenizer, o.data.path, o.eval_data, o.output_dat}, {o.checkpoint_dir});
+    std::vector<std::string> not_the_trace = inputs;
+    not_the_trace.push_back(o.output_dat);
+    prepare_output_target("--profile-out", o.profile_out, replaced, not_the_trace, {o.checkpoint_dir});
   } else if (!o.profile_out.empty()) {
     throw UsageError(f.command + ": --profile-out applies with --profile-step");
   }

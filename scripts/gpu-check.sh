@@ -1118,8 +1118,11 @@ stage_train() {  # stage_train NAME SEQ_LEN BATCH CONFIGS ('+'- or space-separat
     # The fast configuration's last step under the profiler (the step breakdown), packed and on full rows (what
     # the packed rows cost: 18.5 ms of 176.8 in the second round): the trace beside the log, the phase and op
     # tables in it; the steady figures leave that step out. And lean's on full rows: no round has said where its
-    # time goes (its update is bound by instructions; issue 28's H100 goal turns on it).
-    if { [ "$c" = fast ] || [ "$c" = fast-unpacked ] || [ "$c" = lean-unpacked ]; } && has_flag train --profile-step; then
+    # time goes (its update is bound by instructions; issue 28's H100 goal turns on it). And both -overlap runs:
+    # whether their updates ran beside the products at all (the "adamw beside products" figure), which their
+    # ms/step alone cannot tell from an update that waited for SMs a persistent product held.
+    if { [ "$c" = fast ] || [ "$c" = fast-unpacked ] || [ "$c" = lean-unpacked ] || [[ "$c" == *-overlap-unpacked ]]; } &&
+       has_flag train --profile-step; then
       rm -f "$d/profile-$c.json"
       extra+=(--profile-step "$train_steps" --profile-out "$d/profile-$c.json")
       profiled=$train_steps
@@ -1215,12 +1218,26 @@ for e in sorted(kernels, key=lambda e: e["ts"]):
     if last is None or e["ts"] + e.get("dur", 0) > last["ts"] + last.get("dur", 0): last = e
 short = [g for g in gaps if g < 5]
 largest = sorted(largest, reverse=True)[:3]
+# --overlap-update (issue 28): how much of the AdamW kernels' time a product kernel ran beside them (on another
+# stream), from the union of the products' intervals; 0% where every update waited for the products.
+spans = sorted((e["ts"], e["ts"] + e.get("dur", 0)) for e in kernels if group(e.get("name", "")) == "products")
+merged = []
+for a, b in spans:
+    if merged and a <= merged[-1][1]: merged[-1][1] = max(merged[-1][1], b)
+    else: merged.append([a, b])
+def beside_products(a, b):
+    return sum(max(0, min(b, y) - max(a, x)) for x, y in merged if x < b and y > a)
+adam = [(e["ts"], e["ts"] + e.get("dur", 0)) for e in kernels if group(e.get("name", "")) == "adamw"]
+adam_ms, adam_beside = sum(b - a for a, b in adam) / 1e3, sum(beside_products(a, b) for a, b in adam) / 1e3
+streams = {e.get("args", {}).get("stream", e.get("tid")) for e in kernels}
 print(f"{len(kernels)} kernels, their durations {busy:.1f} ms of the step's {step:.1f} ms"
       + (f" ({100 * busy / step:.0f}%)" if step > 0 else "") + ": "
       + ", ".join(f"{k} {v:.1f} ({launched[k]})" for k, v in ms.most_common())
       + "; other's largest: " + ", ".join(f"{k} {v:.2f} ms ({other_count[k]})" for k, v in other.most_common(5))
       + f"; products on Ampere-era or unaligned kernels: {sum(slow.values()):.1f} ms"
       + ("" if not slow else " (" + ", ".join(f"{k} {v:.1f} ms" for k, v in slow.most_common(3)) + ")")
+      + f"; adamw beside products {adam_beside:.1f} of {adam_ms:.1f} ms"
+      + (f" ({100 * adam_beside / adam_ms:.0f}%)" if adam_ms > 0 else "") + f", kernels on {len(streams)} streams"
       + f"; device idle {sum(gaps) / 1e3:.1f} ms ({len(short)} gaps under 5 us: {sum(short) / 1e3:.1f} ms)"
       + "; idle by phase: " + ", ".join(f"{k} {v:.1f}" for k, v in by_phase.most_common())
       + "; largest gaps: " + ", ".join(f"{g / 1e3:.2f} ms {a} -> {b}" for g, a, b in largest))

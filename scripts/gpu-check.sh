@@ -6,9 +6,10 @@
 # The round is two device calls, chained back to back on one warm machine (docs/build.md, "The GPU round"; a
 # lease is 15 minutes of device time, and the first round measured what each stage takes):
 #   --call 1   env, build, test-gpu, smoke, train-2048:lean+fast+lean-unpacked+fast-unpacked (with their peers),
-#              lean-recompute (the memory goal: each block's operands made by its recompute), lean-fit (only the
-#              blocks recomputed that the memory needs: none on an H200), lean-always (the nvfp4 update
-#              writing the next forward's operands), and lean and fast unpacked with --overlap-update
+#              lean-int8 (int8 moments: the lean step of the step-time model's H100 goal), lean-recompute
+#              (the memory goal: each block's operands made by its recompute), lean-fit (only the blocks
+#              recomputed that the memory needs: none on an H200), lean-always (the nvfp4 update writing the
+#              next forward's operands), and lean and fast unpacked with --overlap-update
 #   --call 2   sanitize, hf, bench, train-512:lean+fast+fast-codes+fast-always (fast with its codes, and with its
 #              operands kept across steps), test-all
 #   --call 3   train-512:fast-unpacked+grad-checkpoint (what is left, if the lease has time)
@@ -16,7 +17,8 @@
 # STAGE: env, build, test (= test-gpu, test-all), sanitize, bench, smoke, train (= smoke, train-2048,
 # train-512), hf, summary, or all (every stage). train-2048 and train-512 take the configurations to run after
 # a colon, joined by '+': lean, fast, grad-checkpoint, base, each packed, or with -unpacked; lean and fast also
-# with -overlap before it (--overlap-update: lean-overlap, fast-overlap-unpacked), or -codes / -recompute / -always
+# with -overlap before it (--overlap-update: lean-overlap, fast-overlap-unpacked), lean with -int8 (int8
+# moments: lean-int8), or -codes / -recompute / -always
 # (--keep-weight-operands off / recompute / always: fast-codes, lean-recompute, fast-always, lean-always), or -fit
 # (--grad-checkpoint-blocks auto: lean-fit) (default: TRAIN_CONFIGS).
 # The build folder (BUILD_DIR, default build-gpu/, ignored) keeps the build and the status of every step run so
@@ -44,7 +46,7 @@ set -u
 set -o pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 results=""
 dry_run=0
@@ -55,7 +57,7 @@ while [ $# -gt 0 ]; do
     --stage=*) IFS=', ' read -r -a more <<<"${1#--stage=}"; stages+=("${more[@]}"); shift ;;
     --call) [ $# -ge 2 ] || usage
       case "$2" in
-        1) stages+=(env build test-gpu smoke train-2048:lean+fast+lean-unpacked+fast-unpacked+lean-recompute+lean-fit+lean-always+lean-overlap-unpacked+fast-overlap-unpacked) ;;
+        1) stages+=(env build test-gpu smoke train-2048:lean+fast+lean-unpacked+fast-unpacked+lean-int8+lean-recompute+lean-fit+lean-always+lean-overlap-unpacked+fast-overlap-unpacked) ;;
         2) stages+=(sanitize hf bench train-512:lean+fast+fast-codes+fast-always test-all) ;;
         3) stages+=(train-512:fast-unpacked+grad-checkpoint) ;;
         *) echo "gpu-check: --call is 1, 2 or 3" >&2; usage ;;
@@ -1033,17 +1035,23 @@ stage_hf() {
 # Each is packed (whole samples in full rows, --pack); NAME-unpacked trains one sample a row from lines longer
 # than the row (every row full, split at row boundaries), the shape of the peer's random rows.
 # A configuration: its name, -unpacked (full rows), -overlap (--overlap-update: the in-backward updates on a
-# CUDA stream of their own), -codes (--keep-weight-operands off: backward dequantizes each trained projection's
+# CUDA stream of their own), -int8 (lean only: int8 moments where lean has nvfp4 ones, the configuration of issue
+# 28's lean goal), -codes (--keep-weight-operands off: backward dequantizes each trained projection's
 # codes, where auto keeps its bf16 operand from forward when the step fits), -recompute (--keep-weight-operands
 # recompute, under --grad-checkpoint: each block's recompute makes its operands again, where auto keeps the first
 # forward's through the recompute when the step fits) or -always (--keep-weight-operands always: the operands kept
 # across steps, written by the update), -fit (--grad-checkpoint-blocks auto: the fewest blocks recomputed whose step
 # fits the device, none for Qwen3-4B's lean step on an H100 or H200), or several (NAME-overlap-unpacked).
 config_flags() {
-  local name=${1%-unpacked} extra=""
+  local name=${1%-unpacked} extra="" moments=nvfp4
   if [[ "$name" == *-overlap ]]; then
     name=${name%-overlap}
     [ "$dry_run" = 1 ] || extra=" --overlap-update"  # a CUDA stream: the dry run's CPU takes the plain mode
+  fi
+  # lean with int8 moments: the configuration issue 28's lean goal and the "Where it stands" table predict.
+  if [[ "$name" == *-int8 ]]; then
+    name=${name%-int8}
+    moments=int8
   fi
   if [[ "$name" == *-codes ]]; then
     name=${name%-codes}
@@ -1058,18 +1066,21 @@ config_flags() {
     name=${name%-fit}
     extra+=" --grad-checkpoint-blocks auto"
   fi
+  [ "$moments" = nvfp4 ] || [ "$name" = lean ] || return 1  # -int8: lean's moments only
   case "$name" in
-    lean) echo "--master-dtype bfloat16 --optimizer-state-mode nvfp4 --grad-checkpoint --fused-optimizer$extra" ;;
+    lean) echo "--master-dtype bfloat16 --optimizer-state-mode $moments --grad-checkpoint --fused-optimizer$extra" ;;
     fast) echo "--fused-optimizer$extra" ;;
     grad-checkpoint) echo "--grad-checkpoint" ;;
     base) echo "" ;;
     *) return 1 ;;
   esac
 }
-# The configuration a name modifies: NAME without its -unpacked, -overlap and -codes, -recompute, -always or -fit.
+# The configuration a name modifies: NAME without its -unpacked, -overlap, -int8 and -codes, -recompute, -always
+# or -fit.
 base_config() {
   local name=${1%-unpacked}
   name=${name%-overlap}
+  name=${name%-int8}
   name=${name%-codes}
   name=${name%-recompute}
   name=${name%-always}
@@ -1273,7 +1284,7 @@ def ms(c):
     return sum(r["step_ms"] for r in rows) / len(rows) if rows else None
 out = []
 for c in configs:
-    for mod in ("-codes", "-recompute", "-always", "-fit", "-overlap"):
+    for mod in ("-codes", "-recompute", "-always", "-fit", "-overlap", "-int8"):
         if mod not in c:
             continue
         base = c.replace(mod, "", 1)

@@ -295,28 +295,34 @@ TEST(RunsCli, ResumeRefusesOtherTrainingDataUnlessAllowed) {
 }
 
 // What a resume may change (the learning rate, its schedule) it never changes silently: a warning names each
-// option against the checkpoint's run, and run.json keeps them; the run's length and the memory-for-time choices
-// are not named. A resume at or past the run's end says there is nothing to train (it said "stopped by signal 0").
+// option against the checkpoint's run, and run.json keeps them; the memory-for-time choices are not named, nor
+// the run's length under a constant rate. Under a cosine or linear decay the length is named: every later step's
+// rate is drawn over it (a 3-step cosine resumed as a 4-step one jumps back up its curve). A resume at or past the
+// run's end says there is nothing to train (it said "stopped by signal 0").
 TEST(RunsCli, ResumeSaysWhatItChangedAndWhenNothingIsLeft) {
   RunSetup s;
   const std::string ck = s.dir.file("ck");
   ASSERT_EQ(run_cli(s.base + " --steps 2 --lr 1e-4 --checkpoint-dir " + ck).code, 0);
-  auto r = run_cli(s.base + " --steps 3 --lr 2e-4 --lr-schedule cosine --checkpoint-dir " + ck + " --resume");
+  auto r = run_cli(s.base + " --steps 3 --lr 1e-4 --checkpoint-dir " + ck + " --resume");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.err.find("options changed"), std::string::npos) << "a constant rate's length changed\n" << r.err;
+  r = run_cli(s.base + " --steps 4 --lr 2e-4 --lr-schedule cosine --checkpoint-dir " + ck + " --resume");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("--resume: options changed since the checkpoint's run: lr 0.0001 -> 0.0002, lr_schedule "
-                       "\"constant\" -> \"cosine\"\n"),
+                       "\"constant\" -> \"cosine\", steps 3 -> 4\n"),
             std::string::npos)
       << r.err;
   const nlohmann::json run = nlohmann::json::parse(test::slurp(ck + "/run.json"));
   EXPECT_DOUBLE_EQ(run["changed_on_resume"]["lr"]["checkpoint"].get<double>(), 1e-4);
   EXPECT_EQ(run["changed_on_resume"]["lr_schedule"]["now"], "cosine");
-  r = run_cli(s.base + " --steps 4 --lr 2e-4 --lr-schedule cosine --checkpoint-dir " + ck + " --resume");
+  r = run_cli(s.base + " --steps 5 --lr 2e-4 --lr-schedule cosine --checkpoint-dir " + ck + " --resume");
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_EQ(r.err.find("options changed"), std::string::npos) << "only the length changed\n" << r.err;
+  EXPECT_NE(r.err.find("--resume: options changed since the checkpoint's run: steps 4 -> 5\n"), std::string::npos)
+      << "a cosine's length changed\n" << r.err;
   r = run_cli(s.base + " --steps 2 --lr 2e-4 --lr-schedule cosine --checkpoint-dir " + ck + " --resume");
   EXPECT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.out.find("nothing to train: the run is at step 4 and ends at step 2, checkpoint " + ck +
-                       "/step-00000004"),
+  EXPECT_NE(r.out.find("nothing to train: the run is at step 5 and ends at step 2, checkpoint " + ck +
+                       "/step-00000005"),
             std::string::npos)
       << r.out;
   // A flag given twice is named so (CLI11: "--steps: At Most 1 required but received 2").

@@ -101,15 +101,20 @@ CheckpointState make_checkpoint(const TrainableSet& set, const AdamW& opt, int64
 
 nlohmann::json changed_since_checkpoint(const nlohmann::json& saved, const nlohmann::json& now) {
   static const std::set<std::string> same_training = {
-      "steps", "epochs", "config", "weights", "device", "keep_weight_operands", "overlap_update",
-      "optimizer_step_chunk_rows", "grad_checkpoint", "grad_checkpoint_blocks"};
+      "config", "weights", "device", "keep_weight_operands", "overlap_update", "optimizer_step_chunk_rows",
+      "grad_checkpoint", "grad_checkpoint_blocks"};
+  // The run's length (--steps, or --epochs over the same data) changes what is trained only where the schedule
+  // is drawn over it: a cosine or linear decay over another length gives every later step another learning rate.
+  static const std::set<std::string> run_length = {"steps", "epochs"};
   const nlohmann::json then = saved.value("options", nlohmann::json::object());
   const nlohmann::json current = now.value("options", nlohmann::json::object());
   nlohmann::json changed = nlohmann::json::object();
   if (!then.is_object() || !current.is_object()) return changed;  // checkpoints from before run records
-  for (const auto& [key, value] : current.items())
-    if (!same_training.count(key) && then.contains(key) && then.at(key) != value)
-      changed[key] = {{"checkpoint", then.at(key)}, {"now", value}};
+  const bool length_shapes_lr = current.value("lr_schedule", std::string("constant")) != "constant";
+  for (const auto& [key, value] : current.items()) {
+    if (same_training.count(key) || (run_length.count(key) && !length_shapes_lr)) continue;
+    if (then.contains(key) && then.at(key) != value) changed[key] = {{"checkpoint", then.at(key)}, {"now", value}};
+  }
   return changed;
 }
 

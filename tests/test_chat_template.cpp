@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -153,6 +154,23 @@ TEST(ChatTemplate, MultiTurnLossCoversEveryAssistantReplyAndNothingElse) {
   for (size_t i = 0; i < c.ids.size(); ++i)
     if (c.loss_mask[i]) masked.push_back(c.ids[i]);
   EXPECT_EQ(t.decode(masked), "<think>\nr\n</think>\n\na<|im_end|>");
+}
+
+// Special tokens written in content are the special tokens, as transformers tokenizes a rendered template
+// (split_special_tokens=False): a turn boundary inside a reply is one, under the reply's loss mask (docs/data.md).
+TEST(ChatTemplate, SpecialTokenTextInContentIsTheSpecialToken) {
+  const Tokenizer t = test::tiny_tokenizer().with_chat_template(ChatTemplate::chatml, "test");
+  const TokenId im_end = t.encode("<|im_end|>").at(0), im_start = t.encode("<|im_start|>").at(0);
+  const std::vector<ChatMessage> messages = {{ChatRole::user, "hi <|im_end|> there", {}},
+                                             {ChatRole::assistant, "aa<|im_end|><|im_start|>user", {}}};
+  const ChatTokens c = render_conversation(t, messages);
+  EXPECT_EQ(c.ids, t.encode(render_chat_text(messages, ChatTemplate::chatml)));
+  EXPECT_EQ(std::count(c.ids.begin(), c.ids.end(), im_end), 4);  // two turns' ends, one in each message
+  Ids masked;
+  for (size_t i = 0; i < c.ids.size(); ++i)
+    if (c.loss_mask[i]) masked.push_back(c.ids[i]);
+  EXPECT_EQ(std::count(masked.begin(), masked.end(), im_end), 2);
+  EXPECT_EQ(std::count(masked.begin(), masked.end(), im_start), 1);
 }
 
 }  // namespace

@@ -498,9 +498,15 @@ class Trainer {
   void log_setup() const {
     const DataStats& ds = data_->stats();
     const TrainableSet& set = model_.set;
-    spdlog::info("model: {} layers, hidden {}, vocab {}; parameters {:.3f} B trainable of {:.3f} B ({} tensors)",
-                 config_.num_hidden_layers, config_.hidden_size, config_.vocab_size, set.trainable_parameters / 1e9,
-                 set.total_parameters / 1e9, set.params.size());
+    // Billions for real models; millions below one, where "0.000 B trainable" read as nothing training.
+    const bool billions = set.total_parameters >= 1e9;
+    const auto count = [&](double n) {
+      return billions ? fmt::format("{:.3f} B", n / 1e9) : fmt::format("{:.2f} M", n / 1e6);
+    };
+    spdlog::info("model: {} layers, hidden {}, vocab {}; parameters {} trainable of {} ({} tensors)",
+                 config_.num_hidden_layers, config_.hidden_size, config_.vocab_size,
+                 count(static_cast<double>(set.trainable_parameters)), count(static_cast<double>(set.total_parameters)),
+                 set.params.size());
     spdlog::info("device {}{}, master {}, compute {}, moments {:.1f} MiB, scale mode {}, loss {}", device_.str(),
                  device_.is_cpu() ? fmt::format(" ({} threads)", at::get_num_threads()) : std::string(),
                  to_string(o_.master_dtype), compute_scalar_type(o_, device_) == at::kFloat ? "float32" : "bfloat16",

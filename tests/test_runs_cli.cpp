@@ -4,13 +4,17 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <thread>
 #include <vector>
 
 #include "cli_test_util.h"
 #include "gpu_test.h"
+#include "qwen3/base/remove_tree.h"
 #include "qwen3/config/config.h"
 #include "qwen3/model/synth.h"
 #include "qwen3/trainer/step_time_model.h"
@@ -223,20 +227,75 @@ TEST(RunsCli, TensorBoardEventsHoldEachStepsMetrics) {
   }
 }
 
+// A run stopped after its last checkpoint (killed: step 3's records written, its checkpoint not, a line cut) and
+// resumed holds each step once: the metrics lose the stopped run's records past the checkpoint (step 3 is trained
+// again, to the same loss) and the torn line; the new event file starts with SessionLog START at step 3, by which
+// TensorBoard drops the old file's step 3 (tests/readers/read_tfevents.mjs reads it; TensorBoard's own reader
+// below, where installed).
+TEST(RunsCli, AResumeAfterAKillLogsEachStepOnce) {
+  RunSetup s;
+  const std::string ck = s.dir.file("ck"), metrics = s.dir.file("m.jsonl"), tb = s.dir.file("tb");
+  const std::string run = s.base + " --batch-size 2 --save-every-steps 2 --keep-checkpoints 5 --checkpoint-dir " + ck +
+                          " --metrics-jsonl " + metrics + " --tensorboard " + tb;
+  auto r = run_cli(run + " --steps 3");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto first = jsonl(metrics);
+  ASSERT_EQ(first.size(), 3u);
+  std::error_code ec;
+  remove_tree(ck + "/step-00000003", ec);
+  ASSERT_FALSE(ec) << ec.message();
+  std::ofstream(metrics, std::ios::app) << R"({"step": 4, "loss": 2.)";
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // the event files are named by the second
+  r = run_cli(run + " --steps 4 --resume");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("--resume: removed 2 line(s) after step 2 from " + metrics), std::string::npos) << r.err;
+  const auto after = jsonl(metrics);
+  std::vector<int64_t> steps;
+  for (const auto& m : after) steps.push_back(m["step"].get<int64_t>());
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 4}));
+  EXPECT_EQ(after[2]["loss"], first[2]["loss"]);
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(tb)) files.push_back(e.path().string());
+  std::sort(files.begin(), files.end());
+  ASSERT_EQ(files.size(), 2u);
+  if (!test::command_succeeds("node --version")) GTEST_SKIP() << "node is not installed: the reader did not run";
+  const auto read = [](const std::string& file) {
+    const test::CliResult node = test::run_shell("node " + test::source_dir() + "/tests/readers/read_tfevents.mjs " + file);
+    EXPECT_EQ(node.code, 0) << node.err;
+    return nlohmann::json::parse(node.out);
+  };
+  EXPECT_EQ(read(files[0])["session_starts"].size(), 0u);
+  const nlohmann::json resumed = read(files[1]);
+  EXPECT_EQ(resumed["session_starts"], nlohmann::json::array({3}));
+  EXPECT_EQ(resumed["events"].size(), 2u);
+}
+
 // TensorBoard's own reader (the tensorboard Python package, where installed: the GPU machine's PyTorch has it
-// more often than this machine) loads the events.
+// more often than this machine) loads the events, and after a resume past a lost step shows each step once.
 TEST(RunsCli, TensorBoardsOwnReaderLoadsTheEvents) {
   if (!test::command_succeeds("python3 -c 'import tensorboard'"))
     GTEST_SKIP() << "the tensorboard package is not installed: TensorBoard's own reader did not run";
   RunSetup s;
-  const std::string tb = s.dir.file("tb");
-  const auto r = run_cli(s.base + " --steps 3 --batch-size 2 --tensorboard " + tb);
+  const std::string tb = s.dir.file("tb"), ck = s.dir.file("ck");
+  const std::string run = s.base + " --batch-size 2 --save-every-steps 2 --keep-checkpoints 5 --checkpoint-dir " + ck +
+                          " --tensorboard " + tb;
+  auto r = run_cli(run + " --steps 3");
   ASSERT_EQ(r.code, 0) << r.err;
-  const test::CliResult tensorboard = test::run_shell(
+  const std::string steps_read =
       "python3 -c \"from tensorboard.backend.event_processing.event_accumulator import EventAccumulator as A; "
-      "a = A('" + tb + "'); a.Reload(); print(len(a.Scalars('train/loss')), a.Scalars('train/loss')[-1].value)\"");
+      "a = A('" + tb + "'); a.Reload(); print([e.step for e in a.Scalars('train/loss')])\"";
+  test::CliResult tensorboard = test::run_shell(steps_read);
   ASSERT_EQ(tensorboard.code, 0) << tensorboard.err;
-  EXPECT_EQ(tensorboard.out.rfind("3 ", 0), 0u) << tensorboard.out;
+  EXPECT_EQ(tensorboard.out, "[1, 2, 3]\n");
+  std::error_code ec;
+  remove_tree(ck + "/step-00000003", ec);  // killed before step 3's checkpoint: the resume takes step 3 again
+  ASSERT_FALSE(ec) << ec.message();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // the event files are named by the second
+  r = run_cli(run + " --steps 4 --resume");
+  ASSERT_EQ(r.code, 0) << r.err;
+  tensorboard = test::run_shell(steps_read);
+  ASSERT_EQ(tensorboard.code, 0) << tensorboard.err;
+  EXPECT_EQ(tensorboard.out, "[1, 2, 3, 4]\n");
 }
 
 // A folder holds one run: a new run into a folder another run left files in is refused (nothing touched), unless it

@@ -7,10 +7,13 @@
 
 #include <chrono>
 #include <ctime>
+#include <filesystem>
 #include <utility>
 #include <vector>
 
 #include "qwen3/base/error.h"
+#include "qwen3/base/file_io.h"
+#include "qwen3/dat/durable_file.h"
 #include "train_setup.h"
 
 namespace qwen3::train_detail {
@@ -68,6 +71,30 @@ void write_tensorboard(const StepRecord& r, TensorBoardWriter& tb) {
   const double now =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   tb.add_scalars(r.step, now, s);
+}
+
+int64_t drop_metrics_after(const std::string& path, int64_t step) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return 0;
+  std::ifstream in = open_input_file(path, "--metrics-jsonl");
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(std::move(line));
+  std::string kept;
+  int64_t dropped = 0;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const nlohmann::json record = nlohmann::json::parse(lines[i], nullptr, /*allow_exceptions=*/false);
+    const bool torn = record.is_discarded() && i + 1 == lines.size();
+    const bool later = record.is_object() && record.contains("step") && record["step"].is_number_integer() &&
+                       record["step"].get<int64_t>() > step;
+    if (torn || later) {
+      ++dropped;
+      continue;
+    }
+    kept += lines[i];
+    kept += '\n';
+  }
+  if (dropped > 0) write_file_durably(path, kept);
+  return dropped;
 }
 
 }  // namespace qwen3::train_detail

@@ -35,4 +35,10 @@ void write_metrics(const StepRecord& r, std::ofstream& metrics, const std::strin
 // The same scalars under the names Hugging Face's Trainer gives them in TensorBoard.
 void write_tensorboard(const StepRecord& r, TensorBoardWriter& tb);
 
+// A resume at `step`: the records of --metrics-jsonl after it are of steps the stopped run took past its last
+// checkpoint, which this run trains again; they go (the file rewritten durably), as does a last line cut by the
+// kill, so the file holds each step once, as Hugging Face's Trainer restores its log history from the checkpoint.
+// Lines that are not records of later steps stay as they are. Returns how many lines went.
+int64_t drop_metrics_after(const std::string& path, int64_t step);
+
 }  // namespace qwen3::train_detail

@@ -108,6 +108,16 @@ void TensorBoardWriter::add_scalars(int64_t step, double wall_time,
   write_record(e);
 }
 
+void TensorBoardWriter::add_session_start(int64_t step, double wall_time) {
+  // Event.session_log = 7 (SessionLog: status = 1, START = 1).
+  std::string log;
+  tag(log, 1, 0);
+  varint(log, 1);
+  std::string e = event(wall_time, step);
+  bytes_field(e, 7, log);
+  write_record(e);
+}
+
 void TensorBoardWriter::write_record(const std::string& event) {
   const uint64_t length = event.size();
   char header[12];

@@ -25,6 +25,9 @@ class TensorBoardWriter {
   // One event: the step's scalars (tag, value), at wall-clock `wall_time` seconds since the epoch. Flushed, so a
   // TensorBoard watching the folder sees each step as it ends.
   void add_scalars(int64_t step, double wall_time, const std::vector<std::pair<std::string, double>>& scalars);
+  // SessionLog START at `step`: TensorBoard drops the events it has read with a step at or past it (the ones a
+  // stopped run wrote after the checkpoint a resume continues from), as PyTorch's SummaryWriter(purge_step=) does.
+  void add_session_start(int64_t step, double wall_time);
   const std::string& path() const { return path_; }
 
  private:

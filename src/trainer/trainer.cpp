@@ -208,10 +208,21 @@ class Trainer {
         if (ec) throw Error("--overwrite: cannot remove the previous run's " + path + " (" + ec.message() + ")");
         spdlog::info("--overwrite: removed the previous run's {}", path);
       }
-    if (!o.metrics_jsonl.empty() && dp_.is_main()) metrics_ = open_output_file(o.metrics_jsonl, "--metrics-jsonl", std::ios::app);
+    // A resume continues the run's records from its checkpoint: what a stopped run logged past it is of steps
+    // this run takes again (bit for bit on CPU), and would show each of them twice.
+    if (!o.metrics_jsonl.empty() && dp_.is_main()) {
+      if (o.resume)
+        if (const int64_t dropped = drop_metrics_after(o.metrics_jsonl, step_); dropped > 0)
+          spdlog::info("--resume: removed {} line(s) after step {} from {} (the stopped run's steps past its "
+                       "checkpoint, trained again now)", dropped, step_, o.metrics_jsonl);
+      metrics_ = open_output_file(o.metrics_jsonl, "--metrics-jsonl", std::ios::app);
+    }
     if (!o.tensorboard_dir.empty() && dp_.is_main()) {
       tensorboard_.emplace(o.tensorboard_dir);
       spdlog::info("TensorBoard events: {}", tensorboard_->path());
+      if (o.resume)
+        tensorboard_->add_session_start(step_ + 1, std::chrono::duration<double>(
+                                                       std::chrono::system_clock::now().time_since_epoch()).count());
     }
     // What `qwen3-train export` needs to rebuild a .dat from a checkpoint without the training flags.
     ExportInfo export_info;

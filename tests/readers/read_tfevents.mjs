@@ -1,8 +1,9 @@
 // An independent reader of TensorBoard event files (Node's standard library only), written from the format's
 // description, not from qwen3-train's writer: TFRecord framing (length, masked CRC-32C of the length, data,
 // masked CRC-32C of the data; the CRC computed bit by bit here), tensorflow.Event decoded as generic protocol
-// buffers. Prints {"file_version", "events": [{"step", "wall_time", "scalars": {tag: value}}]} as JSON; exits 1
-// naming the first problem.
+// buffers. Prints {"file_version", "events": [{"step", "wall_time", "scalars": {tag: value}}], "session_starts":
+// [step, ...]} as JSON (SessionLog START events, by which TensorBoard drops earlier events at or past their step);
+// exits 1 naming the first problem.
 import fs from "node:fs";
 
 function fail(message) {
@@ -54,7 +55,7 @@ const file = process.argv[2];
 if (!file) fail("usage: read_tfevents.mjs EVENTS_FILE");
 const data = fs.readFileSync(file);
 let pos = 0, fileVersion = null;
-const events = [];
+const events = [], sessionStarts = [];
 while (pos < data.length) {
   if (pos + 12 > data.length) fail(`a record header is cut at byte ${pos}`);
   const lengthBytes = data.subarray(pos, pos + 8);
@@ -69,6 +70,9 @@ while (pos < data.length) {
     if (f.field === 1 && f.wire === 1) event.wall_time = f.value.readDoubleLE(0);
     else if (f.field === 2 && f.wire === 0) event.step = Number(f.value);
     else if (f.field === 3 && f.wire === 2) fileVersion = f.value.toString("utf8");
+    else if (f.field === 7 && f.wire === 2) {  // session_log: status = 1 (START = 1)
+      for (const x of fields(f.value)) if (x.field === 1 && x.wire === 0 && x.value === 1n) event.start = true;
+    }
     else if (f.field === 5 && f.wire === 2)
       for (const v of fields(f.value)) {
         if (v.field !== 1 || v.wire !== 2) continue;
@@ -81,7 +85,8 @@ while (pos < data.length) {
         event.scalars[tag] = simple;
       }
   }
+  if (event.start) sessionStarts.push(event.step);
   if (Object.keys(event.scalars).length) events.push(event);
 }
 if (fileVersion !== "brain.Event:2") fail(`file_version is ${fileVersion}`);
-console.log(JSON.stringify({ file_version: fileVersion, events }));
+console.log(JSON.stringify({ file_version: fileVersion, events, session_starts: sessionStarts }));

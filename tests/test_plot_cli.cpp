@@ -110,6 +110,27 @@ TEST(PlotCli, BadMetricsAreNamedByLine) {
   r = run_cli("plot " + dir.file("empty.jsonl") + " --out " + dir.file("y.svg"));
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("no step with a finite loss"), std::string::npos) << r.err;
+  // An unfinished last line (a run writing it now, or killed while it wrote) is skipped, said so.
+  std::ofstream(dir.file("live.jsonl")) << "{\"step\": 1, \"loss\": 2}\n{\"step\": 2, \"lo";
+  r = run_cli("plot " + dir.file("live.jsonl") + " --out " + dir.file("z.svg"));
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find(dir.file("live.jsonl") + ":2: an unfinished last line"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("plotted 1 steps"), std::string::npos) << r.out;
+}
+
+// Steps that start again (a run resumed before resumes cut its records back, or files joined by hand) are drawn
+// once, from their newest records, as TensorBoard purges at a restart; the count of what went is said.
+TEST(PlotCli, RepeatedStepsAreDrawnOnceFromTheirNewestRecords) {
+  test::TempDir dir;
+  {
+    std::ofstream m(dir.file("metrics.jsonl"));
+    for (const int step : {1, 2, 3, 4, 3, 4, 5}) m << "{\"step\": " << step << ", \"loss\": " << 1.0 / step << "}\n";
+  }
+  const auto r = run_cli("plot " + dir.file("metrics.jsonl") + " --out " + dir.file("loss.svg"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("plotted 5 steps"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("its steps start again 1 time(s)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("the 2 earlier record(s) of the repeated steps are not drawn"), std::string::npos) << r.err;
 }
 
 // --out is an output target: an existing file only with --overwrite, a folder never, and never a metrics file the

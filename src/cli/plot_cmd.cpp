@@ -3,6 +3,7 @@
 // step, faint, under its moving average) and the eval loss where measured; the learning rate. One color a run.
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cmath>
@@ -75,7 +76,11 @@ std::string tick_text(double v, double step) {
   return fmt::format("{:.{}f}", v, decimals);
 }
 
-// Reads step, loss, eval_loss and lr; a line that is not a JSON object with a numeric step is an error naming it.
+// Reads step, loss, eval_loss and lr; a line that is not a JSON object with a numeric step is an error naming it,
+// but an unfinished last line (a run writing it now, or killed while writing it), which is skipped with a warning.
+// A step at or before the one above it is a restart (metrics from before resumes removed the records a resume
+// trains again, or files joined by hand): as TensorBoard does at a restart, the points of that step and later
+// read so far are dropped, with a warning, so that each step is drawn once, from its newest record.
 Run read_metrics(const std::string& path, const std::string& color) {
   std::ifstream in = open_input_file(path, "metrics");
   const std::filesystem::path p(path);
@@ -85,18 +90,37 @@ Run read_metrics(const std::string& path, const std::string& color) {
           {"eval_loss", color, {}},
           {"lr", color, {}}};
   std::string line;
+  double last_step = -std::numeric_limits<double>::infinity();
+  int64_t restarts = 0, dropped = 0;
   for (int64_t n = 1; std::getline(in, line); ++n) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const bool unfinished = in.eof();  // no line break after it: the file ends inside this line
     const nlohmann::json m = nlohmann::json::parse(line, nullptr, false);
+    if (m.is_discarded() && unfinished) {
+      spdlog::warn("plot: {}:{}: an unfinished last line (a run writing it, or stopped while it wrote): skipped",
+                   path, n);
+      break;
+    }
     if (m.is_discarded() || !m.is_object() || !m.contains("step") || !m["step"].is_number())
       throw Error(fmt::format("{}:{}: not a metrics line (a JSON object with a \"step\")", path, n));
     const double step = m["step"].get<double>();
+    if (step <= last_step) {
+      ++restarts;
+      const auto at_or_after = [&](const std::pair<double, double>& p) { return p.first >= step; };
+      dropped += std::count_if(run.loss.points.begin(), run.loss.points.end(), at_or_after);
+      for (Series* s : {&run.loss, &run.eval, &run.lr})
+        s->points.erase(std::remove_if(s->points.begin(), s->points.end(), at_or_after), s->points.end());
+    }
+    last_step = step;
     const auto add = [&](Series& s, const char* key) {
       if (m.contains(key) && m[key].is_number() && std::isfinite(m[key].get<double>()))
         s.points.emplace_back(step, m[key].get<double>());
     };
     add(run.loss, "loss"), add(run.eval, "eval_loss"), add(run.lr, "lr");
   }
+  if (restarts > 0)
+    spdlog::warn("plot: {}: its steps start again {} time(s) (a run resumed before its records were cut back); the "
+                 "{} earlier record(s) of the repeated steps are not drawn", path, restarts, dropped);
   if (run.loss.points.empty()) throw Error(path + ": no step with a finite loss to plot");
   run.eval.dashed = true;
   return run;

@@ -46,6 +46,10 @@ TEST(TokenizeCli, DecodeTurnsLinesOfIdsIntoText) {
   auto r = run_cli(tokenize("--decode --text '259 264\n272  259'"));
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.out, "hello world\n<|im_end|>hello\n");
+  // A list pasted from Python, or a row of --json's output: commas and brackets separate ids too.
+  r = run_cli(tokenize("--decode --text '[259, 264]\n272,259'"));
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "hello world\n<|im_end|>hello\n");
   r = run_cli(tokenize("--decode --json --text '259 10 264\n228 189'"));
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(nlohmann::json::parse(r.out), nlohmann::json::parse(R"(["hello\n world", "\ufffd"])"));

@@ -9,6 +9,7 @@
 #include <fmt/ranges.h>  // fmt::join (only here from fmt 11 on)
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -51,10 +52,13 @@ std::string read_file(const std::string& path) {
   return all.str();
 }
 
-// A line of space-separated ids. A bad id in --text is a bad flag value (exit 2); in a file, bad data (exit 1).
+// A line of ids, separated by spaces or commas, brackets allowed (a list pasted from Python, or a row of
+// --json's output). A bad id in --text is a bad flag value (exit 2); in a file, bad data (exit 1).
 std::vector<TokenId> parse_ids(const Input& input, bool from_flag) {
   std::vector<TokenId> ids;
-  std::istringstream words(input.text);
+  std::string spaced = input.text;
+  std::replace_if(spaced.begin(), spaced.end(), [](char c) { return c == ',' || c == '[' || c == ']'; }, ' ');
+  std::istringstream words(spaced);
   std::string word;
   while (words >> word) {
     size_t used = 0;
@@ -93,7 +97,8 @@ Command add_tokenize_command(CLI::App& app) {
   sub->add_option("--system", o->system, "with --chat: system prompt of records without one");
   add_chat_template_flags(sub, o->chat_template);
   add_bool_flag(sub, "--json", o->json, "print [[ids...], ...] (with --decode: [\"text\", ...])");
-  add_bool_flag(sub, "--decode", o->decode, "read lines of space-separated ids and print their text");
+  add_bool_flag(sub, "--decode", o->decode,
+                "read lines of ids (spaces or commas; [brackets] allowed) and print their text");
   return {sub, [o, text, file, chat]() {
             if (chat->count() > 0) {
               if (o->decode) throw UsageError("tokenize: --chat renders records; it does not decode");

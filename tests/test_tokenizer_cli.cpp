@@ -58,7 +58,7 @@ TEST(TokenizeCli, DecodeTurnsLinesOfIdsIntoText) {
   std::ofstream(path) << "259\n264 x\n";
   r = run_cli(tokenize("--decode --file " + path));
   EXPECT_EQ(r.code, 1);
-  EXPECT_NE(r.err.find(path + ":2: \"x\" is not a token id"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(path + ":2: 'x' is not a token id"), std::string::npos) << r.err;
 }
 
 // --chat: one {"ids", "loss_mask"} per record, as training renders it; the template by name or from a config.
@@ -101,7 +101,7 @@ TEST(TokenizeCli, ErrorsAreOneLineWithTheRightExitCode) {
   EXPECT_NE(r.err.find("--tokenizer"), std::string::npos) << r.err;
   r = run_cli(tokenize("--decode --text '12 -3'"));
   EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.err.find("\"-3\" is not a token id"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--text: '-3' is not a token id"), std::string::npos) << r.err;
   r = run_cli(tokenize("--decode --text '99999'"));
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("token id 99999"), std::string::npos) << r.err;

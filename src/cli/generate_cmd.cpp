@@ -139,7 +139,7 @@ Command add_generate_command(CLI::App& app) {
   sub->add_option("--config", f->config, "config.json")->required();
   sub->add_option("--tokenizer", f->tokenizer, "tokenizer.json (optional with --prompt-ids --print-ids)");
   sub->add_option("--prompt", f->prompt, "the user message (wrapped in the chat format unless --no-chat)");
-  sub->add_option("--prompt-ids", f->prompt_ids, "raw prompt token ids, space-separated, fed as they are");
+  sub->add_option("--prompt-ids", f->prompt_ids, "raw prompt token ids (spaces or commas; [brackets] allowed), fed as they are");
   sub->add_option("--system", f->system, "system prompt for the chat format");
   add_chat_template_flags(sub, f->chat);
   sub->add_option("--max-new-tokens", f->gen.max_new_tokens, "most tokens to generate")

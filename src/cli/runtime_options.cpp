@@ -2,6 +2,8 @@
 
 #include <ATen/Context.h>
 
+#include <climits>
+
 #include "qwen3/base/error.h"
 
 namespace qwen3::cli {
@@ -39,14 +41,16 @@ c10::ScalarType resolve_dtype(const std::string& name, const c10::Device& device
 }
 
 std::vector<int64_t> parse_token_ids(const std::string& text, const std::string& where) {
+  // Spaces or commas between ids, brackets around them: a list pasted from Python reads as it is.
+  static constexpr const char* kSeparators = " \t\r,[]";
   std::vector<int64_t> ids;
   size_t pos = 0;
   while (true) {
-    pos = text.find_first_not_of(" \t\r", pos);
+    pos = text.find_first_not_of(kSeparators, pos);
     if (pos == std::string::npos) break;
-    const size_t end = std::min(text.find_first_of(" \t\r", pos), text.size());
+    const size_t end = std::min(text.find_first_of(kSeparators, pos), text.size());
     const std::string tok = text.substr(pos, end - pos);
-    if (tok.find_first_not_of("0123456789") != std::string::npos || tok.size() > 12)
+    if (tok.find_first_not_of("0123456789") != std::string::npos || tok.size() > 10 || std::stoll(tok) > INT32_MAX)
       throw Error(where + ": '" + tok + "' is not a token id");
     ids.push_back(std::stoll(tok));
     pos = end;

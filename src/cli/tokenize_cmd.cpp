@@ -9,7 +9,6 @@
 #include <fmt/ranges.h>  // fmt::join (only here from fmt 11 on)
 #include <nlohmann/json.hpp>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -20,6 +19,7 @@
 #include "qwen3/base/error.h"
 #include "qwen3/data/data.h"
 #include "qwen3/tokenizer/tokenizer.h"
+#include "runtime_options.h"
 
 namespace qwen3::cli {
 namespace {
@@ -52,30 +52,17 @@ std::string read_file(const std::string& path) {
   return all.str();
 }
 
-// A line of ids, separated by spaces or commas, brackets allowed (a list pasted from Python, or a row of
-// --json's output). A bad id in --text is a bad flag value (exit 2); in a file, bad data (exit 1).
+// A line of ids as generate's --prompt-ids and eval's --token-ids-file read them (parse_token_ids: spaces or
+// commas, brackets allowed). A bad id in --text is a bad flag value (exit 2); in a file, bad data (exit 1).
 std::vector<TokenId> parse_ids(const Input& input, bool from_flag) {
-  std::vector<TokenId> ids;
-  std::string spaced = input.text;
-  std::replace_if(spaced.begin(), spaced.end(), [](char c) { return c == ',' || c == '[' || c == ']'; }, ' ');
-  std::istringstream words(spaced);
-  std::string word;
-  while (words >> word) {
-    size_t used = 0;
-    long long value = -1;
-    try {
-      value = std::stoll(word, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != word.size() || value < 0 || value > INT32_MAX) {
-      const std::string message = fmt::format("tokenize --decode: {}: \"{}\" is not a token id", input.where, word);
-      if (from_flag) throw UsageError(message);
-      throw Error(message);
-    }
-    ids.push_back(static_cast<TokenId>(value));
+  std::vector<int64_t> read;
+  try {
+    read = parse_token_ids(input.text, "tokenize --decode: " + input.where);
+  } catch (const Error& e) {
+    if (from_flag) throw UsageError(e.what());
+    throw;
   }
-  return ids;
+  return std::vector<TokenId>(read.begin(), read.end());
 }
 
 }  // namespace

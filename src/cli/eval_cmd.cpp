@@ -187,7 +187,7 @@ Command add_eval_command(CLI::App& app) {
   sub->add_option("--weights", f->weights, "model .dat (NVFP4 or dense)")->required();
   sub->add_option("--config", f->config, "config.json")->required();
   sub->add_option("--data", f->data, "training-format data: TSV pairs, text lines or JSON records (needs --tokenizer)");
-  sub->add_option("--token-ids-file", f->ids_file, "one sequence of space-separated ids a line");
+  sub->add_option("--token-ids-file", f->ids_file, "one sequence of ids a line (spaces or commas between them)");
   sub->add_option("--tokenizer", f->tokenizer, "tokenizer.json for --data");
   sub->add_option("--data-format", f->data_format, "auto, tsv, text, chat, alpaca or text-jsonl (as train)")->capture_default_str();
   sub->add_option("--system", f->system, "system prompt of pairs and records without one (as train)");

@@ -353,6 +353,40 @@ TEST(RunsCli, ResumeRefusesOtherTrainingDataUnlessAllowed) {
   EXPECT_EQ(r.code, 0) << r.err;
 }
 
+// The same command again after its run finished (a script repeating it until it succeeds, a requeued job): the
+// export there is that run's, so it is left as it is and the command succeeds with nothing to train. Where the
+// resume would train (a longer run; the newest checkpoint damaged, so an older one is resumed) the existing
+// export is refused as any existing file is, before anything is written.
+TEST(RunsCli, TheSameCommandAfterItsRunFinishedLeavesItsExport) {
+  RunSetup s;
+  const std::string out = s.dir.file("run");
+  const std::string run = s.base + " --batch-size 2 --save-every-steps 1 --keep-checkpoints 5 --output-dir " + out;
+  auto r = run_cli(run + " --steps 2 --resume-if-present");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string exported = test::slurp(out + "/model.dat");
+  const auto written = fs::last_write_time(out + "/model.dat");
+  r = run_cli(run + " --steps 2 --resume-if-present");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("nothing to train: the run is at step 2 and ends at step 2"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("--output-dat " + out + "/model.dat is this finished run's export: left as it is"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(fs::last_write_time(out + "/model.dat"), written);
+  r = run_cli(run + " --steps 3 --resume");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--output-dat " + out + "/model.dat exists; pass --overwrite"), std::string::npos) << r.err;
+  {  // step 2's tensors changed on disk: the resume passes over it to step 1, and would train step 2 again
+    std::fstream tensors(out + "/checkpoints/step-00000002/tensors.dat", std::ios::in | std::ios::out | std::ios::binary);
+    tensors.seekp(-16, std::ios::end);
+    tensors.put('\x5a');
+  }
+  r = run_cli(run + " --steps 2 --resume");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("--output-dat " + out + "/model.dat exists; pass --overwrite"), std::string::npos) << r.err;
+  EXPECT_EQ(test::slurp(out + "/model.dat"), exported);
+  EXPECT_EQ(jsonl(out + "/metrics.jsonl").size(), 2u);  // refused before the metrics were cut back
+}
+
 // What a resume may change (the learning rate, its schedule) it never changes silently: a warning names each
 // option against the checkpoint's run, and run.json keeps them; the memory-for-time choices are not named, nor
 // the run's length under a constant rate. Under a cosine or linear decay the length is named: every later step's

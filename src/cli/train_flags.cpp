@@ -101,6 +101,20 @@ void claim_run_folders(TrainFlags& f) {
   o.replace_previous_run = found;
 }
 
+// --resume (or --resume-if-present) without --overwrite, --output-dat there, and the newest complete checkpoint
+// at or past --steps: the run finished and exported (--epochs: the length is known only once the data is read,
+// so such a run is not recognized here).
+bool resumes_a_finished_run(const TrainOptions& o, bool overwrite) {
+  std::error_code ec;
+  if (!o.resume || overwrite || o.steps <= 0 || o.checkpoint_dir.empty() || !std::filesystem::exists(o.output_dat, ec))
+    return false;
+  const std::optional<std::string> newest = latest_checkpoint(o.checkpoint_dir);
+  if (!newest) return false;
+  const std::string name = std::filesystem::path(*newest).filename().string();  // step-NNNNNNNN
+  const size_t digits = name.find_first_of("0123456789");
+  return digits != std::string::npos && std::stoll(name.substr(digits)) >= o.steps;
+}
+
 }  // namespace
 
 void check_micro_batch(const TrainOptions& o) {
@@ -204,9 +218,17 @@ void resolve(TrainFlags& f) {
   claim_run_folders(f);
   convert_flag_values(f);
   resolve_device(o.device);
-  // Before the first step: the export target must not replace anything unasked, nor any input of the run.
-  if (!o.output_dat.empty())
-    prepare_output_target("--output-dat", o.output_dat, f.overwrite, inputs, {o.checkpoint_dir});
+  // Before the first step: the export target must not replace anything unasked, nor any input of the run. The
+  // one exception: the same command again after its run finished (a script that repeats it until it succeeds,
+  // a requeued job), whose export is already there; the trainer confirms nothing trains.
+  if (!o.output_dat.empty()) {
+    if (resumes_a_finished_run(o, f.overwrite)) {
+      refuse_input_as_output("--output-dat", o.output_dat, inputs, {o.checkpoint_dir});
+      o.output_dat_of_finished_run = true;
+    } else {
+      prepare_output_target("--output-dat", o.output_dat, f.overwrite, inputs, {o.checkpoint_dir});
+    }
+  }
   if (o.profile_step > 0) {
     if (o.profile_out.empty() && o.output_dir.empty())
       throw UsageError(f.command + ": --profile-step needs --profile-out FILE (or --output-dir, which holds "

@@ -189,6 +189,11 @@ class Trainer {
         run_["changed_on_resume"] = at.changed;
       }
     }
+    // The CLI let an existing --output-dat stand as a finished run's export; a resume that trains (its newest
+    // checkpoint was passed over for an older one) would replace it, so it is refused as any existing one is.
+    if (o.output_dat_of_finished_run && step_ < steps_)
+      throw UsageError(fmt::format("--output-dat {} exists; pass --overwrite to replace it (or choose another path)",
+                                   o.output_dat));
     // Every rank continues from the same step (a checkpoint folder each rank sees differently would not).
     const std::vector<int64_t> steps = dp_.all_gather(step_, "resume step");
     if (std::adjacent_find(steps.begin(), steps.end(), std::not_equal_to<>()) != steps.end())
@@ -485,7 +490,9 @@ class Trainer {
     sum_.tokens_per_second = total_ms_ > 0 ? total_tokens_ / (total_ms_ / 1000.0) : 0;
     sum_.last_checkpoint = saver_->last();
     sum_.checkpoints_saved = saver_->saved();
-    if (!o_.output_dat.empty() && sum_.stop_signal == 0 && dp_.is_main()) {
+    if (o_.output_dat_of_finished_run && sum_.steps_done == 0) {
+      spdlog::info("--output-dat {} is this finished run's export: left as it is", o_.output_dat);
+    } else if (!o_.output_dat.empty() && sum_.stop_signal == 0 && dp_.is_main()) {
       export_trained(o_, model_.set, *model_.model, *reader_);
       sum_.exported = o_.output_dat;
     }

@@ -98,6 +98,10 @@ struct TrainOptions {
   bool resume_if_present = false;  // ... unless this: then training starts from the weights
   int64_t max_skipped_steps = 10;
   std::string output_dat;
+  // A resume of a finished run (its newest checkpoint at --steps) whose --output-dat is there, without
+  // --overwrite: the export is that run's, left as it is. Nothing trains, so nothing is written; a resume that
+  // does train (the newest checkpoint was passed over) refuses the existing file before its first step.
+  bool output_dat_of_finished_run = false;
   // run.json is written here too (the CLI's --output-dir, which also defaults the checkpoint folder, the
   // metrics file and the export into it).
   std::string output_dir;

@@ -299,6 +299,24 @@ TEST(Trainer, ResumeRefusesAnotherModelOrIncompatibleFlags) {
   EXPECT_THROW(run_training(o), Error);
 }
 
+// A checkpoint folder has the permissions the umask gives any folder the run makes (0755 under 022, 0750 under
+// 027), as its files and the run's other folders do: made by mkdtemp it was 0700, unreadable to the run's group.
+TEST(Checkpoint, AFolderHasTheUmasksPermissions) {
+  test::TempDir dir;
+  CheckpointState s;
+  s.model_hash = "h";
+  s.tensors.emplace_back("w", at::arange(4.0));
+  for (const mode_t mask : {mode_t{022}, mode_t{027}}) {
+    const mode_t before = ::umask(mask);
+    s.step += 1;
+    const std::string path = save_checkpoint(dir.file("ckpt"), s, 0);
+    ::umask(before);
+    struct stat info {};
+    ASSERT_EQ(::stat(path.c_str(), &info), 0);
+    EXPECT_EQ(info.st_mode & 0777, 0777 & ~mask) << path;
+  }
+}
+
 // Entries fetched while the file is written (a shared-out optimizer state): in order, each let go before the next
 // is fetched, so the process never holds them all; the file is the one of the same tensors given whole.
 TEST(Checkpoint, FetchedTensorsAreWrittenInOrderOneAtATime) {

@@ -8,7 +8,9 @@
 #include <cstring>
 #include <cerrno>
 #include <sys/file.h>
+#include <sys/stat.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 
@@ -37,6 +39,20 @@ std::vector<fs::path> complete_checkpoints(const std::string& dir) {
     if (is_step_dir(e) && fs::exists(e.path() / "checkpoint.json")) out.push_back(e.path());
   std::sort(out.begin(), out.end());  // zero-padded step numbers sort by step
   return out;
+}
+
+// A new hidden folder `.NAME.tmp-PID-N` in `dir`, with the permissions the process's umask gives any folder it
+// makes: mkdtemp's are 0700, and renamed into place they left every checkpoint unreadable to the run's group
+// (a teammate's export, a job under another account) where the run's other files were not.
+fs::path make_temporary_folder(const fs::path& dir, const std::string& name) {
+  static std::atomic<uint64_t> made{0};
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    const fs::path path = dir / fmt::format(".{}.tmp-{}-{}", name, ::getpid(), made.fetch_add(1));
+    if (::mkdir(path.c_str(), 0777) == 0) return path;
+    if (errno != EEXIST)
+      throw Error(dir.string() + ": cannot create a temporary checkpoint directory: " + std::strerror(errno));
+  }
+  throw Error(dir.string() + ": cannot create a temporary checkpoint directory: every name tried exists");
 }
 
 }  // namespace
@@ -102,9 +118,7 @@ std::string save_checkpoint(const std::string& dir, const CheckpointState& state
   if (ec) throw Error(dir + ": cannot create checkpoint directory: " + ec.message());
   const std::string name = fmt::format("step-{:08d}", state.step);
   const fs::path final_path = fs::path(dir) / name;
-  std::string tmpl = (fs::path(dir) / ("." + name + ".tmp-XXXXXX")).string();
-  if (!::mkdtemp(tmpl.data())) throw Error(dir + ": cannot create a temporary checkpoint directory");
-  const fs::path tmp = tmpl;
+  const fs::path tmp = make_temporary_folder(dir, name);
   try {
     nlohmann::json hashes = nlohmann::json::object();
     {

@@ -7,7 +7,7 @@ seconds=${1:-300}
 out=${FUZZ_DIR:-$root/build/fuzz}
 mkdir -p "$out/corpus"
 clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I"$root/include" \
-  "$root/tests/fuzz/fuzz_dat_reader.cpp" "$root"/src/dat/{leb128,dat_reader,dat_writer,elem_type}.cpp \
+  "$root/tests/fuzz/fuzz_dat_reader.cpp" "$root"/src/dat/{leb128,dat_reader,dat_writer,durable_file,elem_type}.cpp \
   -o "$out/fuzz_dat_reader"
 
 # Seeds: small valid files, one with an NVFP4 pair.

@@ -2,6 +2,7 @@
 // dat-format.md, and the writer's atomicity.
 #include <gtest/gtest.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <csignal>
@@ -252,6 +253,25 @@ TEST(DatWriter, CommitReplacesAnExistingTargetAtomically) {
   }
   DatReader r(target);
   EXPECT_EQ(r.entries().at(0).key, "a");
+}
+
+// A written file has the permissions the umask gives any new file (0644 under 022, 0600 under 077): it was 0644
+// whatever the umask, so a user who keeps files private (077) got world-readable weights.
+TEST(DatWriter, AFileHasTheUmasksPermissions) {
+  test::TempDir dir;
+  for (const mode_t mask : {mode_t{022}, mode_t{077}, mode_t{027}}) {
+    const mode_t before = ::umask(mask);
+    const std::string target = dir.file("m" + std::to_string(mask) + ".dat");
+    {
+      DatWriter w(target, 1);
+      w.write_entry("a", ElemType::UInt8, {1}, "\1", 1);
+      w.commit();
+    }
+    ::umask(before);
+    struct stat info {};
+    ASSERT_EQ(::stat(target.c_str(), &info), 0);
+    EXPECT_EQ(info.st_mode & 0777, 0666 & ~mask) << std::oct << mask;
+  }
 }
 
 // A real write failure: the file size limit makes write(2) fail with EFBIG part-way through, as a full disk

@@ -61,7 +61,7 @@ DatWriter::DatWriter(const std::string& target, uint64_t entry_count)
   if (fd_ < 0) throw Error(target + ": cannot create a temporary file in '" + dir + "': " + std::strerror(errno));
   ::flock(fd_, LOCK_EX);  // held until the file is renamed or discarded: marks it as live for other writers
   temp_path_ = pattern;
-  ::fchmod(fd_, 0644);  // mkstemp creates 0600; a weight file is as readable as any other output
+  ::fchmod(fd_, new_file_mode());  // mkstemp creates 0600; a weight file is as readable as any other output
   uint8_t tmp[leb128::kMaxBytes];
   const size_t n = leb128::encode(entry_count, tmp);
   write_raw(tmp, n);

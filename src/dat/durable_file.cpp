@@ -27,6 +27,13 @@ std::string parent_folder(const std::string& path) {
   return slash == 0 ? "/" : path.substr(0, slash);
 }
 
+unsigned new_file_mode() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("Umask:", 0) == 0) return 0666u & ~static_cast<unsigned>(std::stoul(line.substr(6), nullptr, 8));
+  return 0644u;
+}
+
 void move_into_place(const std::string& temp, const std::string& target) {
   try {
     fsync_path(temp, false);

@@ -14,6 +14,10 @@ void fsync_path(const std::string& path, bool directory);
 // The folder a path lies in ("." for a bare name).
 std::string parent_folder(const std::string& path);
 
+// The permissions a new file gets from the process's umask (0666 & ~umask), for files made by mkstemp (0600):
+// read from /proc/self/status, since umask() can only be read by setting it; 0644 where that is missing.
+unsigned new_file_mode();
+
 // fsync `temp`, rename it over `target`, fsync the folder. On failure `temp` is removed and an Error names
 // `target` and the reason; nothing under `target` changed.
 void move_into_place(const std::string& temp, const std::string& target);

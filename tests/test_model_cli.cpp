@@ -358,6 +358,19 @@ TEST(SmokeCli, RefusesAFolderHoldingFilesItDoesNotWrite) {
   EXPECT_NE(r.err.find("is a file; give a folder"), std::string::npos) << r.err;
 }
 
+// A device the machine lacks is named before anything is written (smoke wrote its model first, and then libtorch's
+// own "Could not run 'aten::empty.memory_format' with arguments from the 'CUDA' backend" came out). cuda:99: no
+// CUDA on this machine, or no such GPU on one with CUDA; either way the same line.
+TEST(SmokeCli, AMissingDeviceIsNamedBeforeAnythingIsWritten) {
+  test::TempDir dir;
+  const auto r = test::run_cli("smoke --device cuda:99 --out-dir " + dir.file("smoke") + " --tokenizer " +
+                               test::tiny_tokenizer_path());
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_EQ(r.err.rfind("error: --device cuda:99: ", 0), 0u) << r.err;
+  EXPECT_EQ(r.err.find("aten::"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(dir.file("smoke")));
+}
+
 TEST(SmokeCli, PassesWithTheTinyTokenizer) {
   test::TempDir dir;
   const auto r = test::run_cli("smoke --out-dir " + dir.file("smoke") + " --tokenizer " + test::tiny_tokenizer_path());

@@ -1,6 +1,7 @@
 #include "runtime_options.h"
 
 #include <ATen/Context.h>
+#include <fmt/format.h>
 
 #include <climits>
 
@@ -24,6 +25,9 @@ c10::Device resolve_device(const std::string& name) {
   }
   if (device.is_cuda() && !at::hasCUDA())
     throw Error("--device " + name + ": this build's libtorch has no CUDA support or no GPU is visible");
+  if (device.is_cuda() && device.has_index() && static_cast<size_t>(device.index()) >= at::getNumGPUs())
+    throw Error(fmt::format("--device {}: this machine shows {} GPU(s), cuda:0 to cuda:{}", name, at::getNumGPUs(),
+                            static_cast<int64_t>(at::getNumGPUs()) - 1));
   if (!device.is_cpu() && !device.is_cuda()) throw UsageError("--device: only cpu and cuda are supported");
   return device;
 }

@@ -89,6 +89,7 @@ double peak_rss_mib() {
 int run_smoke(const SmokeFlags& f) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
+  resolve_device(f.device);  // before anything is written: on a machine without CUDA libtorch's own words came later
   check_smoke_folder(f.out_dir);
   fs::create_directories(f.out_dir);
   const std::string tok_path = find_tokenizer(f.tokenizer);

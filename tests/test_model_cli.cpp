@@ -68,6 +68,12 @@ TEST_F(ModelCli, GenerateChecksItsFlags) {
   r = run_cli("generate " + model_flags() + " --prompt-ids '1 999999' --print-ids");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("outside the vocabulary"), std::string::npos) << r.err;
+  // Sampling's flags without sampling (greedy, the default temperature) were ignored silently.
+  r = run_cli("generate " + model_flags() + " --prompt-ids 1 --print-ids --top-k 5 --seed 0");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("generate: --top-k, --seed shape(s) sampling, which --temperature above 0 turns on"),
+            std::string::npos)
+      << r.err;
   r = run_cli("generate " + model_flags() + " --prompt-ids 1 --print-ids --top-p 0");
   EXPECT_EQ(r.code, 2);
   // The range as it is: 0 excluded, 1 included (CLI11's range text quoted 0 as allowed).

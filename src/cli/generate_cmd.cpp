@@ -22,6 +22,7 @@ struct GenerateFlags {
   ChatTemplateFlags chat;
   GenerateOptions gen;
   bool no_chat = false, ignore_eos = false, print_ids = false;
+  bool seed_given = false;  // --seed on the command line (its default, 0, is a seed too)
 };
 
 // Prints the text of the ids generated so far, holding back a trailing incomplete UTF-8 character.
@@ -69,6 +70,18 @@ int run_generate(const GenerateFlags& f) {
   if (!chat_prompt && (!f.chat.config.empty() || !f.chat.name.empty()))
     throw UsageError("generate: --tokenizer-config and --chat-template apply to a chat prompt (--prompt without "
                      "--no-chat)");
+  // The sampling flags shape a sampled draw; greedy decoding (--temperature 0, the default) takes the most likely
+  // token, and ignored them silently (transformers warns of the same: top_k set while do_sample is False).
+  if (f.gen.sampling.temperature == 0) {
+    std::vector<std::string> unused;
+    if (f.gen.sampling.top_k != 0) unused.push_back("--top-k");
+    if (f.gen.sampling.top_p != 1) unused.push_back("--top-p");
+    if (f.seed_given) unused.push_back("--seed");
+    if (!unused.empty())
+      throw UsageError(fmt::format("generate: {} shape(s) sampling, which --temperature above 0 turns on; with "
+                                   "--temperature 0 (the default) each token is the most likely one",
+                                   fmt::join(unused, ", ")));
+  }
   const bool need_tokenizer = !f.prompt.empty() || !f.print_ids || !f.expect.empty();
   if (need_tokenizer && f.tokenizer.empty())
     throw UsageError("generate: --tokenizer is needed unless both --prompt-ids and --print-ids are given");
@@ -160,7 +173,7 @@ Command add_generate_command(CLI::App& app) {
           },
           "(0, 1]"))
       ->capture_default_str();
-  sub->add_option("--seed", f->gen.sampling.seed, "sampling seed")->check(seed_integer())->capture_default_str();
+  auto* seed = sub->add_option("--seed", f->gen.sampling.seed, "sampling seed")->check(seed_integer())->capture_default_str();
   sub->add_option("--prefill-chunk", f->gen.prefill_chunk, "prompt tokens per forward pass")
       ->check(integer_in(1, flag_limit::tokens))->capture_default_str();
   add_bool_flag(sub, "--no-chat", f->no_chat, "encode --prompt as it is, without the chat format");
@@ -168,7 +181,10 @@ Command add_generate_command(CLI::App& app) {
   add_bool_flag(sub, "--print-ids", f->print_ids, "also print the generated ids as one line");
   sub->add_option("--expect", f->expect, "exit 1 unless the reply matches this regular expression (ECMAScript)");
   add_runtime_options(sub, f->runtime);
-  return {sub, [f]() { return run_generate(*f); }};
+  return {sub, [f, seed]() {
+            f->seed_given = seed->count() > 0;
+            return run_generate(*f);
+          }};
 }
 
 }  // namespace qwen3::cli

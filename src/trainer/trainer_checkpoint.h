@@ -50,8 +50,9 @@ struct ResumePoint {
 };
 
 // The options of `now` (run.json's "options") that differ from those of the run that saved a checkpoint
-// (`saved`, its copy of run.json), but for those that do not change what is trained: the run's length, paths,
-// the device and the memory-for-time choices whose bytes are the same (docs/trainer.md, "Checkpoints and resume").
+// (`saved`, its copy of run.json), but for those that do not change what is trained: paths, the device, the
+// memory-for-time choices whose bytes are the same, and the run's length under a constant rate (a cosine or
+// linear decay is drawn over it, so there it is named; docs/trainer.md, "Checkpoints and resume").
 // A resume must agree on the others (resume_flags) or is refused before this is asked.
 nlohmann::json changed_since_checkpoint(const nlohmann::json& saved, const nlohmann::json& now);
 

@@ -351,6 +351,16 @@ TEST(RunsCli, ResumeRefusesOtherTrainingDataUnlessAllowed) {
   EXPECT_NE(r.err.find("--allow-data-change"), std::string::npos) << r.err;
   r = run_cli(s.base + " --steps 4 --checkpoint-dir " + ck + " --resume --allow-data-change");
   EXPECT_EQ(r.code, 0) << r.err;
+  // Another tokenizer.json: the same lines would be other ids (it resumed silently on another vocabulary).
+  const std::string other = s.dir.file("other-tokenizer.json");
+  std::ofstream(other) << test::slurp(test::tiny_tokenizer_path()) << "\n";  // other bytes, the same vocabulary
+  std::string with_other = s.base;
+  with_other.replace(with_other.find(test::tiny_tokenizer_path()), test::tiny_tokenizer_path().size(), other);
+  r = run_cli(with_other + " --steps 5 --checkpoint-dir " + ck + " --resume");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("was trained with another tokenizer"), std::string::npos) << r.err;
+  r = run_cli(with_other + " --steps 5 --checkpoint-dir " + ck + " --resume --allow-data-change");
+  EXPECT_EQ(r.code, 0) << r.err;
 }
 
 // The same command again after its run finished (a script repeating it until it succeeds, a requeued job): the

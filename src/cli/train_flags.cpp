@@ -364,7 +364,7 @@ CLI::Option_group* add_train_flags(CLI::App* sub, const std::shared_ptr<TrainFla
                   "one folder for the run (made with its parents): run.json, and unless given, checkpoints/, "
                   "metrics.jsonl and the export model.dat");
   add_bool_flag(run, "--allow-data-change", o.allow_data_change,
-                "--resume even when the training data's content differs from the checkpoint's");
+                "--resume even when the training data's or tokenizer.json's content differs from the checkpoint's");
   run->add_option("--mfu-device", o.mfu_device, "on CUDA, the device whose bf16 peak the metrics' MFU uses (default: the GPU it runs on: gb10, h200, else h100)")
       ->check(CLI::IsMember(predict_device_names()));
   add_bool_flag(run, "--fused-optimizer", o.fused_optimizer,

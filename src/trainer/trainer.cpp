@@ -468,6 +468,8 @@ class Trainer {
     };
     r["data"] = {{"train", describe(o.data.path)}};
     if (!o.eval_data.empty()) r["data"]["eval"] = describe(o.eval_data);
+    // The same lines under another tokenizer are other token ids: part of what the run trains on.
+    if (!o.tokenizer.empty()) r["data"]["tokenizer"] = describe(o.tokenizer);
     r["model"] = {{"weights", o.weights}, {"config", o.config}, {"layout_hash", hash_}};
     return r;
   }

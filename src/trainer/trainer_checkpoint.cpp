@@ -25,6 +25,15 @@ void restore_checkpoint(const CheckpointState& s, TrainableSet& set, AdamW& opt,
                               "--allow-data-change to resume on it anyway",
                               path, saved_data["train"].value("path", "?"), then, o.data.path, now));
   }
+  // Another tokenizer makes other token ids of the same lines (a resume with the wrong --tokenizer continued on
+  // another vocabulary without a word). Checkpoints from before 2026-11-28 did not record it.
+  const nlohmann::json tokenizer_now = run["data"].value("tokenizer", nlohmann::json::object());
+  if (saved_data.contains("tokenizer") && !o.allow_data_change &&
+      saved_data["tokenizer"].value("hash", "") != tokenizer_now.value("hash", ""))
+    throw Error(fmt::format("{}: was trained with another tokenizer ({} had content hash {}, {} has {}): the same "
+                            "data would be other token ids; pass --allow-data-change to resume with it anyway",
+                            path, saved_data["tokenizer"].value("path", "?"), saved_data["tokenizer"].value("hash", ""),
+                            o.tokenizer, tokenizer_now.value("hash", "")));
   // The layout hash cannot tell two models of one shape apart; the frozen tensors would come from the other
   // one. The sample hash of the stored values (as `export` checks it) can; checkpoints from before it carry
   // only the layout hash and are checked as far as that goes.

@@ -422,6 +422,12 @@ TEST(RunsCli, ResumeSaysWhatItChangedAndWhenNothingIsLeft) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("--resume: options changed since the checkpoint's run: steps 4 -> 5\n"), std::string::npos)
       << "a cosine's length changed\n" << r.err;
+  // Eval data where there was none: the eval loss from here measures samples it did not before.
+  r = run_cli(s.base + " --steps 5 --lr 2e-4 --lr-schedule cosine --checkpoint-dir " + ck + " --resume --eval-data " +
+              s.dir.file("pairs.tsv"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("options changed since the checkpoint's run: eval_data_content \"\" -> \""), std::string::npos)
+      << r.err;
   r = run_cli(s.base + " --steps 2 --lr 2e-4 --lr-schedule cosine --checkpoint-dir " + ck + " --resume");
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("nothing to train: the run is at step 5 and ends at step 2, checkpoint " + ck +

@@ -124,6 +124,13 @@ nlohmann::json changed_since_checkpoint(const nlohmann::json& saved, const nlohm
     if (same_training.count(key) || (run_length.count(key) && !length_shapes_lr)) continue;
     if (then.contains(key) && then.at(key) != value) changed[key] = {{"checkpoint", then.at(key)}, {"now", value}};
   }
+  // Other --eval-data (another file, or none before): the eval loss before and after the resume measures other
+  // samples. Named by content hash ("" for none), as run.json records the data.
+  const auto eval_hash = [](const nlohmann::json& run) {
+    return run.value("data", nlohmann::json::object()).value("eval", nlohmann::json::object()).value("hash", "");
+  };
+  if (saved.contains("data") && eval_hash(saved) != eval_hash(now))
+    changed["eval_data_content"] = {{"checkpoint", eval_hash(saved)}, {"now", eval_hash(now)}};
   return changed;
 }
 

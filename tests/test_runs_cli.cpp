@@ -428,6 +428,12 @@ TEST(RunsCli, ResumeSaysWhatItChangedAndWhenNothingIsLeft) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("options changed since the checkpoint's run: eval_data_content \"\" -> \""), std::string::npos)
       << r.err;
+  // The template that renders the pairs, however chosen (a tokenizer_config.json replaced beside the tokenizer
+  // changes it with no flag changed; here the flag does).
+  r = run_cli(s.base + " --steps 5 --lr 2e-4 --lr-schedule cosine --checkpoint-dir " + ck +
+              " --resume --chat-template qwen3-thinking");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("chat_template_rendered \"chatml\" -> \"qwen3-thinking\""), std::string::npos) << r.err;
   r = run_cli(s.base + " --steps 2 --lr 2e-4 --lr-schedule cosine --checkpoint-dir " + ck + " --resume");
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("nothing to train: the run is at step 5 and ends at step 2, checkpoint " + ck +

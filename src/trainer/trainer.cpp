@@ -468,8 +468,11 @@ class Trainer {
     };
     r["data"] = {{"train", describe(o.data.path)}};
     if (!o.eval_data.empty()) r["data"]["eval"] = describe(o.eval_data);
-    // The same lines under another tokenizer are other token ids: part of what the run trains on.
+    // The same lines under another tokenizer are other token ids: part of what the run trains on. So is the
+    // template that renders pairs and records (text lines use none), whatever flag or file chose it.
     if (!o.tokenizer.empty()) r["data"]["tokenizer"] = describe(o.tokenizer);
+    if (data_ && data_->format() != DataFormat::text && data_->format() != DataFormat::text_jsonl)
+      r["data"]["chat_template"] = to_string(tok_->chat_template());
     r["model"] = {{"weights", o.weights}, {"config", o.config}, {"layout_hash", hash_}};
     return r;
   }

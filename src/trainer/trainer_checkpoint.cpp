@@ -131,6 +131,13 @@ nlohmann::json changed_since_checkpoint(const nlohmann::json& saved, const nlohm
   };
   if (saved.contains("data") && eval_hash(saved) != eval_hash(now))
     changed["eval_data_content"] = {{"checkpoint", eval_hash(saved)}, {"now", eval_hash(now)}};
+  // The template that rendered the pairs and records, however it was chosen: a tokenizer_config.json replaced
+  // beside the tokenizer changed every sample's ids with no flag changed (recorded since 2026-11-28).
+  const auto rendered = [](const nlohmann::json& run) {
+    return run.value("data", nlohmann::json::object()).value("chat_template", "");
+  };
+  if (!rendered(saved).empty() && rendered(saved) != rendered(now))
+    changed["chat_template_rendered"] = {{"checkpoint", rendered(saved)}, {"now", rendered(now)}};
   return changed;
 }
 

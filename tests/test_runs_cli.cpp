@@ -260,7 +260,8 @@ TEST(RunsCli, AResumeAfterAKillLogsEachStepOnce) {
   ASSERT_EQ(files.size(), 2u);
   if (!test::command_succeeds("node --version")) GTEST_SKIP() << "node is not installed: the reader did not run";
   const auto read = [](const std::string& file) {
-    const test::CliResult node = test::run_shell("node " + test::source_dir() + "/tests/readers/read_tfevents.mjs " + file);
+    const test::CliResult node =
+        test::run_shell("node " + test::source_dir() + "/tests/readers/read_tfevents.mjs " + file);
     EXPECT_EQ(node.code, 0) << node.err;
     return nlohmann::json::parse(node.out);
   };
@@ -386,7 +387,8 @@ TEST(RunsCli, TheSameCommandAfterItsRunFinishedLeavesItsExport) {
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("--output-dat " + out + "/model.dat exists; pass --overwrite"), std::string::npos) << r.err;
   {  // step 2's tensors changed on disk: the resume passes over it to step 1, and would train step 2 again
-    std::fstream tensors(out + "/checkpoints/step-00000002/tensors.dat", std::ios::in | std::ios::out | std::ios::binary);
+    std::fstream tensors(out + "/checkpoints/step-00000002/tensors.dat",
+                         std::ios::in | std::ios::out | std::ios::binary);
     tensors.seekp(-16, std::ios::end);
     tensors.put('\x5a');
   }

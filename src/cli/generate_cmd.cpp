@@ -152,7 +152,8 @@ Command add_generate_command(CLI::App& app) {
   sub->add_option("--config", f->config, "config.json")->required();
   sub->add_option("--tokenizer", f->tokenizer, "tokenizer.json (optional with --prompt-ids --print-ids)");
   sub->add_option("--prompt", f->prompt, "the user message (wrapped in the chat format unless --no-chat)");
-  sub->add_option("--prompt-ids", f->prompt_ids, "raw prompt token ids (spaces or commas; [brackets] allowed), fed as they are");
+  sub->add_option("--prompt-ids", f->prompt_ids,
+                  "raw prompt token ids (spaces or commas; [brackets] allowed), fed as they are");
   sub->add_option("--system", f->system, "system prompt for the chat format");
   add_chat_template_flags(sub, f->chat);
   sub->add_option("--max-new-tokens", f->gen.max_new_tokens, "most tokens to generate")
@@ -173,7 +174,8 @@ Command add_generate_command(CLI::App& app) {
           },
           "(0, 1]"))
       ->capture_default_str();
-  auto* seed = sub->add_option("--seed", f->gen.sampling.seed, "sampling seed")->check(seed_integer())->capture_default_str();
+  auto* seed =
+      sub->add_option("--seed", f->gen.sampling.seed, "sampling seed")->check(seed_integer())->capture_default_str();
   sub->add_option("--prefill-chunk", f->gen.prefill_chunk, "prompt tokens per forward pass")
       ->check(integer_in(1, flag_limit::tokens))->capture_default_str();
   add_bool_flag(sub, "--no-chat", f->no_chat, "encode --prompt as it is, without the chat format");

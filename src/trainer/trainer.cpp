@@ -496,7 +496,8 @@ class Trainer {
     sum_.last_checkpoint = saver_->last();
     sum_.checkpoints_saved = saver_->saved();
     if (o_.output_dat_of_finished_run && sum_.steps_done == 0) {
-      spdlog::info("--output-dat {} is this finished run's export: left as it is", o_.output_dat);
+      // Said as what is known: nothing trained, the file was there (normally the run's own export).
+      spdlog::info("nothing trained: --output-dat {}, there already, is left as it is", o_.output_dat);
     } else if (!o_.output_dat.empty() && sum_.stop_signal == 0 && dp_.is_main()) {
       export_trained(o_, model_.set, *model_.model, *reader_);
       sum_.exported = o_.output_dat;

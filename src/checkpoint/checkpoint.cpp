@@ -41,13 +41,14 @@ std::vector<fs::path> complete_checkpoints(const std::string& dir) {
   return out;
 }
 
-// A new hidden folder `.NAME.tmp-PID-N` in `dir`, with the permissions the process's umask gives any folder it
+// A new hidden folder `.NAME.KIND-PID-N` in `dir` (KIND: tmp, a save being written; old, a replaced copy being
+// removed; the lock holder removes both as stale), with the permissions the process's umask gives any folder it
 // makes: mkdtemp's are 0700, and renamed into place they left every checkpoint unreadable to the run's group
 // (a teammate's export, a job under another account) where the run's other files were not.
-fs::path make_temporary_folder(const fs::path& dir, const std::string& name) {
+fs::path make_temporary_folder(const fs::path& dir, const std::string& name, const char* kind) {
   static std::atomic<uint64_t> made{0};
   for (int attempt = 0; attempt < 1000; ++attempt) {
-    const fs::path path = dir / fmt::format(".{}.tmp-{}-{}", name, ::getpid(), made.fetch_add(1));
+    const fs::path path = dir / fmt::format(".{}.{}-{}-{}", name, kind, ::getpid(), made.fetch_add(1));
     if (::mkdir(path.c_str(), 0777) == 0) return path;
     if (errno != EEXIST)
       throw Error(dir.string() + ": cannot create a temporary checkpoint directory: " + std::strerror(errno));
@@ -118,7 +119,7 @@ std::string save_checkpoint(const std::string& dir, const CheckpointState& state
   if (ec) throw Error(dir + ": cannot create checkpoint directory: " + ec.message());
   const std::string name = fmt::format("step-{:08d}", state.step);
   const fs::path final_path = fs::path(dir) / name;
-  const fs::path tmp = make_temporary_folder(dir, name);
+  const fs::path tmp = make_temporary_folder(dir, name, "tmp");
   try {
     nlohmann::json hashes = nlohmann::json::object();
     {
@@ -158,8 +159,7 @@ std::string save_checkpoint(const std::string& dir, const CheckpointState& state
       // remove the old one from the temporary name.
       if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_path.c_str(), RENAME_EXCHANGE) != 0) {
         // A filesystem without the exchange: the old copy steps aside first (older checkpoints stay complete).
-        std::string aside = (fs::path(dir) / ("." + name + ".old-XXXXXX")).string();
-        if (!::mkdtemp(aside.data())) throw Error(dir + ": cannot create a temporary checkpoint directory");
+        const fs::path aside = make_temporary_folder(dir, name, "old");  // a free name: the rename needs it absent
         fs::remove(aside);
         fs::rename(final_path, aside);
         fs::rename(tmp, final_path);

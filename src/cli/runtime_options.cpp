@@ -54,9 +54,10 @@ std::vector<int64_t> parse_token_ids(const std::string& text, const std::string&
     if (pos == std::string::npos) break;
     const size_t end = std::min(text.find_first_of(kSeparators, pos), text.size());
     const std::string tok = text.substr(pos, end - pos);
-    if (tok.find_first_not_of("0123456789") != std::string::npos || tok.size() > 10 || std::stoll(tok) > INT32_MAX)
-      throw Error(where + ": '" + tok + "' is not a token id");
-    ids.push_back(std::stoll(tok));
+    const bool digits = tok.find_first_not_of("0123456789") == std::string::npos && tok.size() <= 10;
+    const long long id = digits ? std::stoll(tok) : -1;
+    if (id < 0 || id > INT32_MAX) throw Error(where + ": '" + tok + "' is not a token id");
+    ids.push_back(id);
     pos = end;
   }
   return ids;

@@ -110,9 +110,8 @@ bool resumes_a_finished_run(const TrainOptions& o, bool overwrite) {
     return false;
   const std::optional<std::string> newest = latest_checkpoint(o.checkpoint_dir);
   if (!newest) return false;
-  const std::string name = std::filesystem::path(*newest).filename().string();  // step-NNNNNNNN
-  const size_t digits = name.find_first_of("0123456789");
-  return digits != std::string::npos && std::stoll(name.substr(digits)) >= o.steps;
+  // Complete checkpoints are folders named exactly step-NNNNNNNN.
+  return std::stoll(std::filesystem::path(*newest).filename().string().substr(5)) >= o.steps;
 }
 
 }  // namespace

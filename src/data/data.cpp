@@ -38,6 +38,10 @@ const char* to_string(DataFormat format) {
   return "?";
 }
 
+bool renders_chat(DataFormat format) {
+  return format == DataFormat::tsv || format == DataFormat::chat || format == DataFormat::alpaca;
+}
+
 const char* to_string(SampleMode mode) { return mode == SampleMode::random ? "random" : "sequential"; }
 
 PackStrategy parse_pack_strategy(const std::string& name) {

@@ -35,11 +35,6 @@ bool is_json_format(DataFormat f) {
   return f == DataFormat::chat || f == DataFormat::alpaca || f == DataFormat::text_jsonl;
 }
 
-// Formats whose samples are rendered in the chat format (prompt/target pairs too): they need its marker tokens.
-bool renders_chat(DataFormat f) {
-  return f == DataFormat::tsv || f == DataFormat::chat || f == DataFormat::alpaca;
-}
-
 data::RecordKind record_kind(DataFormat f) {
   return f == DataFormat::chat ? data::RecordKind::chat
                                : (f == DataFormat::alpaca ? data::RecordKind::alpaca : data::RecordKind::text);

@@ -192,8 +192,7 @@ class Trainer {
     // The CLI let an existing --output-dat stand as a finished run's export; a resume that trains (its newest
     // checkpoint was passed over for an older one) would replace it, so it is refused as any existing one is.
     if (o.output_dat_of_finished_run && step_ < steps_)
-      throw UsageError(fmt::format("--output-dat {} exists; pass --overwrite to replace it (or choose another path)",
-                                   o.output_dat));
+      prepare_output_target("--output-dat", o.output_dat, /*overwrite=*/false, {}, {});  // throws: it exists
     // Every rank continues from the same step (a checkpoint folder each rank sees differently would not).
     const std::vector<int64_t> steps = dp_.all_gather(step_, "resume step");
     if (std::adjacent_find(steps.begin(), steps.end(), std::not_equal_to<>()) != steps.end())
@@ -471,8 +470,7 @@ class Trainer {
     // The same lines under another tokenizer are other token ids: part of what the run trains on. So is the
     // template that renders pairs and records (text lines use none), whatever flag or file chose it.
     if (!o.tokenizer.empty()) r["data"]["tokenizer"] = describe(o.tokenizer);
-    if (data_ && data_->format() != DataFormat::text && data_->format() != DataFormat::text_jsonl)
-      r["data"]["chat_template"] = to_string(tok_->chat_template());
+    if (data_ && renders_chat(data_->format())) r["data"]["chat_template"] = to_string(tok_->chat_template());
     r["model"] = {{"weights", o.weights}, {"config", o.config}, {"layout_hash", hash_}};
     return r;
   }

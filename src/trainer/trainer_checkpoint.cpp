@@ -124,20 +124,21 @@ nlohmann::json changed_since_checkpoint(const nlohmann::json& saved, const nlohm
     if (same_training.count(key) || (run_length.count(key) && !length_shapes_lr)) continue;
     if (then.contains(key) && then.at(key) != value) changed[key] = {{"checkpoint", then.at(key)}, {"now", value}};
   }
-  // Other --eval-data (another file, or none before): the eval loss before and after the resume measures other
-  // samples. Named by content hash ("" for none), as run.json records the data.
-  const auto eval_hash = [](const nlohmann::json& run) {
-    return run.value("data", nlohmann::json::object()).value("eval", nlohmann::json::object()).value("hash", "");
-  };
-  if (saved.contains("data") && eval_hash(saved) != eval_hash(now))
-    changed["eval_data_content"] = {{"checkpoint", eval_hash(saved)}, {"now", eval_hash(now)}};
-  // The template that rendered the pairs and records, however it was chosen: a tokenizer_config.json replaced
-  // beside the tokenizer changed every sample's ids with no flag changed (recorded since 2026-11-28).
-  const auto rendered = [](const nlohmann::json& run) {
-    return run.value("data", nlohmann::json::object()).value("chat_template", "");
-  };
-  if (!rendered(saved).empty() && rendered(saved) != rendered(now))
-    changed["chat_template_rendered"] = {{"checkpoint", rendered(saved)}, {"now", rendered(now)}};
+  // From run.json's data records: other --eval-data (another file, or none before), whose eval loss measures other
+  // samples, named by content hash ("" for none); and the template that rendered the pairs and records however it
+  // was chosen (a tokenizer_config.json replaced beside the tokenizer changed every sample's ids with no flag
+  // changed; recorded since 2026-11-28).
+  const nlohmann::json none = nlohmann::json::object();
+  const nlohmann::json& data_then = saved.contains("data") ? saved["data"] : none;
+  const nlohmann::json& data_now = now.contains("data") ? now["data"] : none;
+  const std::string eval_then = data_then.value("eval", none).value("hash", ""),
+                    eval_now = data_now.value("eval", none).value("hash", "");
+  if (saved.contains("data") && eval_then != eval_now)
+    changed["eval_data_content"] = {{"checkpoint", eval_then}, {"now", eval_now}};
+  const std::string template_then = data_then.value("chat_template", ""),
+                    template_now = data_now.value("chat_template", "");
+  if (!template_then.empty() && template_then != template_now)
+    changed["chat_template_rendered"] = {{"checkpoint", template_then}, {"now", template_now}};
   return changed;
 }
 

@@ -33,6 +33,9 @@ DataFormat parse_data_format(const std::string& name);
 SampleMode parse_sample_mode(const std::string& name);
 PackStrategy parse_pack_strategy(const std::string& name);
 const char* to_string(DataFormat format);
+// Formats whose samples are rendered in the chat format (prompt/target pairs too): they need its marker tokens,
+// and the template decides their ids.
+bool renders_chat(DataFormat format);
 const char* to_string(SampleMode mode);
 const char* to_string(PackStrategy strategy);
 

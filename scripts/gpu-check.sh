@@ -9,7 +9,8 @@
 #              lean-int8 (int8 moments: the lean step of the step-time model's H100 goal), lean-recompute
 #              (the memory goal: each block's operands made by its recompute), lean-fit (only the blocks
 #              recomputed that the memory needs: none on an H200), lean-always (the nvfp4 update writing the
-#              next forward's operands), and lean and fast unpacked with --overlap-update
+#              next forward's operands), lean and fast unpacked with --overlap-update, and fast unpacked with
+#              it leaving 16 and 32 SMs to the updates (--overlap-update-sms)
 #   --call 2   sanitize, hf, bench, train-512:lean+fast+fast-codes+fast-always (fast with its codes, and with its
 #              operands kept across steps), test-all
 #   --call 3   train-512:fast-unpacked+grad-checkpoint (what is left, if the lease has time)
@@ -17,7 +18,8 @@
 # STAGE: env, build, test (= test-gpu, test-all), sanitize, bench, smoke, train (= smoke, train-2048,
 # train-512), hf, summary, or all (every stage). train-2048 and train-512 take the configurations to run after
 # a colon, joined by '+': lean, fast, grad-checkpoint, base, each packed, or with -unpacked; lean and fast also
-# with -overlap before it (--overlap-update: lean-overlap, fast-overlap-unpacked), lean with -int8 (int8
+# with -overlap before it (--overlap-update: lean-overlap, fast-overlap-unpacked; -overlapN adds
+# --overlap-update-sms N: fast-overlap16-unpacked), lean with -int8 (int8
 # moments: lean-int8), or -codes / -recompute / -always
 # (--keep-weight-operands off / recompute / always: fast-codes, lean-recompute, fast-always, lean-always), or -fit
 # (--grad-checkpoint-blocks auto: lean-fit) (default: TRAIN_CONFIGS).
@@ -57,7 +59,8 @@ while [ $# -gt 0 ]; do
     --stage=*) IFS=', ' read -r -a more <<<"${1#--stage=}"; stages+=("${more[@]}"); shift ;;
     --call) [ $# -ge 2 ] || usage
       case "$2" in
-        1) stages+=(env build test-gpu smoke train-2048:lean+fast+lean-unpacked+fast-unpacked+lean-int8+lean-recompute+lean-fit+lean-always+lean-overlap-unpacked+fast-overlap-unpacked) ;;
+        1) stages+=(env build test-gpu smoke "train-2048:lean+fast+lean-unpacked+fast-unpacked+lean-int8+lean-recompute\
++lean-fit+lean-always+lean-overlap-unpacked+fast-overlap-unpacked+fast-overlap16-unpacked+fast-overlap32-unpacked") ;;
         2) stages+=(sanitize hf bench train-512:lean+fast+fast-codes+fast-always test-all) ;;
         3) stages+=(train-512:fast-unpacked+grad-checkpoint) ;;
         *) echo "gpu-check: --call is 1, 2 or 3" >&2; usage ;;
@@ -1035,8 +1038,8 @@ stage_hf() {
 # Each is packed (whole samples in full rows, --pack); NAME-unpacked trains one sample a row from lines longer
 # than the row (every row full, split at row boundaries), the shape of the peer's random rows.
 # A configuration: its name, -unpacked (full rows), -overlap (--overlap-update: the in-backward updates on a
-# CUDA stream of their own), -int8 (lean only: int8 moments where lean has nvfp4 ones, the configuration of issue
-# 28's lean goal), -codes (--keep-weight-operands off: backward dequantizes each trained projection's
+# CUDA stream of their own) or -overlapN (and backward's products leaving N SMs to them), -int8 (lean only: int8
+# moments where lean has nvfp4 ones, the configuration of issue 28's lean goal), -codes (--keep-weight-operands off: backward dequantizes each trained projection's
 # codes, where auto keeps its bf16 operand from forward when the step fits), -recompute (--keep-weight-operands
 # recompute, under --grad-checkpoint: each block's recompute makes its operands again, where auto keeps the first
 # forward's through the recompute when the step fits) or -always (--keep-weight-operands always: the operands kept
@@ -1044,9 +1047,12 @@ stage_hf() {
 # fits the device, none for Qwen3-4B's lean step on an H100 or H200), or several (NAME-overlap-unpacked).
 config_flags() {
   local name=${1%-unpacked} extra="" moments=nvfp4
-  if [[ "$name" == *-overlap ]]; then
-    name=${name%-overlap}
+  if [[ "$name" =~ -overlap([0-9]*)$ ]]; then
+    local sms=${BASH_REMATCH[1]}
+    name=${name%-overlap"$sms"}
     [ "$dry_run" = 1 ] || extra=" --overlap-update"  # a CUDA stream: the dry run's CPU takes the plain mode
+    # -overlapN: backward's products leave N SMs to the updates (--overlap-update-sms; CUDA only, as above)
+    [ -z "$sms" ] || [ "$dry_run" = 1 ] || extra+=" --overlap-update-sms $sms"
   fi
   # lean with int8 moments: the configuration issue 28's lean goal and the "Where it stands" table predict.
   if [[ "$name" == *-int8 ]]; then
@@ -1079,13 +1085,14 @@ config_flags() {
 # or -fit.
 base_config() {
   local name=${1%-unpacked}
-  name=${name%-overlap}
+  [[ "$name" =~ -overlap[0-9]*$ ]] && name=${name%"${BASH_REMATCH[0]}"}
   name=${name%-int8}
   name=${name%-codes}
   name=${name%-recompute}
   name=${name%-always}
   name=${name%-fit}
-  echo "${name%-overlap}"
+  [[ "$name" =~ -overlap[0-9]*$ ]] && name=${name%"${BASH_REMATCH[0]}"}
+  echo "$name"
 }
 # The peer with the same parameter and optimizer dtypes (bench/hf_peer.py train): a bf16 master with 4-bit
 # moments (torchao's; bf16 moments where torchao is absent) for lean, an fp32 master computing in bf16 for the
@@ -1129,10 +1136,11 @@ stage_train() {  # stage_train NAME SEQ_LEN BATCH CONFIGS ('+'- or space-separat
     # The fast configuration's last step under the profiler (the step breakdown), packed and on full rows (what
     # the packed rows cost: 18.5 ms of 176.8 in the second round): the trace beside the log, the phase and op
     # tables in it; the steady figures leave that step out. And lean's on full rows: no round has said where its
-    # time goes (its update is bound by instructions; issue 28's H100 goal turns on it). And both -overlap runs:
+    # time goes (its update is bound by instructions; issue 28's H100 goal turns on it). And every -overlap run:
     # whether their updates ran beside the products at all (the "adamw beside products" figure), which their
     # ms/step alone cannot tell from an update that waited for SMs a persistent product held.
-    if { [ "$c" = fast ] || [ "$c" = fast-unpacked ] || [ "$c" = lean-unpacked ] || [[ "$c" == *-overlap-unpacked ]]; } &&
+    if { [ "$c" = fast ] || [ "$c" = fast-unpacked ] || [ "$c" = lean-unpacked ] ||
+         [[ "$c" =~ -overlap[0-9]*-unpacked$ ]]; } &&
        has_flag train --profile-step; then
       rm -f "$d/profile-$c.json"
       extra+=(--profile-step "$train_steps" --profile-out "$d/profile-$c.json")
@@ -1265,7 +1273,8 @@ PY
 }
 
 # Each run of a stage that differs from another of the stage by one modifier (-codes, -recompute, -always, -fit, -overlap)
-# against it:
+# against it, and an -overlapN run against the same -overlap run (what leaving N SMs to the updates gains) and the
+# run without either:
 # the ratio of their steady ms/step (steps after the first 3, the last left out: the fast runs profile it), one
 # row for the stage (what --keep-weight-operands and --overlap-update gain, measured in the same call).
 compare_variants() {
@@ -1273,7 +1282,7 @@ compare_variants() {
   shift 2
   local figures
   figures=$(py - "$d" "$@" <<'PY'
-import json, os, sys
+import json, os, re, sys
 d, configs = sys.argv[1], sys.argv[2:]
 def ms(c):
     try:
@@ -1283,13 +1292,17 @@ def ms(c):
     rows = [r for r in rows if r.get("step_ms")][3:-1]
     return sum(r["step_ms"] for r in rows) / len(rows) if rows else None
 out = []
+def against(c, base):
+    if base in configs and ms(c) and ms(base):
+        out.append("%s %.1f / %s %.1f ms = %.3f" % (c, ms(c), base, ms(base), ms(c) / ms(base)))
 for c in configs:
+    carveout = re.search(r"-overlap\d+", c)
+    if carveout:  # -overlapN: against the same overlap with every SM to the products, and against no overlap
+        against(c, c.replace(carveout.group(0), "-overlap", 1))
+        against(c, c.replace(carveout.group(0), "", 1))
     for mod in ("-codes", "-recompute", "-always", "-fit", "-overlap", "-int8"):
-        if mod not in c:
-            continue
-        base = c.replace(mod, "", 1)
-        if base in configs and ms(c) and ms(base):
-            out.append("%s %.1f / %s %.1f ms = %.3f" % (c, ms(c), base, ms(base), ms(c) / ms(base)))
+        if mod in c and not (mod == "-overlap" and carveout):
+            against(c, c.replace(mod, "", 1))
 print("; ".join(out))
 PY
 )

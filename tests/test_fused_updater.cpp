@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "gpu_test.h"
@@ -118,6 +119,53 @@ TEST(FusedUpdater, GpuApplyDoesNotWaitForTheDevice) {
       << "apply() waited for the device";
   c10::cuda::getCurrentCUDAStream().synchronize();
   EXPECT_TRUE(std::isfinite(updater.square_sum().item<double>()));
+#endif
+}
+
+// --overlap-update-sms: for its scope the products take cuBLASLt with ATen's SM carveout, as the autograd engine's
+// thread that runs a CUDA backward sees them (a tensor hook runs there), and the settings found before come back
+// when it ends; a product under it gives what it gives outside, up to the rounding of another kernel.
+TEST(FusedUpdater, GpuProductSmCarveoutReachesBackwardForItsScope) {
+  QWEN3_GPU_TEST(at::hasCUDA());
+#if defined(QWEN3_TORCH_HAS_CUDA)
+  if (!train_detail::product_sm_carveout_supported()) GTEST_SKIP() << "libtorch before 2.8: the flag is refused";
+#if defined(QWEN3_PRODUCT_SM_CARVEOUT)
+  at::Context& context = at::globalContext();
+  const std::optional<int32_t> carveout_before = context._SMCarveout_EXPERIMENTAL();
+  const at::BlasBackend backend_before = context.blasPreferredBackend();
+  ASSERT_NE(carveout_before, std::optional<int32_t>(12));
+  const at::Device cuda(at::kCUDA, 0);
+  at::manual_seed(5);
+  const at::Tensor a = at::randn({256, 512}, at::TensorOptions().device(cuda).dtype(at::kBFloat16));
+  const at::Tensor w = at::randn({384, 512}, at::TensorOptions().device(cuda).dtype(at::kBFloat16));
+  const at::Tensor outside = a.mm(w.t());
+  std::optional<int32_t> seen_carveout;
+  at::BlasBackend seen_backend = at::BlasBackend::Default;
+  at::Tensor inside;
+  {
+    const train_detail::ProductSmCarveout carveout(12);
+    EXPECT_EQ(context._SMCarveout_EXPERIMENTAL(), std::optional<int32_t>(12));
+    inside = a.mm(w.t());
+    const at::Tensor x = a.detach().clone().requires_grad_(true);
+    at::Tensor y = x.mm(w.t());
+    y.register_hook([&](const at::Tensor& g) {
+      seen_carveout = at::globalContext()._SMCarveout_EXPERIMENTAL();
+      seen_backend = at::globalContext().blasPreferredBackend();
+      return g;
+    });
+    y.to(at::kFloat).sum().backward();
+  }
+  EXPECT_EQ(seen_carveout, std::optional<int32_t>(12));
+  EXPECT_EQ(seen_backend, at::BlasBackend::Cublaslt);
+  EXPECT_EQ(context._SMCarveout_EXPERIMENTAL(), carveout_before);
+  EXPECT_EQ(context.blasPreferredBackend(), backend_before);
+  EXPECT_TRUE(at::allclose(inside.to(at::kFloat), outside.to(at::kFloat), 1e-2, 1e-1));
+  {
+    const train_detail::ProductSmCarveout none(0);  // 0: nothing changes
+    EXPECT_EQ(context._SMCarveout_EXPERIMENTAL(), carveout_before);
+    EXPECT_EQ(context.blasPreferredBackend(), backend_before);
+  }
+#endif
 #endif
 }
 

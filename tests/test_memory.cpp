@@ -830,6 +830,15 @@ TEST(VramReportCli, PredictOnlyAndBadFlags) {
   EXPECT_NE(overlap.out.find("--overlap-update: the time above counts each block's update after its backward"),
             std::string::npos)
       << overlap.out;
+  EXPECT_EQ(overlap.out.find("--overlap-update-sms"), std::string::npos) << overlap.out;
+  // --overlap-update-sms: nor what the products lose by the SMs they leave to the update.
+  const test::CliResult carveout =
+      test::run_cli("vram-report --predict-only --config " + m.config_path +
+                    " --seq-len 64 --fused-optimizer --overlap-update --overlap-update-sms 16 --device cuda");
+  EXPECT_EQ(carveout.code, 0) << carveout.err;
+  EXPECT_NE(carveout.out.find("nor what backward's products lose by leaving 16 SMs to it (--overlap-update-sms)"),
+            std::string::npos)
+      << carveout.out;
   const test::CliResult unchecked = test::run_cli("vram-report --predict-only --config " + m.config_path +
                                                   " --seq-len 64 --device cuda");
   EXPECT_EQ(unchecked.code, 0) << unchecked.err;

@@ -19,6 +19,7 @@
 #include "qwen3/model/synth.h"
 #include "qwen3/trainer/step_time_model.h"
 #include "tiny_model_util.h"
+#include "trainer/product_sm_carveout.h"
 #include "trainer/tensorboard_writer.h"
 
 namespace qwen3 {
@@ -523,6 +524,58 @@ TEST(RunsCli, OverlapUpdateNeedsTheFusedOptimizerOnCuda) {
   r = run_cli(s.base + " --steps 1 --fused-optimizer --overlap-update --device cpu");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("needs --device cuda"), std::string::npos) << r.err;
+}
+
+// --overlap-update-sms leaves SMs to the updates that --overlap-update runs beside backward: without it, or below
+// zero, it is refused as a usage error naming the flag.
+TEST(RunsCli, OverlapUpdateSmsNeedsOverlapUpdate) {
+  RunSetup s;
+  auto r = run_cli(s.base + " --steps 1 --fused-optimizer --overlap-update-sms 8");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--overlap-update-sms leaves SMs to the updates that run beside backward: it needs "
+                       "--overlap-update"),
+            std::string::npos)
+      << r.err;
+  r = run_cli(s.base + " --steps 1 --fused-optimizer --overlap-update --overlap-update-sms -1");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--overlap-update-sms"), std::string::npos) << r.err;
+}
+
+// On CUDA, --overlap-update-sms N: the products of backward target N fewer SMs (said once at the start), more SMs
+// than the device has are refused naming its count, and the run trains as without the carveout up to the
+// rounding of other product kernels (cuBLASLt's, picked for fewer SMs). A libtorch before 2.8 refuses the flag.
+TEST(RunsCli, GpuOverlapUpdateSmsLeavesSmsToTheUpdates) {
+  QWEN3_GPU_TEST(at::hasCUDA());
+  RunSetup s;
+  const std::string base = s.base + " --device cuda --steps 3 --fused-optimizer --overlap-update --grad-clip 0.5";
+  if (!train_detail::product_sm_carveout_supported()) {
+    const auto r = run_cli(base + " --overlap-update-sms 8");
+    EXPECT_EQ(r.code, 2);
+    EXPECT_NE(r.err.find("--overlap-update-sms needs libtorch 2.8 or newer"), std::string::npos) << r.err;
+    return;
+  }
+  auto r = run_cli(base + " --overlap-update-sms 4096");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--overlap-update-sms 4096: cuda:0 has "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(" SMs, and backward's products need at least one of them"), std::string::npos) << r.err;
+  r = run_cli(base + " --metrics-jsonl " + s.dir.file("a.jsonl"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ((r.out + r.err).find("--overlap-update-sms"), std::string::npos) << r.out << r.err;
+  r = run_cli(base + " --overlap-update-sms 8 --metrics-jsonl " + s.dir.file("b.jsonl"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE((r.out + r.err).find("--overlap-update-sms 8: backward's products target "), std::string::npos)
+      << r.out << r.err;
+  EXPECT_NE((r.out + r.err).find(" SMs, leaving 8 to the updates beside them"), std::string::npos) << r.out << r.err;
+  const auto a = jsonl(s.dir.file("a.jsonl")), b = jsonl(s.dir.file("b.jsonl"));
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_NEAR(b[i]["loss"].get<double>(), a[i]["loss"].get<double>(), 1e-2 * a[i]["loss"].get<double>())
+        << "step " << i + 1;
+    EXPECT_NEAR(b[i]["grad_norm"].get<double>(), a[i]["grad_norm"].get<double>(),
+                5e-2 * a[i]["grad_norm"].get<double>())
+        << "step " << i + 1;
+  }
 }
 
 // On CUDA the updates on their own stream train the same bytes: the losses and norms of three steps, and the

@@ -44,6 +44,7 @@ constexpr int64_t ranks = 1 << 16;          // --world-size
 constexpr int64_t week_s = 7 * 24 * 3600;   // --dist-timeout
 constexpr int64_t top_k = 1 << 24;          // above any vocabulary
 constexpr int64_t micro_batch_tokens = int64_t{1} << 31;  // --batch-size x --seq-len
+constexpr int64_t sms = 1 << 16;            // --overlap-update-sms (the device's own count bounds it further)
 }  // namespace flag_limit
 
 // For every floating-point flag: NaN and infinity are refused (CLI11's range checks let NaN through, and a NaN

@@ -137,6 +137,9 @@ void check_shared_flag_combinations(const TrainFlags& f) {
                      "gradient as soon as it exists, so there is nothing to accumulate into (docs/trainer.md)");
   if (o.overlap_update && !o.fused_optimizer)
     throw UsageError(c + ": --overlap-update runs the in-backward updates beside backward: it needs --fused-optimizer");
+  if (o.overlap_update_sms > 0 && !o.overlap_update)
+    throw UsageError(c + ": --overlap-update-sms leaves SMs to the updates that run beside backward: it needs "
+                     "--overlap-update");
   if (o.train_lm_head && o.train_last_layers <= 0)
     throw UsageError(c + ": --train-lm-head applies with --train-last-layers (without it every tensor trains, the "
                      "head included)");
@@ -371,6 +374,11 @@ CLI::Option_group* add_train_flags(CLI::App* sub, const std::shared_ptr<TrainFla
   add_bool_flag(run, "--overlap-update", o.overlap_update,
                 "with --fused-optimizer on CUDA, one process: each block's update on a CUDA stream of its own, "
                 "beside the rest of backward (the same bytes; docs/trainer.md)");
+  run->add_option("--overlap-update-sms", o.overlap_update_sms,
+                  "with --overlap-update: backward's cuBLAS products target this many fewer SMs than the GPU has, "
+                  "leaving them to the updates beside them (cuBLASLt's SM count target; products of other kernels "
+                  "may round differently; libtorch 2.8+; default 0: every SM; docs/trainer.md)")
+      ->check(integer_in(0, flag_limit::sms));
   run->add_option("--keep-weight-operands", f->keep_weight_operands,
                   "CUDA: what each trained projection holds for backward (the same bytes trained): off its NVFP4 "
                   "codes (dequantized in backward); backward its bf16 product operand from forward (2 bytes an "

@@ -143,7 +143,12 @@ Command add_vram_report_command(CLI::App& app) {
               if (o.overlap_update && device.is_cuda())
                 fmt::print("--overlap-update: the time above counts each block's update after its backward, as "
                            "without the flag: how much of it runs hidden beside the rest of backward is not "
-                           "measured yet\n");
+                           "measured yet{}\n",
+                           o.overlap_update_sms > 0
+                               ? fmt::format(", nor what backward's products lose by leaving {} SMs to it "
+                                             "(--overlap-update-sms)",
+                                             o.overlap_update_sms)
+                               : std::string());
               print_pool_prediction(prediction.memory, prediction.rates);
               return 0;
             }

@@ -166,7 +166,8 @@ std::optional<CudaDeviceInfo> cuda_device_info(const c10::Device& device) {
 #if defined(QWEN3_TORCH_HAS_CUDA)
   cudaDeviceProp prop{};
   if (device.is_cuda() && cudaGetDeviceProperties(&prop, device.index() < 0 ? 0 : device.index()) == cudaSuccess)
-    return CudaDeviceInfo{prop.major, prop.minor, prop.integrated != 0, static_cast<uint64_t>(prop.totalGlobalMem)};
+    return CudaDeviceInfo{prop.major, prop.minor, prop.integrated != 0, static_cast<uint64_t>(prop.totalGlobalMem),
+                          prop.multiProcessorCount};
 #endif
   return std::nullopt;
 }

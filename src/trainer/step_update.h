@@ -22,6 +22,7 @@
 #include "qwen3/optim/optim.h"
 #include "qwen3/data/data.h"
 #include "block_runner.h"
+#include "product_sm_carveout.h"
 #include "router_balance.h"
 #include "qwen3/dist/data_parallel.h"
 #include "train_setup.h"
@@ -536,7 +537,11 @@ class FusedUpdate final : public StepUpdate {
       return out;
     }
     opt_.begin_step();
-    loss.backward();
+    {
+      // --overlap-update-sms: backward's products leave SMs to the updates (forward's keep every SM).
+      const ProductSmCarveout carveout(o_.overlap_update ? o_.overlap_update_sms : 0);
+      loss.backward();
+    }
     end_balance(model, share);
     loss = at::Tensor();
     if (in_flight) finish(*in_flight);  // the last block's sum

@@ -92,6 +92,7 @@ nlohmann::json to_json(const TrainOptions& o) {
           {"grad_checkpoint_blocks", checkpoint_blocks},
           {"fused_optimizer", o.fused_optimizer},
           {"overlap_update", o.overlap_update},
+          {"overlap_update_sms", o.overlap_update_sms},
           {"keep_weight_operands", to_string(o.keep_weight_operands)},
           {"grad_accum_steps", o.grad_accum_steps},
           {"train_last_layers", o.train_last_layers},

@@ -34,6 +34,7 @@
 #include "qwen3/nvfp4/nvfp4_linear.h"
 #include "qwen3/nvfp4/nvfp4_ops.h"
 #include "qwen3/trainer/step_time_model.h"
+#include "product_sm_carveout.h"
 #include "step_update.h"
 #include "memory_report.h"
 #include "optimizer_shards.h"
@@ -61,6 +62,25 @@ int64_t total_steps(const TrainOptions& o, const TrainingData& data, int world_s
   if (o.steps > 0) return o.steps;
   const int64_t per_epoch = o.steps_per_epoch > 0 ? o.steps_per_epoch : steps_per_pass(o, data, world_size);
   return std::max<int64_t>(1, o.epochs) * per_epoch;
+}
+
+// --overlap-update-sms N: this libtorch must pass ATen's SM carveout to cuBLASLt, and the device must keep at least
+// one SM for the products (the trainer has refused a CPU device already: --overlap-update needs CUDA).
+void check_product_sm_carveout(const TrainOptions& o, const c10::Device& device) {
+  if (!product_sm_carveout_supported())
+    throw UsageError(fmt::format("train: --overlap-update-sms needs libtorch 2.8 or newer (ATen's SM carveout for "
+                                 "cuBLASLt); this build has libtorch {}",
+                                 TORCH_VERSION));
+  const auto gpu = cuda_device_info(device);
+  if (!gpu) throw Error("train: --overlap-update-sms: the SM count of " + device.str() + " cannot be read");
+  if (o.overlap_update_sms >= gpu->multiprocessors)
+    throw UsageError(fmt::format("train: --overlap-update-sms {}: {} has {} SMs, and backward's products need at "
+                                 "least one of them",
+                                 o.overlap_update_sms, device.str(), gpu->multiprocessors));
+  spdlog::info("--overlap-update-sms {}: backward's products target {} of {}'s {} SMs, leaving {} to the updates "
+               "beside them",
+               o.overlap_update_sms, gpu->multiprocessors - o.overlap_update_sms, device.str(),
+               gpu->multiprocessors, o.overlap_update_sms);
 }
 
 }  // namespace
@@ -152,6 +172,7 @@ class Trainer {
     if (o.overlap_update && dp_.world_size() > 1)
       throw UsageError("train: --overlap-update is for one process (data parallel overlaps each block's update "
                        "with the next block's gradient sum already)");
+    if (o.overlap_update_sms > 0) check_product_sm_carveout(o, device_);
     if (o.fused_optimizer)
       update_ = std::make_unique<FusedUpdate>(o, model_.set, *opt_, device_, *model_.runner, dp_, owners_);
     else

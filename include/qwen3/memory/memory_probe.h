@@ -31,6 +31,7 @@ struct CudaDeviceInfo {
   int major = 0, minor = 0;
   bool integrated = false;
   uint64_t total_memory = 0;  // bytes
+  int multiprocessors = 0;     // SMs
 };
 // The device's properties; nothing for a CPU device, in a build without CUDA, or when the device cannot be read.
 std::optional<CudaDeviceInfo> cuda_device_info(const c10::Device& device);

@@ -65,6 +65,9 @@ struct TrainOptions {
   bool fused_optimizer = false;  // update each block in backward and free its gradients (docs/trainer.md)
   // With fused_optimizer on CUDA: the blocks' updates on a stream of their own, beside the rest of backward.
   bool overlap_update = false;
+  // With overlap_update: while backward runs, its cuBLAS products target this many fewer SMs than the device has,
+  // leaving them to the updates beside them (0: every SM; libtorch 2.8+; src/trainer/product_sm_carveout.h).
+  int64_t overlap_update_sms = 0;
   // Each trained projection's bf16 product operand deq(Q(W)) on CUDA at training shapes (the same bytes trained
   // whatever is chosen; docs/trainer.md, "Weight operands"): off holds its NVFP4 codes for backward, which
   // dequantizes them; backward holds the operand forward made until its backward's dX (2 bytes an element where

@@ -9,8 +9,9 @@
 #              lean-int8 (int8 moments: the lean step of the step-time model's H100 goal), lean-recompute
 #              (the memory goal: each block's operands made by its recompute), lean-fit (only the blocks
 #              recomputed that the memory needs: none on an H200), lean-always (the nvfp4 update writing the
-#              next forward's operands), lean and fast unpacked with --overlap-update, and fast unpacked with
-#              it leaving 16 and 32 SMs to the updates (--overlap-update-sms)
+#              next forward's operands), lean and fast unpacked with --overlap-update, fast unpacked with
+#              it leaving 16 and 32 SMs to the updates (--overlap-update-sms), and the fast step the step-time
+#              model puts nearest its floor: with --keep-weight-operands always and 16 SMs left to the updates
 #   --call 2   sanitize, hf, bench, train-512:lean+fast+fast-codes+fast-always (fast with its codes, and with its
 #              operands kept across steps), test-all
 #   --call 3   train-512:fast-unpacked+grad-checkpoint (what is left, if the lease has time)
@@ -60,7 +61,8 @@ while [ $# -gt 0 ]; do
     --call) [ $# -ge 2 ] || usage
       case "$2" in
         1) stages+=(env build test-gpu smoke "train-2048:lean+fast+lean-unpacked+fast-unpacked+lean-int8+lean-recompute\
-+lean-fit+lean-always+lean-overlap-unpacked+fast-overlap-unpacked+fast-overlap16-unpacked+fast-overlap32-unpacked") ;;
++lean-fit+lean-always+lean-overlap-unpacked+fast-overlap-unpacked+fast-overlap16-unpacked+fast-overlap32-unpacked\
++fast-always-overlap16-unpacked") ;;
         2) stages+=(sanitize hf bench train-512:lean+fast+fast-codes+fast-always test-all) ;;
         3) stages+=(train-512:fast-unpacked+grad-checkpoint) ;;
         *) echo "gpu-check: --call is 1, 2 or 3" >&2; usage ;;

@@ -400,6 +400,31 @@ TEST(RunsCli, TheSameCommandAfterItsRunFinishedLeavesItsExport) {
   EXPECT_EQ(jsonl(out + "/metrics.jsonl").size(), 2u);  // refused before the metrics were cut back
 }
 
+// The same with --epochs, whose length is its data's: the checkpoint's run record keeps the steps it had
+// (total_steps), so the command again finds its run finished. Another --epochs is a longer run, whose export
+// exists; so is the same --epochs over more data (the trainer counts the steps again: 3 where the run had 2).
+TEST(RunsCli, TheSameEpochsCommandAfterItsRunFinishedLeavesItsExport) {
+  RunSetup s;
+  const std::string out = s.dir.file("run");
+  const std::string run = s.base + " --batch-size 2 --output-dir " + out;
+  auto r = run_cli(run + " --epochs 1 --resume-if-present");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string exported = test::slurp(out + "/model.dat");
+  r = run_cli(run + " --epochs 1 --resume-if-present");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("nothing trained: --output-dat " + out + "/model.dat, there already, is left as it is"),
+            std::string::npos)
+      << r.err;
+  r = run_cli(run + " --epochs 2 --resume");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--output-dat " + out + "/model.dat exists; pass --overwrite"), std::string::npos) << r.err;
+  std::ofstream(s.dir.file("pairs.tsv"), std::ios::app) << "up\tdown\nleft\tright\n";
+  r = run_cli(run + " --epochs 1 --resume --allow-data-change");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--output-dat " + out + "/model.dat exists; pass --overwrite"), std::string::npos) << r.err;
+  EXPECT_EQ(test::slurp(out + "/model.dat"), exported);
+}
+
 // What a resume may change (the learning rate, its schedule) it never changes silently: a warning names each
 // option against the checkpoint's run, and run.json keeps them; the memory-for-time choices are not named, nor
 // the run's length under a constant rate. Under a cosine or linear decay the length is named: every later step's

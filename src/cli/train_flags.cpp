@@ -101,17 +101,34 @@ void claim_run_folders(TrainFlags& f) {
   o.replace_previous_run = found;
 }
 
+// The steps of the run `checkpoint` was saved by, where that run had these --epochs: its run record's total_steps
+// (written since 2026-11-28; an --epochs run's length is known only once its data is read). Nothing for another
+// --epochs, an older checkpoint, or one that cannot be read (the resume itself then says why, or passes over it).
+std::optional<int64_t> epochs_run_steps(const TrainOptions& o, const std::string& checkpoint) {
+  try {
+    const nlohmann::json run = load_checkpoint(checkpoint, "\x01no tensor").extra.value("run", nlohmann::json::object());
+    const nlohmann::json options = run.value("options", nlohmann::json::object());
+    if (!run.contains("total_steps") || !run["total_steps"].is_number_integer() || !options.contains("epochs") ||
+        options["epochs"] != o.epochs)
+      return std::nullopt;
+    return run["total_steps"].get<int64_t>();
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
 // --resume (or --resume-if-present) without --overwrite, --output-dat there, and the newest complete checkpoint
-// at or past --steps: the run finished and exported (--epochs: the length is known only once the data is read,
-// so such a run is not recognized here).
+// at or past the run's end (--steps, or the steps its run had with the same --epochs): the run finished and
+// exported. The trainer checks again with the steps it counts (other data, a damaged newest checkpoint: then the
+// existing --output-dat is refused as any is).
 bool resumes_a_finished_run(const TrainOptions& o, bool overwrite) {
   std::error_code ec;
-  if (!o.resume || overwrite || o.steps <= 0 || o.checkpoint_dir.empty() || !std::filesystem::exists(o.output_dat, ec))
-    return false;
+  if (!o.resume || overwrite || o.checkpoint_dir.empty() || !std::filesystem::exists(o.output_dat, ec)) return false;
   const std::optional<std::string> newest = latest_checkpoint(o.checkpoint_dir);
   if (!newest) return false;
+  const std::optional<int64_t> end = o.steps > 0 ? std::optional<int64_t>(o.steps) : epochs_run_steps(o, *newest);
   // Complete checkpoints are folders named exactly step-NNNNNNNN.
-  return std::stoll(std::filesystem::path(*newest).filename().string().substr(5)) >= o.steps;
+  return end && std::stoll(std::filesystem::path(*newest).filename().string().substr(5)) >= *end;
 }
 
 }  // namespace

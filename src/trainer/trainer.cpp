@@ -187,6 +187,7 @@ class Trainer {
     phase("optimizer_state_ready");
 
     steps_ = total_steps(o, *data_, dp_.world_size());
+    run_["total_steps"] = steps_;  // an --epochs run's length, for the same command after it finished (train_flags)
     if (o.epochs > 0 && o.schedule.warmup_steps > steps_)  // with --steps the CLI checked it before loading
       throw UsageError(fmt::format("--warmup-steps {} exceeds the {} steps of --epochs {}: the learning rate would "
                                    "never reach --lr",

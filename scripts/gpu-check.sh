@@ -1251,6 +1251,15 @@ def beside_products(a, b):
 adam = [(e["ts"], e["ts"] + e.get("dur", 0)) for e in kernels if group(e.get("name", "")) == "adamw"]
 adam_ms, adam_beside = sum(b - a for a, b in adam) / 1e3, sum(beside_products(a, b) for a, b in adam) / 1e3
 streams = {e.get("args", {}).get("stream", e.get("tid")) for e in kernels}
+# The products' grids (thread blocks a launch, from the trace's "grid" argument), the three that took the most
+# time: a persistent Hopper kernel launches one block an SM, so --overlap-update-sms N shows as grids of SMs - N.
+grids = collections.Counter()
+for e in kernels:
+    grid = e.get("args", {}).get("grid")
+    if group(e.get("name", "")) == "products" and isinstance(grid, list) and grid:
+        blocks = 1
+        for g in grid: blocks *= int(g)
+        grids[blocks] += e.get("dur", 0) / 1e3
 print(f"{len(kernels)} kernels, their durations {busy:.1f} ms of the step's {step:.1f} ms"
       + (f" ({100 * busy / step:.0f}%)" if step > 0 else "") + ": "
       + ", ".join(f"{k} {v:.1f} ({launched[k]})" for k, v in ms.most_common())
@@ -1259,6 +1268,7 @@ print(f"{len(kernels)} kernels, their durations {busy:.1f} ms of the step's {ste
       + ("" if not slow else " (" + ", ".join(f"{k} {v:.1f} ms" for k, v in slow.most_common(3)) + ")")
       + f"; adamw beside products {adam_beside:.1f} of {adam_ms:.1f} ms"
       + (f" ({100 * adam_beside / adam_ms:.0f}%)" if adam_ms > 0 else "") + f", kernels on {len(streams)} streams"
+      + "; products' grids by time: " + (", ".join(f"{b} blocks {v:.1f} ms" for b, v in grids.most_common(3)) or "none")
       + f"; device idle {sum(gaps) / 1e3:.1f} ms ({len(short)} gaps under 5 us: {sum(short) / 1e3:.1f} ms)"
       + "; idle by phase: " + ", ".join(f"{k} {v:.1f}" for k, v in by_phase.most_common())
       + "; largest gaps: " + ", ".join(f"{g / 1e3:.2f} ms {a} -> {b}" for g, a, b in largest))

@@ -1041,8 +1041,8 @@ stage_hf() {
 # than the row (every row full, split at row boundaries), the shape of the peer's random rows.
 # A configuration: its name, -unpacked (full rows), -overlap (--overlap-update: the in-backward updates on a
 # CUDA stream of their own) or -overlapN (and backward's products leaving N SMs to them), -int8 (lean only: int8
-# moments where lean has nvfp4 ones, the configuration of issue 28's lean goal), -codes (--keep-weight-operands off: backward dequantizes each trained projection's
-# codes, where auto keeps its bf16 operand from forward when the step fits), -recompute (--keep-weight-operands
+# moments where lean has nvfp4 ones, the configuration of issue 28's lean goal), -codes (--keep-weight-operands
+# off: backward dequantizes each trained projection's codes, where auto keeps its bf16 operand from forward when the step fits), -recompute (--keep-weight-operands
 # recompute, under --grad-checkpoint: each block's recompute makes its operands again, where auto keeps the first
 # forward's through the recompute when the step fits) or -always (--keep-weight-operands always: the operands kept
 # across steps, written by the update), -fit (--grad-checkpoint-blocks auto: the fewest blocks recomputed whose step

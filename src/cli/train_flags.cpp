@@ -106,7 +106,8 @@ void claim_run_folders(TrainFlags& f) {
 // --epochs, an older checkpoint, or one that cannot be read (the resume itself then says why, or passes over it).
 std::optional<int64_t> epochs_run_steps(const TrainOptions& o, const std::string& checkpoint) {
   try {
-    const nlohmann::json run = load_checkpoint(checkpoint, "\x01no tensor").extra.value("run", nlohmann::json::object());
+    const nlohmann::json run =
+        load_checkpoint(checkpoint, "\x01no tensor").extra.value("run", nlohmann::json::object());
     const nlohmann::json options = run.value("options", nlohmann::json::object());
     if (!run.contains("total_steps") || !run["total_steps"].is_number_integer() || !options.contains("epochs") ||
         options["epochs"] != o.epochs)

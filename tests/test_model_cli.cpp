@@ -311,6 +311,10 @@ TEST_F(ModelCli, EvalWritesTheLogitsItScores) {
               " --logits-out " + dir_->file("x.safetensors"));
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("--logits-out needs --token-ids-file"), std::string::npos) << r.err;
+  // A bad line of ids is always an error, so --strict-data would change nothing there: refused, not ignored.
+  r = run_cli("eval " + model_flags() + " --token-ids-file " + ids + " --strict-data");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("eval: --strict-data applies to --data only"), std::string::npos) << r.err;
   r = run_cli("eval " + model_flags() + " --token-ids-file " + ids + " --logits-out " + out + " --overwrite");
   EXPECT_EQ(r.code, 0) << r.err;
 }

@@ -136,6 +136,9 @@ int run_eval(EvalFlags& f) {
     throw UsageError("eval: --tokenizer, --tokenizer-config, --chat-template, --system and --data-format apply to "
                      "--data only");
   if (!f.logits_out.empty() && f.ids_file.empty()) throw UsageError("eval: --logits-out needs --token-ids-file");
+  // A line of ids that does not parse is always an error: there is nothing for --strict-data to make fatal.
+  if (f.data_options.strict && !f.ids_file.empty())
+    throw UsageError("eval: --strict-data applies to --data only (a bad --token-ids-file line is always an error)");
   if (f.overwrite && f.logits_out.empty()) throw UsageError("eval: --overwrite applies to --logits-out only");
   const Qwen3Config config = load_config(f.config);
   DataOptions& d = f.data_options;

@@ -315,6 +315,9 @@ TEST_F(ModelCli, EvalWritesTheLogitsItScores) {
   r = run_cli("eval " + model_flags() + " --token-ids-file " + ids + " --strict-data");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("eval: --strict-data applies to --data only"), std::string::npos) << r.err;
+  r = run_cli("eval " + model_flags() + " --token-ids-file " + ids + " --batch-size 4");  // one window a forward
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("eval: --batch-size applies to --data only"), std::string::npos) << r.err;
   r = run_cli("eval " + model_flags() + " --token-ids-file " + ids + " --logits-out " + out + " --overwrite");
   EXPECT_EQ(r.code, 0) << r.err;
 }

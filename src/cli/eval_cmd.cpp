@@ -30,6 +30,7 @@ struct EvalFlags {
   ChatTemplateFlags chat;
   RuntimeOptions runtime;
   bool json = false, overwrite = false;
+  bool batch_size_given = false;  // --batch-size on the command line (--data's samples per forward)
 };
 
 constexpr int64_t kDefaultEvalSeqLen = 2048;
@@ -139,6 +140,8 @@ int run_eval(EvalFlags& f) {
   // A line of ids that does not parse is always an error: there is nothing for --strict-data to make fatal.
   if (f.data_options.strict && !f.ids_file.empty())
     throw UsageError("eval: --strict-data applies to --data only (a bad --token-ids-file line is always an error)");
+  if (f.batch_size_given && !f.ids_file.empty())
+    throw UsageError("eval: --batch-size applies to --data only (--token-ids-file scores one window a forward)");
   if (f.overwrite && f.logits_out.empty()) throw UsageError("eval: --overwrite applies to --logits-out only");
   const Qwen3Config config = load_config(f.config);
   DataOptions& d = f.data_options;
@@ -198,8 +201,9 @@ Command add_eval_command(CLI::App& app) {
   sub->add_option("--seq-len", f->data_options.seq_len,
                   "positions per window; longer samples are scored in windows (as train's eval_loss)")
       ->check(integer_in(1, flag_limit::seq_len))->capture_default_str();
-  sub->add_option("--batch-size", f->data_options.batch_size, "samples per forward (the figures do not depend on it)")
-      ->check(integer_in(1, flag_limit::batch_rows))->capture_default_str();
+  auto* batch = sub->add_option("--batch-size", f->data_options.batch_size,
+                                "with --data: samples per forward (the figures do not depend on it)")
+                    ->check(integer_in(1, flag_limit::batch_rows))->capture_default_str();
   sub->add_option("--comment-prefix", f->data_options.comment_prefix, "lines starting with it are comments ('': none)")
       ->capture_default_str();
   add_bool_flag(sub, "--strict-data", f->data_options.strict, "a bad data line is fatal instead of skipped");
@@ -209,7 +213,10 @@ Command add_eval_command(CLI::App& app) {
   add_bool_flag(sub, "--overwrite", f->overwrite, "replace an existing --logits-out (never an input)");
   add_bool_flag(sub, "--json", f->json, "print {\"sequences\": [{\"line\", \"tokens\", \"loss\"}], \"mean_loss\"}");
   add_runtime_options(sub, f->runtime);
-  return {sub, [f]() { return run_eval(*f); }};
+  return {sub, [f, batch]() {
+            f->batch_size_given = batch->count() > 0;
+            return run_eval(*f);
+          }};
 }
 
 }  // namespace qwen3::cli

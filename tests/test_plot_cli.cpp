@@ -156,5 +156,27 @@ TEST(PlotCli, OutNeverReplacesWhatItReads) {
   EXPECT_NE(test::slurp(dir.file("old.svg")).find("<svg"), std::string::npos);
 }
 
+// A run's folder (train's --output-dir) stands for its metrics.jsonl, labelled with the folder's name; a folder
+// without one is named, and the metrics inside it are as much an input as a file given by its path.
+TEST(PlotCli, ARunFolderStandsForItsMetrics) {
+  test::TempDir dir;
+  std::filesystem::create_directories(dir.file("run-a"));
+  const std::string metrics = "{\"step\": 1, \"loss\": 2}\n{\"step\": 2, \"loss\": 1.5}\n";
+  std::ofstream(dir.file("run-a/metrics.jsonl")) << metrics;
+  auto r = run_cli("plot " + dir.file("run-a") + " --out " + dir.file("a.svg"));
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("plotted 2 steps (0 with eval loss) of run-a to " + dir.file("a.svg")), std::string::npos)
+      << r.out;
+  std::filesystem::create_directories(dir.file("empty"));
+  r = run_cli("plot " + dir.file("empty") + " --out " + dir.file("b.svg"));
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("plot: " + dir.file("empty") + " is a folder without metrics.jsonl"), std::string::npos)
+      << r.err;
+  EXPECT_FALSE(std::filesystem::exists(dir.file("b.svg")));
+  r = run_cli("plot " + dir.file("run-a") + " --out " + dir.file("run-a/metrics.jsonl") + " --overwrite");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_EQ(test::slurp(dir.file("run-a/metrics.jsonl")), metrics);
+}
+
 }  // namespace
 }  // namespace qwen3

@@ -400,6 +400,25 @@ TEST(RunsCli, TheSameCommandAfterItsRunFinishedLeavesItsExport) {
   EXPECT_EQ(jsonl(out + "/metrics.jsonl").size(), 2u);  // refused before the metrics were cut back
 }
 
+// inspect takes a checkpoint as export --checkpoint does (a step-N folder, or the folder of them: the newest) and
+// lists its tensors.dat, named on stderr so that --json stays one document; another folder is named.
+TEST(RunsCli, InspectListsACheckpointsTensors) {
+  RunSetup s;
+  const std::string ck = s.dir.file("ck");
+  ASSERT_EQ(run_cli(s.base + " --steps 2 --save-every-steps 1 --keep-checkpoints 5 --checkpoint-dir " + ck).code, 0);
+  auto r = run_cli("inspect " + ck + "/step-00000001");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("master/"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("inspect: " + ck + "/step-00000001/tensors.dat"), std::string::npos) << r.err;
+  r = run_cli("inspect " + ck + " --json");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("inspect: " + ck + "/step-00000002/tensors.dat"), std::string::npos) << r.err;
+  EXPECT_FALSE(nlohmann::json::parse(r.out, nullptr, false).is_discarded()) << r.out;
+  r = run_cli("inspect " + s.dir.file("m"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find(s.dir.file("m") + ": neither a checkpoint"), std::string::npos) << r.err;
+}
+
 // The same with --epochs, whose length is its data's: the checkpoint's run record keeps the steps it had
 // (total_steps), so the command again finds its run finished. Another --epochs is a longer run, whose export
 // exists; so is the same --epochs over more data (the trainer counts the steps again: 3 where the run had 2).

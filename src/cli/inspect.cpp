@@ -3,10 +3,14 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // fmt::join (only here from fmt 11 on)
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
+#include <filesystem>
 
 #include "cli_common.h"
 #include "qwen3/base/error.h"
+#include "qwen3/export/checkpoint_export.h"
 #include "qwen3/base/message_text.h"
 #include "qwen3/nvfp4/nvfp4.h"
 
@@ -101,9 +105,19 @@ Command add_inspect_command(CLI::App& app) {
   };
   auto opts = std::make_shared<Options>();
   auto* sub = app.add_subcommand("inspect", "List and validate the entries of a .dat file");
-  sub->add_option("FILE", opts->file, "the .dat file")->required();
+  sub->add_option("FILE", opts->file,
+                  "the .dat file, or a checkpoint folder (a step-N folder, or the folder of them: the newest), whose "
+                  "tensors.dat it lists")
+      ->required();
   sub->add_flag("--json", opts->json, "print JSON instead of a table");
   return {sub, [opts]() {
+            // A checkpoint stands for its tensors.dat, found as export --checkpoint finds it; said on stderr, so that
+            // --json stays one document.
+            std::error_code ec;
+            if (std::filesystem::is_directory(opts->file, ec)) {
+              opts->file = (std::filesystem::path(resolve_checkpoint(opts->file)) / "tensors.dat").string();
+              spdlog::info("inspect: {}", opts->file);
+            }
             DatReader reader(opts->file);
             if (opts->json)
               fmt::print("{}\n", inspect_json(reader).dump(1));

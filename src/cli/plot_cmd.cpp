@@ -237,7 +237,9 @@ Command add_plot_command(CLI::App& app) {
   };
   auto o = std::make_shared<Options>();
   auto* sub = app.add_subcommand("plot", "Draw runs' metrics (train loss, eval loss, learning rate) as an SVG");
-  sub->add_option("metrics", o->metrics, "the runs' --metrics-jsonl files (one or more: one plot)")->required();
+  sub->add_option("metrics", o->metrics,
+                  "the runs' --metrics-jsonl files, or their --output-dir folders (one or more: one plot)")
+      ->required();
   sub->add_option("--out", o->out, "the SVG to write")->required();
   sub->add_option("--smoothing", o->smoothing,
                   "weight of the past in the loss's moving average, as TensorBoard's smoothing (0: none)")
@@ -247,6 +249,16 @@ Command add_plot_command(CLI::App& app) {
       ->capture_default_str();
   add_bool_flag(sub, "--overwrite", o->overwrite, "replace an existing --out");
   return {sub, [o]() {
+            // A run's folder (train's --output-dir) stands for its metrics.jsonl, as TensorBoard takes run folders.
+            for (std::string& m : o->metrics) {
+              std::error_code ec;
+              if (!std::filesystem::is_directory(m, ec)) continue;
+              const std::string inside = (std::filesystem::path(m) / "metrics.jsonl").string();
+              if (!std::filesystem::exists(inside, ec))
+                throw Error("plot: " + m + " is a folder without metrics.jsonl: give a run's --output-dir or its "
+                            "--metrics-jsonl file");
+              m = inside;
+            }
             // Never one of the runs' metrics files it reads, overwrite or not (a run's history is not redrawn).
             prepare_output_target("plot: --out", o->out, o->overwrite, o->metrics);
             static const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"};

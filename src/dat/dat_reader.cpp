@@ -32,9 +32,10 @@ class FileSource final : public ByteSource {
     struct stat st {};
     if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
       ::close(fd_);
+      // A folder is no stream to save first: the advice is for pipes and devices only.
+      if (S_ISDIR(st.st_mode)) throw DatError(path + ": is a directory, not a .dat file");
       const char* kind = S_ISFIFO(st.st_mode) ? "is a FIFO (a pipe), not a regular file"
                          : S_ISCHR(st.st_mode)  ? "is a character device, not a regular file"
-                         : S_ISDIR(st.st_mode)  ? "is a directory, not a file"
                                                 : "is not a regular file";
       throw DatError(path + ": " + kind + "; tensors are read at their offsets: save it to a file first");
     }

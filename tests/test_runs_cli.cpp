@@ -414,9 +414,16 @@ TEST(RunsCli, InspectListsACheckpointsTensors) {
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("inspect: " + ck + "/step-00000002/tensors.dat"), std::string::npos) << r.err;
   EXPECT_FALSE(nlohmann::json::parse(r.out, nullptr, false).is_discarded()) << r.out;
-  r = run_cli("inspect " + s.dir.file("m"));
+  r = run_cli("inspect " + s.dir.file("m"));  // the synthetic model's folder: model.dat and config.json
   EXPECT_EQ(r.code, 1);
-  EXPECT_NE(r.err.find(s.dir.file("m") + ": neither a checkpoint"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("inspect: " + s.dir.file("m") + " is a folder holding model.dat, not a checkpoint: give the "
+                       "file (" + s.dir.file("m") + "/model.dat) or a checkpoint folder"),
+            std::string::npos)
+      << r.err;
+  std::filesystem::create_directories(s.dir.file("empty"));
+  r = run_cli("inspect " + s.dir.file("empty"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find(s.dir.file("empty") + ": neither a checkpoint"), std::string::npos) << r.err;
 }
 
 // The same with --epochs, whose length is its data's: the checkpoint's run record keeps the steps it had

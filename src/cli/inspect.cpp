@@ -115,6 +115,13 @@ Command add_inspect_command(CLI::App& app) {
             // --json stays one document.
             std::error_code ec;
             if (std::filesystem::is_directory(opts->file, ec)) {
+              const std::filesystem::path folder(opts->file);
+              // A model's folder, or a run's --output-dir (its export beside checkpoints/): the file is named.
+              if (std::filesystem::exists(folder / "model.dat", ec) &&
+                  !std::filesystem::exists(folder / "checkpoint.json", ec))
+                throw Error(fmt::format("inspect: {} is a folder holding model.dat, not a checkpoint: give the file "
+                                        "({}) or a checkpoint folder",
+                                        opts->file, (folder / "model.dat").string()));
               opts->file = (std::filesystem::path(resolve_checkpoint(opts->file)) / "tensors.dat").string();
               spdlog::info("inspect: {}", opts->file);
             }

@@ -426,6 +426,19 @@ TEST(RunsCli, InspectListsACheckpointsTensors) {
   EXPECT_NE(r.err.find(s.dir.file("empty") + ": neither a checkpoint"), std::string::npos) << r.err;
 }
 
+// export --checkpoint takes a run's --output-dir for its newest checkpoint (checkpoints/, as --resume finds it):
+// the file it writes is the run's own export, byte for byte.
+TEST(RunsCli, ExportTakesARunFolderForItsNewestCheckpoint) {
+  RunSetup s;
+  const std::string out = s.dir.file("run");
+  ASSERT_EQ(run_cli(s.base + " --steps 2 --output-dir " + out).code, 0);
+  const auto r = run_cli("export --checkpoint " + out + " --weights " + s.model.dat_path + " --out " +
+                         s.dir.file("again.dat"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("exported " + out + "/checkpoints/step-00000002 (step 2,"), std::string::npos) << r.out;
+  EXPECT_EQ(test::slurp(s.dir.file("again.dat")), test::slurp(out + "/model.dat"));
+}
+
 // The same with --epochs, whose length is its data's: the checkpoint's run record keeps the steps it had
 // (total_steps), so the command again finds its run finished. Another --epochs is a longer run, whose export
 // exists; so is the same --epochs over more data (the trainer counts the steps again: 3 where the run had 2).

@@ -16,7 +16,12 @@ std::string resolve_checkpoint(const std::string& dir) {
   if (!fs::is_directory(dir, ec)) throw Error(dir + ": no such checkpoint directory");
   if (fs::exists(fs::path(dir) / "checkpoint.json", ec)) return dir;
   if (auto latest = latest_checkpoint(dir)) return *latest;
-  throw Error(dir + ": neither a checkpoint (no checkpoint.json) nor a folder of complete step-* checkpoints");
+  // A run's --output-dir (run.json beside checkpoints/): the newest of its checkpoints, as --resume takes it.
+  const fs::path run_checkpoints = fs::path(dir) / "checkpoints";
+  if (fs::exists(fs::path(dir) / "run.json", ec) && fs::is_directory(run_checkpoints, ec))
+    if (auto latest = latest_checkpoint(run_checkpoints.string())) return *latest;
+  throw Error(dir + ": neither a checkpoint (no checkpoint.json), a folder of complete step-* checkpoints, nor a "
+                    "run's --output-dir with one in checkpoints/");
 }
 
 void check_trained_from(const ExportInfo& info, const DatReader& input, const std::string& checkpoint_path,

@@ -24,8 +24,8 @@ struct CheckpointExportResult {
   ExportReport report;
 };
 
-// The checkpoint a path names: a `step-*` directory itself, or the newest complete one of a checkpoint root.
-// Error naming the path when it is neither.
+// The checkpoint a path names: a `step-*` directory itself, the newest complete one of a checkpoint root, or of a
+// run's --output-dir (its checkpoints/, beside run.json). Error naming the path when it is none of them.
 std::string resolve_checkpoint(const std::string& path);
 // Error unless `input` is the file the checkpoint (`info`, from `checkpoint_path`) was trained from: its layout
 // hash, and the sample hash of its values when the checkpoint has one.

@@ -44,8 +44,9 @@ class ProductSmCarveout {
     at::Context& context = at::globalContext();
     carveout_before_ = context._SMCarveout_EXPERIMENTAL();
     backend_before_ = context.blasPreferredBackend();
-    context._setSMCarveout_EXPERIMENTAL(static_cast<int32_t>(sms));
+    // The backend first: the one setter that can refuse (a PyTorch built without cuBLASLt) leaves nothing changed.
     context.setBlasPreferredBackend(at::BlasBackend::Cublaslt);
+    context._setSMCarveout_EXPERIMENTAL(static_cast<int32_t>(sms));
     active_ = true;
 #else
     (void)sms;

@@ -11,6 +11,7 @@
 // as it returns, so forward's products (no update runs beside them) keep every SM. libtorch 2.8 or newer.
 #pragma once
 #include <ATen/Context.h>
+#include <c10/core/Device.h>
 #include <c10/util/Exception.h>
 #include <torch/version.h>
 
@@ -31,6 +32,10 @@ inline constexpr bool product_sm_carveout_supported() {
   return false;
 #endif
 }
+
+// --overlap-update-sms N: UsageError unless this libtorch has the carveout (2.8+) and `device` keeps at least one SM
+// for the products; then says once how many SMs the products target.
+void check_product_sm_carveout(int64_t sms, const c10::Device& device);
 
 // For its lifetime the products target `sms` fewer SMs (0: nothing changes); the settings it found come back when
 // it ends, however the scope ends.

@@ -7,6 +7,8 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -56,6 +58,29 @@ void check_ranks_agree(const TrainOptions& o, DataParallel& dp, const std::strin
     throw Error(fmt::format("data parallel: the ranks were started with different {}: every rank must run the "
                             "same command (its files may sit at other paths, with the same content)",
                             fmt::join(differing, ", ")));
+}
+
+void check_ranks_resume_together(DataParallel& dp, int64_t step) {
+  const std::vector<int64_t> steps = dp.all_gather(step, "resume step");
+  if (std::adjacent_find(steps.begin(), steps.end(), std::not_equal_to<>()) != steps.end())
+    throw Error(fmt::format("the ranks would resume at different steps ({}): give them one --checkpoint-dir on a "
+                            "shared file system", fmt::join(steps, ", ")));
+}
+
+void check_replicas_identical(const TrainableSet& set, DataParallel& dp, int64_t step) {
+  if (dp.world_size() == 1) return;
+  uint64_t h = 1469598103934665603ull;
+  for (const auto& p : set.params) {
+    const at::Tensor t = p.param.detach().contiguous().to(at::kCPU);
+    const auto* bytes = static_cast<const unsigned char*>(t.data_ptr());
+    for (size_t i = 0, n = static_cast<size_t>(t.numel()) * t.element_size(); i < n; ++i)
+      h = (h ^ bytes[i]) * 1099511628211ull;
+  }
+  const std::vector<int64_t> hashes = dp.all_gather(static_cast<int64_t>(h >> 1), "replica check");
+  if (std::adjacent_find(hashes.begin(), hashes.end(), std::not_equal_to<>()) != hashes.end())
+    throw Error("data parallel: the replicas' weights differ after step " + std::to_string(step) +
+                " (a rank saw other data or another model?)");
+  spdlog::info("data parallel: the {} replicas are bitwise identical", dp.world_size());
 }
 
 }  // namespace qwen3::train_detail

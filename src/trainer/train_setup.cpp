@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/utils.h>
 
@@ -390,6 +391,40 @@ std::string format_count(double n) {
   if (n >= 1e6) return fmt::format("{:.1f}M", n / 1e6);
   if (n >= 1e3) return fmt::format("{:.1f}k", n / 1e3);
   return fmt::format("{:.0f}", n);
+}
+
+void log_run_setup(const TrainOptions& o, const Qwen3Config& config, const TrainableSet& set, const c10::Device& device,
+                   uint64_t optimizer_state_bytes, const TrainingData& data, int64_t steps, int world_size,
+                   bool is_main) {
+  const DataStats& ds = data.stats();
+  // Billions for real models; millions below one, where "0.000 B trainable" read as nothing training.
+  const bool billions = set.total_parameters >= 1e9;
+  const auto count = [&](double n) {
+    return billions ? fmt::format("{:.3f} B", n / 1e9) : fmt::format("{:.2f} M", n / 1e6);
+  };
+  spdlog::info("model: {} layers, hidden {}, vocab {}; parameters {} trainable of {} ({} tensors)",
+               config.num_hidden_layers, config.hidden_size, config.vocab_size,
+               count(static_cast<double>(set.trainable_parameters)), count(static_cast<double>(set.total_parameters)),
+               set.params.size());
+  spdlog::info("device {}{}, master {}, compute {}, moments {:.1f} MiB, scale mode {}, loss {}", device.str(),
+               device.is_cpu() ? fmt::format(" ({} threads)", at::get_num_threads()) : std::string(),
+               to_string(o.master_dtype), compute_scalar_type(o, device) == at::kFloat ? "float32" : "bfloat16",
+               static_cast<double>(optimizer_state_bytes) / 1048576.0, nvfp4::scale_mode_name(o.scale_mode),
+               to_string(o.loss));
+  if (const ComputeDtypeNote note = compute_dtype_note(o, device); !note.text.empty())
+    spdlog::log(note.warn ? spdlog::level::warn : spdlog::level::info, note.text);
+  spdlog::info("data: {} samples, {} tokens ({} with loss), {} skipped lines, {} comment lines; {} batches/epoch; "
+               "{} steps",
+               ds.samples, ds.tokens, ds.loss_tokens, ds.skipped, ds.comments, data.batches_per_epoch(), steps);
+  // A step takes what is left of its epoch (steps_per_pass): with fewer batches in an epoch than one step
+  // asks for, every step is smaller than the flags say, which the user should not have to infer.
+  const int64_t asked = o.grad_accum_steps * world_size;
+  if (is_main && asked > data.batches_per_epoch())
+    spdlog::warn("--grad-accum-steps {}{}: a step asks for {} batches but an epoch has {}; each step takes the "
+                 "epoch's {} (a global batch of {} rows, not {})",
+                 o.grad_accum_steps, world_size > 1 ? fmt::format(" over {} ranks", world_size) : "", asked,
+                 data.batches_per_epoch(), data.batches_per_epoch(), data.batches_per_epoch() * o.data.batch_size,
+                 asked * o.data.batch_size);
 }
 
 }  // namespace qwen3::train_detail

@@ -119,6 +119,12 @@ ComputeDtypeNote compute_dtype_note(const TrainOptions& opt, const c10::Device& 
 // This CPU's bf16 products (probed once: one product, and the CPU's instruction set).
 CpuBf16 cpu_bf16();
 
+// The run's opening lines: the model and how much of it trains, the device, dtypes and optimizer state, the
+// data and the steps; a warning where an epoch has fewer batches than a step asks for.
+void log_run_setup(const TrainOptions& o, const Qwen3Config& config, const TrainableSet& set, const c10::Device& device,
+                   uint64_t optimizer_state_bytes, const TrainingData& data, int64_t steps, int world_size,
+                   bool is_main);
+
 // Mean loss over the batch's loss tokens: "ce" = next-token cross-entropy on fp32 logits; "scalar" = the
 // original's L1 between the final hidden states and the (detached) embeddings of the target tokens.
 at::Tensor compute_loss(Qwen3Model& model, const Batch& batch, LossKind kind);

@@ -64,25 +64,6 @@ int64_t total_steps(const TrainOptions& o, const TrainingData& data, int world_s
   return std::max<int64_t>(1, o.epochs) * per_epoch;
 }
 
-// --overlap-update-sms N: this libtorch must pass ATen's SM carveout to cuBLASLt, and the device must keep at least
-// one SM for the products (the trainer has refused a CPU device already: --overlap-update needs CUDA).
-void check_product_sm_carveout(const TrainOptions& o, const c10::Device& device) {
-  if (!product_sm_carveout_supported())
-    throw UsageError(fmt::format("train: --overlap-update-sms needs libtorch 2.8 or newer (ATen's SM carveout for "
-                                 "cuBLASLt); this build has libtorch {}",
-                                 TORCH_VERSION));
-  const auto gpu = cuda_device_info(device);
-  if (!gpu) throw Error("train: --overlap-update-sms: the SM count of " + device.str() + " cannot be read");
-  if (o.overlap_update_sms >= gpu->multiprocessors)
-    throw UsageError(fmt::format("train: --overlap-update-sms {}: {} has {} SMs, and backward's products need at "
-                                 "least one of them",
-                                 o.overlap_update_sms, device.str(), gpu->multiprocessors));
-  spdlog::info("--overlap-update-sms {}: backward's products target {} of {}'s {} SMs, leaving {} to the updates "
-               "beside them",
-               o.overlap_update_sms, gpu->multiprocessors - o.overlap_update_sms, device.str(),
-               gpu->multiprocessors, o.overlap_update_sms);
-}
-
 }  // namespace
 
 namespace {
@@ -172,7 +153,7 @@ class Trainer {
     if (o.overlap_update && dp_.world_size() > 1)
       throw UsageError("train: --overlap-update is for one process (data parallel overlaps each block's update "
                        "with the next block's gradient sum already)");
-    if (o.overlap_update_sms > 0) check_product_sm_carveout(o, device_);
+    if (o.overlap_update_sms > 0) check_product_sm_carveout(o.overlap_update_sms, device_);
     if (o.fused_optimizer)
       update_ = std::make_unique<FusedUpdate>(o, model_.set, *opt_, device_, *model_.runner, dp_, owners_);
     else
@@ -215,17 +196,14 @@ class Trainer {
     // checkpoint was passed over for an older one) would replace it, so it is refused as any existing one is.
     if (o.output_dat_of_finished_run && step_ < steps_)
       prepare_output_target("--output-dat", o.output_dat, /*overwrite=*/false, {}, {});  // throws: it exists
-    // Every rank continues from the same step (a checkpoint folder each rank sees differently would not).
-    const std::vector<int64_t> steps = dp_.all_gather(step_, "resume step");
-    if (std::adjacent_find(steps.begin(), steps.end(), std::not_equal_to<>()) != steps.end())
-      throw Error(fmt::format("the ranks would resume at different steps ({}): give them one --checkpoint-dir on a "
-                              "shared file system", fmt::join(steps, ", ")));
+    check_ranks_resume_together(dp_, step_);
     if (o.profile_step > steps_)
       throw UsageError(fmt::format("--profile-step {} is beyond the run's {} steps", o.profile_step, steps_));
     if (o.profile_step > 0 && o.profile_step <= step_)
       spdlog::warn("--profile-step {}: the run resumes after it (at step {}); nothing is profiled", o.profile_step,
                    step_);
-    log_setup();
+    log_run_setup(o, config_, model_.set, device_, opt_->state_bytes(), *data_, steps_, dp_.world_size(),
+                  dp_.is_main());
     // --overwrite: the previous run's files go now, when this run has loaded and before it writes anything.
     if (dp_.is_main())
       for (const std::string& path : o.replace_previous_run) {
@@ -424,24 +402,6 @@ class Trainer {
     return record;
   }
 
-  // Data parallel keeps the replicas bitwise identical by construction (same data order, summed gradients,
-  // a stochastic-rounding stream that does not depend on the rank); checked at the end of every run: a hash of
-  // every trainable tensor's bytes, compared across the ranks.
-  void check_replicas() {
-    if (dp_.world_size() == 1) return;
-    uint64_t h = 1469598103934665603ull;
-    for (const auto& p : model_.set.params) {
-      const at::Tensor t = p.param.detach().contiguous().to(at::kCPU);
-      const auto* bytes = static_cast<const unsigned char*>(t.data_ptr());
-      for (size_t i = 0, n = static_cast<size_t>(t.numel()) * t.element_size(); i < n; ++i) h = (h ^ bytes[i]) * 1099511628211ull;
-    }
-    const std::vector<int64_t> hashes = dp_.all_gather(static_cast<int64_t>(h >> 1), "replica check");
-    if (std::adjacent_find(hashes.begin(), hashes.end(), std::not_equal_to<>()) != hashes.end())
-      throw Error("data parallel: the replicas' weights differ after step " + std::to_string(step_) +
-                  " (a rank saw other data or another model?)");
-    spdlog::info("data parallel: the {} replicas are bitwise identical", dp_.world_size());
-  }
-
   void save(int64_t step) {
     if (owners_.empty()) {
       if (dp_.is_main()) saver_->save(step, skipped_);
@@ -506,7 +466,7 @@ class Trainer {
   }
 
   TrainSummary finish() {
-    check_replicas();
+    check_replicas_identical(model_.set, dp_, step_);
     save(step_);
     sum_.final_step = step_;
     sum_.run_steps = steps_;
@@ -537,38 +497,6 @@ class Trainer {
 
   void phase(const char* name) {
     if (report_) report_->phase(name);
-  }
-
-  void log_setup() const {
-    const DataStats& ds = data_->stats();
-    const TrainableSet& set = model_.set;
-    // Billions for real models; millions below one, where "0.000 B trainable" read as nothing training.
-    const bool billions = set.total_parameters >= 1e9;
-    const auto count = [&](double n) {
-      return billions ? fmt::format("{:.3f} B", n / 1e9) : fmt::format("{:.2f} M", n / 1e6);
-    };
-    spdlog::info("model: {} layers, hidden {}, vocab {}; parameters {} trainable of {} ({} tensors)",
-                 config_.num_hidden_layers, config_.hidden_size, config_.vocab_size,
-                 count(static_cast<double>(set.trainable_parameters)), count(static_cast<double>(set.total_parameters)),
-                 set.params.size());
-    spdlog::info("device {}{}, master {}, compute {}, moments {:.1f} MiB, scale mode {}, loss {}", device_.str(),
-                 device_.is_cpu() ? fmt::format(" ({} threads)", at::get_num_threads()) : std::string(),
-                 to_string(o_.master_dtype), compute_scalar_type(o_, device_) == at::kFloat ? "float32" : "bfloat16",
-                 opt_->state_bytes() / 1048576.0, nvfp4::scale_mode_name(o_.scale_mode), to_string(o_.loss));
-    if (const ComputeDtypeNote note = compute_dtype_note(o_, device_); !note.text.empty())
-      spdlog::log(note.warn ? spdlog::level::warn : spdlog::level::info, note.text);
-    spdlog::info("data: {} samples, {} tokens ({} with loss), {} skipped lines, {} comment lines; {} batches/epoch; "
-                 "{} steps",
-                 ds.samples, ds.tokens, ds.loss_tokens, ds.skipped, ds.comments, data_->batches_per_epoch(), steps_);
-    // A step takes what is left of its epoch (steps_per_pass): with fewer batches in an epoch than one step
-    // asks for, every step is smaller than the flags say, which the user should not have to infer.
-    const int64_t asked = o_.grad_accum_steps * dp_.world_size();
-    if (dp_.is_main() && asked > data_->batches_per_epoch())
-      spdlog::warn("--grad-accum-steps {}{}: a step asks for {} batches but an epoch has {}; each step takes the "
-                   "epoch's {} (a global batch of {} rows, not {})",
-                   o_.grad_accum_steps, dp_.world_size() > 1 ? fmt::format(" over {} ranks", dp_.world_size()) : "",
-                   asked, data_->batches_per_epoch(), data_->batches_per_epoch(),
-                   data_->batches_per_epoch() * o_.data.batch_size, asked * o_.data.batch_size);
   }
 
   const TrainOptions& o_;
